@@ -1,0 +1,66 @@
+"""Attention core: grouped-query scaled dot-product attention over an explicit boolean mask,
+the masks for the model's three entry points, and the KV-cache write.
+
+Entry points (see `model.Transformer.__call__`):
+  (a) causal over physical order, with optional segment ids for packing (`segment_mask`);
+  (b) an explicit boolean mask [B, S, T] supplied by the caller (training arrangements);
+  (c) cache mode: S new slots per row attend to cache rows `< cache_len[b]` and causally among
+      themselves; their K/V are first written at rows `cache_len[b] .. cache_len[b]+S-1`
+      (`cache_write`), after which the mask is simply `key <= cache_len[b] + i` (`cache_mask`).
+
+Scores, softmax and the normaliser are float32 whatever the compute dtype. A query row with no
+allowed key (padding) outputs zeros rather than NaN.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def segment_mask(segment_ids: jnp.ndarray | None, batch: int, length: int) -> jnp.ndarray:
+    """Causal mask [B, S, S] over physical order. With `segment_ids` [B, S], a query sees only keys
+    of its own segment; segment id 0 marks padding, which attends nowhere and is seen by nobody."""
+    causal = jnp.tril(jnp.ones((length, length), dtype=bool))[None]
+    if segment_ids is None:
+        return jnp.broadcast_to(causal, (batch, length, length))
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    real = (segment_ids != 0)[:, :, None]
+    return causal & same & real
+
+
+def cache_mask(cache_len: jnp.ndarray, num_new: int, capacity: int) -> jnp.ndarray:
+    """Mask [B, S_new, capacity] for new slot i of row b (written at row cache_len[b] + i):
+    every cache row before it and the new slots up to itself, i.e. key <= cache_len[b] + i."""
+    last = cache_len[:, None] + jnp.arange(num_new)[None, :]
+    return jnp.arange(capacity)[None, None, :] <= last[:, :, None]
+
+
+def cache_write(buffer: jnp.ndarray, new: jnp.ndarray, cache_len: jnp.ndarray) -> jnp.ndarray:
+    """Write new[b] ([S, KVH, D]) into buffer[b] ([S_max, KVH, D]) at row cache_len[b].
+
+    The caller guarantees cache_len[b] + S <= S_max (dynamic_update_slice would otherwise clamp
+    the start and overwrite committed rows)."""
+    def one(buf, x, start):
+        return jax.lax.dynamic_update_slice(buf, x.astype(buf.dtype), (start, 0, 0))
+    return jax.vmap(one)(buffer, new, cache_len)
+
+
+def attend(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray,
+           scale: float) -> jnp.ndarray:
+    """Grouped-query attention.
+
+    q: [B, S, H, D]; k, v: [B, T, KVH, D] with H a multiple of KVH; mask: bool [B, S, T].
+    Returns [B, S, H, D] in q's dtype.
+    """
+    b, s, h, d = q.shape
+    kvh = k.shape[2]
+    q = q.reshape(b, s, kvh, h // kvh, d)
+    scores = jnp.einsum("bskgd,btkd->bkgst", q, k, preferred_element_type=jnp.float32) * scale
+    allowed = mask[:, None, None, :, :]
+    scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1)
+    probs = jnp.where(allowed, probs, 0.0)
+    out = jnp.einsum("bkgst,btkd->bskgd", probs.astype(v.dtype), v,
+                     preferred_element_type=jnp.float32)
+    return out.reshape(b, s, h, d).astype(q.dtype)

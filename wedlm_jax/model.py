@@ -1,0 +1,226 @@
+"""The Qwen2 / Qwen3 / Llama decoder in flax.linen, pure functional.
+
+    model = Transformer(config)
+    logits = model.apply({'params': params}, tokens, positions)                      # (a) causal
+    logits = model.apply({'params': params}, tokens, positions, segment_ids=seg)     # (a) packed
+    logits = model.apply({'params': params}, tokens, positions, mask=mask)           # (b) explicit
+    logits, cache = model.apply({'params': params}, tokens, positions,
+                                kv_cache=cache, cache_len=cache_len)                 # (c) cache
+
+RoPE uses the given logical `positions`; causality follows physical order. Nothing here knows
+about diffusion: reordering, streams and masks are arrangements of these inputs.
+
+Parameter layout (per layer `layers_{i}`): q_proj [embed, heads, head_dim], k_proj/v_proj
+[embed, kv_heads, head_dim], o_proj [heads, head_dim, embed], gate/up [embed, mlp],
+down [mlp, embed]; every parameter carries logical axis names (see `sharding.AxisRules`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from wedlm_jax import attention as attn_lib
+from wedlm_jax.config import ModelConfig
+from wedlm_jax.rope import apply_rope, rope_cos_sin, rope_frequencies
+
+Dtype = Any
+KVCache = tuple  # one {'k': [B, S_max, KVH, D], 'v': [B, S_max, KVH, D]} per layer
+
+_INIT = nn.initializers.normal(0.02)
+
+
+def _param(mod: nn.Module, name: str, shape: Sequence[int], axes: Sequence[str | None],
+           init=_INIT, dtype=jnp.float32):
+    return mod.param(name, nn.with_logical_partitioning(init, tuple(axes)), tuple(shape), dtype)
+
+
+def _constrain(x, axes):
+    return nn.with_logical_constraint(x, axes)
+
+
+class RMSNorm(nn.Module):
+    eps: float
+    axis_name: str = "norm"
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        scale = _param(self, "scale", (x.shape[-1],), (self.axis_name,), nn.initializers.ones,
+                       self.param_dtype)
+        xf = x.astype(jnp.float32)
+        xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        return scale.astype(x.dtype) * xf.astype(x.dtype)
+
+
+class Projection(nn.Module):
+    """A dense layer over the trailing `len(in_axes)` dims with named output dims."""
+    in_axes: tuple
+    out_axes: tuple
+    out_shape: tuple
+    use_bias: bool
+    dtype: Dtype
+    param_dtype: Dtype
+
+    @nn.compact
+    def __call__(self, x):
+        n_in = len(self.in_axes)
+        in_shape = x.shape[-n_in:]
+        kernel = _param(self, "kernel", in_shape + self.out_shape, self.in_axes + self.out_axes,
+                        dtype=self.param_dtype)
+        letters = "abcdefgh"
+        ins, outs = letters[:n_in], letters[n_in:n_in + len(self.out_shape)]
+        y = jnp.einsum(f"...{ins},{ins}{outs}->...{outs}", x.astype(self.dtype),
+                       kernel.astype(self.dtype))
+        if self.use_bias:
+            bias = _param(self, "bias", self.out_shape, self.out_axes, nn.initializers.zeros,
+                          self.param_dtype)
+            y = y + bias.astype(self.dtype)
+        return y
+
+
+class Attention(nn.Module):
+    config: ModelConfig
+    dtype: Dtype
+    param_dtype: Dtype
+
+    @nn.compact
+    def __call__(self, x, cos, sin, mask, kv_cache=None, cache_len=None):
+        c = self.config
+        proj = lambda name, out_axes, out_shape, bias, in_axes=("embed",): Projection(
+            in_axes, out_axes, out_shape, bias, self.dtype, self.param_dtype, name=name)
+        q = proj("q_proj", ("heads", "head_dim"), (c.num_heads, c.head_dim), c.qkv_bias)(x)
+        k = proj("k_proj", ("kv_heads", "head_dim"), (c.num_kv_heads, c.head_dim), c.qkv_bias)(x)
+        v = proj("v_proj", ("kv_heads", "head_dim"), (c.num_kv_heads, c.head_dim), c.qkv_bias)(x)
+        if c.qk_norm:
+            q = RMSNorm(c.rms_norm_eps, "head_dim", self.param_dtype, name="q_norm")(q)
+            k = RMSNorm(c.rms_norm_eps, "head_dim", self.param_dtype, name="k_norm")(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        new_cache = None
+        if kv_cache is not None:
+            ck = attn_lib.cache_write(kv_cache["k"], k, cache_len)
+            cv = attn_lib.cache_write(kv_cache["v"], v, cache_len)
+            new_cache = {"k": ck, "v": cv}
+            k, v = ck.astype(self.dtype), cv.astype(self.dtype)
+        out = attn_lib.attend(q, k, v, mask, c.head_dim ** -0.5)
+        out = _constrain(out, ("batch", "length", "heads", "head_dim"))
+        y = proj("o_proj", ("embed",), (c.hidden_size,), c.o_bias, ("heads", "head_dim"))(out)
+        return y, new_cache
+
+
+class MLP(nn.Module):
+    config: ModelConfig
+    dtype: Dtype
+    param_dtype: Dtype
+
+    @nn.compact
+    def __call__(self, x):
+        c = self.config
+        dense = lambda name, i, o, n: Projection((i,), (o,), (n,), c.mlp_bias, self.dtype,
+                                                 self.param_dtype, name=name)
+        gate = dense("gate_proj", "embed", "mlp", c.intermediate_size)(x)
+        up = dense("up_proj", "embed", "mlp", c.intermediate_size)(x)
+        h = _constrain(nn.silu(gate) * up, ("batch", "length", "mlp"))
+        return dense("down_proj", "mlp", "embed", c.hidden_size)(h)
+
+
+class Block(nn.Module):
+    config: ModelConfig
+    dtype: Dtype
+    param_dtype: Dtype
+
+    @nn.compact
+    def __call__(self, x, cos, sin, mask, kv_cache=None, cache_len=None):
+        c = self.config
+        h = RMSNorm(c.rms_norm_eps, "norm", self.param_dtype, name="input_norm")(x)
+        h, new_cache = Attention(c, self.dtype, self.param_dtype, name="attn")(
+            h, cos, sin, mask, kv_cache, cache_len)
+        x = x + h
+        h = RMSNorm(c.rms_norm_eps, "norm", self.param_dtype, name="post_attn_norm")(x)
+        x = x + MLP(c, self.dtype, self.param_dtype, name="mlp")(h)
+        return _constrain(x, ("batch", "length", "embed")), new_cache
+
+
+class Transformer(nn.Module):
+    """Decoder-only LM. `dtype` is the compute dtype, `param_dtype` the storage dtype; scores,
+    softmax and logits are float32. `remat` recomputes each block in the backward pass."""
+    config: ModelConfig
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+    remat: bool = False
+
+    @nn.compact
+    def __call__(self, tokens, positions, *, segment_ids=None, mask=None,
+                 kv_cache: KVCache | None = None, cache_len=None):
+        c = self.config
+        b, s = tokens.shape
+        if kv_cache is not None:
+            if mask is not None or segment_ids is not None or cache_len is None:
+                raise ValueError("cache mode takes kv_cache and cache_len, and no mask/segment_ids")
+            if len(kv_cache) != c.num_layers:
+                raise ValueError(f"kv_cache has {len(kv_cache)} layers, the model {c.num_layers}")
+            mask = attn_lib.cache_mask(cache_len, s, kv_cache[0]["k"].shape[1])
+        elif mask is None:
+            mask = attn_lib.segment_mask(segment_ids, b, s)
+        elif segment_ids is not None:
+            raise ValueError("pass either an explicit mask or segment_ids, not both")
+        if mask.ndim == 2:
+            mask = jnp.broadcast_to(mask[None], (b,) + mask.shape)
+
+        embedding = _param(self, "embedding", (c.vocab_size, c.hidden_size), ("vocab", "embed"),
+                           dtype=self.param_dtype)
+        x = jnp.take(embedding, tokens, axis=0).astype(self.dtype)
+        x = _constrain(x, ("batch", "length", "embed"))
+        inv_freq, scaling = rope_frequencies(c)
+        cos, sin = rope_cos_sin(positions, inv_freq, scaling)
+
+        block_cls = nn.remat(Block) if self.remat else Block
+        new_cache = []
+        for i in range(c.num_layers):
+            layer_cache = None if kv_cache is None else kv_cache[i]
+            x, lc = block_cls(c, self.dtype, self.param_dtype, name=f"layers_{i}")(
+                x, cos, sin, mask, layer_cache, cache_len)
+            new_cache.append(lc)
+        x = RMSNorm(c.rms_norm_eps, "norm", self.param_dtype, name="final_norm")(x)
+        if c.tie_word_embeddings:
+            head = embedding.T
+        else:
+            head = _param(self, "lm_head", (c.hidden_size, c.vocab_size), ("embed", "vocab"),
+                          dtype=self.param_dtype)
+        logits = jnp.einsum("bse,ev->bsv", x, head.astype(self.dtype),
+                            preferred_element_type=jnp.float32)
+        logits = _constrain(logits, ("batch", "length", "vocab"))
+        if kv_cache is None:
+            return logits
+        return logits, tuple(new_cache)
+
+
+def init_params(config: ModelConfig, rng: jax.Array, param_dtype=jnp.float32):
+    """Random parameters (unboxed) for `config`."""
+    model = Transformer(config, param_dtype=param_dtype)
+    tokens = jnp.zeros((1, 1), jnp.int32)
+    return nn.meta.unbox(model.init(rng, tokens, tokens)["params"])
+
+
+def param_logical_axes(config: ModelConfig):
+    """Tree (matching the params) of logical-axis-name tuples, computed without allocating."""
+    model = Transformer(config)
+    tokens = jnp.zeros((1, 1), jnp.int32)
+    boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), tokens, tokens))["params"]
+    specs = nn.get_partition_spec(boxed)
+    return jax.tree.map(lambda p: tuple(p), specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+
+
+def param_shapes(config: ModelConfig, param_dtype=jnp.float32):
+    """Tree of jax.ShapeDtypeStruct for the params of `config`."""
+    return jax.eval_shape(lambda: init_params(config, jax.random.key(0), param_dtype))
+
+
+def init_kv_cache(config: ModelConfig, batch: int, capacity: int, dtype=jnp.float32) -> KVCache:
+    """Preallocated per-layer K/V buffers [B, capacity, kv_heads, head_dim], zeros."""
+    shape = (batch, capacity, config.num_kv_heads, config.head_dim)
+    return tuple({"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+                 for _ in range(config.num_layers))

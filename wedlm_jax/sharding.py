@@ -1,0 +1,86 @@
+"""The one table that maps logical axis names onto the mesh ('data', 'fsdp', 'tensor').
+
+Every parameter of `model.Transformer` is created with logical axis names (see `LOGICAL_AXES`
+there); activations are constrained with the same names. `AxisRules` says which mesh axes each
+logical name is split over. A dimension the mesh axes do not divide is left replicated rather than
+rejected, so one table serves every model size (e.g. 2 KV heads on tensor=4).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+
+@dataclasses.dataclass(frozen=True)
+class AxisRules:
+    """logical axis -> mesh axis (or tuple of axes, or None for replicated)."""
+    batch: Any = ("data", "fsdp")
+    length: Any = None
+    vocab: Any = "tensor"
+    embed: Any = "fsdp"
+    heads: Any = "tensor"
+    kv_heads: Any = "tensor"
+    head_dim: Any = None
+    mlp: Any = "tensor"
+    norm: Any = None
+    cache_length: Any = None
+
+    def as_flax_rules(self) -> tuple:
+        return tuple((f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
+
+    def mesh_axes(self, logical: str | None):
+        if logical is None:
+            return None
+        if not hasattr(self, logical):
+            raise KeyError(f"logical axis {logical!r} has no rule; known: "
+                           f"{', '.join(f.name for f in dataclasses.fields(self))}")
+        return getattr(self, logical)
+
+
+DEFAULT_RULES = AxisRules()
+
+
+def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1, devices: Sequence | None = None) -> Mesh:
+    """A ('data', 'fsdp', 'tensor') mesh with Auto axis types over `devices` (default: all)."""
+    devices = list(jax.devices() if devices is None else devices)
+    need = data * fsdp * tensor
+    if need != len(devices):
+        raise ValueError(f"mesh data={data} x fsdp={fsdp} x tensor={tensor} = {need} does not match "
+                         f"the {len(devices)} available devices")
+    arr = np.asarray(devices).reshape(data, fsdp, tensor)
+    return Mesh(arr, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3)
+
+
+def spec_for(logical_axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
+             rules: AxisRules = DEFAULT_RULES) -> P:
+    """PartitionSpec for an array of `shape` whose dimensions carry `logical_axes`."""
+    out, used = [], set()
+    for name, dim in zip(logical_axes, shape):
+        axes = rules.mesh_axes(name)
+        if axes is None:
+            out.append(None)
+            continue
+        axes = (axes,) if isinstance(axes, str) else tuple(axes)
+        axes = tuple(a for a in axes if a not in used and mesh.shape.get(a, 1) > 1)
+        size = math.prod(mesh.shape[a] for a in axes)
+        if not axes or dim % size:
+            out.append(None)
+            continue
+        used.update(axes)
+        out.append(axes[0] if len(axes) == 1 else axes)
+    return P(*out)
+
+
+def tree_shardings(logical_tree, shape_tree, mesh: Mesh, rules: AxisRules = DEFAULT_RULES):
+    """Map a tree of logical-axis tuples and a matching tree of shapes to NamedShardings."""
+    is_leaf = lambda x: isinstance(x, tuple) and all(isinstance(a, (str, type(None))) for a in x)
+    return jax.tree.map(lambda axes, s: NamedSharding(mesh, spec_for(axes, s.shape, mesh, rules)),
+                        logical_tree, shape_tree, is_leaf=is_leaf)
