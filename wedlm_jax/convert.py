@@ -1,0 +1,419 @@
+"""Hugging Face safetensors <-> JAX params <-> Orbax, and the `wedlm-convert` command.
+
+    config, params = load_hf_checkpoint(dir, mesh=None, dtype=None)      # HF folder -> JAX
+    save_hf_checkpoint(config, params, out_dir)                            # JAX -> HF folder
+    save_orbax(config, params, out_dir); config, params = load_orbax(dir)  # Orbax folder
+    config, params = load_checkpoint(dir)                                  # either kind
+
+    wedlm-convert hf-to-orbax --hf DIR --out DIR [--dtype bf16|f32] [--allow-extra] [--force]
+    wedlm-convert orbax-to-hf --orbax DIR --out DIR [--dtype bf16|f32] [--max-shard-size 5GB] [--force]
+
+Loading checks every tensor name and shape against the config before reading any data, then
+reads one tensor at a time (largest first, so the transient copies never sit on top of a nearly
+full tree) and places it straight into its target sharding: on a mesh each device receives only
+its slice. Every writer builds the output in a hidden sibling folder
+(`.NAME.partial-*`), writes `config.json` last, and renames the folder into place only when it is
+complete; an existing checkpoint at the destination is replaced only with `force=True`, and only
+after the new one is complete.
+
+An Orbax folder is `DIR/config.json` + `DIR/params/` (Orbax StandardCheckpointHandler) + the
+tokenizer files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from typing import Any, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from wedlm_jax import hf_mapping, model, sharding
+from wedlm_jax import safetensors_io as st
+from wedlm_jax.config import ConfigError, ModelConfig
+from wedlm_jax.safetensors_io import CheckpointError
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                   "merges.txt", "generation_config.json", "chat_template.jinja", "tokenizer.model",
+                   "added_tokens.json")
+PARAMS_DIR = "params"
+DTYPE_NAMES = {"f32": jnp.float32, "float32": jnp.float32, "bf16": jnp.bfloat16,
+               "bfloat16": jnp.bfloat16}
+_LIST_LIMIT = 12
+
+__all__ = ["load_hf_checkpoint", "save_hf_checkpoint", "save_orbax", "load_orbax", "load_checkpoint",
+           "CheckpointError", "main"]
+
+
+# --------------------------------------------------------------------------- small helpers
+
+def parse_dtype(dtype) -> np.dtype | None:
+    """None (keep each tensor's dtype), 'bf16'/'f32' (and long names) or a numpy/jax dtype."""
+    if dtype is None:
+        return None
+    if isinstance(dtype, str):
+        if dtype.lower() not in DTYPE_NAMES:
+            raise CheckpointError(f"dtype {dtype!r} is not supported; supported: bf16, f32")
+        return np.dtype(DTYPE_NAMES[dtype.lower()])
+    dt = np.dtype(dtype)
+    if dt not in (np.dtype(jnp.float32), np.dtype(jnp.bfloat16)):
+        raise CheckpointError(f"dtype {dt} is not supported; supported: bf16, f32")
+    return dt
+
+
+def parse_size(size) -> int:
+    """Bytes from an int or a string like '5GB', '500MB', '2MiB', '100KB'."""
+    if isinstance(size, int):
+        return size
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?)B?\s*", str(size), re.IGNORECASE)
+    if not m or float(m.group(1)) <= 0:
+        raise CheckpointError(f"max_shard_size {size!r} is not a size like 5GB, 500MB or 1048576")
+    base = 1024 if m.group(3) else 1000
+    return int(float(m.group(1)) * base ** "_KMGT".index(m.group(2).upper() or "_"))
+
+
+def _names(items, limit: int = _LIST_LIMIT) -> str:
+    items = sorted(items)
+    more = f" ... and {len(items) - limit} more" if len(items) > limit else ""
+    return ", ".join(items[:limit]) + more
+
+
+def _target_shardings(config: ModelConfig, mesh, shapes):
+    if mesh is None:
+        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        return jax.tree.map(lambda _: device, shapes)
+    return sharding.tree_shardings(model.param_logical_axes(config), shapes, mesh)
+
+
+def _place(arr: np.ndarray, target) -> jax.Array:
+    """A host array onto its target sharding; each device receives only its own slice."""
+    if isinstance(target, jax.sharding.SingleDeviceSharding):
+        return jax.device_put(arr, target)
+    return jax.make_array_from_callback(arr.shape, target, lambda idx: arr[idx])
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
+                file=sys.stderr, disable=not enabled, leave=False)
+
+
+def _copy_tokenizer(src: str | None, dst: str) -> list[str]:
+    if src is None:
+        return []
+    copied = []
+    for name in TOKENIZER_FILES:
+        path = os.path.join(src, name)
+        if os.path.isfile(path):
+            shutil.copyfile(path, os.path.join(dst, name))
+            copied.append(name)
+    return copied
+
+
+def _write_json(path: str, obj) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=2)
+        f.write("\n")
+
+
+# --------------------------------------------------------------------------- atomic output
+
+def _looks_like_checkpoint(folder: str) -> bool:
+    names = set(os.listdir(folder))
+    return bool({"config.json", PARAMS_DIR, st.INDEX_NAME} & names) or \
+        any(n.endswith(".safetensors") for n in names)
+
+
+def check_out_dir(out_dir: str, force: bool) -> None:
+    """Refuse, before any work, an output folder we must not replace."""
+    if not os.path.lexists(out_dir):
+        return
+    if not os.path.isdir(out_dir) or os.path.islink(out_dir):
+        raise CheckpointError(f"{out_dir}: exists and is not a folder; refusing to replace it")
+    if not os.listdir(out_dir):
+        return
+    if not _looks_like_checkpoint(out_dir):
+        raise CheckpointError(f"{out_dir}: exists, is not empty and holds no checkpoint; refusing "
+                              f"to replace it (even with --force); choose another output folder")
+    if not force:
+        raise CheckpointError(f"{out_dir}: already holds a checkpoint; pass --force (force=True) to "
+                              f"replace it")
+
+
+@contextlib.contextmanager
+def atomic_output_dir(out_dir, force: bool = False) -> Iterator[str]:
+    """Yield a hidden temporary sibling of `out_dir` to write into; on success rename it into
+    place (replacing an existing checkpoint only if `force`), on any error delete it."""
+    out_dir = os.path.abspath(os.fspath(out_dir))
+    check_out_dir(out_dir, force)
+    parent, name = os.path.split(out_dir)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{name}.partial-", dir=parent)
+    try:
+        yield tmp
+        check_out_dir(out_dir, force)
+        if os.path.lexists(out_dir):
+            old = tempfile.mkdtemp(prefix=f".{name}.old-", dir=parent)
+            os.rename(out_dir, os.path.join(old, name))
+            os.rename(tmp, out_dir)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+# --------------------------------------------------------------------------- HF -> JAX
+
+def plan_hf_load(config: ModelConfig, tensors: dict[str, st.TensorInfo], allow_extra: bool = False,
+                 source: str = "checkpoint") -> list[tuple[st.TensorInfo, tuple, str, tuple]]:
+    """Match a checkpoint's tensors (headers only) against `config`: [(info, param path,
+    transform, JAX shape)], or a CheckpointError naming every missing, unexpected or misshapen
+    tensor."""
+    expected = hf_mapping.expected_tensors(config, model.param_shapes(config))
+    present = {n: i for n, i in tensors.items() if not any(rx.match(n) for rx in hf_mapping.IGNORED)}
+    if config.tie_word_embeddings:
+        present.pop("lm_head.weight", None)
+    missing = [n for n in expected if n not in present]
+    extra = [n for n in present if n not in expected]
+    if missing:
+        raise CheckpointError(f"{source}: missing {len(missing)} tensor(s) the config "
+                              f"({config.model_type}, {config.num_layers} layers) needs: "
+                              f"{_names(missing)}")
+    if extra and not allow_extra:
+        raise CheckpointError(f"{source}: {len(extra)} unexpected tensor(s) not used by a "
+                              f"{config.model_type} model: {_names(extra)} (pass --allow-extra / "
+                              f"allow_extra=True to skip them)")
+    bad = [f"{n} has shape {list(present[n].shape)} in {os.path.basename(present[n].file)}, the "
+           f"config needs {list(hf)}" for n, (_, _, _, hf) in expected.items()
+           if tuple(present[n].shape) != tuple(hf)]
+    if bad:
+        raise CheckpointError(f"{source}: shape mismatch: " + "; ".join(bad[:_LIST_LIMIT]) +
+                              (f" ... and {len(bad) - _LIST_LIMIT} more" if len(bad) > _LIST_LIMIT
+                               else ""))
+    return [(present[n], path, kind, jshape) for n, (path, kind, jshape, _) in expected.items()]
+
+
+def load_hf_checkpoint(path, mesh=None, dtype=None, allow_extra: bool = False,
+                       progress: bool = True) -> tuple[ModelConfig, dict]:
+    """Read a Hugging Face safetensors checkpoint folder into (config, params).
+
+    `dtype`: None keeps each tensor's stored dtype, else 'bf16' / 'f32' (or a dtype). With a
+    `mesh`, every param lands in the sharding `sharding.tree_shardings` gives it; without, on the
+    default device."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise CheckpointError(f"{path}: not a folder")
+    config = ModelConfig.from_hf(path)
+    target = parse_dtype(dtype)
+    plan = plan_hf_load(config, st.index_tensors(path), allow_extra, source=path)
+    shardings = _target_shardings(config, mesh, model.param_shapes(config))
+    plan.sort(key=lambda item: -item[0].nbytes)
+    params: dict = {}
+    with _progress(sum(i.nbytes for i, *_ in plan), "load " + os.path.basename(path.rstrip("/")),
+                   progress) as bar:
+        for info, ppath, kind, jshape in plan:
+            raw = st.read_tensor(info)
+            arr = np.asarray(hf_mapping.to_jax(kind, raw, jshape), dtype=target or raw.dtype,
+                             order="C")
+            del raw
+            hf_mapping.set_path(params, ppath, _place(arr, hf_mapping.get_path(shardings, ppath)))
+            del arr
+            bar.update(info.nbytes)
+    return config, params
+
+
+# --------------------------------------------------------------------------- JAX -> HF
+
+def _check_params(config: ModelConfig, params, source: str = "params") -> None:
+    """The params tree must have exactly the paths and shapes `config` needs."""
+    want = {jax.tree_util.keystr(k): v.shape
+            for k, v in jax.tree_util.tree_leaves_with_path(model.param_shapes(config))}
+    got = {jax.tree_util.keystr(k): tuple(getattr(v, "shape", None) or np.shape(v))
+           for k, v in jax.tree_util.tree_leaves_with_path(params)}
+    missing, extra = [k for k in want if k not in got], [k for k in got if k not in want]
+    if missing:
+        raise CheckpointError(f"{source}: missing {len(missing)} parameter(s): {_names(missing)}")
+    if extra:
+        raise CheckpointError(f"{source}: {len(extra)} unexpected parameter(s): {_names(extra)}")
+    bad = [f"{k} has shape {list(got[k])}, the config needs {list(s)}" for k, s in want.items()
+           if tuple(got[k]) != tuple(s)]
+    if bad:
+        raise CheckpointError(f"{source}: shape mismatch: " + "; ".join(bad[:_LIST_LIMIT]))
+
+
+def _to_host(x) -> np.ndarray:
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        raise CheckpointError("params span several processes; gather them to one host before "
+                              "saving (multi-host export is not supported)")
+    return np.asarray(jax.device_get(x))
+
+
+def save_hf_checkpoint(config: ModelConfig, params, out_dir, *, dtype=None,
+                       max_shard_size: int | str = "5GB", tokenizer_from=None, force: bool = False,
+                       progress: bool = True) -> str:
+    """Write `params` as a Hugging Face checkpoint folder: safetensors (sharded with
+    `model.safetensors.index.json` above `max_shard_size`), `config.json`, tokenizer files from
+    `tokenizer_from`. Arrays are gathered to the host one tensor at a time. Returns out_dir."""
+    target = parse_dtype(dtype)
+    limit = parse_size(max_shard_size)
+    _check_params(config, params)
+    check_out_dir(os.path.abspath(os.fspath(out_dir)), force)
+    expected = hf_mapping.expected_tensors(config, model.param_shapes(config))
+    specs, kinds = [], {}
+    for name, (ppath, kind, _, hf_shape) in expected.items():
+        leaf = hf_mapping.get_path(params, ppath)
+        specs.append((name, st.dtype_name(target or leaf.dtype), hf_shape))
+        kinds[name] = (ppath, kind)
+    sizes = [int(np.prod(s)) * st.DTYPES[d].itemsize for _, d, s in specs]
+
+    def fetch(name):
+        ppath, kind = kinds[name]
+        host = _to_host(hf_mapping.get_path(params, ppath))
+        return np.asarray(hf_mapping.to_hf(kind, host), dtype=target or host.dtype, order="C")
+
+    shards = st.plan_shards(sizes, limit)
+    with atomic_output_dir(out_dir, force) as tmp, _progress(sum(sizes), "save", progress) as bar:
+        if len(shards) == 1:
+            write_safetensors(os.path.join(tmp, st.SINGLE_NAME), specs, fetch, bar.update)
+        else:
+            weight_map = {}
+            for k, shard in enumerate(shards):
+                fname = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+                write_safetensors(os.path.join(tmp, fname), [specs[i] for i in shard], fetch,
+                                  bar.update)
+                weight_map.update({specs[i][0]: fname for i in shard})
+            _write_json(os.path.join(tmp, st.INDEX_NAME),
+                        {"metadata": {"total_size": sum(sizes)}, "weight_map": weight_map})
+        _copy_tokenizer(tokenizer_from, tmp)
+        hf = config.to_hf_dict()
+        hf["dtype"] = "bfloat16" if specs[0][1] == "BF16" else "float32"
+        _write_json(os.path.join(tmp, "config.json"), hf)
+    return os.path.abspath(os.fspath(out_dir))
+
+
+def write_safetensors(file, specs, fetch, on_tensor=None) -> None:
+    """One safetensors file; a module-level seam so tests can interrupt a conversion mid-way."""
+    st.write_file(file, specs, fetch, on_tensor)
+
+
+# --------------------------------------------------------------------------- Orbax
+
+def _orbax():
+    import orbax.checkpoint as ocp
+    return ocp
+
+
+def save_orbax(config: ModelConfig, params, out_dir, tokenizer_from=None, force: bool = False) -> str:
+    """Write `DIR/config.json`, `DIR/params/` (Orbax) and the tokenizer files, atomically."""
+    ocp = _orbax()
+    _check_params(config, params)
+    with atomic_output_dir(out_dir, force) as tmp:
+        ckptr = ocp.Checkpointer(ocp.StandardCheckpointHandler())
+        ckptr.save(os.path.join(tmp, PARAMS_DIR), args=ocp.args.StandardSave(params))
+        ckptr.close()
+        _copy_tokenizer(tokenizer_from, tmp)
+        _write_json(os.path.join(tmp, "config.json"), config.to_hf_dict())
+    return os.path.abspath(os.fspath(out_dir))
+
+
+def _orbax_metadata(ckptr, params_dir: str):
+    meta = ckptr.metadata(params_dir).item_metadata
+    return getattr(meta, "tree", meta)
+
+
+def load_orbax(path, mesh=None, dtype=None) -> tuple[ModelConfig, dict]:
+    """Restore an Orbax folder written by `save_orbax` onto `mesh` (or the default device)."""
+    ocp = _orbax()
+    path = os.fspath(path)
+    params_dir = os.path.join(os.path.abspath(path), PARAMS_DIR)
+    config = ModelConfig.from_hf(path)
+    target = parse_dtype(dtype)
+    if not os.path.isdir(params_dir):
+        raise CheckpointError(f"{path}: no {PARAMS_DIR}/ folder (not an Orbax checkpoint of this "
+                              f"project)")
+    ckptr = ocp.Checkpointer(ocp.StandardCheckpointHandler())
+    stored = _orbax_metadata(ckptr, params_dir)
+    _check_params(config, stored, source=params_dir)
+    shardings = _target_shardings(config, mesh, model.param_shapes(config))
+    abstract = jax.tree.map(lambda m, s: jax.ShapeDtypeStruct(m.shape, target or m.dtype, sharding=s),
+                            stored, shardings)
+    params = ckptr.restore(params_dir, args=ocp.args.StandardRestore(abstract))
+    ckptr.close()
+    return config, params
+
+
+def checkpoint_kind(path) -> str:
+    """'orbax' or 'hf' for a checkpoint folder."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise CheckpointError(f"{path}: not a folder")
+    if os.path.isdir(os.path.join(path, PARAMS_DIR)):
+        return "orbax"
+    return "hf"
+
+
+def load_checkpoint(path, mesh=None, dtype=None, **kw) -> tuple[ModelConfig, dict]:
+    """Load an Orbax folder (config.json + params/) or a Hugging Face safetensors folder."""
+    if checkpoint_kind(path) == "orbax":
+        return load_orbax(path, mesh=mesh, dtype=dtype)
+    return load_hf_checkpoint(path, mesh=mesh, dtype=dtype, **kw)
+
+
+# --------------------------------------------------------------------------- CLI
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="wedlm-convert",
+                                description="Convert checkpoints between Hugging Face safetensors "
+                                            "and this project's Orbax format.")
+    sub = p.add_subparsers(dest="command", required=True)
+    a = sub.add_parser("hf-to-orbax", help="HF safetensors folder -> Orbax folder")
+    a.add_argument("--hf", required=True, help="Hugging Face checkpoint folder (safetensors)")
+    a.add_argument("--allow-extra", action="store_true",
+                   help="skip tensors the model does not use instead of failing")
+    b = sub.add_parser("orbax-to-hf", help="Orbax folder -> HF safetensors folder")
+    b.add_argument("--orbax", required=True, help="Orbax checkpoint folder written by hf-to-orbax")
+    b.add_argument("--max-shard-size", default="5GB", help="largest safetensors file (default 5GB)")
+    for s in (a, b):
+        s.add_argument("--out", required=True, help="output folder (created atomically)")
+        s.add_argument("--dtype", choices=("bf16", "f32"), default=None,
+                       help="parameter dtype of the output (default: as stored)")
+        s.add_argument("--force", action="store_true", help="replace an existing checkpoint at --out")
+        s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "hf-to-orbax":
+            check_out_dir(os.path.abspath(args.out), args.force)
+            config, params = load_hf_checkpoint(args.hf, dtype=args.dtype,
+                                                allow_extra=args.allow_extra,
+                                                progress=not args.no_progress)
+            out = save_orbax(config, params, args.out, tokenizer_from=args.hf, force=args.force)
+        else:
+            check_out_dir(os.path.abspath(args.out), args.force)
+            parse_size(args.max_shard_size)
+            config, params = load_orbax(args.orbax, dtype=args.dtype)
+            out = save_hf_checkpoint(config, params, args.out, max_shard_size=args.max_shard_size,
+                                     tokenizer_from=args.orbax, force=args.force,
+                                     progress=not args.no_progress)
+    except (ConfigError, CheckpointError, FileNotFoundError, PermissionError) as e:
+        print(f"wedlm-convert: error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
