@@ -1,0 +1,405 @@
+"""The training configuration: frozen dataclasses, read from YAML with `key=value` overrides.
+
+    cfg = load_config("configs/tiny_cpu.yaml", ["optimizer.lr=1e-3", "steps=10"])
+
+Every key is checked against the dataclass fields; an unknown key raises `TrainConfigError` naming
+the nearest valid key. Values are validated here (block size, loss weights, schedule, mesh shape)
+so a bad config stops the program before anything is compiled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import typing
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+OBJECTIVES = ("dual_stream", "plain", "ar_only")
+COMPUTE_DTYPES = ("bfloat16", "float32")
+PARAM_DTYPES = ("float32",)
+DTYPE_ALIASES = {"bf16": "bfloat16", "f32": "float32", "fp32": "float32", "bfloat16": "bfloat16",
+                 "float32": "float32"}
+
+
+class TrainConfigError(ValueError):
+    """A training config (file, override or value) that cannot be honoured."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSection:
+    """Where the weights come from: `from_hf` (a Hugging Face folder, the adaptation case), or an
+    inline architecture (`config`, the fields of `wedlm_jax.config.ModelConfig`) for from-scratch."""
+    from_hf: str | None = None
+    config: dict | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSection:
+    train_files: tuple = ()
+    tokenizer: str | None = None  # folder with tokenizer.json (default: model.from_hf)
+    seq_len: int = 1024  # packed row length (the memory stream; the network sees 2x for dual_stream)
+    global_batch_size: int = 8  # rows per optimizer step, over all hosts and microbatches
+    shuffle_seed: int = 0
+    skip_bad_lines: bool = False
+    append_eos: bool = True  # end every pretraining document with the EOS token
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectiveSection:
+    kind: str = "dual_stream"
+    block_size: int = 32
+    mask_per_block: bool = True
+    ar_weight: float = 1.0
+    eps: float = 1e-3  # lower clamp of the masking ratio
+    mask_token_id: int | None = None  # default: the model config's, then the tokenizer's mask token
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSection:
+    lr: float = 3e-6
+    final_lr: float = 3e-7
+    warmup_steps: int | None = None
+    warmup_ratio: float | None = None
+    weight_decay: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.95
+    eps: float = 1e-8
+    clip: float = 1.0  # global-norm clip; 0 disables
+    grad_accum: int = 1
+    decay_embeddings: bool = False  # weight decay on embedding / LM head matrices
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSection:
+    data: int = -1  # -1: whatever the device count leaves after fsdp x tensor
+    fsdp: int = 1
+    tensor: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSection:
+    dir: str | None = None
+    every: int = 1000
+    keep: int = 3
+    async_save: bool = True
+    resume: bool = True
+    export_hf: str | None = None  # write the final params here in Hugging Face format
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    model: ModelSection = ModelSection()
+    data: DataSection = DataSection()
+    objective: ObjectiveSection = ObjectiveSection()
+    optimizer: OptimizerSection = OptimizerSection()
+    mesh: MeshSection = MeshSection()
+    checkpoint: CheckpointSection = CheckpointSection()
+    steps: int = 1000
+    seed: int = 0
+    compute_dtype: str = "bfloat16"
+    param_dtype: str = "float32"
+    remat: bool = False
+    log_every: int = 1
+    metrics_file: str | None = None  # JSONL; default <checkpoint.dir>/metrics.jsonl when that is set
+    peak_flops: float | None = None  # per-device FLOP/s for MFU; default: measured f32 matmul rate
+    progress: bool = True
+    distributed: bool = False  # call jax.distributed.initialize (also when the env asks for it)
+
+    @property
+    def warmup(self) -> int:
+        o = self.optimizer
+        if o.warmup_steps is not None:
+            return int(o.warmup_steps)
+        if o.warmup_ratio is not None:
+            return int(round(o.warmup_ratio * self.steps))
+        return 0
+
+    def to_dict(self) -> dict:
+        return _to_plain(dataclasses.asdict(self))
+
+
+SECTIONS = {"model": ModelSection, "data": DataSection, "objective": ObjectiveSection,
+            "optimizer": OptimizerSection, "mesh": MeshSection, "checkpoint": CheckpointSection}
+
+
+def _to_plain(x):
+    if isinstance(x, dict):
+        return {k: _to_plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_to_plain(v) for v in x]
+    return x
+
+
+def _all_keys() -> list[str]:
+    keys = []
+    for f in dataclasses.fields(TrainConfig):
+        if f.name in SECTIONS:
+            keys += [f"{f.name}.{g.name}" for g in dataclasses.fields(SECTIONS[f.name])]
+        else:
+            keys.append(f.name)
+    return keys
+
+
+def _unknown(key: str, where: str) -> TrainConfigError:
+    valid = _all_keys()
+    near = difflib.get_close_matches(key, valid, n=1, cutoff=0.0)
+    if "." not in key:  # also compare against bare field names
+        bare = {k.split(".")[-1]: k for k in valid}
+        m = difflib.get_close_matches(key, list(bare), n=1, cutoff=0.6)
+        if m:
+            near = [bare[m[0]]]
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    return TrainConfigError(f"{where}: unknown config key {key!r}{hint}")
+
+
+def _coerce(value: Any, tp, key: str, where: str):
+    """Coerce a YAML / override value to the field's declared type."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if value is None:
+        if type(None) in args or tp is Any:
+            return None
+        raise TrainConfigError(f"{where}: {key} may not be null")
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], key, where)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise TrainConfigError(f"{where}: {key} must be true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise TrainConfigError(f"{where}: {key} must be an integer, got {value!r}")
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise TrainConfigError(f"{where}: {key} must be an integer, got {value!r}") from None
+    if tp is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise TrainConfigError(f"{where}: {key} must be a number, got {value!r}") from None
+    if tp is str:
+        return str(value)
+    if tp is tuple:
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v]
+        if not isinstance(value, (list, tuple)):
+            raise TrainConfigError(f"{where}: {key} must be a list, got {value!r}")
+        return tuple(value)
+    if tp is dict:
+        if not isinstance(value, Mapping):
+            raise TrainConfigError(f"{where}: {key} must be a mapping, got {value!r}")
+        return dict(value)
+    return value
+
+
+def _build(cls, raw: Mapping, prefix: str, where: str):
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kw = {}
+    for k, v in raw.items():
+        full = f"{prefix}{k}"
+        if k not in names:
+            raise _unknown(full, where)
+        if k in SECTIONS and cls is TrainConfig:
+            if not isinstance(v, Mapping):
+                raise TrainConfigError(f"{where}: {full} must be a mapping of keys, got {v!r}")
+            kw[k] = _build(SECTIONS[k], v, f"{k}.", where)
+        else:
+            kw[k] = _coerce(v, hints[k], full, where)
+    return cls(**kw)
+
+
+def _set_path(d: dict, dotted: str, value, where: str):
+    parts = dotted.split(".")
+    cur = d
+    for p in parts[:-1]:
+        nxt = cur.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            raise TrainConfigError(f"{where}: cannot set {dotted!r}: {p!r} is not a section")
+        cur = nxt
+    cur[parts[-1]] = value
+
+
+def parse_overrides(raw: dict, overrides: Sequence[str]) -> dict:
+    """Apply `section.key=value` overrides (values parsed as YAML scalars) to a raw config dict."""
+    raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    for item in overrides:
+        if "=" not in item:
+            raise TrainConfigError(f"override {item!r} is not of the form key=value")
+        key, text = item.split("=", 1)
+        key = key.strip()
+        value = yaml.safe_load(text) if text else None
+        _set_path(raw, key, value, f"override {item!r}")
+    return raw
+
+
+def load_config(path: str | None, overrides: Sequence[str] = ()) -> TrainConfig:
+    """Read a YAML config file (or start from the defaults when `path` is None), apply overrides,
+    validate and return the frozen config."""
+    raw: dict = {}
+    where = path or "<defaults>"
+    if path is not None:
+        if not os.path.exists(path):
+            raise TrainConfigError(f"config file {path} does not exist")
+        with open(path) as f:
+            try:
+                raw = yaml.safe_load(f) or {}
+            except yaml.YAMLError as e:
+                raise TrainConfigError(f"{path}: not valid YAML ({e})") from None
+        if not isinstance(raw, dict):
+            raise TrainConfigError(f"{path}: the top level must be a mapping of keys")
+    # Overrides are checked key by key first so the error names the override, not the file.
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        _check_key(key, f"override {item!r}")
+    raw = parse_overrides(raw, overrides)
+    cfg = _build(TrainConfig, raw, "", where)
+    validate(cfg, where)
+    return cfg
+
+
+def _check_key(key: str, where: str):
+    parts = key.split(".")
+    if parts[0] in SECTIONS:
+        if len(parts) == 1:
+            raise TrainConfigError(f"{where}: {key!r} is a section; set one of its keys")
+        if parts[0] == "model" and parts[1] == "config" and len(parts) >= 2:
+            return
+        if len(parts) != 2 or parts[1] not in {f.name for f in dataclasses.fields(SECTIONS[parts[0]])}:
+            raise _unknown(key, where)
+    elif len(parts) != 1 or parts[0] not in {f.name for f in dataclasses.fields(TrainConfig)}:
+        raise _unknown(key, where)
+
+
+def validate(cfg: TrainConfig, where: str = "config") -> None:
+    """Every value check that needs no device, no files and no compilation."""
+    def bad(key, msg):
+        raise TrainConfigError(f"{where}: {key} {msg}")
+
+    o, ob, d, m, c = cfg.optimizer, cfg.objective, cfg.data, cfg.mesh, cfg.checkpoint
+    if cfg.model.from_hf is None and cfg.model.config is None:
+        bad("model", "needs either model.from_hf (a Hugging Face folder) or model.config (an inline "
+                     "architecture for training from scratch)")
+    if cfg.model.from_hf is not None and cfg.model.config is not None:
+        bad("model", "takes model.from_hf or model.config, not both")
+    if ob.kind not in OBJECTIVES:
+        bad("objective.kind", f"must be one of {', '.join(OBJECTIVES)}, got {ob.kind!r}")
+    if ob.block_size < 1:
+        bad("objective.block_size", f"must be >= 1, got {ob.block_size}")
+    if ob.ar_weight < 0:
+        bad("objective.ar_weight", f"(a loss weight) must be >= 0, got {ob.ar_weight}")
+    if ob.kind == "ar_only" and ob.ar_weight == 0:
+        bad("objective.ar_weight", "must be > 0 for objective.kind=ar_only (it is the only loss)")
+    if not 0 < ob.eps <= 1:
+        bad("objective.eps", f"must be in (0, 1], got {ob.eps}")
+    if cfg.steps < 1:
+        bad("steps", f"must be >= 1, got {cfg.steps}")
+    if o.lr <= 0 or o.final_lr < 0:
+        bad("optimizer.lr", f"must be > 0 (and optimizer.final_lr >= 0), got lr={o.lr}, "
+                            f"final_lr={o.final_lr}")
+    if o.warmup_steps is not None and o.warmup_ratio is not None:
+        bad("optimizer.warmup_steps", "and optimizer.warmup_ratio are exclusive; set one")
+    if o.warmup_steps is not None and o.warmup_steps < 0:
+        bad("optimizer.warmup_steps", f"must be >= 0, got {o.warmup_steps}")
+    if o.warmup_ratio is not None and not 0 <= o.warmup_ratio <= 1:
+        bad("optimizer.warmup_ratio", f"must be in [0, 1], got {o.warmup_ratio}")
+    if cfg.warmup > cfg.steps:
+        bad("optimizer.warmup_steps", f"({cfg.warmup}) exceeds the total steps ({cfg.steps})")
+    if o.weight_decay < 0:
+        bad("optimizer.weight_decay", f"must be >= 0, got {o.weight_decay}")
+    if o.clip < 0:
+        bad("optimizer.clip", f"must be >= 0 (0 disables clipping), got {o.clip}")
+    if o.grad_accum < 1:
+        bad("optimizer.grad_accum", f"must be >= 1, got {o.grad_accum}")
+    for name in ("b1", "b2"):
+        if not 0 <= getattr(o, name) < 1:
+            bad(f"optimizer.{name}", f"must be in [0, 1), got {getattr(o, name)}")
+    if d.seq_len < 2:
+        bad("data.seq_len", f"must be >= 2, got {d.seq_len}")
+    if d.global_batch_size < 1:
+        bad("data.global_batch_size", f"must be >= 1, got {d.global_batch_size}")
+    if d.global_batch_size % o.grad_accum:
+        bad("data.global_batch_size", f"({d.global_batch_size}) must be a multiple of "
+                                      f"optimizer.grad_accum ({o.grad_accum})")
+    if not d.train_files:
+        bad("data.train_files", "is empty; list one or more JSONL files")
+    for name in ("data", "fsdp", "tensor"):
+        v = getattr(m, name)
+        if v == 0 or v < -1 or (v == -1 and name != "data"):
+            bad(f"mesh.{name}", f"must be >= 1{' or -1 (fill)' if name == 'data' else ''}, got {v}")
+    if DTYPE_ALIASES.get(cfg.compute_dtype) not in COMPUTE_DTYPES:
+        bad("compute_dtype", f"must be one of bf16, f32 (bfloat16, float32), got {cfg.compute_dtype!r}")
+    if DTYPE_ALIASES.get(cfg.param_dtype) not in PARAM_DTYPES:
+        bad("param_dtype", f"must be f32 (float32: master weights), got {cfg.param_dtype!r}")
+    if c.every < 1 or c.keep < 1:
+        bad("checkpoint.every", f"and checkpoint.keep must be >= 1, got every={c.every}, keep={c.keep}")
+    if cfg.log_every < 1:
+        bad("log_every", f"must be >= 1, got {cfg.log_every}")
+    if cfg.peak_flops is not None and cfg.peak_flops <= 0:
+        bad("peak_flops", f"must be > 0, got {cfg.peak_flops}")
+
+
+def mesh_shape(cfg: TrainConfig, num_devices: int) -> tuple[int, int, int]:
+    """(data, fsdp, tensor) for `num_devices`, resolving data=-1; errors if the mesh does not divide
+    the device count or the batch."""
+    m = cfg.mesh
+    inner = m.fsdp * m.tensor
+    if m.data == -1:
+        if num_devices % inner:
+            raise TrainConfigError(f"mesh.fsdp x mesh.tensor = {inner} does not divide the "
+                                   f"{num_devices} devices")
+        data = num_devices // inner
+    else:
+        data = m.data
+    if data * inner != num_devices:
+        raise TrainConfigError(f"mesh data={data} x fsdp={m.fsdp} x tensor={m.tensor} = "
+                               f"{data * inner} does not match the {num_devices} devices")
+    micro = cfg.data.global_batch_size // cfg.optimizer.grad_accum
+    if micro % (data * m.fsdp):
+        raise TrainConfigError(
+            f"the microbatch (data.global_batch_size {cfg.data.global_batch_size} / "
+            f"optimizer.grad_accum {cfg.optimizer.grad_accum} = {micro} rows) is not divisible by "
+            f"the batch-sharding mesh axes data x fsdp = {data * m.fsdp}")
+    return data, m.fsdp, m.tensor
+
+
+def compute_dtype(cfg: TrainConfig):
+    import jax.numpy as jnp
+    return jnp.bfloat16 if DTYPE_ALIASES[cfg.compute_dtype] == "bfloat16" else jnp.float32
+
+
+def model_config(cfg: TrainConfig):
+    """The `ModelConfig` (read from the HF folder or built from the inline fields), with the
+    objective's mask_token_id applied when given."""
+    from wedlm_jax.config import ConfigError, ModelConfig
+    if cfg.model.from_hf is not None:
+        mc = ModelConfig.from_hf(cfg.model.from_hf)
+    else:
+        names = {f.name for f in dataclasses.fields(ModelConfig)}
+        for k in cfg.model.config:
+            if k not in names:
+                near = difflib.get_close_matches(k, sorted(names), n=1, cutoff=0.0)
+                raise TrainConfigError(f"model.config: unknown field {k!r}; did you mean "
+                                       f"'model.config.{near[0]}'?")
+        fields = dict(cfg.model.config)
+        if isinstance(fields.get("eos_token_id"), list):
+            fields["eos_token_id"] = tuple(fields["eos_token_id"])
+        try:
+            mc = ModelConfig(**fields)
+        except TypeError as e:
+            raise TrainConfigError(f"model.config: {e}") from None
+        except ConfigError as e:
+            raise TrainConfigError(f"model.config: {e}") from None
+    if cfg.objective.mask_token_id is not None:
+        if not 0 <= cfg.objective.mask_token_id < mc.vocab_size:
+            raise TrainConfigError(f"objective.mask_token_id {cfg.objective.mask_token_id} is outside "
+                                   f"the vocabulary [0, {mc.vocab_size})")
+        mc = mc.replace(mask_token_id=cfg.objective.mask_token_id)
+    return mc
