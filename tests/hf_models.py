@@ -50,6 +50,6 @@ def hf_logits(path: str, tokens, positions):
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     with torch.no_grad():
-        out = model(input_ids=torch.as_tensor(np.asarray(tokens)),
-                    position_ids=torch.as_tensor(np.asarray(positions)))
+        out = model(input_ids=torch.as_tensor(np.array(tokens)),
+                    position_ids=torch.as_tensor(np.array(positions)))
     return out.logits.numpy()
