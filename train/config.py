@@ -69,7 +69,7 @@ class OptimizerSection:
     eps: float = 1e-8
     clip: float = 1.0  # global-norm clip; 0 disables
     grad_accum: int = 1
-    decay_embeddings: bool = False  # weight decay on embedding / LM head matrices
+    decay_embeddings: bool = True  # weight decay on the embedding / LM head matrices (as HF Trainer)
 
 
 @dataclasses.dataclass(frozen=True)

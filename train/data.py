@@ -1,0 +1,352 @@
+"""The training data: JSONL -> tokens -> packed rows -> a Grain pipeline of global batches.
+
+Line formats (one JSON object per line, the format may differ between lines):
+    {"text": "..."}                                  pretraining: every token maskable / a target
+    {"prompt": "...", "response": "..."}             SFT: only response tokens maskable / targets
+    {"messages": [{"role": ..., "content": ...}]}    SFT: only assistant tokens maskable / targets
+
+SFT records are rendered with the chat template of the tokenizer folder's `tokenizer_config.json`
+(prompt/response become a user and an assistant turn); without a template a prompt/response pair is
+plain concatenation and `messages` is an error. Tokenization uses the folder's `tokenizer.json`.
+
+Everything is read, validated and tokenized up front (`load_documents`), so bad data stops the run
+before anything compiles; a malformed line raises `DataError` with `file:line` and the reason, or is
+skipped and counted with `skip_bad_lines`. Documents (shuffled with the seed) are packed greedily
+into rows of `seq_len` tokens with segment ids (1, 2, ... per document, 0 = padding); a document
+longer than a row is cut into row-sized pieces.
+
+The pipeline (`make_pipeline`) is a Grain MapDataset: rows shuffled with the seed and repeated
+(reshuffled each epoch). Global example index `g` is row `g` of that stream; the global batch of
+step `s` holds `g = s*B .. s*B+B-1` in order, whatever the number of hosts: JAX process `p` of `P`
+(`grain.sharding.ShardByJaxProcess`) reads the rows `p*B/P .. (p+1)*B/P - 1` of each global batch,
+which `to_global` turns into one global array with `jax.make_array_from_process_local_data`. The
+iterator's Grain state (`get_state` / `set_state`) is saved with each checkpoint for exact resume.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Iterable, Sequence
+
+import grain
+import numpy as np
+
+MASK_TOKEN_CANDIDATES = ("<|mask|>", "[MASK]", "<mask>", "<|MASK|>", "<MASK>")
+
+
+class DataError(ValueError):
+    """Bad training data (missing file, malformed line, unusable tokenizer)."""
+
+
+# ---------------------------------------------------------------------------------- tokenizer
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerInfo:
+    tokenizer: object  # tokenizers.Tokenizer
+    folder: str
+    chat_template: str | None
+    eos_token_id: int | None
+    bos_token: str | None
+    eos_token: str | None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+
+def load_tokenizer(folder: str) -> TokenizerInfo:
+    """The `tokenizer.json` (and, when present, `tokenizer_config.json`) of a checkpoint folder."""
+    from tokenizers import Tokenizer
+    path = os.path.join(folder, "tokenizer.json")
+    if not os.path.exists(path):
+        raise DataError(f"{folder}: no tokenizer.json (set data.tokenizer to a folder holding one)")
+    tok = Tokenizer.from_file(path)
+    cfg = {}
+    cfg_path = os.path.join(folder, "tokenizer_config.json")
+    if os.path.exists(cfg_path):
+        with open(cfg_path) as f:
+            cfg = json.load(f)
+    template = cfg.get("chat_template")
+    if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in template}
+        template = named.get("default") or next(iter(named.values()), None)
+    tok_name = lambda v: v.get("content") if isinstance(v, dict) else v
+    eos, bos = tok_name(cfg.get("eos_token")), tok_name(cfg.get("bos_token"))
+    eos_id = tok.token_to_id(eos) if eos else None
+    return TokenizerInfo(tok, folder, template, eos_id, bos, eos)
+
+
+def find_mask_token(info: TokenizerInfo) -> int | None:
+    for cand in MASK_TOKEN_CANDIDATES:
+        i = info.tokenizer.token_to_id(cand)
+        if i is not None:
+            return int(i)
+    return None
+
+
+def resolve_mask_token_id(model_mask_id: int | None, info: TokenizerInfo, vocab_size: int) -> int:
+    """The [MASK] id: the model config's (objective.mask_token_id already applied), else the
+    tokenizer's mask token; an error when neither exists."""
+    if model_mask_id is not None:
+        return int(model_mask_id)
+    found = find_mask_token(info)
+    if found is None:
+        raise DataError(
+            f"{info.folder}: the tokenizer has no mask token (looked for "
+            f"{', '.join(MASK_TOKEN_CANDIDATES)}) and no mask_token_id is given; set "
+            f"objective.mask_token_id (e.g. the first id past the tokenizer's {info.vocab_size} "
+            f"tokens, if the model's vocab_size {vocab_size} leaves room)")
+    if found >= vocab_size:
+        raise DataError(f"{info.folder}: mask token id {found} is outside the model vocabulary "
+                        f"[0, {vocab_size})")
+    return found
+
+
+def _render_template(info: TokenizerInfo, messages, add_generation_prompt: bool) -> str:
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(msg):
+        raise jinja2.exceptions.TemplateError(msg)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.globals["raise_exception"] = raise_exception
+    env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, ensure_ascii=False,
+                                                                      indent=indent)
+    tpl = env.from_string(info.chat_template)
+    return tpl.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                      bos_token=info.bos_token or "", eos_token=info.eos_token or "")
+
+
+def _chat_spans(info: TokenizerInfo, messages) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and the character spans of its assistant turns."""
+    full = _render_template(info, messages, False)
+    spans = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        before = _render_template(info, messages[:i], True)
+        upto = _render_template(info, messages[:i + 1], False)
+        if not (upto.startswith(before) and full.startswith(upto)):
+            raise ValueError("the chat template does not render the conversation incrementally "
+                             "(earlier turns change when later ones are added); cannot locate the "
+                             "assistant tokens")
+        spans.append((len(before), len(upto)))
+    return full, spans
+
+
+def _encode_with_spans(info: TokenizerInfo, text: str, spans) -> tuple[np.ndarray, np.ndarray]:
+    enc = info.tokenizer.encode(text, add_special_tokens=False)
+    ids = np.asarray(enc.ids, np.int32)
+    starts = np.asarray([o[0] for o in enc.offsets], np.int64)
+    ends = np.asarray([o[1] for o in enc.offsets], np.int64)
+    trained = np.zeros(len(ids), bool)
+    for a, b in spans:
+        trained |= (ends > a) & (starts < b) & (starts >= a)
+    return ids, trained
+
+
+# ------------------------------------------------------------------------------------ records
+
+def _check_str(obj, key):
+    v = obj.get(key)
+    if not isinstance(v, str):
+        raise ValueError(f"field {key!r} must be a string, got {type(v).__name__}")
+    return v
+
+
+def tokenize_record(obj, info: TokenizerInfo, append_eos: bool = True):
+    """(token ids int32[n], trained bool[n]) of one parsed JSONL object; ValueError with the reason
+    when the object is not one of the three formats."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+    if "text" in obj:
+        text = _check_str(obj, "text")
+        if not text:
+            raise ValueError("field 'text' is empty")
+        ids = info.tokenizer.encode(text, add_special_tokens=False).ids
+        if append_eos and info.eos_token_id is not None:
+            ids = ids + [info.eos_token_id]
+        ids = np.asarray(ids, np.int32)
+        return ids, np.ones(len(ids), bool)
+    if "prompt" in obj or "response" in obj:
+        prompt, response = _check_str(obj, "prompt"), _check_str(obj, "response")
+        if not response:
+            raise ValueError("field 'response' is empty")
+        if info.chat_template:
+            return tokenize_record({"messages": [{"role": "user", "content": prompt},
+                                                 {"role": "assistant", "content": response}]}, info)
+        eos = info.eos_token if append_eos and info.eos_token else ""
+        text = prompt + response + eos
+        return _encode_with_spans(info, text, [(len(prompt), len(text))])
+    if "messages" in obj:
+        msgs = obj["messages"]
+        if not isinstance(msgs, list) or not msgs:
+            raise ValueError("field 'messages' must be a non-empty list")
+        for j, m in enumerate(msgs):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) \
+                    or not isinstance(m.get("content"), str):
+                raise ValueError(f"messages[{j}] must be an object with string 'role' and 'content'")
+        if not any(m["role"] == "assistant" for m in msgs):
+            raise ValueError("'messages' has no assistant turn (nothing to train on)")
+        if not info.chat_template:
+            raise ValueError(f"'messages' needs a chat template, and {info.folder}/"
+                             f"tokenizer_config.json has none")
+        text, spans = _chat_spans(info, msgs)
+        return _encode_with_spans(info, text, spans)
+    raise ValueError(f"no 'text', 'prompt'/'response' or 'messages' field (keys: "
+                     f"{', '.join(sorted(obj)) or 'none'})")
+
+
+@dataclasses.dataclass(frozen=True)
+class Documents:
+    tokens: list  # of int32 arrays
+    trained: list  # of bool arrays
+    skipped: list  # "file:line: reason" of skipped lines
+    num_lines: int
+
+
+def check_files(files: Sequence[str]) -> None:
+    missing = [f for f in files if not os.path.isfile(f)]
+    if missing:
+        raise DataError(f"data.train_files: {len(missing)} file(s) do not exist: "
+                        f"{', '.join(missing)}")
+
+
+def load_documents(files: Sequence[str], info: TokenizerInfo, *, vocab_size: int,
+                   skip_bad_lines: bool = False, append_eos: bool = True) -> Documents:
+    """Read, validate and tokenize every line of every file."""
+    check_files(files)
+    toks, trained, skipped, n = [], [], [], 0
+    for path in files:
+        with open(path, encoding="utf-8", errors="strict") as f:
+            lineno = 0
+            while True:
+                lineno += 1
+                try:
+                    line = f.readline()
+                except UnicodeDecodeError as e:
+                    _bad(skipped, skip_bad_lines, f"{path}:{lineno}", f"not UTF-8 ({e.reason})")
+                    break
+                if not line:
+                    break
+                if not line.strip():
+                    continue
+                n += 1
+                try:
+                    obj = json.loads(line)
+                    ids, tr = tokenize_record(obj, info, append_eos)
+                    if len(ids) == 0:
+                        raise ValueError("tokenizes to nothing")
+                    if not tr.any():
+                        raise ValueError("has no trained token (the response tokenizes to nothing)")
+                    if ids.max() >= vocab_size:
+                        raise ValueError(f"token id {int(ids.max())} is outside the model "
+                                         f"vocabulary [0, {vocab_size})")
+                except json.JSONDecodeError as e:
+                    _bad(skipped, skip_bad_lines, f"{path}:{lineno}", f"not valid JSON ({e.msg} at "
+                                                                      f"column {e.colno})")
+                    continue
+                except (ValueError, TypeError) as e:
+                    _bad(skipped, skip_bad_lines, f"{path}:{lineno}", str(e))
+                    continue
+                toks.append(ids)
+                trained.append(tr)
+    if not toks:
+        raise DataError(f"data.train_files: no usable line in {', '.join(files)}"
+                        + (f" ({len(skipped)} skipped)" if skipped else ""))
+    return Documents(toks, trained, skipped, n)
+
+
+def _bad(skipped: list, skip: bool, where: str, reason: str):
+    if not skip:
+        raise DataError(f"{where}: {reason} (data.skip_bad_lines=true skips such lines)")
+    skipped.append(f"{where}: {reason}")
+
+
+# ------------------------------------------------------------------------------------ packing
+
+def pack(docs: Documents, seq_len: int, seed: int) -> dict:
+    """Greedy packing of the documents (in an order shuffled with `seed`) into rows of `seq_len`:
+    a document goes into the current row when it fits, else starts a new row (the rest of the
+    current row is padding); one longer than a row is cut into row-sized pieces, each its own
+    document. Returns numpy arrays tokens int32 [N, L], segment_ids int32 [N, L] (1, 2, ... per
+    document in the row, 0 = padding), maskable bool [N, L]."""
+    order = np.random.default_rng(seed).permutation(len(docs.tokens))
+    pieces = []
+    for i in order:
+        t, m = docs.tokens[i], docs.trained[i]
+        for a in range(0, len(t), seq_len):
+            pieces.append((t[a:a + seq_len], m[a:a + seq_len]))
+    rows_t, rows_s, rows_m = [], [], []
+    cur_t, cur_s, cur_m = [], [], []
+    used = 0
+
+    def flush():
+        nonlocal cur_t, cur_s, cur_m, used
+        t = np.zeros(seq_len, np.int32)
+        s = np.zeros(seq_len, np.int32)
+        m = np.zeros(seq_len, bool)
+        pos = 0
+        for k, (pt, pm) in enumerate(zip(cur_t, cur_m)):
+            t[pos:pos + len(pt)] = pt
+            s[pos:pos + len(pt)] = k + 1
+            m[pos:pos + len(pt)] = pm
+            pos += len(pt)
+        rows_t.append(t), rows_s.append(s), rows_m.append(m)
+        cur_t, cur_s, cur_m, used = [], [], [], 0
+
+    for pt, pm in pieces:
+        if used + len(pt) > seq_len:
+            flush()
+        cur_t.append(pt), cur_m.append(pm)
+        used += len(pt)
+    if cur_t:
+        flush()
+    return {"tokens": np.stack(rows_t), "segment_ids": np.stack(rows_s),
+            "maskable": np.stack(rows_m)}
+
+
+# ----------------------------------------------------------------------------------- pipeline
+
+def process_rows(global_batch: int, shard: grain.sharding.ShardOptions | None = None) -> tuple[int, int]:
+    """(first row, row count) of each global batch that this JAX process reads."""
+    shard = shard or grain.sharding.ShardByJaxProcess()
+    if global_batch % shard.shard_count:
+        raise DataError(f"data.global_batch_size ({global_batch}) is not divisible by the "
+                        f"{shard.shard_count} JAX processes")
+    local = global_batch // shard.shard_count
+    return shard.shard_index * local, local
+
+
+def make_pipeline(rows: dict, global_batch: int, seed: int, *, first_row: int, local_rows: int,
+                  num_batches: int | None = None) -> grain.IterDataset:
+    """A Grain IterDataset of this process's part of each global batch: dicts of numpy arrays
+    tokens/segment_ids/maskable [local_rows, L] and index int32 [local_rows] (global example
+    index g; the source row is the g-th of the shuffled, repeated rows)."""
+    n = len(rows["tokens"])
+    stream = grain.MapDataset.range(n).shuffle(seed=seed).repeat()
+
+    def row(k):
+        step, j = divmod(int(k), local_rows)
+        g = step * global_batch + first_row + j
+        src = stream[g]
+        return {"tokens": rows["tokens"][src], "segment_ids": rows["segment_ids"][src],
+                "maskable": rows["maskable"][src], "index": np.int32(g)}
+
+    total = (num_batches if num_batches is not None else (2 ** 31 - 1) // global_batch) * local_rows
+    return grain.MapDataset.range(total).map(row).batch(local_rows, drop_remainder=True) \
+        .to_iter_dataset()
+
+
+def to_global(local: dict, shardings: dict, global_batch: int) -> dict:
+    """This process's rows -> global jax arrays (one per key) with the given shardings."""
+    import jax
+    out = {}
+    for k, v in local.items():
+        shape = (global_batch,) + v.shape[1:]
+        out[k] = jax.make_array_from_process_local_data(shardings[k], v, shape)
+    return out
