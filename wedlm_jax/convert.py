@@ -118,6 +118,17 @@ def _copy_tokenizer(src: str | None, dst: str) -> list[str]:
     return copied
 
 
+def read_config(folder: str) -> ModelConfig:
+    """`folder/config.json` as a ModelConfig; every ConfigError names the file."""
+    path = os.path.join(folder, "config.json")
+    try:
+        return ModelConfig.from_hf(path)
+    except ConfigError as e:
+        if path in str(e):
+            raise
+        raise ConfigError(f"{path}: {e}") from None
+
+
 def _write_json(path: str, obj) -> None:
     with open(path, "w") as f:
         json.dump(obj, f, indent=2)
@@ -213,7 +224,7 @@ def load_hf_checkpoint(path, mesh=None, dtype=None, allow_extra: bool = False,
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise CheckpointError(f"{path}: not a folder")
-    config = ModelConfig.from_hf(path)
+    config = read_config(path)
     target = parse_dtype(dtype)
     plan = plan_hf_load(config, st.index_tensors(path), allow_extra, source=path)
     shardings = _target_shardings(config, mesh, model.param_shapes(config))
@@ -336,7 +347,7 @@ def load_orbax(path, mesh=None, dtype=None) -> tuple[ModelConfig, dict]:
     ocp = _orbax()
     path = os.fspath(path)
     params_dir = os.path.join(os.path.abspath(path), PARAMS_DIR)
-    config = ModelConfig.from_hf(path)
+    config = read_config(path)
     target = parse_dtype(dtype)
     if not os.path.isdir(params_dir):
         raise CheckpointError(f"{path}: no {PARAMS_DIR}/ folder (not an Orbax checkpoint of this "
