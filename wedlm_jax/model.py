@@ -6,6 +6,10 @@
     logits = model.apply({'params': params}, tokens, positions, mask=mask)           # (b) explicit
     logits, cache = model.apply({'params': params}, tokens, positions,
                                 kv_cache=cache, cache_len=cache_len)                 # (c) cache
+    logits, cache = model.apply(..., kv_cache=cache, cache_len=cache_len, kv_tile=256)  # (c) tiled
+
+With `kv_tile`, cache-mode attention reads only the cache tiles up to the longest live length in
+the batch (`attention.attend_cache_tiles`, dynamic trip count) instead of the whole capacity.
 
 RoPE uses the given logical `positions`; causality follows physical order. Nothing here knows
 about diffusion: reordering, streams and masks are arrangements of these inputs.
@@ -88,7 +92,7 @@ class Attention(nn.Module):
     param_dtype: Dtype
 
     @nn.compact
-    def __call__(self, x, cos, sin, mask, kv_cache=None, cache_len=None):
+    def __call__(self, x, cos, sin, mask, kv_cache=None, cache_len=None, kv_tile=None):
         c = self.config
         proj = lambda name, out_axes, out_shape, bias, in_axes=("embed",): Projection(
             in_axes, out_axes, out_shape, bias, self.dtype, self.param_dtype, name=name)
@@ -105,7 +109,10 @@ class Attention(nn.Module):
             cv = attn_lib.cache_write(kv_cache["v"], v, cache_len)
             new_cache = {"k": ck, "v": cv}
             k, v = ck.astype(self.dtype), cv.astype(self.dtype)
-        out = attn_lib.attend(q, k, v, mask, c.head_dim ** -0.5)
+        if kv_tile is not None and kv_cache is not None:
+            out = attn_lib.attend_cache_tiles(q, k, v, cache_len, c.head_dim ** -0.5, kv_tile)
+        else:
+            out = attn_lib.attend(q, k, v, mask, c.head_dim ** -0.5)
         out = _constrain(out, ("batch", "length", "heads", "head_dim"))
         y = proj("o_proj", ("embed",), (c.hidden_size,), c.o_bias, ("heads", "head_dim"))(out)
         return y, new_cache
@@ -133,11 +140,11 @@ class Block(nn.Module):
     param_dtype: Dtype
 
     @nn.compact
-    def __call__(self, x, cos, sin, mask, kv_cache=None, cache_len=None):
+    def __call__(self, x, cos, sin, mask, kv_cache=None, cache_len=None, kv_tile=None):
         c = self.config
         h = RMSNorm(c.rms_norm_eps, "norm", self.param_dtype, name="input_norm")(x)
         h, new_cache = Attention(c, self.dtype, self.param_dtype, name="attn")(
-            h, cos, sin, mask, kv_cache, cache_len)
+            h, cos, sin, mask, kv_cache, cache_len, kv_tile)
         x = x + h
         h = RMSNorm(c.rms_norm_eps, "norm", self.param_dtype, name="post_attn_norm")(x)
         x = x + MLP(c, self.dtype, self.param_dtype, name="mlp")(h)
@@ -154,7 +161,7 @@ class Transformer(nn.Module):
 
     @nn.compact
     def __call__(self, tokens, positions, *, segment_ids=None, mask=None,
-                 kv_cache: KVCache | None = None, cache_len=None):
+                 kv_cache: KVCache | None = None, cache_len=None, kv_tile: int | None = None):
         c = self.config
         b, s = tokens.shape
         if kv_cache is not None:
@@ -162,12 +169,15 @@ class Transformer(nn.Module):
                 raise ValueError("cache mode takes kv_cache and cache_len, and no mask/segment_ids")
             if len(kv_cache) != c.num_layers:
                 raise ValueError(f"kv_cache has {len(kv_cache)} layers, the model {c.num_layers}")
-            mask = attn_lib.cache_mask(cache_len, s, kv_cache[0]["k"].shape[1])
+            if kv_tile is None:
+                mask = attn_lib.cache_mask(cache_len, s, kv_cache[0]["k"].shape[1])
+        elif kv_tile is not None:
+            raise ValueError("kv_tile applies to cache mode only (pass kv_cache and cache_len)")
         elif mask is None:
             mask = attn_lib.segment_mask(segment_ids, b, s)
         elif segment_ids is not None:
             raise ValueError("pass either an explicit mask or segment_ids, not both")
-        if mask.ndim == 2:
+        if mask is not None and mask.ndim == 2:
             mask = jnp.broadcast_to(mask[None], (b,) + mask.shape)
 
         embedding = _param(self, "embedding", (c.vocab_size, c.hidden_size), ("vocab", "embed"),
@@ -182,7 +192,7 @@ class Transformer(nn.Module):
         for i in range(c.num_layers):
             layer_cache = None if kv_cache is None else kv_cache[i]
             x, lc = block_cls(c, self.dtype, self.param_dtype, name=f"layers_{i}")(
-                x, cos, sin, mask, layer_cache, cache_len)
+                x, cos, sin, mask, layer_cache, cache_len, kv_tile)
             new_cache.append(lc)
         x = RMSNorm(c.rms_norm_eps, "norm", self.param_dtype, name="final_norm")(x)
         if c.tie_word_embeddings:

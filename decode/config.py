@@ -1,0 +1,115 @@
+"""Decoding configuration: one frozen dataclass, validated on construction (before anything compiles).
+
+Fields follow SPEC.md section 3 and the paper's names: `window` (W), `tau` (entropy threshold),
+`lam` (distance penalty lambda). Methods:
+
+  streaming  the paper's Algorithm 1 (reorder, forward, commit the leading filled run, fill, slide);
+  block      stop-and-wait block decoding: a block of W masks is resolved with the same fill rule and
+             committed whole (one forward in natural order) only once every slot is filled;
+  ar         ordinary cached next-token decoding (the AR reading of the same network).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+METHODS = ("streaming", "block", "ar")
+MAX_STOP_IDS = 16  # stop ids travel as a fixed-size runtime array (padded with -1): no recompile per set
+
+
+class DecodeConfigError(ValueError):
+    """A decoding setting or input that the engine cannot honour."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+    method: str = "streaming"
+    window: int = 16
+    tau: float = 0.4
+    lam: float = 0.02
+    temperature: float = 0.0
+    top_k: int = 0          # 0: off
+    top_p: float = 1.0      # 1: off
+    max_new_tokens: int = 256
+    stop_token_ids: tuple = ()
+    seed: int = 0
+    prefill_chunk: int = 512
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise DecodeConfigError(f"method {self.method!r} is unknown; allowed: {', '.join(METHODS)}")
+        _int_at_least("window", self.window, 1)
+        _num_at_least("tau", self.tau, 0.0)
+        _num_at_least("lam", self.lam, 0.0)
+        _num_at_least("temperature", self.temperature, 0.0)
+        _int_at_least("top_k", self.top_k, 0)
+        if not _is_number(self.top_p) or not 0.0 < float(self.top_p) <= 1.0:
+            raise DecodeConfigError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        _int_at_least("max_new_tokens", self.max_new_tokens, 1)
+        _int_at_least("prefill_chunk", self.prefill_chunk, 1)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise DecodeConfigError(f"seed must be an int, got {self.seed!r}")
+        stops = self.stop_token_ids
+        if isinstance(stops, int):
+            stops = (stops,)
+        stops = tuple(stops)
+        for s in stops:
+            if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+                raise DecodeConfigError(f"stop_token_ids must be non-negative ints, got {s!r}")
+        stops = tuple(dict.fromkeys(stops))
+        if len(stops) > MAX_STOP_IDS:
+            raise DecodeConfigError(f"at most {MAX_STOP_IDS} stop_token_ids, got {len(stops)}")
+        object.__setattr__(self, "stop_token_ids", stops)
+
+    @property
+    def greedy(self) -> bool:
+        return float(self.temperature) == 0.0
+
+    def replace(self, **kw) -> "DecodeConfig":
+        return dataclasses.replace(self, **kw)
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x  # rejects NaN
+
+
+def _num_at_least(name, value, low):
+    if not _is_number(value) or float(value) < low:
+        raise DecodeConfigError(f"{name} must be a number >= {low}, got {value!r}")
+
+
+def _int_at_least(name, value, low):
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise DecodeConfigError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int, capacity: int | None) -> list[list[int]]:
+    """Validate token-id prompts: non-empty list of non-empty lists of ids in [0, vocab_size), each no
+    longer than `capacity` (when given)."""
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or len(prompts) == 0:
+        raise DecodeConfigError("prompts must be a non-empty list of token-id lists")
+    out = []
+    for i, p in enumerate(prompts):
+        ids = [int(t) for t in p]
+        if not ids:
+            raise DecodeConfigError(f"prompt {i} is empty; every prompt needs at least one token")
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            raise DecodeConfigError(f"prompt {i} has token id {bad[0]} outside the vocabulary [0, {vocab_size})")
+        if capacity is not None and len(ids) > capacity:
+            raise DecodeConfigError(f"prompt {i} has {len(ids)} tokens, longer than the capacity {capacity}")
+        out.append(ids)
+    return out
+
+
+def resolve_mask_token(model_mask_id: int | None, given: int | None, method: str) -> int:
+    """The [MASK] id: the one given, else the checkpoint's. AR decoding needs none (returns -1)."""
+    mask_id = given if given is not None else model_mask_id
+    if mask_id is None:
+        if method == "ar":
+            return -1
+        raise DecodeConfigError(
+            f"method {method!r} needs a mask token id: the checkpoint's config has no mask_token_id "
+            "and none was given (pass mask_token_id=...)")
+    return int(mask_id)
