@@ -45,15 +45,15 @@ BATCH_KEYS = ("tokens", "segment_ids", "maskable", "index")
 # ------------------------------------------------------------------------- optimizer, schedule
 
 def lr_schedule(cfg: TrainConfig):
-    """Linear warmup from 0 to `lr` over the warmup steps, then cosine from `lr` to `final_lr`
-    at step `steps` (constant after)."""
+    """Linear warmup (step i < warmup uses lr * (i+1) / warmup), then cosine from `lr` at step
+    `warmup` to `final_lr` at step `steps` (constant after). Steps count from 0."""
     o = cfg.optimizer
     warm, total = cfg.warmup, cfg.steps
     peak, final = o.lr, o.final_lr
 
     def schedule(step):
         step = jnp.asarray(step, jnp.float32)
-        w = jnp.minimum(step / max(warm, 1), 1.0) * peak
+        w = jnp.minimum((step + 1) / max(warm, 1), 1.0) * peak
         frac = jnp.clip((step - warm) / max(total - warm, 1), 0.0, 1.0)
         c = final + 0.5 * (peak - final) * (1.0 + jnp.cos(jnp.pi * frac))
         return jnp.where(step < warm, w, c)

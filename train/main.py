@@ -1,0 +1,278 @@
+"""`wedlm-train --config configs/NAME.yaml [key=value ...]`: the training program.
+
+Order of work: parse and validate the config; read the tokenizer, resolve the [MASK] id, read,
+validate, tokenize and pack every data file; resolve the mesh against the device count and the
+batch. Only then is anything placed on devices or compiled: params (restored from the latest
+complete checkpoint, else loaded from `model.from_hf`, else random), the jitted step, the loop.
+Each step logs loss terms, grad norm, lr, tokens/s and MFU to a JSONL file (and TensorBoard when
+installed) and a progress bar; checkpoints are saved asynchronously every `checkpoint.every` steps
+and at the end; `checkpoint.export_hf` receives the final params in Hugging Face format.
+
+Multi-host: with `--coordinator-address/--num-processes/--process-id`, or the environment variables
+JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID, or `distributed=true` (cluster
+auto-detection: TPU pod slices, Slurm), `jax.distributed.initialize` runs before anything else
+touches JAX. See train/README.md for launch lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+
+log = logging.getLogger("wedlm-train")
+
+HANG_ENV = "WEDLM_TRAIN_HANG_AFTER_CHECKPOINT"  # tests: block forever once step N is committed
+
+
+# ---------------------------------------------------------------------------- setup (no JAX)
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="wedlm-train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", help="YAML config (configs/*.yaml); key=value overrides follow")
+    p.add_argument("overrides", nargs="*", help="section.key=value (YAML values), e.g. steps=100")
+    p.add_argument("--skip-bad-lines", action="store_true",
+                   help="skip and count malformed data lines instead of stopping")
+    p.add_argument("--coordinator-address", help="host:port of process 0 (multi-host)")
+    p.add_argument("--num-processes", type=int)
+    p.add_argument("--process-id", type=int)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p.parse_args(argv)
+
+
+def init_distributed(args, cfg) -> None:
+    import jax
+    addr = args.coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
+    nproc = args.num_processes or _env_int("JAX_NUM_PROCESSES")
+    pid = args.process_id if args.process_id is not None else _env_int("JAX_PROCESS_ID")
+    if addr or nproc:
+        if not (addr and nproc and pid is not None):
+            raise SystemExit("wedlm-train: multi-host needs the coordinator address, the number of "
+                             "processes and this process's id (flags or JAX_* environment)")
+        jax.distributed.initialize(coordinator_address=addr, num_processes=nproc, process_id=pid)
+    elif cfg.distributed:
+        jax.distributed.initialize()  # auto-detected cluster (TPU pod slice, Slurm, ...)
+
+
+def _env_int(name):
+    v = os.environ.get(name)
+    return int(v) if v else None
+
+
+def prepare(cfg):
+    """Everything that can fail on bad input, before any device work: the model config, the
+    tokenizer and [MASK] id, the packed data rows, the mesh shape and this process's rows."""
+    import jax
+    from train import data as data_lib
+    from train.config import TrainConfigError, mesh_shape, model_config
+
+    mc = model_config(cfg)
+    tok_dir = cfg.data.tokenizer or cfg.model.from_hf
+    if tok_dir is None:
+        raise TrainConfigError("data.tokenizer is not set (and there is no model.from_hf folder to "
+                               "take tokenizer.json from)")
+    data_lib.check_files(cfg.data.train_files)
+    info = data_lib.load_tokenizer(tok_dir)
+    mask_id = None
+    if cfg.objective.kind != "ar_only":
+        mask_id = data_lib.resolve_mask_token_id(mc.mask_token_id, info, mc.vocab_size)
+        mc = mc.replace(mask_token_id=mask_id)
+    shape = mesh_shape(cfg, jax.device_count())
+    first_row, local_rows = data_lib.process_rows(cfg.data.global_batch_size)
+    docs = data_lib.load_documents(cfg.data.train_files, info, vocab_size=mc.vocab_size,
+                                   skip_bad_lines=cfg.data.skip_bad_lines,
+                                   append_eos=cfg.data.append_eos)
+    rows = data_lib.pack(docs, cfg.data.seq_len, cfg.data.shuffle_seed)
+    return {"model_config": mc, "mask_token_id": mask_id, "tokenizer_dir": tok_dir,
+            "mesh_shape": shape, "rows": rows, "docs": docs, "first_row": first_row,
+            "local_rows": local_rows}
+
+
+# ----------------------------------------------------------------------------------- the run
+
+class MetricsWriter:
+    """JSONL (process 0) and TensorBoard when an implementation is installed."""
+
+    def __init__(self, path: str | None, enabled: bool):
+        self.file = None
+        self.tb = None
+        if not enabled:
+            return
+        if path:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            self.file = open(path, "a")
+            try:
+                from tensorboardX import SummaryWriter
+            except ImportError:
+                try:
+                    from torch.utils.tensorboard import SummaryWriter
+                except ImportError:
+                    SummaryWriter = None
+            if SummaryWriter is not None:
+                self.tb = SummaryWriter(os.path.join(os.path.dirname(os.path.abspath(path)), "tb"))
+
+    def write(self, record: dict):
+        if self.file:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+        if self.tb:
+            for k, v in record.items():
+                if k != "step" and isinstance(v, (int, float)):
+                    self.tb.add_scalar(k, v, record["step"])
+
+    def close(self):
+        if self.file:
+            self.file.close()
+        if self.tb:
+            self.tb.close()
+
+
+def run(cfg, progress: bool = True) -> list[dict]:
+    """Train according to `cfg`; returns the per-step metric records of this invocation."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import multihost_utils
+
+    from train import checkpoint as ckpt
+    from train import data as data_lib
+    from train import step as step_lib
+    from wedlm_jax.sharding import make_mesh
+
+    prep = prepare(cfg)
+    mc = prep["model_config"]
+    primary = jax.process_index() == 0
+    if prep["docs"].skipped:
+        log.warning("skipped %d malformed line(s) of %d; first: %s", len(prep["docs"].skipped),
+                    prep["docs"].num_lines, prep["docs"].skipped[0])
+
+    mesh = make_mesh(*prep["mesh_shape"])
+    opt = step_lib.make_optimizer(cfg)
+    shardings = step_lib.state_shardings(mc, opt, mesh)
+    state, data_state, start = None, None, 0
+    mgr = None
+    if cfg.checkpoint.dir:
+        mgr = ckpt.make_manager(cfg.checkpoint.dir, every=cfg.checkpoint.every,
+                                keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
+        if cfg.checkpoint.resume:
+            found = ckpt.restore_latest(mgr, step_lib.state_shapes(mc, opt, shardings),
+                                        set_aside=primary)
+            if jax.process_count() > 1:
+                multihost_utils.sync_global_devices("wedlm-train: restore")
+                mgr.reload()
+            if found is not None:
+                start, state, data_state = found
+                log.info("resumed from %s/%d", cfg.checkpoint.dir, start)
+    if state is None:
+        if cfg.model.from_hf is not None:
+            from wedlm_jax.convert import load_hf_checkpoint
+            _, params = load_hf_checkpoint(cfg.model.from_hf, mesh=mesh, dtype="f32",
+                                           progress=progress and primary)
+        else:
+            params = step_lib.init_params_sharded(mc, cfg.seed, shardings)
+        state = step_lib.init_state(params, opt, shardings)
+
+    pipeline = data_lib.make_pipeline(prep["rows"], cfg.data.global_batch_size,
+                                      cfg.data.shuffle_seed, first_row=prep["first_row"],
+                                      local_rows=prep["local_rows"])
+    it = iter(pipeline)
+    if data_state is not None:
+        it.set_state(data_state["grain"])
+    bsh = step_lib.batch_shardings(mesh)
+    step_fn = step_lib.make_train_step(cfg, mc, opt, mesh, shardings, prep["mask_token_id"])
+
+    peak = cfg.peak_flops or step_lib.measure_matmul_flops()
+    flops_row = step_lib.model_flops_per_row(mc, cfg.data.seq_len, cfg.objective.kind)
+    flops_step = flops_row * cfg.data.global_batch_size
+    metrics_path = cfg.metrics_file or (os.path.join(cfg.checkpoint.dir, "metrics.jsonl")
+                                        if cfg.checkpoint.dir else None)
+    writer = MetricsWriter(metrics_path, primary)
+    bar = None
+    if progress and cfg.progress and primary:
+        from tqdm import tqdm
+        bar = tqdm(total=cfg.steps, initial=start, desc="train", dynamic_ncols=True)
+    hang_after = int(os.environ.get(HANG_ENV, "0") or 0)
+    records = []
+    config_dict = cfg.to_dict()
+    t_prev = time.perf_counter()
+    try:
+        for step in range(start, cfg.steps):
+            batch = data_lib.to_global(next(it), bsh, cfg.data.global_batch_size)
+            state, metrics = step_fn(state, batch)
+            metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            now = time.perf_counter()
+            dt, t_prev = now - t_prev, now
+            rec = {"step": step + 1, **metrics, "step_time_s": dt,
+                   "tokens_per_s": metrics["tokens"] / dt,
+                   "mfu": flops_step / dt / (peak * jax.device_count()),
+                   "includes_compile": step == start}
+            records.append(rec)
+            if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
+                writer.write(rec)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{rec['loss']:.4f}", tok_s=f"{rec['tokens_per_s']:.0f}")
+            if mgr is not None and ((step + 1) % cfg.checkpoint.every == 0
+                                    or step + 1 == cfg.steps):
+                ckpt.save(mgr, step + 1, state, {"grain": it.get_state(),
+                                                 "rows": len(prep["rows"]["tokens"])},
+                          config_dict, force=True)
+                if hang_after and step + 1 == hang_after:
+                    mgr.wait_until_finished()
+                    print(f"checkpoint {step + 1} committed", flush=True)
+                    while True:
+                        time.sleep(60)
+    finally:
+        if bar is not None:
+            bar.close()
+        writer.close()
+        if mgr is not None:
+            mgr.wait_until_finished()
+    if cfg.checkpoint.export_hf:
+        export_hf(mc, state["params"], cfg.checkpoint.export_hf, prep["tokenizer_dir"], primary)
+    return records
+
+
+def export_hf(mc, params, out_dir, tokenizer_dir, primary: bool) -> None:
+    """The final params as a Hugging Face folder (gathered to process 0 when multi-host)."""
+    import jax
+    from jax.experimental import multihost_utils
+    from wedlm_jax.convert import save_hf_checkpoint
+    if jax.process_count() > 1:
+        params = multihost_utils.process_allgather(params, tiled=True)
+    if primary:
+        save_hf_checkpoint(mc, params, out_dir, tokenizer_from=tokenizer_dir, force=True,
+                           progress=False)
+        log.info("exported Hugging Face checkpoint to %s", out_dir)
+
+
+def main(argv=None) -> int:
+    from train.config import TrainConfigError, load_config
+    from train.data import DataError
+    from wedlm_jax.config import ConfigError
+    from wedlm_jax.convert import CheckpointError
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    overrides = list(args.overrides)
+    if args.skip_bad_lines:
+        overrides.append("data.skip_bad_lines=true")
+    if args.no_progress:
+        overrides.append("progress=false")
+    try:
+        cfg = load_config(args.config, overrides)
+        init_distributed(args, cfg)
+        records = run(cfg, progress=cfg.progress)
+    except (TrainConfigError, DataError, ConfigError, CheckpointError) as e:
+        print(f"wedlm-train: error: {e}", file=sys.stderr)
+        return 2
+    if records:
+        last = records[-1]
+        print(f"wedlm-train: step {last['step']} loss {last['loss']:.4f} "
+              f"(mlm {last['mlm_loss']:.4f}, ar {last['ar_loss']:.4f})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
