@@ -16,8 +16,8 @@ its slice. Every writer builds the output in a hidden sibling folder
 complete; an existing checkpoint at the destination is replaced only with `force=True`, and only
 after the new one is complete.
 
-An Orbax folder is `DIR/config.json` + `DIR/params/` (Orbax StandardCheckpointHandler) + the
-tokenizer files.
+An Orbax folder is `DIR/config.json` + `DIR/params/` (an Orbax PyTree checkpoint, uncompressed) +
+the tokenizer files.
 """
 
 from __future__ import annotations
@@ -240,6 +240,7 @@ def load_hf_checkpoint(path, mesh=None, dtype=None, allow_extra: bool = False,
             hf_mapping.set_path(params, ppath, _place(arr, hf_mapping.get_path(shardings, ppath)))
             del arr
             bar.update(info.nbytes)
+    _release_host_memory()
     return config, params
 
 
@@ -324,13 +325,30 @@ def _orbax():
     return ocp
 
 
+def _orbax_checkpointer():
+    # No compression: zstd over random-looking weights gains little and made Orbax hold a second
+    # host copy of every array while saving (peak RSS ~1.9x instead of ~1.0x the checkpoint).
+    ocp = _orbax()
+    return ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_compression=False))
+
+
+def _release_host_memory() -> None:
+    """Hand freed heap pages back to the OS (glibc keeps them otherwise, inflating peak RSS)."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def save_orbax(config: ModelConfig, params, out_dir, tokenizer_from=None, force: bool = False) -> str:
-    """Write `DIR/config.json`, `DIR/params/` (Orbax) and the tokenizer files, atomically."""
+    """Write `DIR/config.json`, `DIR/params/` (Orbax PyTree checkpoint) and the tokenizer files,
+    atomically."""
     ocp = _orbax()
     _check_params(config, params)
     with atomic_output_dir(out_dir, force) as tmp:
-        ckptr = ocp.Checkpointer(ocp.StandardCheckpointHandler())
-        ckptr.save(os.path.join(tmp, PARAMS_DIR), args=ocp.args.StandardSave(params))
+        ckptr = _orbax_checkpointer()
+        ckptr.save(os.path.join(tmp, PARAMS_DIR), args=ocp.args.PyTreeSave(params))
         ckptr.close()
         _copy_tokenizer(tokenizer_from, tmp)
         _write_json(os.path.join(tmp, "config.json"), config.to_hf_dict())
@@ -343,7 +361,10 @@ def _orbax_metadata(ckptr, params_dir: str):
 
 
 def load_orbax(path, mesh=None, dtype=None) -> tuple[ModelConfig, dict]:
-    """Restore an Orbax folder written by `save_orbax` onto `mesh` (or the default device)."""
+    """Restore an Orbax folder written by `save_orbax` onto `mesh` (or the default device).
+
+    Restores one top-level entry (embedding, head, one layer, ...) at a time, so the transient
+    host buffers never exceed one layer."""
     ocp = _orbax()
     path = os.fspath(path)
     params_dir = os.path.join(os.path.abspath(path), PARAMS_DIR)
@@ -352,13 +373,21 @@ def load_orbax(path, mesh=None, dtype=None) -> tuple[ModelConfig, dict]:
     if not os.path.isdir(params_dir):
         raise CheckpointError(f"{path}: no {PARAMS_DIR}/ folder (not an Orbax checkpoint of this "
                               f"project)")
-    ckptr = ocp.Checkpointer(ocp.StandardCheckpointHandler())
+    ckptr = _orbax_checkpointer()
     stored = _orbax_metadata(ckptr, params_dir)
     _check_params(config, stored, source=params_dir)
     shardings = _target_shardings(config, mesh, model.param_shapes(config))
     abstract = jax.tree.map(lambda m, s: jax.ShapeDtypeStruct(m.shape, target or m.dtype, sharding=s),
                             stored, shardings)
-    params = ckptr.restore(params_dir, args=ocp.args.StandardRestore(abstract))
+    params = {}
+    for key in abstract:
+        part = {key: abstract[key]}
+        restored = ckptr.restore(params_dir, args=ocp.args.PyTreeRestore(
+            part, restore_args=ocp.checkpoint_utils.construct_restore_args(part),
+            partial_restore=True))
+        params[key] = restored[key]
+        del restored
+        _release_host_memory()
     ckptr.close()
     return config, params
 
