@@ -1,0 +1,253 @@
+"""Choosing the attention implementation, and the accelerator kernels (cuDNN on GPU, splash on TPU).
+
+`attention` (a model / train config field) is one of
+
+    dense   `attention.attend` over the dense [B, S, T] mask (the reference; any backend, any mask)
+    tiled   `tiled_attention.tiled_attention`: pure JAX, computes only the tile pairs the
+            structure allows (CPU, GPU, TPU)
+    splash  TPU only: the Pallas splash-attention kernel with a block-sparse mask built from the
+            structure, under `jax.shard_map` on the mesh (`splash_attention`)
+    cudnn   GPU only: cuDNN flash attention via `jax.nn.dot_product_attention(
+            implementation='cudnn')`, for plain causal / segment-causal layouts (`cudnn_attention`)
+    auto    per backend and layout (`resolve`): TPU -> splash for causal and structured
+            training layouts, tiled for cache mode; GPU -> cudnn for causal / segment-causal in
+            bf16/fp16, tiled otherwise; CPU -> tiled. An explicit dense mask always means dense.
+
+Layouts (what the caller has): "causal" (causal over physical order, optionally packed by segment
+ids), "structure" (a training arrangement: dual-stream, section-4.1 reorder, AR), "cache"
+(cache-mode decoding), "mask" (an arbitrary explicit boolean mask).
+
+An implementation that cannot run here (splash off TPU, cudnn off GPU, a layout a kernel does not
+express) raises `AttentionUnavailable` naming the backend, before anything is compiled.
+
+The splash and cudnn paths are written against the documented JAX APIs; this repository's CI runs
+on CPU, where they can only be selected to check the error.
+"""
+
+from __future__ import annotations
+
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from wedlm_jax import tiled_attention as ta
+from wedlm_jax.config import ConfigError
+
+IMPLEMENTATIONS = ("dense", "tiled", "splash", "cudnn", "auto")
+LAYOUTS = ("causal", "structure", "cache", "mask")
+SPLASH_BLOCK = 128
+
+
+class AttentionUnavailable(ConfigError):
+    """The chosen attention implementation cannot run on this backend / for this layout."""
+
+
+def validate(name: str) -> None:
+    if name not in IMPLEMENTATIONS:
+        raise ConfigError(f"attention must be one of {', '.join(IMPLEMENTATIONS)}; got {name!r}")
+
+
+def _platform(backend: str | None) -> str:
+    b = (backend or jax.default_backend()).lower()
+    return "gpu" if b in ("gpu", "cuda", "rocm") else b
+
+
+def resolve(name: str, layout: str, *, backend: str | None = None, dtype=None) -> str:
+    """The concrete implementation ("dense" | "tiled" | "splash" | "cudnn") for `name` on
+    `backend` (default: jax's default backend) and `layout`. Raises `AttentionUnavailable`."""
+    validate(name)
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}; got {layout!r}")
+    platform = _platform(backend)
+    half = dtype is not None and jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16),
+                                                       jnp.dtype(jnp.float16))
+    if name == "auto":
+        if layout == "mask":
+            return "dense"
+        if platform == "tpu" and layout in ("causal", "structure"):
+            return "splash"
+        if platform == "gpu" and layout == "causal" and half:
+            return "cudnn"
+        return "tiled"
+    if name == "dense":
+        return "dense"
+    if layout == "mask":
+        raise AttentionUnavailable(
+            f"attention={name!r} needs a structure (segment ids, a training arrangement or cache "
+            f"lengths), not an explicit dense mask; use attention='dense' for explicit masks")
+    if name == "splash":
+        if platform != "tpu":
+            raise AttentionUnavailable(
+                f"attention='splash' (the Pallas TPU splash-attention kernel) needs the TPU "
+                f"backend; this process runs on the {platform!r} backend")
+        if layout == "cache":
+            raise AttentionUnavailable("attention='splash' (TPU) does not handle cache-mode "
+                                       "decoding; use 'tiled' or 'auto'")
+    if name == "cudnn":
+        if platform != "gpu":
+            raise AttentionUnavailable(
+                f"attention='cudnn' (cuDNN flash attention via jax.nn.dot_product_attention) "
+                f"needs the GPU (CUDA) backend; this process runs on the {platform!r} backend")
+        if layout != "causal":
+            raise AttentionUnavailable(
+                f"attention='cudnn' (GPU) handles plain causal / segment-causal layouts only, "
+                f"not {layout!r}; use 'tiled' or 'auto'")
+        if dtype is not None and not half:
+            raise AttentionUnavailable(
+                f"attention='cudnn' (GPU cuDNN flash attention) takes bf16/fp16 inputs; got "
+                f"{jnp.dtype(dtype).name} (use compute dtype bf16, or 'tiled')")
+    return name
+
+
+# ----------------------------------------------------------------------------------- cuDNN
+
+def cudnn_attention(q, k, v, segment_ids, scale: float):
+    """Causal (segment-causal when `segment_ids` [B, S] is given; 0 = padding) grouped-query
+    self-attention with cuDNN flash attention. q [B, S, H, D], k/v [B, S, KVH, D], bf16/fp16.
+
+    Packing: documents are separated by a boolean mask [B, 1, S, S] (same non-zero segment),
+    combined with the causal mask by cuDNN, so nothing leaks across documents; padding rows are
+    zeroed afterwards (like `attention.attend`). Without segment ids only the causal mask."""
+    mask = None
+    if segment_ids is not None:
+        seg = jnp.asarray(segment_ids, jnp.int32)
+        mask = ((seg[:, :, None] == seg[:, None, :]) & (seg != 0)[:, :, None])[:, None]
+    out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=True,
+                                       implementation="cudnn")
+    if segment_ids is not None:
+        out = jnp.where((jnp.asarray(segment_ids) != 0)[:, :, None, None], out, 0)
+    return out.astype(q.dtype)
+
+
+# ---------------------------------------------------------------------------------- splash
+
+def splash_template(layout: str, length: int, block_size: int) -> np.ndarray:
+    """The static [T, T] mask splash is built from, for arranged length `length`:
+    "dual" -> the dual-stream mask of one document of length/2 tokens with `block_size`;
+    "causal" -> lower triangular (plain 4.1 reorder, AR, segment-causal)."""
+    if layout == "dual":
+        if length % 2:
+            raise ValueError(f"a dual-stream arrangement has even length; got {length}")
+        from wedlm_jax import masking
+        return masking.dual_stream_mask(length // 2, block_size)
+    if layout == "causal":
+        return np.tril(np.ones((length, length), bool))
+    raise ValueError(f"splash template must be 'dual' or 'causal'; got {layout!r}")
+
+
+def template_structure(layout: str, length: int, block_size: int) -> dict:
+    """The structure (arrays [T]) the template mask is the `structure_mask` of."""
+    idx = np.arange(length, dtype=np.int32)
+    if layout == "dual":
+        n = length // 2
+        return {"stream": np.repeat(np.array([0, 1], np.int32), n),
+                "block": np.concatenate([idx[:n] // block_size, idx[:n] // block_size])}
+    return {"stream": None, "block": np.zeros(length, np.int32)}
+
+
+def template_matches(structure, layout: str, block_size: int) -> jnp.ndarray:
+    """bool scalar: the template mask ANDed with "same non-zero segment" (splash segment ids)
+    equals the structure's mask exactly. Sufficient conditions checked: causal order is physical;
+    within each document (a run of equal non-zero segment ids in a stream) the stream is the
+    template's ("dual") or constant ("causal"), and the block differs from the template's block
+    by one constant (so "same block" / "earlier block" agree); for "dual", prediction slot L + r
+    belongs to the document of memory slot r and shares its offset. Documents packed at
+    block-aligned offsets always match the dual template; others may not (the caller falls back)."""
+    s = ta.as_structure(structure)
+    t = s["segment"].shape[1]
+    tmpl = template_structure(layout, t, block_size)
+    seg, stream, block = s["segment"], s["stream"], s["block"]
+    real = seg != 0
+    off = tmpl["block"][None] - block
+    ok = jnp.all(s["index"] == jnp.arange(t, dtype=jnp.int32)[None])
+    if layout == "dual":
+        n = t // 2
+        ok &= jnp.all(~real | (stream == tmpl["stream"][None]))
+        run = lambda a: a.reshape(a.shape[0], 2, n)
+        seg2, off2, real2 = run(seg), run(off), run(real)
+        ok &= jnp.all(~real2[:, 1] | ((seg2[:, 1] == seg2[:, 0]) & (off2[:, 1] == off2[:, 0])))
+        adjacent = (seg2[:, :, 1:] == seg2[:, :, :-1]) & real2[:, :, 1:]
+        ok &= jnp.all(~adjacent | (off2[:, :, 1:] == off2[:, :, :-1]))
+    else:
+        adjacent = (seg[:, 1:] == seg[:, :-1]) & real[:, 1:]
+        ok &= jnp.all(~adjacent | ((off[:, 1:] == off[:, :-1])
+                                   & (stream[:, 1:] == stream[:, :-1])))
+    return ok
+
+
+def _splash_kernel(layout: str, length: int, block_size: int, groups: int, block: int,
+                  interpret: bool):
+    from jax.experimental.pallas.ops.tpu import splash_attention as sa
+    template = splash_template(layout, length, block_size)
+    mask = sa.MultiHeadMask([sa.NumpyMask(template) for _ in range(groups)])
+    sizes = sa.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
+                          block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
+                          block_q_dq=block, block_kv_dq=block)
+    return sa.make_splash_mqa_single_device(mask=mask, block_sizes=sizes, interpret=interpret)
+
+
+def _splash_local(q, k, v, seg, scale, layout, block_size, interpret):
+    """Per device: q [b, S, H, D], k/v [b, S, KVH, D], seg [b, S]."""
+    from jax.experimental.pallas.ops.tpu import splash_attention as sa
+    b, s, h, d = q.shape
+    kvh = k.shape[2]
+    g = h // kvh
+    kernel = _splash_kernel(layout, s, block_size, g, SPLASH_BLOCK, interpret)
+    qh = (q * scale).reshape(b, s, kvh, g, d).transpose(0, 2, 3, 1, 4)   # [b, KVH, G, S, D]
+    kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)            # [b, KVH, S, D]
+
+    def one(qr, kr, vr, sr):                                              # one row, one KV head
+        return kernel(qr, kr, vr, segment_ids=sa.SegmentIds(q=sr, kv=sr))
+
+    per_head = jax.vmap(one, in_axes=(0, 0, 0, None))
+    out = jax.vmap(per_head)(qh, kh, vh, seg)                             # [b, KVH, G, S, D]
+    out = out.transpose(0, 3, 1, 2, 4).reshape(b, s, h, d)
+    return jnp.where((seg != 0)[:, :, None, None], out, 0).astype(q.dtype)
+
+
+def splash_attention(q, k, v, structure, scale: float, *, layout: str, block_size: int = 32,
+                     tile: int = 128, mesh=None, interpret: bool = False):
+    """TPU self-attention for a training structure with the splash kernel.
+
+    `layout` "dual" (dual-stream arrangement; `block_size` its block) or "causal" (section-4.1
+    reorder, AR, segment-causal). The kernel's static block-sparse mask is the template of that
+    layout for this length, document separation comes from splash segment ids (the structure's
+    `segment`), padding rows are zeroed. When the structure does not match the template on every
+    slot (`template_matches`: e.g. documents packed at offsets that are not multiples of the
+    block size), the tiled path computes the same result instead (`lax.cond`): never a leak.
+    With a `mesh` (default: the mesh set by `jax.set_mesh`, if any) it runs under
+    `jax.shard_map`, batch over ('data', 'fsdp'), heads over 'tensor' when the KV heads divide.
+    `interpret=True` runs the Pallas kernel in interpret mode (any backend; for tests)."""
+    from jax.sharding import PartitionSpec as P
+    s = ta.as_structure(structure, q.shape[0])
+    t = q.shape[1]
+    if t % SPLASH_BLOCK:
+        raise AttentionUnavailable(f"attention='splash' (TPU) needs a sequence length that is a "
+                                   f"multiple of {SPLASH_BLOCK}; got {t}")
+
+    def local(q, k, v, s):
+        def fast(_):
+            return _splash_local(q, k, v, s["segment"], scale, layout, block_size, interpret)
+
+        def slow(_):
+            return ta.tiled_attention(q, k, v, s, s, scale, tile_q=tile, tile_k=tile)
+
+        return jax.lax.cond(template_matches(s, layout, block_size), fast, slow, None)
+
+    if mesh is None:
+        abstract = jax.sharding.get_abstract_mesh()
+        mesh = None if abstract.empty else abstract
+    if mesh is None or all(n == 1 for n in mesh.shape.values()):
+        return local(q, k, v, s)
+    batch_axes = tuple(a for a in ("data", "fsdp") if mesh.shape.get(a, 1) > 1)
+    n_batch = int(np.prod([mesh.shape[a] for a in batch_axes])) if batch_axes else 1
+    if q.shape[0] % n_batch:
+        batch_axes = ()
+    tensor = mesh.shape.get("tensor", 1)
+    head_axis = "tensor" if tensor > 1 and k.shape[2] % tensor == 0 else None
+    bspec = (batch_axes if len(batch_axes) > 1 else batch_axes[0]) if batch_axes else None
+    qkv = P(bspec, None, head_axis, None)
+    sspec = {name: P(bspec, None) for name in s}
+    return jax.shard_map(local, mesh=mesh, in_specs=(qkv, qkv, qkv, sspec), out_specs=qkv,
+                         check_vma=False)(q, k, v, s)
