@@ -129,8 +129,11 @@ def _memory_structure(segment_ids, block_size):
 def structure_mask(structure) -> jnp.ndarray:
     """Dense boolean attention mask [..., T, T] (query, key) of a structure: any mapping with the
     int arrays `segment`, `stream`, `block`, `index` of shape [..., T] (an arrangement works
-    as is; leading batch dims broadcast). Rules: see the module docstring / SPEC.md 2.4."""
-    seg, stream, block, index = (jnp.asarray(structure[k]) for k in STRUCTURE_KEYS)
+    as is; leading batch dims broadcast). Rules: see the module docstring / SPEC.md 2.4.
+    JAX arrays give a JAX array (jittable); NumPy arrays give a NumPy array (host side)."""
+    seg, stream, block, index = (
+        a if isinstance(a, jax.Array) else np.asarray(a)
+        for a in (structure[k] for k in STRUCTURE_KEYS))
     q = lambda a: a[..., :, None]
     k = lambda a: a[..., None, :]
     same_doc = (q(seg) == k(seg)) & (q(seg) != 0)
@@ -168,8 +171,13 @@ def dual_stream_mask(length: int, block_size: int) -> np.ndarray:
     if isinstance(length, bool) or not isinstance(length, numbers.Integral) or length < 1:
         raise ValueError(f"length must be an integer >= 1; got {length!r}")
     validate_options(block_size=block_size, mask_token_id=0)
-    seg = np.ones(length, np.int32)
-    return np.asarray(structure_mask(dual_stream_structure(seg, block_size)))
+    block = np.arange(length) // block_size
+    return structure_mask({
+        "segment": np.ones(2 * length, np.int32),
+        "stream": np.repeat(np.array([MEMORY, PREDICTION], np.int32), length),
+        "block": np.concatenate([block, block]),
+        "index": np.arange(2 * length),
+    })
 
 
 # -------------------------------------------------------------------------------- arrangements
