@@ -434,7 +434,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
+    src = args.hf if args.command == "hf-to-orbax" else args.orbax
     try:
+        if os.path.realpath(src) == os.path.realpath(args.out):
+            raise CheckpointError(f"{args.out}: the output folder is the input folder; choose "
+                                  f"another --out")
         if args.command == "hf-to-orbax":
             check_out_dir(os.path.abspath(args.out), args.force)
             config, params = load_hf_checkpoint(args.hf, dtype=args.dtype,
