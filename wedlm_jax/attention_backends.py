@@ -26,6 +26,7 @@ on CPU, where they can only be selected to check the error.
 
 from __future__ import annotations
 
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -251,3 +252,58 @@ def splash_attention(q, k, v, structure, scale: float, *, layout: str, block_siz
     sspec = {name: P(bspec, None) for name in s}
     return jax.shard_map(local, mesh=mesh, in_specs=(qkv, qkv, qkv, sspec), out_specs=qkv,
                          check_vma=False)(q, k, v, s)
+
+
+# ------------------------------------------------------------------------ model dispatch
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class AttentionContext:
+    """What every layer needs to run a non-dense implementation (built once per forward by
+    `make_context` and passed to the layers in place of the dense mask).
+
+    impl        "tiled" | "splash" | "cudnn" (static)
+    q_struct    structure of the queries [B, S] (tiled, splash)
+    k_struct    structure of the keys [B, T] (tiled)
+    plan        `tiled_attention.TilePlan` (tiled), shared by all layers
+    segment_ids [B, S] or None (cudnn)
+    template    splash template "dual" | "causal" (static); block_size its block (static)
+    """
+    q_struct: dict | None
+    k_struct: dict | None
+    plan: ta.TilePlan | None
+    segment_ids: jnp.ndarray | None
+    impl: str = dataclasses.field(metadata=dict(static=True))
+    template: str = dataclasses.field(default="causal", metadata=dict(static=True))
+    block_size: int = dataclasses.field(default=32, metadata=dict(static=True))
+    tile: int = dataclasses.field(default=128, metadata=dict(static=True))
+
+
+def make_context(impl: str, *, q_struct=None, k_struct=None, segment_ids=None, batch: int,
+                 tile: int = 128, template: str = "causal", block_size: int = 32):
+    """The `AttentionContext` of a resolved non-dense implementation."""
+    plan = None
+    if impl == "tiled":
+        q_struct, k_struct = ta.as_structure(q_struct, batch), ta.as_structure(k_struct, batch)
+        plan = ta.tile_plan(q_struct, k_struct, tile, tile)
+    elif impl == "splash":
+        q_struct = ta.as_structure(q_struct, batch)
+        k_struct = None
+    elif impl == "cudnn":
+        q_struct = k_struct = None
+    else:
+        raise ValueError(f"no attention context for implementation {impl!r}")
+    return AttentionContext(q_struct, k_struct, plan, segment_ids, impl, template, block_size,
+                            tile)
+
+
+def apply(ctx: AttentionContext, q, k, v, scale: float):
+    """Run the context's implementation: q [B, S, H, D], k/v [B, T, KVH, D] -> [B, S, H, D]."""
+    if ctx.impl == "tiled":
+        return ta.tiled_attention(q, k, v, ctx.q_struct, ctx.k_struct, scale, plan=ctx.plan)
+    if ctx.impl == "splash":
+        return splash_attention(q, k, v, ctx.q_struct, scale, layout=ctx.template,
+                                block_size=ctx.block_size, tile=ctx.tile)
+    if ctx.impl == "cudnn":
+        return cudnn_attention(q, k, v, ctx.segment_ids, scale)
+    raise ValueError(f"unknown attention implementation {ctx.impl!r}")

@@ -8,6 +8,11 @@
                                 kv_cache=cache, cache_len=cache_len)                 # (c) cache
     logits, cache = model.apply(..., kv_cache=cache, cache_len=cache_len, kv_tile=256)  # (c) tiled
 
+Training arrangements pass their structure: `model.apply(..., structure=arrangement,
+objective="dual")` (dense: `masking.structure_mask`). `Transformer(attention=...)` picks the
+implementation (dense | tiled | splash | cudnn | auto, see `attention_backends`; dense is the
+default); non-dense paths get one shared `AttentionContext` (e.g. the tile plan) per forward.
+
 With `kv_tile`, cache-mode attention reads only the cache tiles up to the longest live length in
 the batch (`attention.attend_cache_tiles`, dynamic trip count) instead of the whole capacity.
 
@@ -28,6 +33,9 @@ import jax
 import jax.numpy as jnp
 
 from wedlm_jax import attention as attn_lib
+from wedlm_jax import attention_backends as attn_backends
+from wedlm_jax import masking
+from wedlm_jax import tiled_attention as tiled_lib
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.rope import apply_rope, rope_cos_sin, rope_frequencies
 
@@ -109,7 +117,9 @@ class Attention(nn.Module):
             cv = attn_lib.cache_write(kv_cache["v"], v, cache_len)
             new_cache = {"k": ck, "v": cv}
             k, v = ck.astype(self.dtype), cv.astype(self.dtype)
-        if kv_tile is not None and kv_cache is not None:
+        if isinstance(mask, attn_backends.AttentionContext):
+            out = attn_backends.apply(mask, q, k, v, c.head_dim ** -0.5)
+        elif kv_tile is not None and kv_cache is not None:
             out = attn_lib.attend_cache_tiles(q, k, v, cache_len, c.head_dim ** -0.5, kv_tile)
         else:
             out = attn_lib.attend(q, k, v, mask, c.head_dim ** -0.5)
@@ -158,27 +168,61 @@ class Transformer(nn.Module):
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
     remat: bool = False
+    attention: str = "dense"          # dense | tiled | splash | cudnn | auto (attention_backends)
+    attention_tile: int = 128         # tile size of the tiled path
+    attention_block_size: int = 32    # the dual-stream block size (splash mask template)
 
     @nn.compact
     def __call__(self, tokens, positions, *, segment_ids=None, mask=None,
-                 kv_cache: KVCache | None = None, cache_len=None, kv_tile: int | None = None):
+                 kv_cache: KVCache | None = None, cache_len=None, kv_tile: int | None = None,
+                 structure=None, objective: str = "dual"):
         c = self.config
         b, s = tokens.shape
+        if structure is not None and (mask is not None or segment_ids is not None
+                                      or kv_cache is not None):
+            raise ValueError("pass a structure alone (no mask, segment_ids or kv_cache)")
+        layout = ("structure" if structure is not None else "cache" if kv_cache is not None
+                  else "mask" if mask is not None else "causal")
+        impl = attn_backends.resolve(self.attention, layout, dtype=self.dtype)
+        if kv_tile is not None and impl != "dense":
+            raise ValueError(f"kv_tile is the dense path's cache tiling; attention={impl!r} "
+                             f"tiles with attention_tile")
+        ctx = None
         if kv_cache is not None:
             if mask is not None or segment_ids is not None or cache_len is None:
                 raise ValueError("cache mode takes kv_cache and cache_len, and no mask/segment_ids")
             if len(kv_cache) != c.num_layers:
                 raise ValueError(f"kv_cache has {len(kv_cache)} layers, the model {c.num_layers}")
-            if kv_tile is None:
+            if impl != "dense":
+                qs, ks = tiled_lib.cache_structures(cache_len, s, kv_cache[0]["k"].shape[1])
+                ctx = attn_backends.make_context(impl, q_struct=qs, k_struct=ks, batch=b,
+                                                 tile=self.attention_tile)
+            elif kv_tile is None:
                 mask = attn_lib.cache_mask(cache_len, s, kv_cache[0]["k"].shape[1])
         elif kv_tile is not None:
             raise ValueError("kv_tile applies to cache mode only (pass kv_cache and cache_len)")
+        elif structure is not None:
+            if impl == "dense":
+                mask = masking.structure_mask(tiled_lib.as_structure(structure, b))
+            else:
+                ctx = attn_backends.make_context(
+                    impl, q_struct=structure, k_struct=structure, batch=b,
+                    tile=self.attention_tile, template="dual" if objective == "dual" else "causal",
+                    block_size=self.attention_block_size)
         elif mask is None:
-            mask = attn_lib.segment_mask(segment_ids, b, s)
+            if impl == "dense":
+                mask = attn_lib.segment_mask(segment_ids, b, s)
+            else:
+                st = tiled_lib.causal_structure(segment_ids, b, s)
+                ctx = attn_backends.make_context(impl, q_struct=st, k_struct=st,
+                                                 segment_ids=segment_ids, batch=b,
+                                                 tile=self.attention_tile)
         elif segment_ids is not None:
             raise ValueError("pass either an explicit mask or segment_ids, not both")
         if mask is not None and mask.ndim == 2:
             mask = jnp.broadcast_to(mask[None], (b,) + mask.shape)
+        if ctx is not None:
+            mask = ctx
 
         embedding = _param(self, "embedding", (c.vocab_size, c.hidden_size), ("vocab", "embed"),
                            dtype=self.param_dtype)
