@@ -20,6 +20,17 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
                  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
+def enable_compilation_cache() -> str:
+    """Persist compiled programs under the temp dir (tests run the same tiny programs many times,
+    in-process and in subprocesses: pass the returned dir as JAX_COMPILATION_CACHE_DIR)."""
+    import tempfile
+    import jax
+    path = os.path.join(tempfile.gettempdir(), "wedlm-train-jax-cache")
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    return path
+
+
 def sentences(n: int, seed: int = 0, min_words: int = 4, max_words: int = 14) -> list[str]:
     rng = np.random.default_rng(seed)
     return [" ".join(rng.choice(WORDS, rng.integers(min_words, max_words + 1)))

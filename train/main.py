@@ -130,8 +130,10 @@ class MetricsWriter:
             self.tb.close()
 
 
-def run(cfg, progress: bool = True) -> list[dict]:
-    """Train according to `cfg`; returns the per-step metric records of this invocation."""
+def run(cfg, progress: bool = True) -> dict:
+    """Train according to `cfg`. Returns {'records': per-step metric dicts of this invocation,
+    'state': the final train state, 'model_config': the ModelConfig, 'start_step': the step it
+    resumed from (0 when fresh), 'skipped_lines': malformed lines skipped}."""
     import jax
     import jax.numpy as jnp
     from jax.experimental import multihost_utils
@@ -232,7 +234,8 @@ def run(cfg, progress: bool = True) -> list[dict]:
             mgr.wait_until_finished()
     if cfg.checkpoint.export_hf:
         export_hf(mc, state["params"], cfg.checkpoint.export_hf, prep["tokenizer_dir"], primary)
-    return records
+    return {"records": records, "state": state, "model_config": mc, "start_step": start,
+            "skipped_lines": prep["docs"].skipped}
 
 
 def export_hf(mc, params, out_dir, tokenizer_dir, primary: bool) -> None:
@@ -263,7 +266,7 @@ def main(argv=None) -> int:
     try:
         cfg = load_config(args.config, overrides)
         init_distributed(args, cfg)
-        records = run(cfg, progress=cfg.progress)
+        records = run(cfg, progress=cfg.progress)["records"]
     except (TrainConfigError, DataError, ConfigError, CheckpointError) as e:
         print(f"wedlm-train: error: {e}", file=sys.stderr)
         return 2

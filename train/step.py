@@ -190,7 +190,7 @@ def make_step_fn(cfg: TrainConfig, model_cfg: ModelConfig, opt, mask_token_id: i
         else:
             (grads, terms), _ = jax.lax.scan(body, (zeros_g, zeros_t), micro)
         loss, metrics = losses.combine(terms, w, objective=objective)
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         updates, opt_state = opt.update(grads, state["opt_state"], params)
         new_params = optax.apply_updates(params, updates)
         metrics = dict(metrics, grad_norm=grad_norm, lr=schedule(state["step"]),
