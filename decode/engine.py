@@ -468,8 +468,8 @@ def _setup(params, model_config, prompts, dc, capacity, mesh, mask_token_id, kv_
     toks, prefill_len, state0 = init_state(static, prompts, dc.max_new_tokens, capacity, max(mask_id, 0))
     knobs = make_knobs(dc, max(mask_id, 0), dc.stop_token_ids, max_iters)
     cache = model_lib.init_kv_cache(model_config, static.batch, static.rows, dtype)
-    model = model_lib.Transformer(model_config, dtype=dtype)
-
+    model = model_lib.Transformer(model_config.replace(mask_token_id=None, bos_token_id=None,
+                                                       eos_token_id=None, pad_token_id=None), dtype=dtype)
     return model, static, (toks, prefill_len, state0, knobs, cache), prompts
 
 
@@ -492,7 +492,9 @@ def generate(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]]
     _STREAM["fn"], _STREAM["rows"] = on_commit, len(prompts)
     callback = _stream_callback if on_commit is not None else None
     sh = _shardings(mesh, static, model_config, params)
-    key = (static, model_config, jnp.dtype(dtype).name, _mesh_key(mesh),
+    shape_config = model_config.replace(mask_token_id=None, bos_token_id=None, eos_token_id=None,
+                                        pad_token_id=None)  # ids are runtime values
+    key = (static, shape_config, jnp.dtype(dtype).name, _mesh_key(mesh),
            jax.tree.structure(params), tuple((x.shape, x.dtype.name) for x in jax.tree.leaves(params)))
     args = (params, cache, toks, prefill_len, state0, knobs)
     if sh is not None:
@@ -567,6 +569,9 @@ def _collect(outs, prompts, dc: DecodeConfig, wall, compile_s, tokenizer) -> Dec
                         compile_s=compile_s, method=dc.method, text=text)
 
 
+_STEPPERS: dict = {}
+
+
 def trace_steps(params, model_config: ModelConfig, prompts, decode_config: DecodeConfig, *,
                 capacity: int | None = None, mask_token_id: int | None = None,
                 kv_tile: int = DEFAULT_KV_TILE, dtype=jnp.float32, max_steps: int = 10_000):
@@ -575,9 +580,12 @@ def trace_steps(params, model_config: ModelConfig, prompts, decode_config: Decod
     positions, logits in physical order, n, live, wlen, commit) and final holds the state arrays."""
     model, static, (toks, prefill_len, state, knobs, cache), prompts = _setup(
         params, model_config, prompts, decode_config, capacity, None, mask_token_id, kv_tile, dtype)
-    step = step_fn(static)
-    pre = jax.jit(lambda p, c, t, l: prefill(model, p, c, t, l, static))
-    one = jax.jit(lambda p, st, k: step(model, p, st, k, static))
+    key = (static, model.config, jnp.dtype(dtype).name)
+    if key not in _STEPPERS:
+        step = step_fn(static)
+        _STEPPERS[key] = (jax.jit(lambda p, c, t, l: prefill(model, p, c, t, l, static)),
+                          jax.jit(lambda p, st, k: step(model, p, st, k, static)))
+    pre, one = _STEPPERS[key]
     state = dict(state, cache=pre(params, cache, toks, prefill_len))
     trace = []
     while not bool(np.all(np.asarray(state["done"]))) and len(trace) < max_steps:

@@ -30,10 +30,14 @@ class _FullForward:
     fixed length so one compiled program serves every step; under the causal mask the padding
     after the real slots changes nothing before it."""
 
+    _jitted: dict = {}
+
     def __init__(self, params, config: ModelConfig, length: int):
         self.length = length
-        model = Transformer(config)
-        self.fn = jax.jit(lambda p, t, q: model.apply({"params": p}, t, q))
+        if config not in self._jitted:
+            model = Transformer(config)
+            self._jitted[config] = jax.jit(lambda p, t, q: model.apply({"params": p}, t, q))
+        self.fn = self._jitted[config]
         self.params = params
 
     def __call__(self, tokens, positions) -> np.ndarray:
@@ -59,7 +63,7 @@ def reference_generate(params, model_config: ModelConfig, prompts, decode_config
     prompts = check_prompts(prompts, model_config.vocab_size, capacity)
     if capacity is None:
         capacity = max(len(p) for p in prompts) + dc.max_new_tokens
-    forward = _FullForward(params, model_config, capacity + dc.window)
+    forward = _FullForward(params, model_config, capacity + (0 if dc.method == "ar" else dc.window))
     step = _ar if dc.method == "ar" else _window
     out = []
     for r, prompt in enumerate(prompts):

@@ -1,0 +1,278 @@
+"""Decoding engine (issue 4): the jitted while_loop engine against the no-cache step-by-step
+reference (decode/reference.py), cache consistency at every step against an independent full
+forward, block stop-and-wait, metric identities, sampling, no-recompile, bad input.
+
+Tiny random models (hidden 32, 2 layers, vocab 64). Random models give near-uniform logits, so the
+LM head is scaled up to make the distributions peaky and exercise multi-slot fills. Every engine
+call uses 3-4 prompts (batch bucket 4) and capacity <= 64 (one capacity bucket) so the handful of
+compiled programs is shared across tests.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from decode import engine
+from decode.config import DecodeConfig, DecodeConfigError
+from decode.engine import generate, trace_steps
+from decode.reference import _FullForward, reference_generate
+from wedlm_jax.config import ModelConfig
+from wedlm_jax.model import param_shapes
+
+CONFIG = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,
+                     num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True,
+                     mask_token_id=63)
+CAP = 40
+TILE = 16  # several cache tiles per forward: exercises the tiled (read-what-is-live) attention
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11, 12], [13], [14, 15, 16, 17, 18]]
+
+
+def random_params(config, seed, head_scale=1.0):
+    """Random params from NumPy (flax's op-by-op init is slow on a loaded CPU): weights N(0, 0.02),
+    norm scales 1 + N(0, 0.1); the LM head scaled by `head_scale`."""
+    rng = np.random.default_rng(seed)
+
+    def leaf(path, s):
+        name = jax.tree_util.keystr(path)
+        if "scale" in name:
+            return (1.0 + 0.1 * rng.standard_normal(s.shape)).astype(np.float32)
+        w = 0.02 * rng.standard_normal(s.shape)
+        return (w * head_scale if "lm_head" in name else w).astype(np.float32)
+    return jax.tree_util.tree_map_with_path(leaf, param_shapes(config))
+
+
+@pytest.fixture(scope="module")
+def params():
+    return random_params(CONFIG, 0, head_scale=30.0)  # peaky logits: entropies over [0, log 64]
+
+
+def run(params, dc, prompts=PROMPTS, **kw):
+    kw.setdefault("capacity", CAP)
+    kw.setdefault("kv_tile", TILE)
+    return generate(params, CONFIG, prompts, dc, **kw)
+
+
+def ref(params, dc, prompts=PROMPTS, capacity=CAP):
+    return reference_generate(params, CONFIG, prompts, dc, capacity=capacity)
+
+
+def assert_same(result, reference):
+    for r, (got, want) in enumerate(zip(result.rows, reference)):
+        assert result.tokens[r] == want["tokens"], (r, result.tokens[r], want["tokens"])
+        assert got.steps == want["steps"], (r, got.steps, want["steps"])
+        assert got.n_fwd == want["n_fwd"], (r, got.n_fwd, want["n_fwd"])
+
+
+# ------------------------------------------------------------------------ engine == reference
+
+@pytest.mark.parametrize("window", [1, 4, 7])
+def test_streaming_equals_reference(params, window):
+    settings = [(0.3, 0.0), (1.0, 0.05), (2.5, 0.1), (6.0, 0.5), (50.0, 0.0)]
+    multi_fill = False
+    for tau, lam in settings:
+        dc = DecodeConfig(method="streaming", window=window, tau=tau, lam=lam, max_new_tokens=14)
+        got, want = run(params, dc), ref(params, dc)
+        assert_same(got, want)
+        assert all(len(t) == 14 for t in got.tokens)  # no stop ids: every row uses its budget
+        multi_fill |= any(r.tokens_per_forward > 1.0 for r in got.rows)
+    if window > 1:
+        assert multi_fill  # the settings do exercise committing several tokens per forward
+
+
+def test_streaming_stop_tokens_and_small_budgets(params):
+    """Stop ids that occur mid-window end rows inclusively at different steps; a budget smaller
+    than W and a capacity that cuts one row short shrink the window."""
+    free = run(params, DecodeConfig(window=4, tau=2.5, lam=0.05, max_new_tokens=14))
+    # pick a stop id that row 0 emits somewhere in the middle
+    stop = free.tokens[0][5]
+    for dc, cap in [(DecodeConfig(window=4, tau=2.5, lam=0.05, max_new_tokens=14, stop_token_ids=(stop, 0)), CAP),
+                    (DecodeConfig(window=4, tau=2.5, lam=0.05, max_new_tokens=3), CAP),
+                    (DecodeConfig(window=4, tau=6.0, lam=0.0, max_new_tokens=2), CAP),
+                    (DecodeConfig(window=4, tau=1.0, lam=0.05, max_new_tokens=30), 14)]:
+        got, want = run(params, dc, capacity=cap), ref(params, dc, capacity=cap)
+        assert_same(got, want)
+    stopped = run(params, DecodeConfig(window=4, tau=2.5, lam=0.05, max_new_tokens=14, stop_token_ids=(stop,)))
+    first = free.tokens[0].index(stop)
+    assert stopped.tokens[0] == free.tokens[0][:first + 1]
+    assert stopped.rows[0].finish == "stop"
+    short = run(params, DecodeConfig(window=4, tau=1.0, lam=0.05, max_new_tokens=30), capacity=14)
+    assert [len(t) for t in short.tokens] == [14 - len(p) for p in PROMPTS]
+    assert [len(t) for t in run(params, DecodeConfig(window=4, max_new_tokens=3)).tokens] == [3] * 4
+
+
+def test_block_equals_reference(params):
+    for tau, lam in [(0.3, 0.0), (2.5, 0.1), (50.0, 0.0)]:
+        dc = DecodeConfig(method="block", window=4, tau=tau, lam=lam, max_new_tokens=13,
+                          stop_token_ids=(9,))
+        assert_same(run(params, dc), ref(params, dc))
+
+
+def test_ar_equals_reference(params):
+    dc = DecodeConfig(method="ar", max_new_tokens=12)
+    got, want = run(params, dc), ref(params, dc)
+    assert_same(got, want)
+    stop = got.tokens[1][4]
+    dc = DecodeConfig(method="ar", max_new_tokens=12, stop_token_ids=(stop,))
+    assert_same(run(params, dc), ref(params, dc))
+
+
+# ------------------------------------------------------------------------ cache consistency
+
+@pytest.mark.parametrize("method", ["streaming", "block"])
+def test_cache_consistency_every_step(params, method):
+    """At every step, the window's logits (forward on the KV cache) equal a full forward without a
+    cache of [committed tokens ; reordered window] within 1e-4."""
+    dc = DecodeConfig(method=method, window=4, tau=2.5, lam=0.05, max_new_tokens=12)
+    trace, final = trace_steps(params, CONFIG, PROMPTS, dc, capacity=CAP, kv_tile=TILE)
+    full = _FullForward(params, CONFIG, CAP + dc.window)
+    checked, worst = 0, 0.0
+    for aux in trace:
+        for r, prompt in enumerate(PROMPTS):
+            if not aux["live"][r]:
+                continue
+            n, wlen = int(aux["n"][r]), int(aux["wlen"][r])
+            committed = prompt + final["out"][r, :n - len(prompt)].tolist()
+            fed, pos = aux["tokens"][r, :wlen].tolist(), aux["positions"][r, :wlen].tolist()
+            want = full(committed + fed, list(range(n)) + pos)[n:]
+            diff = np.abs(aux["logits"][r, :wlen] - want).max()
+            worst = max(worst, diff)
+            checked += 1
+    assert checked > 20
+    assert worst <= 1e-4, worst
+    # the host-stepped trace and the while_loop produce the same tokens
+    looped = run(params, dc)
+    assert [final["out"][r, :final["count"][r]].tolist() for r in range(4)] == looped.tokens
+
+
+def test_block_commits_nothing_until_full(params):
+    dc = DecodeConfig(method="block", window=4, tau=0.5, lam=0.0, max_new_tokens=11)
+    trace, final = trace_steps(params, CONFIG, PROMPTS, dc, capacity=CAP, kv_tile=TILE)
+    saw_partial = False
+    for aux in trace:
+        for r in range(4):
+            if not aux["live"][r]:
+                continue
+            c, wlen = int(aux["commit"][r]), int(aux["wlen"][r])
+            assert c in (0, wlen), (c, wlen)          # all of the block or nothing
+            filled = aux["filled_after"][r, :wlen]
+            if c == 0 and filled.any() and not filled.all():
+                saw_partial = True                    # some filled, still waiting
+    assert saw_partial
+    # a streaming run on the same settings commits partial windows (it does not wait)
+    strace, _ = trace_steps(params, CONFIG, PROMPTS, dc.replace(method="streaming"), capacity=CAP,
+                            kv_tile=TILE)
+    assert any(0 < int(a["commit"][r]) < int(a["wlen"][r]) for a in strace for r in range(4) if a["live"][r])
+
+
+# ------------------------------------------------------------------------ metrics
+
+@pytest.mark.parametrize("method", ["streaming", "block", "ar"])
+def test_metric_identities(params, method):
+    res = run(params, DecodeConfig(method=method, window=4, tau=2.5, lam=0.05, max_new_tokens=9,
+                                   stop_token_ids=(5,)))
+    for toks, row in zip(res.tokens, res.rows):
+        assert row.n_gen == len(toks)
+        assert row.p_cache == pytest.approx(row.n_gen / row.n_fwd)
+        assert row.tokens_per_forward == pytest.approx(row.n_gen / row.steps)
+        assert row.n_fwd >= row.n_gen
+        if method == "ar":
+            assert row.steps == row.n_fwd == row.n_gen
+        else:
+            assert row.n_fwd <= 4 * row.steps
+    assert res.n_gen == sum(len(t) for t in res.tokens)
+    assert res.steps == sum(r.steps for r in res.rows)
+    assert res.n_fwd == sum(r.n_fwd for r in res.rows)
+    assert res.p_cache == pytest.approx(res.n_gen / res.n_fwd)
+    assert res.tokens_per_forward == pytest.approx(res.n_gen / res.steps)
+    assert res.loop_iterations == max(r.steps for r in res.rows)  # ends when the last row ends
+    assert res.wall_s > 0 and res.tokens_per_s == pytest.approx(res.n_gen / res.wall_s)
+
+
+# ------------------------------------------------------------------------ sampling
+
+def test_sampling_reproducible_and_top_k_one_is_greedy(params):
+    base = dict(window=4, tau=2.5, lam=0.05, max_new_tokens=12)
+    plain = random_params(CONFIG, 1)  # unscaled: near-uniform logits, sampling varies
+    dc = DecodeConfig(temperature=1.0, seed=3, **base)
+    a, b = run(plain, dc), run(plain, dc)
+    assert a.tokens == b.tokens
+    c = run(plain, dc.replace(seed=4))
+    assert c.tokens != a.tokens
+    greedy = run(plain, DecodeConfig(**base))
+    assert run(plain, DecodeConfig(temperature=0.8, top_k=1, seed=5, **base)).tokens == greedy.tokens
+    assert run(plain, DecodeConfig(temperature=0.8, top_p=1e-6, seed=6, **base)).tokens == greedy.tokens
+    assert a.tokens != greedy.tokens
+
+
+def test_filter_logits_top_k_top_p():
+    logits = np.log(np.array([[0.5, 0.2, 0.15, 0.1, 0.05]], np.float32))
+    k2 = np.asarray(engine.filter_logits(logits, 1.0, 2, 1.0))
+    assert np.isfinite(k2[0, :2]).all() and np.isneginf(k2[0, 2:]).all()
+    p = np.asarray(engine.filter_logits(logits, 1.0, 0, 0.8))   # 0.5+0.2 < 0.8 <= 0.85: three kept
+    assert np.isfinite(p[0, :3]).all() and np.isneginf(p[0, 3:]).all()
+    off = np.asarray(engine.filter_logits(logits, 2.0, 0, 1.0))
+    np.testing.assert_allclose(off, logits / 2.0, rtol=1e-6)
+
+
+# ------------------------------------------------------------------------ compile once
+
+def test_no_recompile_across_prompt_lengths_and_budgets(params):
+    dc = DecodeConfig(window=4, tau=1.0, lam=0.05, max_new_tokens=10)
+    run(params, dc)
+    before = engine.trace_count()
+    run(params, dc.replace(max_new_tokens=5, tau=0.2, lam=0.3, stop_token_ids=(3, 4)),
+        prompts=[[7], [8, 9], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]])
+    run(params, dc.replace(max_new_tokens=20), prompts=[[2, 2], [3] * 11, [4] * 5, [6] * 2])
+    res = run(params, dc.replace(max_new_tokens=7), capacity=33)   # same capacity bucket
+    assert engine.trace_count() == before
+    assert res.compile_s == 0.0
+    fresh = run(params, dc, kv_tile=8)                                # a static setting is part of the key
+    assert engine.trace_count() == before + 1 and fresh.compile_s > 0
+
+
+# ------------------------------------------------------------------------ bad input
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(window=0), ["window", "0"]),
+    (dict(tau=-0.1), ["tau", "-0.1"]),
+    (dict(lam=-1.0), ["lam", "-1.0"]),
+    (dict(temperature=-0.5), ["temperature", "-0.5"]),
+    (dict(top_p=0.0), ["top_p", "(0, 1]"]),
+    (dict(top_p=1.5), ["top_p", "1.5"]),
+    (dict(top_k=-1), ["top_k", "-1"]),
+    (dict(method="beam"), ["'beam'", "streaming", "block", "ar"]),
+    (dict(max_new_tokens=0), ["max_new_tokens", "0"]),
+])
+def test_bad_decode_config(kw, words):
+    with pytest.raises(DecodeConfigError) as e:
+        DecodeConfig(**kw)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_bad_inputs_fail_before_compiling(params):
+    dc = DecodeConfig(window=4, max_new_tokens=4)
+    before = engine.trace_count()
+    with pytest.raises(DecodeConfigError, match="prompt 1 is empty"):
+        run(params, dc, prompts=[[1], []])
+    with pytest.raises(DecodeConfigError, match="prompt 0 has 41 tokens, longer than the capacity 40"):
+        run(params, dc, prompts=[[1] * 41])
+    with pytest.raises(DecodeConfigError, match="token id 64 outside"):
+        run(params, dc, prompts=[[1, 64]])
+    with pytest.raises(DecodeConfigError, match="non-empty list"):
+        run(params, dc, prompts=[])
+    no_mask = CONFIG.replace(mask_token_id=None)
+    for method in ("streaming", "block"):
+        with pytest.raises(DecodeConfigError, match="needs a mask token id"):
+            generate(params, no_mask, PROMPTS, dc.replace(method=method), capacity=CAP)
+    with pytest.raises(DecodeConfigError, match="capacity"):
+        run(params, dc, capacity=0)
+    assert engine.trace_count() == before
+    # a checkpoint without a mask id still decodes AR, or anything once a mask id is given
+    ar = generate(params, no_mask, PROMPTS, DecodeConfig(method="ar", max_new_tokens=4),
+                  capacity=CAP, kv_tile=TILE)
+    assert ar.tokens == run(params, DecodeConfig(method="ar", max_new_tokens=4)).tokens
+    given = generate(params, no_mask, PROMPTS, dc, capacity=CAP, kv_tile=TILE, mask_token_id=63)
+    assert given.tokens == run(params, dc).tokens
