@@ -8,6 +8,7 @@ real HF checkpoint; no transformers involved), then times, each in its own subpr
      (interpreter + jax/flax/orbax imports + the CPU backend; also a bare `import jax` one),
   2. `wedlm-convert hf-to-orbax --hf HF --out ORBAX`,
   3. `wedlm-convert orbax-to-hf --orbax ORBAX --out HF2`,
+  4. `wedlm-convert hf-to-orbax --hf HF --out ORBAX16 --dtype bf16`,
 and reads each one's peak RSS with getrusage(RUSAGE_CHILDREN).ru_maxrss in a tiny launcher. The
 target (issue 2) is peak RSS <= 1.3 x checkpoint size + baseline. The round trip is checked:
 HF2's tensors equal the generated ones (spot-checked with safetensors.numpy). Everything under a
@@ -105,7 +106,7 @@ def main(argv=None) -> None:
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args(argv)
     root = tempfile.mkdtemp(prefix="wedlm-convert-bench-", dir=args.workdir)
-    hf, orbax, hf2 = (os.path.join(root, x) for x in ("hf", "orbax", "hf2"))
+    hf, orbax, hf2, orbax16 = (os.path.join(root, x) for x in ("hf", "orbax", "hf2", "orbax16"))
     os.makedirs(hf)
     py = sys.executable
     cli = [py, "-m", "wedlm_jax.convert"]
@@ -121,6 +122,8 @@ def main(argv=None) -> None:
                                              "--no-progress"])
         t_o2h, rss_o2h = run_measured(cli + ["orbax-to-hf", "--orbax", orbax, "--out", hf2,
                                              "--no-progress"])
+        t_h2o16, rss_h2o16 = run_measured(cli + ["hf-to-orbax", "--hf", hf, "--out", orbax16,
+                                                 "--dtype", "bf16", "--no-progress"])
         _check_round_trip(hf, hf2)
         target = 1.3 * size + base
         print(f"checkpoint: Qwen3-shaped, {args.layers} layers, f32, 3 shards + index: "
@@ -128,7 +131,8 @@ def main(argv=None) -> None:
         print(f"baseline: bare `import jax` {bare / 1e6:.0f} MB peak RSS ({t_bare:.1f} s); "
               f"jax+orbax+wedlm_jax.convert imported {base / 1e6:.0f} MB ({t_base:.1f} s)")
         print(f"target peak RSS: 1.3 x {mb:.0f} MB + {base / 1e6:.0f} MB = {target / 1e6:.0f} MB")
-        for label, t, rss in (("hf-to-orbax", t_h2o, rss_h2o), ("orbax-to-hf", t_o2h, rss_o2h)):
+        for label, t, rss in (("hf-to-orbax", t_h2o, rss_h2o), ("orbax-to-hf", t_o2h, rss_o2h),
+                              ("hf-to-orbax --dtype bf16", t_h2o16, rss_h2o16)):
             print(f"{label}: {t:.1f} s wall = {mb / t:.0f} MB/s; without the {t_base:.1f} s "
                   f"start-up: {mb / (t - t_base):.0f} MB/s; peak RSS {rss / 1e6:.0f} MB = "
                   f"{(rss - base) / size:.2f} x checkpoint + baseline -> "

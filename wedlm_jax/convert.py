@@ -72,6 +72,8 @@ def parse_dtype(dtype) -> np.dtype | None:
 def parse_size(size) -> int:
     """Bytes from an int or a string like '5GB', '500MB', '2MiB', '100KB'."""
     if isinstance(size, int):
+        if size <= 0:
+            raise CheckpointError(f"max_shard_size {size} must be positive")
         return size
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?)B?\s*", str(size), re.IGNORECASE)
     if not m or float(m.group(1)) <= 0:
@@ -290,8 +292,7 @@ def save_hf_checkpoint(config: ModelConfig, params, out_dir, *, dtype=None,
 
     def fetch(name):
         ppath, kind = kinds[name]
-        host = _to_host(hf_mapping.get_path(params, ppath))
-        return np.asarray(hf_mapping.to_hf(kind, host), dtype=target or host.dtype, order="C")
+        return hf_mapping.to_hf(kind, _to_host(hf_mapping.get_path(params, ppath)))
 
     shards = st.plan_shards(sizes, limit)
     with atomic_output_dir(out_dir, force) as tmp, _progress(sum(sizes), "save", progress) as bar:

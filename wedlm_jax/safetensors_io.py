@@ -182,10 +182,12 @@ def plan_shards(sizes: Sequence[int], max_shard_size: int) -> list[list[int]]:
 
 
 def write_file(file: str, specs: Iterable[tuple[str, str, tuple[int, ...]]],
-               fetch: Callable[[str], np.ndarray], on_tensor: Callable[[int], None] | None = None
-               ) -> None:
+               fetch: Callable[[str], np.ndarray], on_tensor: Callable[[int], None] | None = None,
+               chunk_bytes: int = 16 * 2 ** 20) -> None:
     """Write a safetensors file whose header is built from `specs` ((name, dtype name, shape));
-    each tensor's data comes from `fetch(name)`, one at a time, so only one is ever in memory."""
+    each tensor's data comes from `fetch(name)`, one at a time, so only one is ever in memory.
+    `fetch` may return any float array of the right shape (e.g. a transposed view): it is cast
+    and made contiguous `chunk_bytes` at a time, so no second full-size copy is made."""
     specs = list(specs)
     header, offset = {"__metadata__": {"format": "pt"}}, 0
     for name, dtype, shape in specs:
@@ -198,11 +200,15 @@ def write_file(file: str, specs: Iterable[tuple[str, str, tuple[int, ...]]],
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
         for name, dtype, shape in specs:
-            arr = np.ascontiguousarray(fetch(name))
-            if arr.dtype != DTYPES[dtype] or tuple(arr.shape) != tuple(shape):
+            arr = fetch(name)
+            if tuple(arr.shape) != tuple(shape) or arr.dtype not in _NAMES:
                 raise CheckpointError(f"{file}: tensor {name!r} came as {arr.dtype} "
                                       f"{list(arr.shape)}, its header says {dtype} {list(shape)}")
-            f.write(arr.reshape(-1).view(np.uint8).data)
+            rows = arr.reshape(1, -1) if arr.ndim < 2 else arr
+            step = max(1, chunk_bytes // max(1, rows[0].size * DTYPES[dtype].itemsize))
+            for i in range(0, rows.shape[0], step):
+                chunk = np.ascontiguousarray(rows[i:i + step], dtype=DTYPES[dtype])
+                f.write(chunk.reshape(-1).view(np.uint8).data)
             if on_tensor is not None:
-                on_tensor(arr.nbytes)
-            del arr
+                on_tensor(math.prod(shape) * DTYPES[dtype].itemsize)
+            del arr, rows
