@@ -5,6 +5,8 @@ NaN: a read of any of them would turn the output into NaN."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,27 +26,31 @@ def _params(seed=0):
                         .astype(np.float32), param_shapes(CONFIG))
 
 
+@functools.partial(jax.jit, static_argnums=5)
+def forward(params, toks, pos, cache, lens, tile=None):
+    """Cache-mode forward: dense over the whole capacity (tile None) or tiled."""
+    return Transformer(CONFIG).apply({"params": params}, toks, pos, kv_cache=cache, cache_len=lens,
+                                     kv_tile=tile)
+
+
 def _filled_cache(params, lens, capacity):
     """A cache whose rows 0..lens[b]-1 hold K/V of random tokens (via the dense path)."""
-    model = Transformer(CONFIG)
     b, pre = len(lens), max(lens)
     toks = np.random.default_rng(1).integers(0, 64, (b, pre))
     pos = np.broadcast_to(np.arange(pre), (b, pre))
-    _, cache = model.apply({"params": params}, toks, pos, kv_cache=init_kv_cache(CONFIG, b, capacity),
-                           cache_len=jnp.zeros((b,), jnp.int32))
+    _, cache = forward(params, toks, pos, init_kv_cache(CONFIG, b, capacity), jnp.zeros((b,), jnp.int32))
     return cache
 
 
 @pytest.mark.parametrize("tile", [7, 200])
 def test_tiled_equals_dense(tile):
     params = _params()
-    model = Transformer(CONFIG)
     lens = jnp.array([0, 17, 40, 5], jnp.int32)
     cache = _filled_cache(params, [0, 17, 40, 5], 96)
     toks = np.random.default_rng(2).integers(0, 64, (4, 6))
     pos = np.asarray(lens)[:, None] + np.array([3, 0, 1, 5, 2, 4])[None]   # reordered logical positions
-    dense, dcache = model.apply({"params": params}, toks, pos, kv_cache=cache, cache_len=lens)
-    tiled, tcache = model.apply({"params": params}, toks, pos, kv_cache=cache, cache_len=lens, kv_tile=tile)
+    dense, dcache = forward(params, toks, pos, cache, lens)
+    tiled, tcache = forward(params, toks, pos, cache, lens, tile)
     assert np.abs(np.asarray(dense)).max() > 1e-2
     np.testing.assert_allclose(np.asarray(tiled), np.asarray(dense), atol=1e-5)
     for a, b in zip(jax.tree.leaves(dcache), jax.tree.leaves(tcache)):
@@ -53,7 +59,6 @@ def test_tiled_equals_dense(tile):
 
 def test_rows_past_the_live_tiles_are_never_read():
     params = _params(3)
-    model = Transformer(CONFIG)
     lens = jnp.array([9, 30], jnp.int32)
     s, tile, capacity = 4, 8, 128
     cache = _filled_cache(params, [9, 30], capacity)
@@ -61,12 +66,12 @@ def test_rows_past_the_live_tiles_are_never_read():
     poisoned = jax.tree.map(lambda x: x.at[:, live:].set(jnp.nan), cache)
     toks = np.random.default_rng(4).integers(0, 64, (2, s))
     pos = np.asarray(lens)[:, None] + np.arange(s)[None]
-    tiled, _ = model.apply({"params": params}, toks, pos, kv_cache=poisoned, cache_len=lens, kv_tile=tile)
-    dense, _ = model.apply({"params": params}, toks, pos, kv_cache=cache, cache_len=lens)
+    tiled, _ = forward(params, toks, pos, poisoned, lens, tile)
+    dense, _ = forward(params, toks, pos, cache, lens)
     assert np.isfinite(np.asarray(tiled)).all()
     np.testing.assert_allclose(np.asarray(tiled), np.asarray(dense), atol=1e-5)
     # the dense path reads the whole capacity: the same poison reaches its output
-    dense_poisoned, _ = model.apply({"params": params}, toks, pos, kv_cache=poisoned, cache_len=lens)
+    dense_poisoned, _ = forward(params, toks, pos, poisoned, lens)
     assert np.isnan(np.asarray(dense_poisoned)).any()
 
 
@@ -79,8 +84,9 @@ def test_attend_cache_tiles_matches_attend_directly():
     lens = jnp.array([0, 20, 45], jnp.int32)                 # 45 + 5 = 50: the last tile is pulled back
     mask = attention.cache_mask(lens, s, t)
     want = attention.attend(q, k, v, mask, 0.3)
-    for tile in (1, 6, 16, 50, 64):
-        got = attention.attend_cache_tiles(q, k, v, lens, 0.3, tile)
+    tiles = jax.jit(attention.attend_cache_tiles, static_argnums=(4, 5))
+    for tile in (3, 16, 64):
+        got = tiles(q, k, v, lens, 0.3, tile)
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, err_msg=str(tile))
     with pytest.raises(ValueError, match="kv_tile must be >= 1, got 0"):
         attention.attend_cache_tiles(q, k, v, lens, 0.3, 0)
