@@ -1,6 +1,6 @@
 """Forward-pass time: our jitted model vs transformers' forward, same weights and inputs, CPU f32.
 
-    python -m benchmarks.forward [--batches 1 8] [--seq 128] [--repeats 20]
+    python -m benchmarks.forward [--batches 1 8] [--seq 128] [--repeats 20] [--single-thread]
 
 Builds one small random Qwen3 model with transformers, saves it, loads the same folder with
 `load_hf_checkpoint`, then for each batch size times (after warm-up) the median of `--repeats`
@@ -45,10 +45,18 @@ def main(argv=None) -> None:
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--single-thread", action="store_true",
+                    help="one thread each (torch.set_num_threads(1); XLA without its Eigen pool): "
+                         "steadier on a shared, oversubscribed machine")
     args = ap.parse_args(argv)
+    if args.single_thread:
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
+                                   " intra_op_parallelism_threads=1").strip()
 
     import jax
     import torch
+    if args.single_thread:
+        torch.set_num_threads(1)
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from wedlm_jax import convert, model as model_lib
@@ -70,7 +78,8 @@ def main(argv=None) -> None:
           f"vocab {args.vocab}, {n_params / 1e6:.1f} M params, f32; seq {args.seq}; "
           f"median of {args.repeats} interleaved runs after 3 warm-up runs; load average "
           f"{os.getloadavg()[0]:.1f}")
-    print(f"jax {jax.__version__} ({jax.devices()[0].platform}), torch {torch.__version__} "
+    print(f"jax {jax.__version__} ({jax.devices()[0].platform}, "
+          f"{'1 thread' if args.single_thread else 'default threads'}), torch {torch.__version__} "
           f"({torch.get_num_threads()} threads, attn {hf_model.config._attn_implementation}), "
           f"{os.cpu_count()} CPU cores")
     rng = np.random.default_rng(0)

@@ -30,7 +30,7 @@ import re
 import shutil
 import sys
 import tempfile
-from typing import Any, Iterator
+from typing import Iterator
 
 import jax
 import jax.numpy as jnp
