@@ -9,6 +9,7 @@ import pytest
 from wedlm_jax import masking
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.model import Transformer, init_params
+from tests.test_masking import brute_dual_mask
 
 VOCAB, MASK_ID, BLOCK = 64, 63, 4
 CONFIG = ModelConfig(model_type="qwen3", vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
@@ -109,6 +110,13 @@ def test_leaks(setup):
     expect_unchanged.append(~((seg == 1) & pred & (blk == 1)))
     expect_changed.append(np.arange(2 * L) == s)
 
+    # (5) prediction is causal within a block (as in decoding): the block's last slot (a mask)
+    # is seen by nobody else of its block
+    last = np.nonzero((seg == 1) & pred & (blk == 1))[0][-1]
+    edits.append({last: other(toks[last])})
+    expect_unchanged.append(np.arange(2 * L) != last)
+    expect_changed.append(np.arange(2 * L) == last)
+
     moved, diff = changed_slots(logits_of, toks, edits)
     for i in range(len(edits)):
         leak = moved[i] & expect_unchanged[i]
@@ -119,10 +127,11 @@ def test_leaks(setup):
 
 
 def test_influence_follows_the_mask(setup):
-    """Change each input slot in turn: only queries the mask lets see it move (the dual-stream
-    mask is transitively closed, so two layers add no indirect path), and among real slots
-    every allowed query moves."""
+    """Change each input slot in turn: exactly the queries that the rules of SPEC.md 2.4 (brute
+    force) let see it move (the dual-stream mask is transitively closed, so two layers add no
+    indirect path)."""
     arr, mask, logits_of = setup
+    np.testing.assert_array_equal(mask, brute_dual_mask(SEG, BLOCK, arr["source"]))
     closure = (mask.astype(np.int32) @ mask.astype(np.int32)) > 0
     np.testing.assert_array_equal(closure, mask)
     toks = arr["tokens"]
