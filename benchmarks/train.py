@@ -1,0 +1,152 @@
+"""Training throughput: tokens/s and MFU of the jitted train step, and the attention share.
+
+    python -m benchmarks.train                       # tiny and ~100M configs, seq len 1024
+    python -m benchmarks.train --models tiny --steps 5 --seq-len 256
+
+For each model: the dual-stream train step (the same `train.step.make_train_step` the program
+runs: on-device masking, dense mask, loss, backward, AdamW) on one device, rows of `seq_len` tokens
+(one document each), f32 compute. Reported:
+  - step time (median of the timed steps, after one compile+warm-up step),
+  - tokens/s = training tokens (rows x seq_len; the network sees 2x that in dual-stream) / step time,
+  - MFU = model FLOPs of the step (`train.step.model_flops_per_row`: matmuls of the 2L fed slots
+    plus attention over the dense 2L x 2L mask, x3 for forward+backward) / step time / the f32
+    matmul rate of this machine measured in the same run (a 2048^3 jnp.dot, best of 5),
+  - attention share = num_layers x time(forward+backward of the attention core `attend` on the
+    step's q/k/v shapes with the dual-stream mask) / step time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from train import step as step_lib
+from train.config import load_config
+from wedlm_jax import attention as attn_lib
+from wedlm_jax import masking
+from wedlm_jax.config import ModelConfig
+from wedlm_jax.sharding import make_mesh
+
+MODELS = {
+    "tiny": dict(model_type="qwen3", vocab_size=256, hidden_size=64, intermediate_size=128,
+                 num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, qk_norm=True,
+                 mask_token_id=255, max_position_embeddings=4096),
+    # ~100M parameters: 12 layers of width 768 (GQA 12/4 heads), 32k vocabulary, tied embeddings.
+    "100m": dict(model_type="qwen3", vocab_size=32000, hidden_size=768, intermediate_size=2048,
+                 num_layers=12, num_heads=12, num_kv_heads=4, head_dim=64, qk_norm=True,
+                 tie_word_embeddings=True, mask_token_id=31999, max_position_embeddings=4096),
+}
+
+
+def _time(fn, steps):
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def attention_time(mc: ModelConfig, rows: int, seq_len: int, block: int, dtype, steps: int):
+    """Forward+backward time of one layer's attention core on the dual-stream mask."""
+    t = 2 * seq_len
+    k = jax.random.split(jax.random.key(1), 3)
+    q = jax.random.normal(k[0], (rows, t, mc.num_heads, mc.head_dim), dtype)
+    kk = jax.random.normal(k[1], (rows, t, mc.num_kv_heads, mc.head_dim), dtype)
+    v = jax.random.normal(k[2], (rows, t, mc.num_kv_heads, mc.head_dim), dtype)
+    seg = jnp.ones((rows, seq_len), jnp.int32)
+    structure = jax.vmap(lambda s: masking.dual_stream_structure(s, block))(seg)
+
+    @jax.jit
+    def f(q, kk, v):
+        mask = masking.structure_mask(structure)
+        loss = lambda q, kk, v: jnp.sum(attn_lib.attend(q, kk, v, mask, mc.head_dim ** -0.5))
+        return jax.grad(loss, argnums=(0, 1, 2))(q, kk, v)
+
+    jax.block_until_ready(f(q, kk, v))
+    return statistics.median(_time(lambda: f(q, kk, v), steps))
+
+
+def bench_model(name: str, rows: int, seq_len: int, steps: int, remat: bool, peak: float) -> dict:
+    fields = MODELS[name]
+    cfg = load_config(None, [
+        "model.config=" + json.dumps(fields), "data.train_files=[unused.jsonl]",
+        f"data.seq_len={seq_len}", f"data.global_batch_size={rows}", "steps=1000",
+        "optimizer.lr=1e-4", "optimizer.final_lr=1e-5", "optimizer.warmup_steps=10",
+        "objective.block_size=32", "compute_dtype=f32", f"remat={str(remat).lower()}"])
+    mc = ModelConfig(**fields)
+    mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    opt = step_lib.make_optimizer(cfg)
+    sh = step_lib.state_shardings(mc, opt, mesh)
+    state = step_lib.init_state(step_lib.init_params_sharded(mc, 0, sh), opt, sh)
+    fn = step_lib.make_train_step(cfg, mc, opt, mesh, sh, mc.mask_token_id)
+    rng = np.random.default_rng(0)
+    bsh = step_lib.batch_shardings(mesh)
+    batch = {"tokens": rng.integers(0, mc.vocab_size - 1, (rows, seq_len)).astype(np.int32),
+             "segment_ids": np.ones((rows, seq_len), np.int32),
+             "maskable": np.ones((rows, seq_len), bool),
+             "index": np.arange(rows, dtype=np.int32)}
+    batch = {k: jax.device_put(v, bsh[k]) for k, v in batch.items()}
+    holder = {"state": state}
+
+    def one():
+        holder["state"], m = fn(holder["state"], batch)
+        return m["loss"]
+
+    t0 = time.perf_counter()
+    jax.block_until_ready(one())
+    compile_s = time.perf_counter() - t0
+    times = _time(one, steps)
+    step_s = statistics.median(times)
+    flops = step_lib.model_flops_per_row(mc, seq_len, "dual_stream") * rows
+    attn_flops = step_lib.attention_flops_per_row(mc, seq_len, "dual_stream") * rows
+    attn_s = attention_time(mc, rows, seq_len, 32, jnp.float32, max(2, min(steps, 3)))
+    return {
+        "model": name, "params": mc.num_params(), "rows": rows, "seq_len": seq_len,
+        "fed_slots_per_row": 2 * seq_len, "remat": remat, "compile_and_first_step_s": compile_s,
+        "step_times_s": times, "step_s": step_s, "tokens_per_s": rows * seq_len / step_s,
+        "model_tflops_per_step": flops / 1e12, "achieved_gflops": flops / step_s / 1e9,
+        "mfu": flops / step_s / peak, "attention_flop_share": attn_flops / flops,
+        "attention_time_share": mc.num_layers * attn_s / step_s,
+        "attention_layer_fwd_bwd_s": attn_s,
+    }
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default="tiny,100m")
+    p.add_argument("--seq-len", type=int, default=1024)
+    p.add_argument("--rows", type=int, default=1)
+    p.add_argument("--steps", type=int, default=3, help="timed steps after the warm-up step")
+    p.add_argument("--remat", action="store_true")
+    p.add_argument("--out", help="write the results as JSON here")
+    args = p.parse_args(argv)
+    peak = step_lib.measure_matmul_flops(n=2048, repeats=5)
+    info = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+                       f"jax {jax.__version__} on {jax.devices()[0].platform}",
+            "loadavg_at_start": os.getloadavg(), "f32_matmul_gflops": peak / 1e9}
+    print(json.dumps(info), flush=True)
+    results = []
+    for name in args.models.split(","):
+        r = bench_model(name, args.rows, args.seq_len, args.steps, args.remat, peak)
+        results.append(r)
+        print(json.dumps(r), flush=True)
+    peak_end = step_lib.measure_matmul_flops(n=2048, repeats=5)
+    info["f32_matmul_gflops_end"] = peak_end / 1e9
+    info["loadavg_at_end"] = os.getloadavg()
+    print(json.dumps(info), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"info": info, "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
