@@ -1,0 +1,157 @@
+"""wedlm-decode: decode text prompts with a checkpoint folder (Orbax or Hugging Face).
+
+    wedlm-decode --checkpoint DIR --prompt "Count: 1, 2, 3," --method streaming --window 16 --json
+    wedlm-decode --checkpoint DIR --prompts-file prompts.jsonl --chat --method ar --stream
+
+prompts.jsonl: one prompt per line, either a JSON string or an object with "prompt" (or "text")
+or "messages" (a chat; implies the chat template). `--json` prints one JSON document with, per
+prompt, the ids, the text and the statistics, and the totals. `--stream` prints text as it is
+committed (a host callback from the decode loop); the result is the same as without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from decode.config import METHODS, DecodeConfig, DecodeConfigError
+from decode.text import cut_at_stop_strings, load_tokenizer, split_stop_strings
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="wedlm-decode", description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", required=True, help="Orbax or Hugging Face checkpoint folder")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="one text prompt")
+    src.add_argument("--prompts-file", help="JSONL: strings or objects with prompt/text/messages")
+    p.add_argument("--chat", action="store_true", help="wrap prompts in the tokenizer's chat template")
+    p.add_argument("--method", default="streaming", help=f"one of {', '.join(METHODS)}")
+    d = DecodeConfig()
+    p.add_argument("--window", type=int, default=d.window)
+    p.add_argument("--tau", type=float, default=d.tau)
+    p.add_argument("--lam", type=float, default=d.lam)
+    p.add_argument("--temperature", type=float, default=d.temperature)
+    p.add_argument("--top-k", type=int, default=d.top_k)
+    p.add_argument("--top-p", type=float, default=d.top_p)
+    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--prefill-chunk", type=int, default=d.prefill_chunk)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--stop-id", type=int, action="append", default=[], help="stop token id (repeatable)")
+    p.add_argument("--no-default-stops", action="store_true",
+                   help="do not add eos / <|im_end|> from the tokenizer and generation_config.json")
+    p.add_argument("--capacity", type=int, default=None, help="cache capacity (prompt + new tokens)")
+    p.add_argument("--mask-token-id", type=int, default=None, help="override the config's mask id")
+    p.add_argument("--json", action="store_true", help="print ids, text and statistics as JSON")
+    p.add_argument("--stream", action="store_true", help="print text as it is committed")
+    return p
+
+
+def _read_prompts(args, tokenizer) -> list[tuple[str, list[int]]]:
+    """[(prompt text as fed, ids)]."""
+    items = []
+    if args.prompt is not None:
+        items.append(args.prompt)
+    else:
+        with open(args.prompts_file) as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    items.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise DecodeConfigError(f"{args.prompts_file}:{lineno}: not valid JSON ({e})") from None
+    out = []
+    for i, item in enumerate(items):
+        messages = None
+        if isinstance(item, dict):
+            if "messages" in item:
+                messages = item["messages"]
+            else:
+                item = item.get("prompt", item.get("text"))
+        if messages is None and not isinstance(item, str):
+            raise DecodeConfigError(f"prompt {i}: expected a string or an object with 'prompt', 'text' "
+                                    f"or 'messages', got {item!r}")
+        if messages is not None:
+            text = tokenizer.apply_chat_template(messages)
+        elif args.chat:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": item}])
+        else:
+            text = item
+        out.append((text, tokenizer.encode(text)))
+    return out
+
+
+def run(args) -> dict:
+    from decode.engine import generate
+    from wedlm_jax.convert import checkpoint_kind, load_checkpoint
+
+    tokenizer = load_tokenizer(args.checkpoint)
+    dc_kw = dict(method=args.method, window=args.window, tau=args.tau, lam=args.lam,
+                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                 max_new_tokens=args.max_new_tokens, seed=args.seed, prefill_chunk=args.prefill_chunk)
+    DecodeConfig(**dc_kw)  # every setting checked before the checkpoint is read
+    stop_ids, cut_strings = split_stop_strings(tokenizer, args.stop)
+    prompts = _read_prompts(args, tokenizer)
+    quiet = {} if checkpoint_kind(args.checkpoint) == "orbax" else {"progress": False}
+    config, params = load_checkpoint(args.checkpoint, **quiet)
+    if not args.no_default_stops:
+        stop_ids = tokenizer.default_stop_ids(config.eos_token_id) + stop_ids
+    stop_ids = list(dict.fromkeys(stop_ids + list(args.stop_id)))
+    dc = DecodeConfig(stop_token_ids=tuple(stop_ids), **dc_kw)
+
+    on_commit = None
+    if args.stream:
+        seen: dict = {}
+        shown: dict = {}
+
+        def on_commit(row, ids):
+            seen[row] = seen.get(row, []) + ids
+            text = tokenizer.decode(seen[row])
+            delta = text[len(shown.get(row, "")):]
+            shown[row] = text
+            if delta:
+                prefix = f"[{row}] " if len(prompts) > 1 else ""
+                sys.stderr.write(prefix + delta + ("\n" if prefix else ""))
+                sys.stderr.flush()
+
+    res = generate(params, config, [ids for _, ids in prompts], dc, capacity=args.capacity,
+                   mask_token_id=args.mask_token_id, on_commit=on_commit)
+    if args.stream:
+        sys.stderr.write("\n")
+    rows = []
+    for (text, pids), ids, st in zip(prompts, res.tokens, res.rows):
+        ids, cut = cut_at_stop_strings(tokenizer, ids, cut_strings)
+        rows.append(dict(prompt=text, prompt_ids=pids, ids=ids, text=tokenizer.decode(ids),
+                         finish="stop" if cut else st.finish,
+                         stats=dict(steps=st.steps, n_gen=st.n_gen, n_fwd=st.n_fwd,
+                                    tokens_per_forward=st.tokens_per_forward, p_cache=st.p_cache)))
+    total = dict(method=res.method, steps=res.steps, n_gen=res.n_gen, n_fwd=res.n_fwd,
+                 tokens_per_forward=res.tokens_per_forward, p_cache=res.p_cache,
+                 loop_iterations=res.loop_iterations, wall_s=res.wall_s,
+                 tokens_per_s=res.tokens_per_s, compile_s=res.compile_s, stop_token_ids=stop_ids)
+    return dict(results=rows, total=total)
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        out = run(args)
+    except (DecodeConfigError, ValueError, FileNotFoundError) as e:
+        print(f"wedlm-decode: error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(out, indent=1))
+    else:
+        for r in out["results"]:
+            print(r["text"])
+        t = out["total"]
+        print(f"[{t['method']}] {t['n_gen']} tokens, {t['steps']} forwards, "
+              f"{t['tokens_per_forward']:.2f} tokens/forward, p_cache {t['p_cache']:.3f}, "
+              f"{t['tokens_per_s']:.1f} tokens/s (compile {t['compile_s']:.1f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Text and CLI (issue 4 item 6): wedlm-decode on a tiny checkpoint folder with a tiny BPE tokenizer
+trained here with the `tokenizers` library, a chat template, and generation_config.json eos."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from decode import cli
+from decode.config import DecodeConfig, DecodeConfigError
+from decode.engine import generate
+from decode.text import cut_at_stop_strings, load_tokenizer, split_stop_strings
+from wedlm_jax.config import ModelConfig
+from wedlm_jax.convert import save_hf_checkpoint
+from wedlm_jax.model import param_shapes
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CORPUS = ["one two three four five six seven eight nine ten", "the cat sat on the mat",
+          "count with me: one, two, three", "hello world, hello there"] * 5
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
+    folder = tmp_path_factory.mktemp("ckpt")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=120, special_tokens=SPECIALS,
+                                                        show_progress=False))
+    vocab = tok.get_vocab_size()
+    assert vocab <= 127
+    config = ModelConfig(model_type="qwen3", vocab_size=128, hidden_size=32, intermediate_size=64,
+                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True,
+                         mask_token_id=127, eos_token_id=tok.token_to_id("<|endoftext|>"))
+    rng = np.random.default_rng(0)
+
+    def leaf(path, s):
+        name = jax.tree_util.keystr(path)
+        if "scale" in name:
+            return (1.0 + 0.1 * rng.standard_normal(s.shape)).astype(np.float32)
+        return (0.02 * rng.standard_normal(s.shape) * (20.0 if "lm_head" in name else 1.0)).astype(np.float32)
+    params = jax.tree_util.tree_map_with_path(leaf, param_shapes(config))
+    path = save_hf_checkpoint(config, params, folder / "model", progress=False)
+    tok.save(os.path.join(path, "tokenizer.json"))
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+        json.dump({"chat_template": CHAT, "eos_token": "<|im_end|>", "bos_token": None}, f)
+    with open(os.path.join(path, "generation_config.json"), "w") as f:
+        json.dump({"eos_token_id": [tok.token_to_id("<|endoftext|>"), 5]}, f)
+    return path, config, params
+
+
+def _cli(capsys, *argv):
+    code = cli.main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_json_output_equals_engine(ckpt, capsys):
+    path, config, params = ckpt
+    tk = load_tokenizer(path)
+    code, out, err = _cli(capsys, "--checkpoint", path, "--prompt", "count with me: one, two",
+                          "--window", "4", "--tau", "2.0", "--max-new-tokens", "12", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    row = doc["results"][0]
+    ids = tk.encode("count with me: one, two")
+    assert row["prompt_ids"] == ids
+    stops = doc["total"]["stop_token_ids"]
+    # defaults: generation_config eos ids, the config's eos, tokenizer eos_token and <|im_end|>
+    assert set(stops) == {tk.token_id("<|endoftext|>"), 5, tk.token_id("<|im_end|>")}
+    want = generate(params, config, [ids], DecodeConfig(window=4, tau=2.0, max_new_tokens=12,
+                                                        stop_token_ids=tuple(stops)))
+    assert row["ids"] == want.tokens[0]
+    assert row["text"] == tk.decode(want.tokens[0])
+    st = row["stats"]
+    assert st["n_gen"] == len(row["ids"]) and st["p_cache"] == pytest.approx(st["n_gen"] / st["n_fwd"])
+    # --stream prints the text as it is committed and changes nothing in the result
+    code, out2, err2 = _cli(capsys, "--checkpoint", path, "--prompt", "count with me: one, two",
+                            "--window", "4", "--tau", "2.0", "--max-new-tokens", "12", "--json", "--stream")
+    assert code == 0, err2
+    assert json.loads(out2)["results"][0]["ids"] == row["ids"]
+    assert err2.strip() == row["text"].strip()
+
+
+def test_chat_prompts_file_and_ar(ckpt, capsys, tmp_path):
+    path, config, params = ckpt
+    tk = load_tokenizer(path)
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps("hello world") + "\n" + json.dumps({"prompt": "the cat"}) + "\n\n" +
+                 json.dumps({"messages": [{"role": "user", "content": "one two"}]}) + "\n")
+    code, out, err = _cli(capsys, "--checkpoint", path, "--prompts-file", str(f), "--chat",
+                          "--method", "ar", "--max-new-tokens", "6", "--json", "--no-default-stops")
+    assert code == 0, err
+    rows = json.loads(out)["results"]
+    assert len(rows) == 3
+    rendered = "<|im_start|>user\nhello world<|im_end|>\n<|im_start|>assistant\n"
+    assert rows[0]["prompt"] == rendered and rows[0]["prompt_ids"] == tk.encode(rendered)
+    assert tk.token_id("<|im_start|>") in rows[0]["prompt_ids"]
+    assert rows[2]["prompt"] == "<|im_start|>user\none two<|im_end|>\n<|im_start|>assistant\n"
+    want = generate(params, config, [r["prompt_ids"] for r in rows],
+                    DecodeConfig(method="ar", max_new_tokens=6))
+    assert [r["ids"] for r in rows] == want.tokens
+    assert all(len(r["ids"]) == 6 for r in rows)
+
+
+def test_stop_strings(ckpt):
+    path, _, _ = ckpt
+    tk = load_tokenizer(path)
+    single = tk.decode([tk.encode("hello")[0]])
+    ids, cut = split_stop_strings(tk, [single, "cat sat on"])
+    assert ids == [tk.encode("hello")[0]] and cut == ["cat sat on"]
+    with pytest.raises(DecodeConfigError, match="stop string '' tokenizes to nothing"):
+        split_stop_strings(tk, [""])
+    seq = tk.encode("the cat sat on the mat")
+    kept, hit = cut_at_stop_strings(tk, seq, ["sat on"])
+    assert hit and tk.decode(kept).endswith("sat on") and len(kept) < len(seq)
+    assert cut_at_stop_strings(tk, seq, ["dog"]) == (seq, False)
+
+
+def test_cli_bad_input(ckpt, capsys, tmp_path):
+    path, _, _ = ckpt
+    for argv, words in [(["--window", "0"], "window must be an int >= 1, got 0"),
+                        (["--method", "beam"], "method 'beam' is unknown; allowed: streaming, block, ar"),
+                        (["--top-p", "0"], "top_p must be in (0, 1]"),
+                        (["--stop", ""], "stop string '' tokenizes to nothing")]:
+        code, out, err = _cli(capsys, "--checkpoint", path, "--prompt", "hi", *argv)
+        assert code == 2 and words in err, (argv, err)
+    code, _, err = _cli(capsys, "--checkpoint", str(tmp_path), "--prompt", "hi")
+    assert code == 2 and "no tokenizer.json" in err
+    code, _, err = _cli(capsys, "--checkpoint", path, "--prompt", "")
+    assert code == 2 and "prompt 0 is empty" in err
