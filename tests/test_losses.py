@@ -1,6 +1,10 @@
 """Losses (wedlm_jax.losses) against a plain NumPy computation on the same arrangement."""
 
 import functools
+import json
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -188,3 +192,48 @@ def test_bad_input():
         losses.combine(terms, 1.0, objective="mlm")
     with pytest.raises(ValueError, match="do not match"):
         losses.loss_terms(jnp.asarray(logits[:, :5]), arr)
+
+
+SHARDED_SCRIPT = r"""
+import os, sys, json
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+import jax, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from wedlm_jax import losses, sharding
+data = dict(np.load(sys.argv[1]))
+logits = data.pop("logits")
+mesh = sharding.make_mesh(2, 1, 1)
+put = lambda x: jax.device_put(x, NamedSharding(mesh, P("data")))
+logits, arr = put(logits), {k: put(v) for k, v in data.items()}
+assert len(logits.sharding.device_set) == 2
+f = jax.jit(lambda lg, a: losses.combine(losses.loss_terms(lg, a), 1.0))
+loss, metrics = f(logits, arr)
+print(json.dumps({"loss": float(loss), "mlm": float(metrics["mlm_loss"]),
+                  "ar": float(metrics["ar_loss"])}))
+"""
+
+
+def test_sums_are_global_under_sharding(tmp_path):
+    """Two CPU devices, one row each: the loss is normalised over the global batch, not per
+    device (the per-row means differ from the global one, so the check can fail)."""
+    _, _, arr, logits = make("dual", seed=6)
+    rows = [0, 2]  # rows with different weight sums
+    arr = {k: v[rows] for k, v in arr.items() if k in
+           ("targets", "is_masked", "mlm_weight", "ar_targets", "ar_weight")}
+    logits = logits[rows]
+    path = tmp_path / "batch.npz"
+    np.savez(path, logits=logits, **arr)
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+               JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", SHARDED_SCRIPT, str(path)], env=env,
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    loss, metrics = losses.combine(losses.loss_terms(jnp.asarray(logits), arr), 1.0)
+    np.testing.assert_allclose(got["loss"], float(loss), rtol=1e-5)
+    np.testing.assert_allclose(got["mlm"], float(metrics["mlm_loss"]), rtol=1e-5)
+    np.testing.assert_allclose(got["ar"], float(metrics["ar_loss"]), rtol=1e-5)
+    per_row = [float(losses.combine(losses.loss_terms(
+        jnp.asarray(logits[i:i + 1]), {k: v[i:i + 1] for k, v in arr.items()}), 1.0)[0])
+        for i in range(2)]
+    assert abs(np.mean(per_row) - float(loss)) > 1e-3

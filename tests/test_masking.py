@@ -220,8 +220,7 @@ def check_dual_arrangement(arr, tokens, seg, maskable, block_size, mask_per_bloc
 
 
 @SETTINGS
-@given(row=rows(), options=st.sampled_from([(1, True), (3, True), (3, False), (4, True),
-                                             (4, False)]),
+@given(row=rows(), options=st.sampled_from([(1, True), (3, False), (4, True)]),
        seed=st.integers(0, 2 ** 31 - 1))
 def test_dual_arrangement_mask_and_invariants(row, options, seed):
     # a few (block size, mask_per_block) options only: each compiles once; dual_stream_mask is
