@@ -364,8 +364,8 @@ def _orbax_metadata(ckptr, params_dir: str):
 def load_orbax(path, mesh=None, dtype=None) -> tuple[ModelConfig, dict]:
     """Restore an Orbax folder written by `save_orbax` onto `mesh` (or the default device).
 
-    Restores one top-level entry (embedding, head, one layer, ...) at a time, so the transient
-    host buffers never exceed one layer."""
+    Restores one top-level entry (embedding, head, one layer, ...) at a time, largest first, so
+    the transient host buffers never exceed one entry and never sit on top of a nearly full tree."""
     ocp = _orbax()
     path = os.fspath(path)
     params_dir = os.path.join(os.path.abspath(path), PARAMS_DIR)
@@ -381,7 +381,8 @@ def load_orbax(path, mesh=None, dtype=None) -> tuple[ModelConfig, dict]:
     abstract = jax.tree.map(lambda m, s: jax.ShapeDtypeStruct(m.shape, target or m.dtype, sharding=s),
                             stored, shardings)
     params = {}
-    for key in abstract:
+    nbytes = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+    for key in sorted(abstract, key=lambda k: -nbytes(abstract[k])):  # largest first
         part = {key: abstract[key]}
         restored = ckptr.restore(params_dir, args=ocp.args.PyTreeRestore(
             part, restore_args=ocp.checkpoint_utils.construct_restore_args(part),
@@ -390,7 +391,7 @@ def load_orbax(path, mesh=None, dtype=None) -> tuple[ModelConfig, dict]:
         del restored
         _release_host_memory()
     ckptr.close()
-    return config, params
+    return config, {key: params[key] for key in abstract}
 
 
 def checkpoint_kind(path) -> str:
