@@ -1,0 +1,391 @@
+"""Tile-skipping attention (wedlm_jax.tiled_attention) and implementation selection
+(wedlm_jax.attention_backends) against the dense masked reference `attention.attend`."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from wedlm_jax import attention, attention_backends as ab, losses, masking
+from wedlm_jax import model as model_lib
+from wedlm_jax import tiled_attention as ta
+from wedlm_jax.config import ConfigError, ModelConfig
+
+SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+
+
+# ------------------------------------------------------------------------------- helpers
+
+@st.composite
+def packed_rows(draw, batch, length):
+    """segment_ids [batch, length]: documents of random lengths, padding runs anywhere."""
+    rows = []
+    for _ in range(batch):
+        row, doc = [], 1
+        while len(row) < length:
+            n = draw(st.integers(1, length))
+            if draw(st.integers(0, 4)) == 0:
+                row += [0] * n
+            else:
+                row += [doc] * n
+                doc += 1
+        rows.append(row[:length])
+    return np.asarray(rows, np.int32)
+
+
+def structure_of(layout, seg, block_size):
+    b, n = seg.shape
+    if layout == "dual":
+        return ta.dual_stream_structure(seg, block_size)
+    if layout == "causal":
+        return ta.causal_structure(jnp.asarray(seg), b, n)
+    return _arranged_structure(jnp.asarray(seg), layout, block_size)
+
+
+@functools.partial(jax.jit, static_argnames=("layout", "block_size"))
+def _arranged_structure(seg, layout, block_size):
+    keys = masking.row_keys(0, 0, jnp.arange(seg.shape[0]))
+    arr = masking.arrange_rows(layout, keys, jnp.zeros_like(seg), seg, seg != 0,
+                               block_size=block_size, mask_token_id=7)
+    return ta.arrangement_structure(arr)
+
+
+def qkv(seed, b, s, t, h, kvh, d, dtype=jnp.float32):
+    ks = jax.random.split(jax.random.key(seed), 4)
+    return (jax.random.normal(ks[0], (b, s, h, d), dtype),
+            jax.random.normal(ks[1], (b, t, kvh, d), dtype),
+            jax.random.normal(ks[2], (b, t, kvh, d), dtype),
+            jax.random.normal(ks[3], (b, s, h, d), dtype))
+
+
+def assert_close(actual, expected, rtol=1e-5):
+    """Elementwise within rtol, plus an absolute rtol * max(largest magnitude, 1): the inputs are
+    O(1), and exact zeros of the reference (e.g. dq of a query that sees a single key) come out of
+    a different summation order as rounding noise."""
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    assert np.all(np.isfinite(actual))
+    scale = max(float(np.max(np.abs(expected), initial=0.0)), 1.0)
+    np.testing.assert_allclose(actual, expected, rtol=rtol, atol=rtol * scale)
+
+
+def _value_and_vjp(fn, q, k, v, w):
+    out, vjp = jax.vjp(fn, q, k, v)
+    return (out,) + vjp(w)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "tq", "tk"))
+def dense_and_tiled(q, k, v, w, qs, ks, mask, scale, tq, tk):
+    """(out, dq, dk, dv) of the dense reference and of the tiled path, loss sum(out * w)."""
+    dense = _value_and_vjp(lambda q, k, v: attention.attend(q, k, v, mask, scale), q, k, v, w)
+    tiled = _value_and_vjp(lambda q, k, v: ta.tiled_attention(q, k, v, qs, ks, scale,
+                                                              tile_q=tq, tile_k=tk), q, k, v, w)
+    return dense, tiled
+
+
+# ------------------------------------------------------------------------------ the rule
+
+@settings(max_examples=15, **SETTINGS)
+@given(data=st.data(), layout=st.sampled_from(["dual", "plain", "ar", "causal"]),
+       length=st.sampled_from([1, 9, 24]), block_size=st.integers(1, 6))
+def test_pair_mask_is_the_structure_mask(data, layout, length, block_size):
+    seg = data.draw(packed_rows(2, length))
+    s = structure_of(layout, seg, block_size)
+    np.testing.assert_array_equal(ta.pair_mask(s, s), masking.structure_mask(s))
+    if layout == "causal":
+        np.testing.assert_array_equal(ta.pair_mask(s, s),
+                                      attention.segment_mask(jnp.asarray(seg), 2, length))
+
+
+def test_cache_structures_are_the_cache_mask():
+    cache_len = jnp.asarray([0, 5, 17], jnp.int32)
+    qs, ks = ta.cache_structures(cache_len, 4, 24)
+    np.testing.assert_array_equal(ta.pair_mask(qs, ks), attention.cache_mask(cache_len, 4, 24))
+
+
+# ------------------------------------------------------------------- values and gradients
+
+@settings(max_examples=8, **SETTINGS)
+@given(data=st.data(), layout=st.sampled_from(["dual", "plain", "ar", "causal"]),
+       length=st.sampled_from([7, 16]), block_size=st.integers(1, 8),
+       tq=st.sampled_from([4, 16]), tk=st.sampled_from([8, 16]),
+       heads=st.sampled_from([(4, 2), (3, 1)]))
+def test_forward_and_gradients_equal_dense(data, layout, length, block_size, tq, tk, heads):
+    h, kvh = heads
+    seg = data.draw(packed_rows(2, length))
+    s = structure_of(layout, seg, block_size)
+    t = s["segment"].shape[1]
+    q, k, v, w = qkv(data.draw(st.integers(0, 99)), 2, t, t, h, kvh, 8)
+    ref, got = dense_and_tiled(q, k, v, w, s, s, masking.structure_mask(s), scale=0.3, tq=tq,
+                               tk=tk)
+    for a, e in zip(got, ref):
+        assert_close(a, e)
+
+
+@settings(max_examples=5, **SETTINGS)
+@given(lens=st.lists(st.integers(0, 40), min_size=2, max_size=2), new=st.sampled_from([1, 9]),
+       tk=st.sampled_from([4, 16]))
+def test_cache_mode_equals_dense(lens, new, tk):
+    capacity = 49
+    cache_len = jnp.asarray(lens, jnp.int32)
+    qs, ks = ta.cache_structures(cache_len, new, capacity)
+    q, k, v, w = qkv(1, 2, new, capacity, 4, 2, 8)
+    mask = attention.cache_mask(cache_len, new, capacity)
+    ref, got = dense_and_tiled(q, k, v, w, qs, ks, mask, scale=0.5, tq=8, tk=tk)
+    for a, e in zip(got, ref):
+        assert_close(a, e)
+    # keys past cache_len + new are never in a computed tile's allowed set: with the tile plan,
+    # the tiles wholly past the longest row are skipped
+    plan = ta.tile_plan(qs, ks, 8, tk)
+    need = -(-(max(lens) + new) // tk)
+    assert int(jnp.max(plan.kv_count)) == need
+
+
+def test_padding_rows_output_zero_with_finite_gradients():
+    seg = np.asarray([[1] * 9 + [0] * 7, [0] * 5 + [2] * 11], np.int32)
+    s = ta.dual_stream_structure(seg, 4)
+    q, k, v, w = qkv(3, 2, 32, 32, 4, 2, 8)
+    out, vjp = jax.vjp(lambda q, k, v: ta.tiled_attention(q, k, v, s, s, 0.3, tile_q=8,
+                                                          tile_k=8), q, k, v)
+    pad = np.asarray(s["segment"]) == 0
+    assert pad.sum() == 24
+    np.testing.assert_array_equal(np.asarray(out)[pad], 0.0)
+    dq, dk, dv = vjp(w)
+    for g in (dq, dk, dv):
+        assert np.all(np.isfinite(np.asarray(g)))
+    np.testing.assert_array_equal(np.asarray(dq)[pad], 0.0)     # padding queries: no gradient
+    np.testing.assert_array_equal(np.asarray(dk)[pad], 0.0)     # padding keys: seen by nobody
+    np.testing.assert_array_equal(np.asarray(dv)[pad], 0.0)
+
+
+def test_bf16_inputs_close_to_dense():
+    s = ta.dual_stream_structure(np.ones((1, 40), np.int32), 8)
+    q, k, v, _ = qkv(4, 1, 80, 80, 4, 2, 16, jnp.bfloat16)
+    mask = masking.structure_mask(s)
+    out = ta.tiled_attention(q, k, v, s, s, 0.25, tile_q=16, tile_k=16)
+    assert out.dtype == jnp.bfloat16
+    ref = attention.attend(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32),
+                           mask, 0.25)
+    np.testing.assert_allclose(np.asarray(out, np.float32), ref, atol=3e-2, rtol=3e-2)
+
+
+# ----------------------------------------------------------------------- tile skipping
+
+def brute_force_state(mask, tq, tk):
+    """EMPTY / PARTIAL / FULL per tile pair from a dense mask [B, S, T] (padded with False)."""
+    b, s, t = mask.shape
+    sp, tp = -(-s // tq) * tq, -(-t // tk) * tk
+    m = np.zeros((b, sp, tp), bool)
+    m[:, :s, :t] = mask
+    m = m.reshape(b, sp // tq, tq, tp // tk, tk)
+    any_, all_ = m.any(axis=(2, 4)), m.all(axis=(2, 4))
+    return np.where(all_, ta.FULL, np.where(any_, ta.PARTIAL, ta.EMPTY))
+
+
+@settings(max_examples=20, **SETTINGS)
+@given(data=st.data(), layout=st.sampled_from(["dual", "plain", "causal"]),
+       length=st.integers(1, 40), block_size=st.integers(1, 9),
+       tq=st.integers(1, 20), tk=st.integers(1, 20))
+def test_occupancy_equals_brute_force(data, layout, length, block_size, tq, tk):
+    seg = data.draw(packed_rows(2, length))
+    s = structure_of(layout, seg, block_size)
+    t = s["segment"].shape[1]
+    plan = ta.tile_plan(s, s, tq, tk)
+    tq, tk = ta.tile_sizes(t, t, tq, tk)
+    expected = brute_force_state(np.asarray(masking.structure_mask(s)), tq, tk)
+    np.testing.assert_array_equal(plan.state, expected)
+    counts = ta.plan_counts(plan)
+    assert counts["empty"] == int((expected == ta.EMPTY).sum())
+    assert counts["full"] == int((expected == ta.FULL).sum())
+    active = expected != ta.EMPTY
+    np.testing.assert_array_equal(plan.kv_count, active.sum(-1))
+    np.testing.assert_array_equal(plan.q_count, active.sum(-2))
+    for bi in range(2):
+        for i in range(active.shape[1]):
+            listed = np.asarray(plan.kv_index[bi, i, :int(plan.kv_count[bi, i])])
+            np.testing.assert_array_equal(listed, np.flatnonzero(active[bi, i]))
+
+
+def test_dual_stream_skips_about_three_quarters():
+    s = ta.dual_stream_structure(np.ones((1, 1024), np.int32), 32)
+    counts = ta.plan_counts(ta.tile_plan(s, s, 128, 128))
+    assert counts["total"] == 256
+    # memory causal 36 tiles, prediction->memory staircase 36, prediction diagonal 8
+    assert counts["total"] - counts["empty"] == 80
+    assert counts["full"] == 28 + 28 + 0
+
+
+def test_empty_tiles_are_never_read():
+    """Poison (NaN) the keys and values of every key tile that is EMPTY for query tile i: the
+    tiled output and dq of tile i stay exactly those of clean inputs, while the dense reference
+    (which touches every key) turns NaN. Reading a skipped tile, even masked, would give NaN."""
+    seg = np.asarray([[1] * 20 + [2] * 12], np.int32)
+    s = ta.dual_stream_structure(seg, 4)
+    q, k, v, w = qkv(5, 1, 64, 64, 4, 2, 8)
+    tq = tk = 8
+    plan = ta.tile_plan(s, s, tq, tk)
+    fn = lambda q, k, v: ta.tiled_attention(q, k, v, s, s, 0.3, plan=plan)
+    clean, vjp_clean = jax.vjp(fn, q, k, v)
+    checked = 0
+    for i in range(8):
+        empty = np.flatnonzero(np.asarray(plan.state[0, i]) == ta.EMPTY)
+        if len(empty) == 0:
+            continue
+        rows = np.concatenate([np.arange(j * tk, (j + 1) * tk) for j in empty])
+        kp, vp = k.at[:, rows].set(jnp.nan), v.at[:, rows].set(jnp.nan)
+        out, vjp = jax.vjp(fn, q, kp, vp)
+        sl = slice(i * tq, (i + 1) * tq)
+        np.testing.assert_array_equal(out[:, sl], clean[:, sl])
+        wi = jnp.zeros_like(w).at[:, sl].set(w[:, sl])
+        np.testing.assert_array_equal(vjp(wi)[0][:, sl], vjp_clean(wi)[0][:, sl])
+        dense = attention.attend(q, kp, vp, masking.structure_mask(s), 0.3)
+        assert np.isnan(np.asarray(dense[:, sl])).all()
+        checked += 1
+    assert checked >= 6
+
+
+# ----------------------------------------------------------------------- model level
+
+TINY = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,
+                   num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, mask_token_id=63)
+
+
+def _arranged_batch(objective):
+    b, n = 2, 24
+    tokens = jax.random.randint(jax.random.key(1), (b, n), 0, 60)
+    seg = jnp.asarray([[1] * 10 + [2] * 11 + [0] * 3, [3] * 24], jnp.int32)
+    return masking.arrange_rows(objective, masking.row_keys(0, 3, jnp.arange(b)), tokens, seg,
+                                seg != 0, block_size=4, mask_token_id=63)
+
+
+@pytest.mark.parametrize("objective", ["dual", "plain"])
+def test_model_loss_and_grads_tiled_equal_dense(objective):
+    params = model_lib.init_params(TINY, jax.random.key(0))
+    arr = _arranged_batch(objective)
+
+    def loss(p, impl):
+        m = model_lib.Transformer(TINY, remat=True, attention=impl, attention_tile=8)
+        logits = m.apply({"params": p}, arr["tokens"], arr["positions"], structure=arr,
+                         objective=objective)
+        return losses.objective_loss(logits, arr, objective=objective)[0]
+
+    ld, gd = jax.jit(jax.value_and_grad(lambda p: loss(p, "dense")))(params)
+    lt, gt = jax.jit(jax.value_and_grad(lambda p: loss(p, "tiled")))(params)
+    assert_close(lt, ld)
+    jax.tree.map(assert_close, gt, gd)
+    # the structure entry with dense attention is the explicit-mask entry
+    explicit = model_lib.Transformer(TINY).apply({"params": params}, arr["tokens"],
+                                                 arr["positions"],
+                                                 mask=masking.structure_mask(arr))
+    via_structure = model_lib.Transformer(TINY).apply({"params": params}, arr["tokens"],
+                                                      arr["positions"], structure=arr)
+    np.testing.assert_array_equal(explicit, via_structure)
+
+
+def test_model_causal_packed_and_cache_mode_tiled_equal_dense():
+    params = model_lib.init_params(TINY, jax.random.key(0))
+    tokens = jax.random.randint(jax.random.key(2), (2, 20), 0, 60)
+    positions = jnp.broadcast_to(jnp.arange(20), (2, 20))
+    seg = jnp.asarray([[1] * 7 + [2] * 13, [1] * 15 + [0] * 5], jnp.int32)
+    dense = model_lib.Transformer(TINY)
+    tiled = model_lib.Transformer(TINY, attention="tiled", attention_tile=8)
+    apply = lambda m, **kw: m.apply({"params": params}, tokens, positions, **kw)
+    assert_close(apply(tiled, segment_ids=seg), apply(dense, segment_ids=seg))
+    assert_close(apply(tiled), apply(dense))
+    auto = model_lib.Transformer(TINY, attention="auto", attention_tile=8)      # CPU -> tiled
+    assert_close(apply(auto, segment_ids=seg), apply(dense, segment_ids=seg))
+    # cache mode: prefill 11 / 6 tokens, then 5 new slots
+    cache = model_lib.init_kv_cache(TINY, 2, 32)
+    cache_len = jnp.asarray([11, 6], jnp.int32)
+    new_tok, new_pos = tokens[:, :5], cache_len[:, None] + jnp.arange(5)[None]
+    run = lambda m: m.apply({"params": params}, new_tok, new_pos, kv_cache=apply(
+        m, kv_cache=cache, cache_len=jnp.zeros(2, jnp.int32))[1], cache_len=cache_len)
+    (lt, ct), (ld, cd) = run(tiled), run(dense)
+    assert_close(lt, ld)
+    jax.tree.map(assert_close, ct, cd)
+
+
+# ----------------------------------------------------------------------- selection
+
+def test_selection_by_backend_and_layout():
+    assert ab.resolve("auto", "structure", backend="cpu") == "tiled"
+    assert ab.resolve("auto", "causal", backend="cpu") == "tiled"
+    assert ab.resolve("auto", "cache", backend="cpu") == "tiled"
+    assert ab.resolve("auto", "mask", backend="cpu") == "dense"
+    assert ab.resolve("auto", "causal", backend="gpu", dtype=jnp.bfloat16) == "cudnn"
+    assert ab.resolve("auto", "causal", backend="gpu", dtype=jnp.float32) == "tiled"
+    assert ab.resolve("auto", "structure", backend="gpu", dtype=jnp.bfloat16) == "tiled"
+    assert ab.resolve("auto", "structure", backend="tpu") == "splash"
+    assert ab.resolve("auto", "cache", backend="tpu") == "tiled"
+    assert ab.resolve("splash", "structure", backend="tpu") == "splash"
+    assert ab.resolve("cudnn", "causal", backend="cuda", dtype=jnp.bfloat16) == "cudnn"
+    assert jax.default_backend() == "cpu"
+    with pytest.raises(ab.AttentionUnavailable, match="splash.*TPU.*'cpu' backend"):
+        ab.resolve("splash", "structure")
+    with pytest.raises(ab.AttentionUnavailable, match="cudnn.*GPU.*'cpu' backend"):
+        ab.resolve("cudnn", "causal")
+    with pytest.raises(ab.AttentionUnavailable, match="plain causal / segment-causal"):
+        ab.resolve("cudnn", "structure", backend="gpu")
+    with pytest.raises(ab.AttentionUnavailable, match="explicit dense mask"):
+        ab.resolve("tiled", "mask")
+    with pytest.raises(ConfigError, match="dense, tiled, splash, cudnn, auto"):
+        ab.resolve("flash", "causal")
+
+
+@pytest.mark.parametrize("impl,needs", [("splash", "TPU"), ("cudnn", "GPU")])
+def test_model_fails_clearly_for_unavailable_backend(impl, needs):
+    params = model_lib.init_params(TINY, jax.random.key(0))
+    arr = _arranged_batch("dual")
+    m = model_lib.Transformer(TINY, attention=impl)
+    with pytest.raises(ab.AttentionUnavailable, match=f"{impl}.*{needs}.*'cpu' backend"):
+        m.apply({"params": params}, arr["tokens"][:, :24], arr["positions"][:, :24])
+
+
+# ------------------------------------------------------------------- splash (interpreted)
+
+@settings(max_examples=30, **SETTINGS)
+@given(data=st.data(), layout=st.sampled_from(["dual", "plain", "ar", "causal"]),
+       length=st.integers(2, 24), block_size=st.integers(1, 6))
+def test_splash_template_check_is_exact(data, layout, length, block_size):
+    """When `template_matches` says yes, the static template AND same-segment is exactly the
+    structure's mask (what splash computes); block-aligned packings always match."""
+    if layout == "dual":
+        aligned = data.draw(st.booleans())
+        if aligned:
+            docs = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=4))
+            seg = np.concatenate([np.full(n * block_size, i + 1) for i, n in enumerate(docs)])
+            length = len(seg)
+            seg = seg[None].repeat(2, 0).astype(np.int32)
+        else:
+            seg = data.draw(packed_rows(2, length))
+    else:
+        aligned, seg = True, data.draw(packed_rows(2, length))
+    s = structure_of(layout, seg, block_size)
+    template = "dual" if layout == "dual" else "causal"
+    ok = bool(ab.template_matches(s, template, block_size))
+    if aligned:
+        assert ok
+    if ok:
+        t = s["segment"].shape[1]
+        tm = ab.splash_template(template, t, block_size)
+        segs = np.asarray(s["segment"])
+        same = (segs[:, :, None] == segs[:, None, :]) & (segs != 0)[:, :, None]
+        np.testing.assert_array_equal(tm[None] & same, masking.structure_mask(s))
+
+
+def test_splash_kernel_interpreted_equals_dense():
+    """The splash path run by Pallas in interpret mode on CPU: block-aligned packing (the kernel)
+    and a non-aligned packing (the exact tiled fallback), forward and dq."""
+    q, k, v, w = qkv(6, 2, 256, 256, 4, 2, 16)
+    for seg in ([[1] * 64 + [2] * 32 + [0] * 32, [1] * 128],
+                [[1] * 50 + [2] * 60 + [0] * 18, [0] * 3 + [1] * 125]):
+        s = ta.dual_stream_structure(np.asarray(seg, np.int32), 32)
+        fn = lambda q: ab.splash_attention(q, k, v, s, 0.25, layout="dual", block_size=32,
+                                           tile=64, interpret=True)
+        out, vjp = jax.vjp(fn, q)
+        ref, vjp_ref = jax.vjp(lambda q: attention.attend(q, k, v, masking.structure_mask(s),
+                                                          0.25), q)
+        assert_close(out, ref)
+        assert_close(vjp(w)[0], vjp_ref(w)[0])
