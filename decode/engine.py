@@ -214,8 +214,11 @@ def window_step(model, params, state: dict, knobs: dict, static: Static):
     phys_pos = n[:, None] + order
     # 2. forward on the cache at rows n..n+W-1.
     logits, cache = _forward(model, params, phys_tok, phys_pos, state["cache"], n, static.kv_tile)
+    # per-slot entropy and candidate token in physical order, then back to logical order ([B, W])
     inv = jnp.argsort(order, axis=1)
-    lg = jnp.take_along_axis(logits, inv[:, :, None], axis=1)          # logical order
+    keys = _row_keys(knobs["seed"], state["steps"])
+    ent = jnp.take_along_axis(entropy(logits), inv, axis=1)
+    sampled = jnp.take_along_axis(sample_tokens(logits, keys, knobs, static.greedy), inv, axis=1)
     # 3. commit the leading filled run (flags before this step's fill).
     c = jnp.sum(jnp.cumprod(filled.astype(jnp.int32), axis=1), axis=1)
     if static.method == "block":
@@ -223,18 +226,16 @@ def window_step(model, params, state: dict, knobs: dict, static: Static):
     is_stop = jnp.any(tok[:, :, None] == knobs["stop_ids"][None, None, :], axis=-1) & (idx < c[:, None])
     has_stop = jnp.any(is_stop, axis=1)
     c_emit = jnp.where(has_stop, jnp.argmax(is_stop, axis=1) + 1, c).astype(jnp.int32)
-    out = _write_out(state["out"], state["count"], tok, c_emit)
+    out = _write_out(state["out"], state["count"], tok, jnp.where(done, 0, c_emit))
     # 4. fill the remaining masks by distance-adjusted entropy.
     remaining = active & ~filled & (idx >= c[:, None])
     any_rem = jnp.any(remaining, axis=1, keepdims=True)
     first = jnp.argmax(remaining, axis=1)[:, None]
-    adj = entropy(lg) + knobs["lam"] * (idx - first).astype(jnp.float32)
+    adj = ent + knobs["lam"] * (idx - first).astype(jnp.float32)
     adj = jnp.where(remaining, adj, jnp.inf)
     sel = remaining & (adj < knobs["tau"])
     best = idx == jnp.argmin(adj, axis=1)[:, None]
     sel = sel | (~jnp.any(sel, axis=1, keepdims=True) & any_rem & best)
-    keys = _row_keys(knobs["seed"], state["steps"])
-    sampled = sample_tokens(lg, keys, knobs, static.greedy)
     tok2 = jnp.where(sel, sampled, tok)
     filled2 = filled | sel
     # 5. slide by c; new slots are masks (inactive ones stay masks until the budget admits them).
@@ -252,7 +253,7 @@ def window_step(model, params, state: dict, knobs: dict, static: Static):
         filled=_keep(done, filled3, state["filled"]),
         n=jnp.where(live, n2, n),
         done=done | has_stop | (n2 >= end),
-        out=_keep(done, out, state["out"]),
+        out=out,
         count=jnp.where(live, state["count"] + c_emit, state["count"]),
         steps=state["steps"] + live,
         nfwd=state["nfwd"] + jnp.where(live, wlen[:, 0], 0),
@@ -271,7 +272,7 @@ def ar_step(model, params, state: dict, knobs: dict, static: Static):
     nxt = sample_tokens(logits, keys, knobs, static.greedy)[:, 0]
     live = ~done
     one = jnp.ones_like(n)
-    out = _write_out(state["out"], state["count"], nxt[:, None], one)
+    out = _write_out(state["out"], state["count"], nxt[:, None], live.astype(jnp.int32))
     is_stop = jnp.any(nxt[:, None] == knobs["stop_ids"][None, :], axis=1)
     n2 = n + 1
     new = dict(state)
@@ -280,7 +281,7 @@ def ar_step(model, params, state: dict, knobs: dict, static: Static):
         tok=_keep(done, nxt[:, None], tok),
         n=jnp.where(live, n2, n),
         done=done | is_stop | (n2 + 1 >= end),
-        out=_keep(done, out, state["out"]),
+        out=out,
         count=state["count"] + live,
         steps=state["steps"] + live,
         nfwd=state["nfwd"] + live,

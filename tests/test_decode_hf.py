@@ -19,15 +19,16 @@ def test_ar_greedy_equals_transformers_generate(tmp_path):
                          head_dim=16, seed=3)
     config, params = load_hf_checkpoint(path, progress=False)
     assert config.mask_token_id is None
-    prompts = [[5, 17, 33], [2, 9, 60, 61, 7, 44, 90], [11]]
+    prompts = [[5, 17, 33], [2, 9, 60, 0, 7, 44, 90], [11]]  # id 0 is also HF's pad id
     new = 20
     ours = generate(params, config, prompts, DecodeConfig(method="ar", max_new_tokens=new))
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     hf.generation_config.eos_token_id = None
     for prompt, got in zip(prompts, ours.tokens):
         with torch.no_grad():
-            out = hf.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False,
-                              pad_token_id=0, eos_token_id=None)
+            ids = torch.tensor([prompt])
+            out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                              do_sample=False, pad_token_id=0, eos_token_id=None)
         want = out[0, len(prompt):].tolist()
         assert len(want) == new
         assert got == want
