@@ -110,6 +110,7 @@ def test_sigkill_resume_and_half_written(setup, tmp_path):
     for a, b in zip(jax.tree.leaves(jax.device_get(state["params"])), jax.tree.leaves(final)):
         np.testing.assert_array_equal(a, b)
     assert sorted(os.listdir(ck)) == ["12.incomplete", "3", "6", "9.incomplete", "metrics.jsonl"]
+    assert ckpt.read_config(ck, 6)["steps"] == 6 and ckpt.read_config(ck, 6)["checkpoint"]["every"] == 3
 
 
 def test_export_hf_then_adapt_from_it(setup, tmp_path):

@@ -1,6 +1,7 @@
 """Sharding: 3 train steps on 8 CPU devices (data=2, fsdp=2, tensor=2) give the same losses and
-parameters as on 1 device (<= 1e-5 relative); gradient accumulation over 2 microbatches equals one
-big batch; a checkpoint written on the 8-device mesh restores onto a different mesh.
+parameters as on 1 device (<= 1e-5 relative); gradient accumulation over 2 microbatches (with
+remat on) equals one big batch; bf16 compute keeps f32 master weights and stays close to f32; a
+checkpoint written on the 8-device mesh restores onto a different mesh.
 
 The work runs in a subprocess (this file as a script) started with 8 forced host devices."""
 
@@ -39,8 +40,8 @@ def _worker(root: str, out: str) -> None:
     host_params = jax.device_get(model_lib.init_params(mc, jax.random.key(0)))
     result = {}
 
-    def train(mesh, accum, name):
-        c = load_config(cfg_path, [f"optimizer.grad_accum={accum}"])
+    def train(mesh, accum, name, extra=()):
+        c = load_config(cfg_path, [f"optimizer.grad_accum={accum}", *extra])
         opt = step_lib.make_optimizer(c)
         sh = step_lib.state_shardings(mc, opt, mesh)
         state = step_lib.init_state(host_params, opt, sh)
@@ -62,7 +63,9 @@ def _worker(root: str, out: str) -> None:
     result["q_spec"] = str(q.sharding.spec)
     result["q_shards"] = len({tuple((s.start, s.stop) for s in idx)
                               for idx in q.sharding.devices_indices_map(q.shape).values()})
-    acc_state, _, _ = train(eight, 2, "accum")
+    acc_state, _, _ = train(eight, 2, "accum", ["remat=true"])
+    bf16_state, _, _ = train(one, 1, "bf16", ["compute_dtype=bf16"])
+    result["bf16"]["param_dtypes"] = sorted({str(x.dtype) for x in jax.tree.leaves(bf16_state)})
 
     ref_p = jax.device_get(ref_state["params"])
     for name, st in (("eight", state8), ("accum", acc_state)):
@@ -107,6 +110,10 @@ def test_eight_devices_match_one(tmp_path):
         np.testing.assert_allclose(got, ref, rtol=1e-5, err_msg=name)
         assert r[name]["param_rel_err"] <= 1e-5, (name, r[name])
         assert r[name]["param_moved"] > 1e-3  # the 3 steps really changed the params
+    bf16 = np.array(r["bf16"]["losses"])
+    np.testing.assert_allclose(bf16[:, :3], ref[:, :3], rtol=3e-2)
+    assert np.abs(bf16[:, :3] - ref[:, :3]).max() > 1e-6  # it really computed in bf16
+    assert r["bf16"]["param_dtypes"] == ["float32", "int32"]
     # q_proj [embed, heads, head_dim] is split over fsdp (embed) and tensor (heads): 4 shards
     assert r["q_spec"] == "P('fsdp', 'tensor', None)" and r["q_shards"] == 4
     assert r["restore"] == {"step": 3, "data": {"grain": {"next_index": 3}}, "all_equal": True,

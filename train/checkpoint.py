@@ -8,16 +8,17 @@ Orbax finalizes a step by writing `commit_success.txt` and `_CHECKPOINT_METADATA
 timestamp) after every item is written; a step folder without them is half-written (killed
 mid-save) and is never resumed from. `restore_latest` walks the complete steps newest first and
 falls back to an older one when a newer one cannot be read. Restoring takes the abstract state with
-the CURRENT mesh's shardings, so a run may resume on a different mesh (or device count).
+the CURRENT mesh's shardings, so a run may resume on a different mesh (or device count). Paths go
+through etils.epath, so `checkpoint.dir` may be a local folder or a bucket (gs://...).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 
 import orbax.checkpoint as ocp
+from etils import epath
 
 log = logging.getLogger("wedlm-train")
 
@@ -29,7 +30,10 @@ def make_manager(directory: str, *, every: int, keep: int, async_save: bool = Tr
     options = ocp.CheckpointManagerOptions(
         save_interval_steps=every, max_to_keep=keep, enable_async_checkpointing=async_save,
         create=True)
-    return ocp.CheckpointManager(os.path.abspath(directory), item_names=ITEMS, options=options)
+    path = epath.Path(directory)
+    if "://" not in str(directory):
+        path = path.absolute()
+    return ocp.CheckpointManager(path, item_names=ITEMS, options=options)
 
 
 def save(mgr: ocp.CheckpointManager, step: int, state, data_state: dict, config: dict,
@@ -41,24 +45,29 @@ def save(mgr: ocp.CheckpointManager, step: int, state, data_state: dict, config:
         config=ocp.args.JsonSave(config)), force=force)
 
 
-def is_complete(step_dir: str) -> bool:
+def is_complete(step_dir) -> bool:
     """Orbax's finalization markers are present (the step was fully written and committed)."""
-    if not os.path.exists(os.path.join(step_dir, "commit_success.txt")):
+    step_dir = epath.Path(step_dir)
+    if not (step_dir / "commit_success.txt").exists():
         return False
-    meta = os.path.join(step_dir, "_CHECKPOINT_METADATA")
     try:
-        with open(meta) as f:
-            return bool(json.load(f).get("commit_timestamp_nsecs"))
+        return bool(json.loads((step_dir / "_CHECKPOINT_METADATA").read_text())
+                    .get("commit_timestamp_nsecs"))
     except (OSError, ValueError):
         return False
 
 
-def complete_steps(directory: str) -> list[int]:
-    """Steps with a complete checkpoint under `directory`, newest first."""
-    if not os.path.isdir(directory):
+def _step_dirs(directory) -> list[int]:
+    directory = epath.Path(directory)
+    if not directory.is_dir():
         return []
-    steps = [int(n) for n in os.listdir(directory) if n.isdigit()]
-    return sorted((s for s in steps if is_complete(os.path.join(directory, str(s)))), reverse=True)
+    return [int(c.name) for c in directory.iterdir() if c.name.isdigit()]
+
+
+def complete_steps(directory) -> list[int]:
+    """Steps with a complete checkpoint under `directory`, newest first."""
+    return sorted((s for s in _step_dirs(directory) if is_complete(epath.Path(directory) / str(s))),
+                  reverse=True)
 
 
 def restore_latest(mgr: ocp.CheckpointManager, abstract_state, set_aside: bool = True):
@@ -67,11 +76,10 @@ def restore_latest(mgr: ocp.CheckpointManager, abstract_state, set_aside: bool =
     than the one restored (half-written or unreadable) are renamed `<step>.incomplete[-k]` (when
     `set_aside`; do it on one process only) so the run can save those steps again; nothing is
     deleted."""
-    directory = str(mgr.directory)
-    found = [int(n) for n in os.listdir(directory) if n.isdigit()] if os.path.isdir(directory) else []
+    directory = epath.Path(mgr.directory)
     rejected = []
-    for step in sorted(found, reverse=True):
-        path = os.path.join(directory, str(step))
+    for step in sorted(_step_dirs(directory), reverse=True):
+        path = directory / str(step)
         if not is_complete(path):
             log.warning("checkpoint %s is incomplete (no Orbax commit markers); skipping it", path)
             rejected.append(path)
@@ -96,14 +104,14 @@ def _set_aside(mgr, paths, enabled: bool):
         return
     if enabled:
         for path in paths:
-            dst, k = f"{path}.incomplete", 1
-            while os.path.exists(dst):
-                dst, k = f"{path}.incomplete-{k}", k + 1
-            os.rename(path, dst)
+            dst, k = epath.Path(f"{path}.incomplete"), 1
+            while dst.exists():
+                dst, k = epath.Path(f"{path}.incomplete-{k}"), k + 1
+            path.rename(dst)
             log.warning("moved the unusable checkpoint %s to %s", path, dst)
     mgr.reload()
 
 
-def read_config(directory: str, step: int) -> dict:
-    with open(os.path.join(directory, str(step), "config", "metadata")) as f:
-        return json.load(f)
+def read_config(directory, step: int) -> dict:
+    """The training config saved with checkpoint `step`."""
+    return json.loads((epath.Path(directory) / str(step) / "config" / "metadata").read_text())

@@ -188,8 +188,9 @@ def run(cfg, progress: bool = True) -> dict:
     peak = cfg.peak_flops or step_lib.measure_matmul_flops()
     flops_row = step_lib.model_flops_per_row(mc, cfg.data.seq_len, cfg.objective.kind)
     flops_step = flops_row * cfg.data.global_batch_size
-    metrics_path = cfg.metrics_file or (os.path.join(cfg.checkpoint.dir, "metrics.jsonl")
-                                        if cfg.checkpoint.dir else None)
+    metrics_path = cfg.metrics_file
+    if metrics_path is None and cfg.checkpoint.dir and "://" not in cfg.checkpoint.dir:
+        metrics_path = os.path.join(cfg.checkpoint.dir, "metrics.jsonl")
     writer = MetricsWriter(metrics_path, primary)
     bar = None
     if progress and cfg.progress and primary:
@@ -266,10 +267,13 @@ def main(argv=None) -> int:
     try:
         cfg = load_config(args.config, overrides)
         init_distributed(args, cfg)
-        records = run(cfg, progress=cfg.progress)["records"]
+        result = run(cfg, progress=cfg.progress)
+        records = result["records"]
     except (TrainConfigError, DataError, ConfigError, CheckpointError) as e:
         print(f"wedlm-train: error: {e}", file=sys.stderr)
         return 2
+    if result["skipped_lines"]:
+        print(f"wedlm-train: skipped {len(result['skipped_lines'])} malformed line(s)", flush=True)
     if records:
         last = records[-1]
         print(f"wedlm-train: step {last['step']} loss {last['loss']:.4f} "
