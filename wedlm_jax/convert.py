@@ -150,7 +150,8 @@ def check_out_dir(out_dir: str, force: bool) -> None:
     if not os.path.lexists(out_dir):
         return
     if not os.path.isdir(out_dir) or os.path.islink(out_dir):
-        raise CheckpointError(f"{out_dir}: exists and is not a folder; refusing to replace it")
+        raise CheckpointError(f"{out_dir}: exists and is a file or a symlink, not a folder; "
+                              f"refusing to replace it")
     if not os.listdir(out_dir):
         return
     if not _looks_like_checkpoint(out_dir):
