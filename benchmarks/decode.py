@@ -52,13 +52,29 @@ def random_params(config, seed=0, head_scale=1.0):
 
 
 def best_of(fn, repeats):
-    """Run fn() `repeats` times, return (median seconds, last result)."""
-    times, out = [], None
+    """Run fn() `repeats` times; (median wall seconds, median process CPU seconds, last result).
+    CPU time (all threads of this process) is reported beside wall time because the 2-core machine
+    is shared: wall time then includes waiting for a core."""
+    walls, cpus, out = [], [], None
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    return statistics.median(walls), statistics.median(cpus), out
+
+
+def gen_runs(params, config, prompts, dc, repeats, **kw):
+    """Compile (first call), then `repeats` timed runs: (median wall_s excl. compile, median CPU s,
+    last result)."""
+    generate(params, config, prompts, dc, **kw)
+    walls, cpus, res = [], [], None
+    for _ in range(repeats):
+        c0 = time.process_time()
+        res = generate(params, config, prompts, dc, **kw)
+        cpus.append(time.process_time() - c0)
+        walls.append(res.wall_s)
+    return statistics.median(walls), statistics.median(cpus), res
 
 
 def forward_loop_time(params, config, window, start, advance, capacity_rows, k, repeats,
@@ -82,25 +98,16 @@ def forward_loop_time(params, config, window, start, advance, capacity_rows, k, 
 
     cache = init_kv_cache(config, 1, capacity_rows)
     jax.block_until_ready(loop(params, cache))   # compile + warm
-
-    def run():
-        return jax.block_until_ready(loop(params, cache))
-    t, _ = best_of(run, repeats)
-    return t / k
+    wall, cpu, _ = best_of(lambda: jax.block_until_ready(loop(params, cache)), repeats)
+    return wall / k, cpu / k
 
 
 def engine_step_time(params, config, dc, prompt, capacity, short, long, repeats):
-    """(seconds per loop iteration excluding prefill, results at `long`)."""
-    def timed(n):
-        r = generate(params, config, [prompt], dc.replace(max_new_tokens=n), capacity=capacity)
-        return r
-    generate(params, config, [prompt], dc.replace(max_new_tokens=short), capacity=capacity)  # compile
-    ts_runs = [timed(short) for _ in range(repeats)]
-    ts, rs = statistics.median(r.wall_s for r in ts_runs), ts_runs[-1]
-    tl_runs = [timed(long) for _ in range(repeats)]
-    tl = statistics.median(r.wall_s for r in tl_runs)
-    rl = tl_runs[-1]
-    return (tl - ts) / (rl.loop_iterations - rs.loop_iterations), rl, ts, tl
+    """Per loop iteration, prefill and fixed costs cancelled: (wall s, CPU s, result at `long`)."""
+    ws, cs, rs = gen_runs(params, config, [prompt], dc.replace(max_new_tokens=short), repeats, capacity=capacity)
+    wl, cl, rl = gen_runs(params, config, [prompt], dc.replace(max_new_tokens=long), repeats, capacity=capacity)
+    k = rl.loop_iterations - rs.loop_iterations
+    return (wl - ws) / k, (cl - cs) / k, rl
 
 
 def section_overhead(out, repeats, quick):
@@ -110,14 +117,15 @@ def section_overhead(out, repeats, quick):
     w = 16
     dc = DecodeConfig(method="streaming", window=w, tau=2.0, lam=0.05)
     short, long = (16, 64) if quick else (32, 256)
-    step, res, ts, tl = engine_step_time(params, SMALL, dc, prompt, 512, short, long, repeats)
+    step_w, step_c, res = engine_step_time(params, SMALL, dc, prompt, 512, short, long, repeats)
     rows = 512 + 64   # the engine's cache rows for capacity 512, W 16
     k = res.loop_iterations
-    fwd = forward_loop_time(params, SMALL, w, 64, jnp.float32(res.n_gen / k), rows, k, repeats)
+    fwd_w, fwd_c = forward_loop_time(params, SMALL, w, 64, jnp.float32(res.n_gen / k), rows, k, repeats)
     out["overhead"] = dict(model="hidden 256, 4 layers, 8/4 heads, head_dim 32, vocab 2048",
-                           window=w, capacity=512, prompt=64, step_s=step, forward_s=fwd,
-                           ratio=step / fwd, iterations_long=res.loop_iterations,
-                           wall_short_s=ts, wall_long_s=tl, n_gen=res.n_gen)
+                           window=w, capacity=512, prompt=64, new_tokens=(short, long),
+                           step_wall_s=step_w, forward_wall_s=fwd_w, ratio_wall=step_w / fwd_w,
+                           step_cpu_s=step_c, forward_cpu_s=fwd_c, ratio_cpu=step_c / fwd_c,
+                           iterations=k, n_gen=res.n_gen)
 
 
 def section_scaling(out, repeats, quick):
@@ -128,12 +136,12 @@ def section_scaling(out, repeats, quick):
     for method in ("streaming", "ar"):
         dc = DecodeConfig(method=method, window=16, tau=2.0, lam=0.05, max_new_tokens=new)
         for cap in (512, 8192):
-            generate(params, SMALL, [prompt], dc, capacity=cap)   # compile
-            runs = [generate(params, SMALL, [prompt], dc, capacity=cap) for _ in range(repeats)]
-            wall = statistics.median(r.wall_s for r in runs)
-            res[f"{method}_{cap}"] = dict(s_per_token=wall / runs[-1].n_gen, n_gen=runs[-1].n_gen,
-                                          tokens=runs[-1].tokens[0][:8])
-        res[f"{method}_ratio"] = res[f"{method}_8192"]["s_per_token"] / res[f"{method}_512"]["s_per_token"]
+            wall, cpu, r = gen_runs(params, SMALL, [prompt], dc, repeats, capacity=cap)
+            res[f"{method}_{cap}"] = dict(wall_s_per_token=wall / r.n_gen, cpu_s_per_token=cpu / r.n_gen,
+                                          n_gen=r.n_gen, tokens=r.tokens[0][:8])
+        for clock in ("wall", "cpu"):
+            res[f"{method}_ratio_{clock}"] = (res[f"{method}_8192"][f"{clock}_s_per_token"] /
+                                              res[f"{method}_512"][f"{clock}_s_per_token"])
         assert res[f"{method}_8192"]["tokens"] == res[f"{method}_512"]["tokens"]
     out["scaling"] = res
 
@@ -154,9 +162,7 @@ def section_vs_transformers(out, repeats, quick):
         for batch in (1, 8):
             prompts = np.random.default_rng(3).integers(0, TINY["vocab"], (batch, 16))
             dc = DecodeConfig(method="ar", max_new_tokens=new)
-            generate(params, config, prompts.tolist(), dc)   # compile
-            ours_runs = [generate(params, config, prompts.tolist(), dc) for _ in range(repeats)]
-            ours = statistics.median(r.wall_s for r in ours_runs)
+            ours, ours_cpu, r = gen_runs(params, config, prompts.tolist(), dc, repeats)
 
             def hf_run():
                 with torch.no_grad():
@@ -165,9 +171,11 @@ def section_vs_transformers(out, repeats, quick):
                                        min_new_tokens=new, do_sample=False, pad_token_id=0,
                                        eos_token_id=None)
             hf_run()
-            t_hf, hf_out = best_of(hf_run, repeats)
-            same = hf_out[:, 16:].tolist() == ours_runs[-1].tokens
-            res[f"batch{batch}"] = dict(ours_s=ours, transformers_s=t_hf, speedup=t_hf / ours,
+            t_hf, c_hf, hf_out = best_of(hf_run, repeats)
+            same = hf_out[:, 16:].tolist() == r.tokens
+            res[f"batch{batch}"] = dict(ours_wall_s=ours, transformers_wall_s=t_hf, speedup_wall=t_hf / ours,
+                                        ours_cpu_s=ours_cpu, transformers_cpu_s=c_hf,
+                                        speedup_cpu=c_hf / ours_cpu,
                                         ours_tokens_per_s=batch * new / ours,
                                         transformers_tokens_per_s=batch * new / t_hf,
                                         same_tokens=same)
@@ -177,23 +185,23 @@ def section_vs_transformers(out, repeats, quick):
 
 
 def section_methods(out, repeats, quick):
-    params = random_params(SMALL, 0, head_scale=20.0)
+    """head scale 20: spread entropies; 400: a near-deterministic random model (very peaky
+    logits, low entropy everywhere), the regime where parallel fills happen."""
     prompt = np.random.default_rng(4).integers(0, 2000, 64).tolist()
     new = 64 if quick else 256
     res = {}
-    for tau in (0.4, 2.0):
+    for head_scale, tau in ((20.0, 0.4), (20.0, 2.0), (400.0, 0.4)):
+        params = random_params(SMALL, 0, head_scale=head_scale)
         row = {}
         for method in ("streaming", "block", "ar"):
             dc = DecodeConfig(method=method, window=16, tau=tau, lam=0.05, max_new_tokens=new)
-            generate(params, SMALL, [prompt], dc, capacity=512)   # compile
-            runs = [generate(params, SMALL, [prompt], dc, capacity=512) for _ in range(repeats)]
-            r = runs[-1]
-            row[method] = dict(wall_s=statistics.median(x.wall_s for x in runs), steps=r.steps,
-                               n_gen=r.n_gen, n_fwd=r.n_fwd, tokens_per_forward=r.tokens_per_forward,
-                               p_cache=r.p_cache)
-        row["streaming_over_ar"] = row["streaming"]["wall_s"] / row["ar"]["wall_s"]
-        row["streaming_over_block"] = row["streaming"]["wall_s"] / row["block"]["wall_s"]
-        res[f"tau{tau}"] = row
+            wall, cpu, r = gen_runs(params, SMALL, [prompt], dc, repeats, capacity=512)
+            row[method] = dict(wall_s=wall, cpu_s=cpu, steps=r.steps, n_gen=r.n_gen, n_fwd=r.n_fwd,
+                               tokens_per_forward=r.tokens_per_forward, p_cache=r.p_cache)
+        for clock in ("wall_s", "cpu_s"):
+            row[f"streaming_over_ar_{clock}"] = row["streaming"][clock] / row["ar"][clock]
+            row[f"streaming_over_block_{clock}"] = row["streaming"][clock] / row["block"][clock]
+        res[f"head{head_scale}_tau{tau}"] = row
     out["methods"] = res
 
 
@@ -213,7 +221,6 @@ def main(argv=None):
         t0 = time.perf_counter()
         sections[name](out, args.repeats, args.quick)
         print(f"# {name} done in {time.perf_counter() - t0:.0f} s", flush=True)
-        print(json.dumps({k: v for k, v in out.items() if k in (name, "overhead", "scaling", "vs_transformers", "methods") and k.startswith(name[:5])}, indent=1), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
