@@ -10,9 +10,12 @@ runs: on-device masking, dense mask, loss, backward, AdamW) on one device, rows 
   - tokens/s = training tokens (rows x seq_len; the network sees 2x that in dual-stream) / step time,
   - MFU = model FLOPs of the step (`train.step.model_flops_per_row`: matmuls of the 2L fed slots
     plus attention over the dense 2L x 2L mask, x3 for forward+backward) / step time / the f32
-    matmul rate of this machine measured in the same run (a 2048^3 jnp.dot, best of 5),
+    matmul rate of this machine measured in the same run right before each timed step (a 2048^3
+    jnp.dot, best of 3): the median over the timed steps (the machine is shared, so the rate is
+    re-measured under the same load as each step),
   - attention share = num_layers x time(forward+backward of the attention core `attend` on the
-    step's q/k/v shapes with the dual-stream mask) / step time.
+    step's q/k/v shapes with the dual-stream mask built from the structure, timed right after
+    each step) / step time, median over steps; and the attention share of the model FLOPs.
 """
 
 from __future__ import annotations
@@ -55,8 +58,9 @@ def _time(fn, steps):
     return times
 
 
-def attention_time(mc: ModelConfig, rows: int, seq_len: int, block: int, dtype, steps: int):
-    """Forward+backward time of one layer's attention core on the dual-stream mask."""
+def attention_fn(mc: ModelConfig, rows: int, seq_len: int, block: int, dtype):
+    """A thunk running forward+backward of one layer's attention core (dense dual-stream mask built
+    from the structure, as in the step) on the step's q/k/v shapes; compiled on first call."""
     t = 2 * seq_len
     k = jax.random.split(jax.random.key(1), 3)
     q = jax.random.normal(k[0], (rows, t, mc.num_heads, mc.head_dim), dtype)
@@ -71,11 +75,10 @@ def attention_time(mc: ModelConfig, rows: int, seq_len: int, block: int, dtype, 
         loss = lambda q, kk, v: jnp.sum(attn_lib.attend(q, kk, v, mask, mc.head_dim ** -0.5))
         return jax.grad(loss, argnums=(0, 1, 2))(q, kk, v)
 
-    jax.block_until_ready(f(q, kk, v))
-    return statistics.median(_time(lambda: f(q, kk, v), steps))
+    return lambda: f(q, kk, v)
 
 
-def bench_model(name: str, rows: int, seq_len: int, steps: int, remat: bool, peak: float) -> dict:
+def bench_model(name: str, rows: int, seq_len: int, steps: int, remat: bool) -> dict:
     fields = MODELS[name]
     cfg = load_config(None, [
         "model.config=" + json.dumps(fields), "data.train_files=[unused.jsonl]",
@@ -104,19 +107,29 @@ def bench_model(name: str, rows: int, seq_len: int, steps: int, remat: bool, pea
     t0 = time.perf_counter()
     jax.block_until_ready(one())
     compile_s = time.perf_counter() - t0
-    times = _time(one, steps)
-    step_s = statistics.median(times)
+    attn = attention_fn(mc, rows, seq_len, 32, jnp.float32)
+    jax.block_until_ready(attn())
     flops = step_lib.model_flops_per_row(mc, seq_len, "dual_stream") * rows
     attn_flops = step_lib.attention_flops_per_row(mc, seq_len, "dual_stream") * rows
-    attn_s = attention_time(mc, rows, seq_len, 32, jnp.float32, max(2, min(steps, 3)))
+    # The machine is shared: measure the matmul rate, the step and the attention core back to
+    # back, step after step, and take medians of the per-step ratios.
+    peaks, times, attn_times = [], [], []
+    for _ in range(steps):
+        peaks.append(step_lib.measure_matmul_flops(n=2048, repeats=3))
+        times += _time(one, 1)
+        attn_times += _time(attn, 1)
+    step_s = statistics.median(times)
     return {
         "model": name, "params": mc.num_params(), "rows": rows, "seq_len": seq_len,
         "fed_slots_per_row": 2 * seq_len, "remat": remat, "compile_and_first_step_s": compile_s,
         "step_times_s": times, "step_s": step_s, "tokens_per_s": rows * seq_len / step_s,
         "model_tflops_per_step": flops / 1e12, "achieved_gflops": flops / step_s / 1e9,
-        "mfu": flops / step_s / peak, "attention_flop_share": attn_flops / flops,
-        "attention_time_share": mc.num_layers * attn_s / step_s,
-        "attention_layer_fwd_bwd_s": attn_s,
+        "f32_matmul_gflops_per_step": [p / 1e9 for p in peaks],
+        "mfu": statistics.median(flops / t / p for t, p in zip(times, peaks)),
+        "attention_flop_share": attn_flops / flops,
+        "attention_layer_fwd_bwd_s": attn_times,
+        "attention_time_share": statistics.median(
+            mc.num_layers * a / t for a, t in zip(attn_times, times)),
     }
 
 
@@ -136,7 +149,7 @@ def main(argv=None):
     print(json.dumps(info), flush=True)
     results = []
     for name in args.models.split(","):
-        r = bench_model(name, args.rows, args.seq_len, args.steps, args.remat, peak)
+        r = bench_model(name, args.rows, args.seq_len, args.steps, args.remat)
         results.append(r)
         print(json.dumps(r), flush=True)
     peak_end = step_lib.measure_matmul_flops(n=2048, repeats=5)
