@@ -88,6 +88,21 @@ def test_sigkill_resume_and_half_written(setup, tmp_path):
     for a, b in zip(jax.tree.leaves(final), jax.tree.leaves(jax.device_get(full["state"]["params"]))):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
+    # The uninterrupted run saved step 3 asynchronously while steps 4-6 ran on donated buffers:
+    # that checkpoint equals the one the killed run committed before blocking.
+    mc = full["model_config"]
+    cfg = load_config(setup["config"], [f"checkpoint.dir={ck}"])
+    opt = step_lib.make_optimizer(cfg)
+    from wedlm_jax.sharding import make_mesh
+    sh = step_lib.state_shardings(mc, opt, make_mesh(1, 1, 1))
+    abstract = step_lib.state_shapes(mc, opt, sh)
+    import orbax.checkpoint as ocp
+    async3, waited3 = [jax.device_get(ckpt.make_manager(d, every=3, keep=3).restore(
+        3, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"])
+        for d in (str(tmp_path / "full"), ck)]
+    for a, b in zip(jax.tree.leaves(async3), jax.tree.leaves(waited3)):
+        np.testing.assert_array_equal(a, b)
+
     # A half-written step 9 (no commit markers, part of the state missing) and an unreadable
     # step 12 (markers present, array data gone) are skipped: resume picks step 6.
     shutil.copytree(os.path.join(ck, "6"), os.path.join(ck, "9"))
@@ -98,13 +113,8 @@ def test_sigkill_resume_and_half_written(setup, tmp_path):
         if sub.startswith("ocdbt") or sub == "d":
             shutil.rmtree(os.path.join(ck, "12", "state", sub))
     assert ckpt.complete_steps(ck) == [12, 6, 3]
-    cfg = load_config(setup["config"], [f"checkpoint.dir={ck}"])
-    mc = full["model_config"]
-    opt = step_lib.make_optimizer(cfg)
-    from wedlm_jax.sharding import make_mesh
-    sh = step_lib.state_shardings(mc, opt, make_mesh(1, 1, 1))
     mgr = ckpt.make_manager(ck, every=3, keep=3)
-    step, state, data_state = ckpt.restore_latest(mgr, step_lib.state_shapes(mc, opt, sh))
+    step, state, data_state = ckpt.restore_latest(mgr, abstract)
     assert step == 6 and int(state["step"]) == 6
     assert data_state["grain"] == {"next_index": 6}
     for a, b in zip(jax.tree.leaves(jax.device_get(state["params"])), jax.tree.leaves(final)):

@@ -113,3 +113,11 @@ def write_config(path: str, config: dict) -> str:
     with open(path, "w") as f:
         yaml.safe_dump(config, f, sort_keys=False)
     return path
+
+
+if __name__ == "__main__":  # python -m train.fixtures data/tiny  (inputs for configs/tiny_cpu.yaml)
+    import sys
+    out = sys.argv[1] if len(sys.argv) > 1 else "data/tiny"
+    os.makedirs(out, exist_ok=True)
+    p = make_tiny_setup(out, num_docs=256)
+    print(f"wrote {p['tokenizer']}/tokenizer.json, {p['train']} and {p['sft']}")
