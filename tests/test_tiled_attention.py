@@ -107,14 +107,15 @@ def test_cache_structures_are_the_cache_mask():
 
 # ------------------------------------------------------------------- values and gradients
 
-@settings(max_examples=8, **SETTINGS)
+@settings(max_examples=12, **SETTINGS)
 @given(data=st.data(), layout=st.sampled_from(["dual", "plain", "ar", "causal"]),
-       length=st.sampled_from([7, 16]), block_size=st.integers(1, 8),
-       tq=st.sampled_from([4, 16]), tk=st.sampled_from([8, 16]),
-       heads=st.sampled_from([(4, 2), (3, 1)]))
-def test_forward_and_gradients_equal_dense(data, layout, length, block_size, tq, tk, heads):
-    h, kvh = heads
-    seg = data.draw(packed_rows(2, length))
+       block_size=st.integers(1, 8))
+def test_forward_and_gradients_equal_dense(data, layout, block_size):
+    """Random packings, paddings and block sizes are runtime data of fixed shapes (rows of 12
+    tokens: 24 slots dual-stream, 12 otherwise), so one compilation serves many structures.
+    Tiles 8 x 4 (the 12-slot case pads the queries to 16); GQA 4 heads on 2 KV heads."""
+    h, kvh, tq, tk = 4, 2, 8, 4
+    seg = data.draw(packed_rows(2, 12))
     s = structure_of(layout, seg, block_size)
     t = s["segment"].shape[1]
     q, k, v, w = qkv(data.draw(st.integers(0, 99)), 2, t, t, h, kvh, 8)
@@ -125,13 +126,13 @@ def test_forward_and_gradients_equal_dense(data, layout, length, block_size, tq,
 
 
 @settings(max_examples=5, **SETTINGS)
-@given(lens=st.lists(st.integers(0, 40), min_size=2, max_size=2), new=st.sampled_from([1, 9]),
-       tk=st.sampled_from([4, 16]))
-def test_cache_mode_equals_dense(lens, new, tk):
-    capacity = 49
+@given(lens=st.lists(st.integers(0, 40), min_size=2, max_size=2), new=st.sampled_from([1, 5]))
+def test_cache_mode_equals_dense(lens, new):
+    """Cache mode with 3 query heads on 1 KV head; capacity 49 is not a multiple of the tile."""
+    capacity, tk = 49, 8
     cache_len = jnp.asarray(lens, jnp.int32)
     qs, ks = ta.cache_structures(cache_len, new, capacity)
-    q, k, v, w = qkv(1, 2, new, capacity, 4, 2, 8)
+    q, k, v, w = qkv(1, 2, new, capacity, 3, 1, 8)
     mask = attention.cache_mask(cache_len, new, capacity)
     ref, got = dense_and_tiled(q, k, v, w, qs, ks, mask, scale=0.5, tq=8, tk=tk)
     for a, e in zip(got, ref):
@@ -184,10 +185,10 @@ def brute_force_state(mask, tq, tk):
     return np.where(all_, ta.FULL, np.where(any_, ta.PARTIAL, ta.EMPTY))
 
 
-@settings(max_examples=20, **SETTINGS)
+@settings(max_examples=10, **SETTINGS)
 @given(data=st.data(), layout=st.sampled_from(["dual", "plain", "causal"]),
-       length=st.integers(1, 40), block_size=st.integers(1, 9),
-       tq=st.integers(1, 20), tk=st.integers(1, 20))
+       length=st.sampled_from([5, 24]), block_size=st.integers(1, 9),
+       tq=st.sampled_from([1, 3, 8, 40]), tk=st.sampled_from([2, 5, 16]))
 def test_occupancy_equals_brute_force(data, layout, length, block_size, tq, tk):
     seg = data.draw(packed_rows(2, length))
     s = structure_of(layout, seg, block_size)
@@ -227,7 +228,13 @@ def test_empty_tiles_are_never_read():
     tq = tk = 8
     plan = ta.tile_plan(s, s, tq, tk)
     fn = lambda q, k, v: ta.tiled_attention(q, k, v, s, s, 0.3, plan=plan)
-    clean, vjp_clean = jax.vjp(fn, q, k, v)
+
+    @jax.jit
+    def out_and_dq(q, k, v, w):
+        out, vjp = jax.vjp(fn, q, k, v)
+        return out, vjp(w)[0]
+
+    dense = jax.jit(lambda k, v: attention.attend(q, k, v, masking.structure_mask(s), 0.3))
     checked = 0
     for i in range(8):
         empty = np.flatnonzero(np.asarray(plan.state[0, i]) == ta.EMPTY)
@@ -235,13 +242,13 @@ def test_empty_tiles_are_never_read():
             continue
         rows = np.concatenate([np.arange(j * tk, (j + 1) * tk) for j in empty])
         kp, vp = k.at[:, rows].set(jnp.nan), v.at[:, rows].set(jnp.nan)
-        out, vjp = jax.vjp(fn, q, kp, vp)
         sl = slice(i * tq, (i + 1) * tq)
-        np.testing.assert_array_equal(out[:, sl], clean[:, sl])
         wi = jnp.zeros_like(w).at[:, sl].set(w[:, sl])
-        np.testing.assert_array_equal(vjp(wi)[0][:, sl], vjp_clean(wi)[0][:, sl])
-        dense = attention.attend(q, kp, vp, masking.structure_mask(s), 0.3)
-        assert np.isnan(np.asarray(dense[:, sl])).all()
+        out, dq = out_and_dq(q, kp, vp, wi)
+        clean, dq_clean = out_and_dq(q, k, v, wi)
+        np.testing.assert_array_equal(out[:, sl], clean[:, sl])
+        np.testing.assert_array_equal(dq[:, sl], dq_clean[:, sl])
+        assert np.isnan(np.asarray(dense(kp, vp)[:, sl])).all()
         checked += 1
     assert checked >= 6
 
@@ -260,8 +267,8 @@ def _arranged_batch(objective):
                                 seg != 0, block_size=4, mask_token_id=63)
 
 
-@pytest.mark.parametrize("objective", ["dual", "plain"])
-def test_model_loss_and_grads_tiled_equal_dense(objective):
+def test_model_loss_and_grads_tiled_equal_dense():
+    objective = "dual"
     params = model_lib.init_params(TINY, jax.random.key(0))
     arr = _arranged_batch(objective)
 
@@ -276,11 +283,11 @@ def test_model_loss_and_grads_tiled_equal_dense(objective):
     assert_close(lt, ld)
     jax.tree.map(assert_close, gt, gd)
     # the structure entry with dense attention is the explicit-mask entry
-    explicit = model_lib.Transformer(TINY).apply({"params": params}, arr["tokens"],
-                                                 arr["positions"],
-                                                 mask=masking.structure_mask(arr))
-    via_structure = model_lib.Transformer(TINY).apply({"params": params}, arr["tokens"],
-                                                      arr["positions"], structure=arr)
+    m = model_lib.Transformer(TINY)
+    explicit = jax.jit(lambda p: m.apply({"params": p}, arr["tokens"], arr["positions"],
+                                         mask=masking.structure_mask(arr)))(params)
+    via_structure = jax.jit(lambda p: m.apply({"params": p}, arr["tokens"], arr["positions"],
+                                              structure=arr))(params)
     np.testing.assert_array_equal(explicit, via_structure)
 
 
@@ -289,22 +296,27 @@ def test_model_causal_packed_and_cache_mode_tiled_equal_dense():
     tokens = jax.random.randint(jax.random.key(2), (2, 20), 0, 60)
     positions = jnp.broadcast_to(jnp.arange(20), (2, 20))
     seg = jnp.asarray([[1] * 7 + [2] * 13, [1] * 15 + [0] * 5], jnp.int32)
-    dense = model_lib.Transformer(TINY)
-    tiled = model_lib.Transformer(TINY, attention="tiled", attention_tile=8)
-    apply = lambda m, **kw: m.apply({"params": params}, tokens, positions, **kw)
-    assert_close(apply(tiled, segment_ids=seg), apply(dense, segment_ids=seg))
-    assert_close(apply(tiled), apply(dense))
-    auto = model_lib.Transformer(TINY, attention="auto", attention_tile=8)      # CPU -> tiled
-    assert_close(apply(auto, segment_ids=seg), apply(dense, segment_ids=seg))
-    # cache mode: prefill 11 / 6 tokens, then 5 new slots
     cache = model_lib.init_kv_cache(TINY, 2, 32)
     cache_len = jnp.asarray([11, 6], jnp.int32)
-    new_tok, new_pos = tokens[:, :5], cache_len[:, None] + jnp.arange(5)[None]
-    run = lambda m: m.apply({"params": params}, new_tok, new_pos, kv_cache=apply(
-        m, kv_cache=cache, cache_len=jnp.zeros(2, jnp.int32))[1], cache_len=cache_len)
-    (lt, ct), (ld, cd) = run(tiled), run(dense)
-    assert_close(lt, ld)
-    jax.tree.map(assert_close, ct, cd)
+
+    @jax.jit
+    def run(params):
+        """auto (CPU -> tiled) and dense: packed causal logits; cache mode: prefill 20 slots,
+        then 5 new slots at cache_len."""
+        outs = []
+        for impl in ("auto", "dense"):
+            m = model_lib.Transformer(TINY, attention=impl, attention_tile=8)
+            apply = lambda *a, **kw: m.apply({"params": params}, *a, **kw)
+            packed = apply(tokens, positions, segment_ids=seg)
+            _, filled = apply(tokens, positions, kv_cache=cache,
+                              cache_len=jnp.zeros(2, jnp.int32))
+            step = apply(tokens[:, :5], cache_len[:, None] + jnp.arange(5)[None],
+                         kv_cache=filled, cache_len=cache_len)
+            outs.append((packed, step))
+        return outs
+
+    tiled, dense = run(params)
+    jax.tree.map(assert_close, tiled, dense)
 
 
 # ----------------------------------------------------------------------- selection
@@ -345,19 +357,18 @@ def test_model_fails_clearly_for_unavailable_backend(impl, needs):
 
 # ------------------------------------------------------------------- splash (interpreted)
 
-@settings(max_examples=30, **SETTINGS)
+@settings(max_examples=12, **SETTINGS)
 @given(data=st.data(), layout=st.sampled_from(["dual", "plain", "ar", "causal"]),
-       length=st.integers(2, 24), block_size=st.integers(1, 6))
+       length=st.sampled_from([8, 24]), block_size=st.sampled_from([2, 4]))
 def test_splash_template_check_is_exact(data, layout, length, block_size):
     """When `template_matches` says yes, the static template AND same-segment is exactly the
     structure's mask (what splash computes); block-aligned packings always match."""
     if layout == "dual":
         aligned = data.draw(st.booleans())
         if aligned:
-            docs = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=4))
+            docs = data.draw(st.lists(st.integers(1, 3), min_size=1, max_size=3))
             seg = np.concatenate([np.full(n * block_size, i + 1) for i, n in enumerate(docs)])
-            length = len(seg)
-            seg = seg[None].repeat(2, 0).astype(np.int32)
+            seg = np.pad(seg, (0, 24 - len(seg)))[None].repeat(2, 0).astype(np.int32)
         else:
             seg = data.draw(packed_rows(2, length))
     else:
@@ -376,16 +387,20 @@ def test_splash_template_check_is_exact(data, layout, length, block_size):
 
 
 def test_splash_kernel_interpreted_equals_dense():
-    """The splash path run by Pallas in interpret mode on CPU: block-aligned packing (the kernel)
-    and a non-aligned packing (the exact tiled fallback), forward and dq."""
+    """The splash path run by Pallas in interpret mode on CPU, block-aligned packing (the kernel
+    itself), forward and dq; and a non-aligned packing (the exact tiled fallback), forward."""
     q, k, v, w = qkv(6, 2, 256, 256, 4, 2, 16)
-    for seg in ([[1] * 64 + [2] * 32 + [0] * 32, [1] * 128],
-                [[1] * 50 + [2] * 60 + [0] * 18, [0] * 3 + [1] * 125]):
+    for seg, grad in (([[1] * 64 + [2] * 32 + [0] * 32, [1] * 128], True),
+                      ([[1] * 50 + [2] * 60 + [0] * 18, [0] * 3 + [1] * 125], False)):
         s = ta.dual_stream_structure(np.asarray(seg, np.int32), 32)
+        assert bool(ab.template_matches(s, "dual", 32)) == grad
         fn = lambda q: ab.splash_attention(q, k, v, s, 0.25, layout="dual", block_size=32,
                                            tile=64, interpret=True)
-        out, vjp = jax.vjp(fn, q)
-        ref, vjp_ref = jax.vjp(lambda q: attention.attend(q, k, v, masking.structure_mask(s),
-                                                          0.25), q)
+        ref_fn = lambda q: attention.attend(q, k, v, masking.structure_mask(s), 0.25)
+        if grad:
+            out, vjp = jax.vjp(fn, q)
+            ref, vjp_ref = jax.vjp(ref_fn, q)
+            assert_close(vjp(w)[0], vjp_ref(w)[0])
+        else:
+            out, ref = fn(q), ref_fn(q)
         assert_close(out, ref)
-        assert_close(vjp(w)[0], vjp_ref(w)[0])
