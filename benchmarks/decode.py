@@ -173,12 +173,18 @@ def section_vs_transformers(out, repeats, quick):
             hf_run()
             t_hf, c_hf, hf_out = best_of(hf_run, repeats)
             same = hf_out[:, 16:].tolist() == r.tokens
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)   # torch's OpenMP threads suffer most from a shared machine
+            hf_run()
+            t_hf1, _, _ = best_of(hf_run, repeats)
+            torch.set_num_threads(threads)
             res[f"batch{batch}"] = dict(ours_wall_s=ours, transformers_wall_s=t_hf, speedup_wall=t_hf / ours,
                                         ours_cpu_s=ours_cpu, transformers_cpu_s=c_hf,
                                         speedup_cpu=c_hf / ours_cpu,
                                         ours_tokens_per_s=batch * new / ours,
                                         transformers_tokens_per_s=batch * new / t_hf,
-                                        same_tokens=same)
+                                        transformers_1thread_wall_s=t_hf1,
+                                        speedup_wall_vs_1thread=t_hf1 / ours, same_tokens=same)
     res["model"] = "qwen3 " + ", ".join(f"{k} {v}" for k, v in TINY.items())
     res["torch_threads"] = torch.get_num_threads()
     out["vs_transformers"] = res

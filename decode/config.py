@@ -34,7 +34,7 @@ class DecodeConfig:
     max_new_tokens: int = 256
     stop_token_ids: tuple = ()
     seed: int = 0
-    prefill_chunk: int = 512
+    prefill_chunk: int = 128  # static; the last chunk of a prompt is computed whole (padding included)
 
     def __post_init__(self):
         if self.method not in METHODS:
