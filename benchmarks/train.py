@@ -2,20 +2,23 @@
 
     python -m benchmarks.train                       # tiny and ~100M configs, seq len 1024
     python -m benchmarks.train --models tiny --steps 5 --seq-len 256
+    python -m benchmarks.train --attention dense     # the dense-mask reference path
 
 For each model: the dual-stream train step (the same `train.step.make_train_step` the program
-runs: on-device masking, dense mask, loss, backward, AdamW) on one device, rows of `seq_len` tokens
+runs: on-device masking, attention over the arrangement's structure (tiled by default on CPU, or
+the dense mask), loss, backward, AdamW) on one device, rows of `seq_len` tokens
 (one document each), f32 compute. Reported:
   - step time (median of the timed steps, after one compile+warm-up step),
   - tokens/s = training tokens (rows x seq_len; the network sees 2x that in dual-stream) / step time,
   - MFU = model FLOPs of the step (`train.step.model_flops_per_row`: matmuls of the 2L fed slots
-    plus attention over the dense 2L x 2L mask, x3 for forward+backward) / step time / the f32
+    plus attention over the (query, key) pairs the dual-stream mask allows, about a quarter of
+    the dense 2L x 2L, x3 for forward+backward) / step time / the f32
     matmul rate of this machine measured in the same run right before each timed step (a 2048^3
     jnp.dot, best of 3): the median over the timed steps (the machine is shared, so the rate is
     re-measured under the same load as each step),
-  - attention share = num_layers x time(forward+backward of the attention core `attend` on the
-    step's q/k/v shapes with the dual-stream mask built from the structure, timed right after
-    each step) / step time, median over steps; and the attention share of the model FLOPs.
+  - attention share = num_layers x time(forward+backward of the attention core the step uses, on
+    the step's q/k/v shapes, mask or tile plan built from the structure, timed right after each
+    step) / step time, median over steps; and the attention share of the model FLOPs.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import numpy as np
 from train import step as step_lib
 from train.config import load_config
 from wedlm_jax import attention as attn_lib
+from wedlm_jax import attention_backends as attn_backends
 from wedlm_jax import masking
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.sharding import make_mesh
@@ -58,9 +62,11 @@ def _time(fn, steps):
     return times
 
 
-def attention_fn(mc: ModelConfig, rows: int, seq_len: int, block: int, dtype):
-    """A thunk running forward+backward of one layer's attention core (dense dual-stream mask built
-    from the structure, as in the step) on the step's q/k/v shapes; compiled on first call."""
+def attention_fn(mc: ModelConfig, rows: int, seq_len: int, block: int, dtype, impl: str,
+                 tile: int):
+    """A thunk running forward+backward of one layer's attention core as the step runs it (`impl`
+    "dense": the [T, T] mask built from the structure; "tiled": the tile plan built from the
+    structure, then the tile-skipping kernel) on the step's q/k/v shapes; compiled on first call."""
     t = 2 * seq_len
     k = jax.random.split(jax.random.key(1), 3)
     q = jax.random.normal(k[0], (rows, t, mc.num_heads, mc.head_dim), dtype)
@@ -69,22 +75,34 @@ def attention_fn(mc: ModelConfig, rows: int, seq_len: int, block: int, dtype):
     seg = jnp.ones((rows, seq_len), jnp.int32)
     structure = jax.vmap(lambda s: masking.dual_stream_structure(s, block))(seg)
 
+    scale = mc.head_dim ** -0.5
+
     @jax.jit
     def f(q, kk, v):
-        mask = masking.structure_mask(structure)
-        loss = lambda q, kk, v: jnp.sum(attn_lib.attend(q, kk, v, mask, mc.head_dim ** -0.5))
+        if impl == "dense":
+            mask = masking.structure_mask(structure)
+            core = lambda q, kk, v: attn_lib.attend(q, kk, v, mask, scale)
+        else:
+            ctx = attn_backends.make_context(impl, q_struct=structure, k_struct=structure,
+                                             batch=rows, tile=tile, template="dual",
+                                             block_size=block)
+            core = lambda q, kk, v: attn_backends.apply(ctx, q, kk, v, scale)
+        loss = lambda q, kk, v: jnp.sum(core(q, kk, v))
         return jax.grad(loss, argnums=(0, 1, 2))(q, kk, v)
 
     return lambda: f(q, kk, v)
 
 
-def bench_model(name: str, rows: int, seq_len: int, steps: int, remat: bool) -> dict:
+def bench_model(name: str, rows: int, seq_len: int, steps: int, remat: bool, attention: str,
+                tile: int) -> dict:
     fields = MODELS[name]
     cfg = load_config(None, [
         "model.config=" + json.dumps(fields), "data.train_files=[unused.jsonl]",
         f"data.seq_len={seq_len}", f"data.global_batch_size={rows}", "steps=1000",
         "optimizer.lr=1e-4", "optimizer.final_lr=1e-5", "optimizer.warmup_steps=10",
-        "objective.block_size=32", "compute_dtype=f32", f"remat={str(remat).lower()}"])
+        "objective.block_size=32", "compute_dtype=f32", f"remat={str(remat).lower()}",
+        f"attention={attention}", f"attention_tile={tile}"])
+    impl = step_lib.attention_impl(cfg)
     mc = ModelConfig(**fields)
     mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
     opt = step_lib.make_optimizer(cfg)
@@ -107,10 +125,10 @@ def bench_model(name: str, rows: int, seq_len: int, steps: int, remat: bool) -> 
     t0 = time.perf_counter()
     jax.block_until_ready(one())
     compile_s = time.perf_counter() - t0
-    attn = attention_fn(mc, rows, seq_len, 32, jnp.float32)
+    attn = attention_fn(mc, rows, seq_len, 32, jnp.float32, impl, tile)
     jax.block_until_ready(attn())
-    flops = step_lib.model_flops_per_row(mc, seq_len, "dual_stream") * rows
-    attn_flops = step_lib.attention_flops_per_row(mc, seq_len, "dual_stream") * rows
+    flops = step_lib.model_flops_per_row(mc, seq_len, "dual_stream", 32) * rows
+    attn_flops = step_lib.attention_flops_per_row(mc, seq_len, "dual_stream", 32) * rows
     # The machine is shared: measure the matmul rate, the step and the attention core back to
     # back, step after step, and take medians of the per-step ratios.
     peaks, times, attn_times = [], [], []
@@ -120,7 +138,7 @@ def bench_model(name: str, rows: int, seq_len: int, steps: int, remat: bool) -> 
         attn_times += _time(attn, 1)
     step_s = statistics.median(times)
     return {
-        "model": name, "params": mc.num_params(), "rows": rows, "seq_len": seq_len,
+        "model": name, "attention": impl, "attention_tile": tile, "params": mc.num_params(), "rows": rows, "seq_len": seq_len,
         "fed_slots_per_row": 2 * seq_len, "remat": remat, "compile_and_first_step_s": compile_s,
         "step_times_s": times, "step_s": step_s, "tokens_per_s": rows * seq_len / step_s,
         "model_tflops_per_step": flops / 1e12, "achieved_gflops": flops / step_s / 1e9,
@@ -140,6 +158,8 @@ def main(argv=None):
     p.add_argument("--rows", type=int, default=1)
     p.add_argument("--steps", type=int, default=3, help="timed steps after the warm-up step")
     p.add_argument("--remat", action="store_true")
+    p.add_argument("--attention", default="auto", help="dense | tiled | auto (tiled on CPU)")
+    p.add_argument("--tile", type=int, default=128, help="attention tile (tiled path)")
     p.add_argument("--out", help="write the results as JSON here")
     args = p.parse_args(argv)
     peak = step_lib.measure_matmul_flops(n=2048, repeats=5)
@@ -149,7 +169,8 @@ def main(argv=None):
     print(json.dumps(info), flush=True)
     results = []
     for name in args.models.split(","):
-        r = bench_model(name, args.rows, args.seq_len, args.steps, args.remat)
+        r = bench_model(name, args.rows, args.seq_len, args.steps, args.remat, args.attention,
+                        args.tile)
         results.append(r)
         print(json.dumps(r), flush=True)
     peak_end = step_lib.measure_matmul_flops(n=2048, repeats=5)

@@ -13,7 +13,7 @@ import pytest
 from train import data as data_lib
 from train import fixtures, main as main_lib
 from train.config import TrainConfigError, load_config, mesh_shape
-from train.step import decay_mask, lr_schedule, model_flops_per_row
+from train.step import attention_pairs, decay_mask, lr_schedule, model_flops_per_row
 
 COMPILES = []
 jax.monitoring.register_event_duration_secs_listener(
@@ -91,12 +91,18 @@ def test_decay_mask():
 
 def test_flops_count():
     from wedlm_jax.config import ModelConfig
+    from wedlm_jax.masking import dual_stream_mask
     c = ModelConfig(model_type="qwen3", vocab_size=10, hidden_size=4, intermediate_size=6,
                     num_layers=1, num_heads=2, num_kv_heads=1, head_dim=2)
-    # T = 2L = 6 slots; per slot: qkv 2*4*(4+2+2) = 64, o 2*4*4 = 32, mlp 2*3*4*6 = 144, head
-    # 2*4*10 = 80; attention 2 * 2*T*T*q_dim = 4*36*4; training = 3x forward.
-    assert model_flops_per_row(c, 3, "dual_stream") == 3 * ((64 + 32 + 144 + 80) * 6 + 4 * 36 * 4)
-    assert model_flops_per_row(c, 3, "ar_only") == 3 * ((64 + 32 + 144 + 80) * 3 + 4 * 9 * 4)
+    # allowed pairs = the true entries of the dual-stream mask (~1/4 of (2L)^2 for long rows)
+    for length, block in ((3, 2), (7, 3), (64, 8), (100, 32)):
+        assert attention_pairs(length, "dual_stream", block) == dual_stream_mask(length, block).sum()
+    assert attention_pairs(1024, "ar_only", 32) == 1024 * 1025 // 2
+    assert 0.24 < attention_pairs(1024, "dual_stream", 32) / 2048 ** 2 < 0.27
+    # L = 3, B = 2: T = 6 slots; per slot: qkv 2*4*(4+2+2) = 64, o 2*4*4 = 32, mlp 2*3*4*6 = 144,
+    # head 2*4*10 = 80; attention 4 * q_dim (4) FLOPs per allowed pair (12); training = 3x.
+    assert model_flops_per_row(c, 3, "dual_stream", 2) == 3 * ((64 + 32 + 144 + 80) * 6 + 4 * 12 * 4)
+    assert model_flops_per_row(c, 3, "ar_only", 2) == 3 * ((64 + 32 + 144 + 80) * 3 + 4 * 6 * 4)
 
 
 # -------------------------------------------------------------------------------------- data

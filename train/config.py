@@ -20,6 +20,7 @@ import yaml
 OBJECTIVES = ("dual_stream", "plain", "ar_only")
 COMPUTE_DTYPES = ("bfloat16", "float32")
 PARAM_DTYPES = ("float32",)
+ATTENTION = ("dense", "tiled", "splash", "cudnn", "auto")
 DTYPE_ALIASES = {"bf16": "bfloat16", "f32": "float32", "fp32": "float32", "bfloat16": "bfloat16",
                  "float32": "float32"}
 
@@ -102,6 +103,8 @@ class TrainConfig:
     compute_dtype: str = "bfloat16"
     param_dtype: str = "float32"
     remat: bool = False
+    attention: str = "auto"  # dense | tiled | splash | cudnn | auto (wedlm_jax.attention_backends)
+    attention_tile: int = 128  # tile size of the tiled / splash paths
     log_every: int = 1
     metrics_file: str | None = None  # JSONL; default <checkpoint.dir>/metrics.jsonl when that is set
     peak_flops: float | None = None  # per-device FLOP/s for MFU; default: measured f32 matmul rate
@@ -338,6 +341,10 @@ def validate(cfg: TrainConfig, where: str = "config") -> None:
         bad("compute_dtype", f"must be one of bf16, f32 (bfloat16, float32), got {cfg.compute_dtype!r}")
     if DTYPE_ALIASES.get(cfg.param_dtype) not in PARAM_DTYPES:
         bad("param_dtype", f"must be f32 (float32: master weights), got {cfg.param_dtype!r}")
+    if cfg.attention not in ATTENTION:
+        bad("attention", f"must be one of {', '.join(ATTENTION)}, got {cfg.attention!r}")
+    if cfg.attention_tile < 8:
+        bad("attention_tile", f"must be >= 8, got {cfg.attention_tile}")
     if c.every < 1 or c.keep < 1:
         bad("checkpoint.every", f"and checkpoint.keep must be >= 1, got every={c.every}, keep={c.keep}")
     if cfg.log_every < 1:

@@ -80,6 +80,8 @@ def prepare(cfg):
     if cfg.objective.kind != "ar_only":
         mask_id = data_lib.resolve_mask_token_id(mc.mask_token_id, info, mc.vocab_size)
         mc = mc.replace(mask_token_id=mask_id)
+    from train.step import attention_impl
+    attention_impl(cfg)
     shape = mesh_shape(cfg, jax.device_count())
     first_row, local_rows = data_lib.process_rows(cfg.data.global_batch_size)
     docs = data_lib.load_documents(cfg.data.train_files, info, vocab_size=mc.vocab_size,
@@ -186,7 +188,8 @@ def run(cfg, progress: bool = True) -> dict:
     step_fn = step_lib.make_train_step(cfg, mc, opt, mesh, shardings, prep["mask_token_id"])
 
     peak = cfg.peak_flops or step_lib.measure_matmul_flops()
-    flops_row = step_lib.model_flops_per_row(mc, cfg.data.seq_len, cfg.objective.kind)
+    flops_row = step_lib.model_flops_per_row(mc, cfg.data.seq_len, cfg.objective.kind,
+                                             cfg.objective.block_size)
     flops_step = flops_row * cfg.data.global_batch_size
     metrics_path = cfg.metrics_file
     if metrics_path is None and cfg.checkpoint.dir and "://" not in cfg.checkpoint.dir:

@@ -14,7 +14,9 @@ Inside the step, on device: per-row PRNG keys from (seed, step, global example i
 arrangement of the objective, the loss denominators of the whole global batch
 (`losses.weight_totals`), then `grad_accum` microbatches in a `lax.scan`, each contributing its sums
 over those global denominators, so the accumulated loss and gradient equal those of one big batch.
-The model computes in `compute_dtype` (bf16 or f32) from the f32 master weights.
+The model computes in `compute_dtype` (bf16 or f32) from the f32 master weights, with the
+attention implementation of `cfg.attention` fed the arrangement's structure (`auto`: the tiled,
+tile-skipping kernel on CPU/GPU, splash on TPU; `dense` materialises the [T, T] mask).
 
 Weight decay: on every matrix (projections, and the embedding / LM head unless
 `optimizer.decay_embeddings=false`); never on norms' scales or biases.
@@ -32,6 +34,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from train.config import TrainConfig, compute_dtype
+from wedlm_jax import attention_backends as attn_backends
 from wedlm_jax import losses, masking
 from wedlm_jax import model as model_lib
 from wedlm_jax.config import ModelConfig
@@ -142,17 +145,27 @@ def _split_micro(x, n):
 def make_loss_fn(cfg: TrainConfig, model_cfg: ModelConfig):
     """f(params, arrangement, totals) -> (loss over the global denominators, loss_terms)."""
     model = model_lib.Transformer(model_cfg, dtype=compute_dtype(cfg), param_dtype=jnp.float32,
-                                  remat=cfg.remat)
+                                  remat=cfg.remat, attention=cfg.attention,
+                                  attention_tile=cfg.attention_tile,
+                                  attention_block_size=cfg.objective.block_size)
     objective = OBJECTIVE_NAMES[cfg.objective.kind]
     w = float(cfg.objective.ar_weight)
 
     def loss_fn(params, arr, totals):
-        mask = masking.attention_mask(arr)
-        logits = model.apply({"params": params}, arr["tokens"], arr["positions"], mask=mask)
+        structure = {k: arr[k] for k in masking.STRUCTURE_KEYS}
+        logits = model.apply({"params": params}, arr["tokens"], arr["positions"],
+                             structure=structure, objective=objective)
         terms = losses.loss_terms(logits, arr)
         loss, _ = losses.combine(terms, w, objective=objective, totals=totals)
         return loss, terms
     return loss_fn
+
+
+def attention_impl(cfg: TrainConfig, backend: str | None = None) -> str:
+    """The attention implementation the step will use (raises `AttentionUnavailable`, a
+    ConfigError naming the backend, when `cfg.attention` cannot run here)."""
+    return attn_backends.resolve(cfg.attention, "structure", backend=backend,
+                                 dtype=compute_dtype(cfg))
 
 
 def make_step_fn(cfg: TrainConfig, model_cfg: ModelConfig, opt, mask_token_id: int | None):
@@ -227,23 +240,40 @@ def make_train_step(cfg: TrainConfig, model_cfg: ModelConfig, opt, mesh, shardin
 
 # ------------------------------------------------------------------------------- FLOPs and MFU
 
-def model_flops_per_row(model_cfg: ModelConfig, seq_len: int, objective: str) -> float:
+def attention_pairs(seq_len: int, objective: str, block_size: int) -> int:
+    """(query, key) pairs the attention rules allow for one document filling a row of `seq_len`
+    tokens: dual_stream = memory causal L(L+1)/2, plus per block k of n_k slots the k*B clean
+    keys of earlier blocks and n_k(n_k+1)/2 causal pairs inside the block (about a quarter of the
+    dense (2L)^2); plain / ar_only = L(L+1)/2. Packed rows with several documents have fewer."""
+    n = seq_len
+    pairs = n * (n + 1) // 2
+    if objective != "dual_stream":
+        return pairs
+    for k, start in enumerate(range(0, n, block_size)):
+        nk = min(n, start + block_size) - start
+        pairs += nk * start + nk * (nk + 1) // 2
+    return pairs
+
+
+def model_flops_per_row(model_cfg: ModelConfig, seq_len: int, objective: str,
+                        block_size: int = 32) -> float:
     """Training FLOPs (forward + backward = 3x forward) of one packed row of `seq_len` tokens: the
     matmuls of every projection and the LM head for each of the T fed slots (T = 2L for
-    dual_stream), plus attention scores and weighted values over the dense T x T mask the step
-    computes. Remat's recomputation is not counted (model FLOPs, not hardware FLOPs)."""
+    dual_stream), plus scores and weighted values (4 x q_dim FLOPs per pair) over the pairs the
+    attention mask allows (`attention_pairs`; the work an exact kernel cannot skip: a dense kernel
+    does ~4x more for dual_stream, uncounted). Remat's recomputation is not counted."""
     c = model_cfg
     t = 2 * seq_len if objective == "dual_stream" else seq_len
     e = c.hidden_size
     per_tok = c.num_layers * (2 * e * (c.q_dim + 2 * c.kv_dim) + 2 * c.q_dim * e
                               + 2 * 3 * e * c.intermediate_size) + 2 * e * c.vocab_size
-    attn = c.num_layers * 2 * 2 * t * t * c.q_dim
-    return 3.0 * (per_tok * t + attn)
+    return 3.0 * (per_tok * t) + attention_flops_per_row(c, seq_len, objective, block_size)
 
 
-def attention_flops_per_row(model_cfg: ModelConfig, seq_len: int, objective: str) -> float:
-    t = 2 * seq_len if objective == "dual_stream" else seq_len
-    return 3.0 * model_cfg.num_layers * 2 * 2 * t * t * model_cfg.q_dim
+def attention_flops_per_row(model_cfg: ModelConfig, seq_len: int, objective: str,
+                            block_size: int = 32) -> float:
+    pairs = attention_pairs(seq_len, objective, block_size)
+    return 3.0 * model_cfg.num_layers * 4 * pairs * model_cfg.q_dim
 
 
 def measure_matmul_flops(n: int = 1024, repeats: int = 5, dtype=jnp.float32, device=None) -> float:
