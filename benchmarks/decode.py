@@ -135,9 +135,20 @@ def section_scaling(out, repeats, quick):
     res = {}
     for method in ("streaming", "ar"):
         dc = DecodeConfig(method=method, window=16, tau=2.0, lam=0.05, max_new_tokens=new)
-        for cap in (512, 8192):
-            wall, cpu, r = gen_runs(params, SMALL, [prompt], dc, repeats, capacity=cap)
-            res[f"{method}_{cap}"] = dict(wall_s_per_token=wall / r.n_gen, cpu_s_per_token=cpu / r.n_gen,
+        caps = (512, 8192)
+        for cap in caps:
+            generate(params, SMALL, [prompt], dc, capacity=cap)   # compile
+        walls, cpus, last = {c: [] for c in caps}, {c: [] for c in caps}, {}
+        for _ in range(repeats):          # interleaved, so a change in the machine's load hits both
+            for cap in caps:
+                c0 = time.process_time()
+                last[cap] = generate(params, SMALL, [prompt], dc, capacity=cap)
+                cpus[cap].append(time.process_time() - c0)
+                walls[cap].append(last[cap].wall_s)
+        for cap in caps:
+            r = last[cap]
+            res[f"{method}_{cap}"] = dict(wall_s_per_token=statistics.median(walls[cap]) / r.n_gen,
+                                          cpu_s_per_token=statistics.median(cpus[cap]) / r.n_gen,
                                           n_gen=r.n_gen, tokens=r.tokens[0][:8])
         for clock in ("wall", "cpu"):
             res[f"{method}_ratio_{clock}"] = (res[f"{method}_8192"][f"{clock}_s_per_token"] /

@@ -550,6 +550,10 @@ def _place(args, sh, static):
 def _collect(outs, prompts, dc: DecodeConfig, wall, compile_s, tokenizer) -> DecodeResult:
     tokens, rows = [], []
     stops = set(dc.stop_token_ids)
+    unfinished = [r for r in range(len(prompts)) if not bool(outs["done"][r])]
+    if unfinished:  # cannot happen (every step commits or fills); guards the iteration cap
+        raise RuntimeError(f"decode loop stopped at its iteration cap ({int(outs['it'])}) with rows "
+                           f"{unfinished} unfinished")
     for r in range(len(prompts)):
         cnt = int(outs["count"][r])
         ids = outs["out"][r, :cnt].astype(int).tolist()
