@@ -17,9 +17,11 @@ longer than a row is cut into row-sized pieces.
 
 The pipeline (`make_pipeline`) is a Grain MapDataset: rows shuffled with the seed and repeated
 (reshuffled each epoch). Global example index `g` is row `g` of that stream; the global batch of
-step `s` holds `g = s*B .. s*B+B-1` in order, whatever the number of hosts: JAX process `p` of `P`
-(`grain.sharding.ShardByJaxProcess`) reads the rows `p*B/P .. (p+1)*B/P - 1` of each global batch,
-which `to_global` turns into one global array with `jax.make_array_from_process_local_data`. The
+step `s` holds `g = s*B .. s*B+B-1` in order, whatever the number of hosts: each JAX process reads
+the rows of each global batch that its devices hold under the batch sharding (`rows_of_process`;
+with the usual layout process `p` of `P` reads rows `p*B/P .. (p+1)*B/P - 1`, the split
+`grain.sharding.ShardByJaxProcess` makes), which `to_global` turns into one global array with
+`jax.make_array_from_process_local_data`. The
 iterator's Grain state (`get_state` / `set_state`) is saved with each checkpoint for exact resume.
 """
 
@@ -312,14 +314,20 @@ def pack(docs: Documents, seq_len: int, seed: int) -> dict:
 
 # ----------------------------------------------------------------------------------- pipeline
 
-def process_rows(global_batch: int, shard: grain.sharding.ShardOptions | None = None) -> tuple[int, int]:
-    """(first row, row count) of each global batch that this JAX process reads."""
-    shard = shard or grain.sharding.ShardByJaxProcess()
-    if global_batch % shard.shard_count:
-        raise DataError(f"data.global_batch_size ({global_batch}) is not divisible by the "
-                        f"{shard.shard_count} JAX processes")
-    local = global_batch // shard.shard_count
-    return shard.shard_index * local, local
+def rows_of_process(sharding, global_batch: int, seq_len: int) -> tuple[int, int]:
+    """(first row, row count) of the global batch that this process's devices hold under the batch
+    `sharding` (what `jax.make_array_from_process_local_data` expects it to feed). With the usual
+    layout, process p of P holds rows p*B/P .. (p+1)*B/P - 1 (`grain.sharding.ShardByJaxProcess`'s
+    split); a mesh whose batch axes do not span the processes gives every process all rows."""
+    idx = sharding.addressable_devices_indices_map((global_batch, seq_len))
+    rows = set()
+    for index in idx.values():
+        rows.update(range(*index[0].indices(global_batch)))
+    first, last = min(rows), max(rows) + 1
+    if len(rows) != last - first:
+        raise DataError(f"this process's devices hold non-contiguous rows of the global batch "
+                        f"({sorted(rows)[:8]}...); order the mesh devices by process")
+    return first, last - first
 
 
 def make_pipeline(rows: dict, global_batch: int, seed: int, *, first_row: int, local_rows: int,
@@ -338,8 +346,9 @@ def make_pipeline(rows: dict, global_batch: int, seed: int, *, first_row: int, l
                 "maskable": rows["maskable"][src], "index": np.int32(g)}
 
     total = (num_batches if num_batches is not None else (2 ** 31 - 1) // global_batch) * local_rows
+    # Rows are in-memory numpy slices: read them inline (no prefetch threads racing ahead).
     return grain.MapDataset.range(total).map(row).batch(local_rows, drop_remainder=True) \
-        .to_iter_dataset()
+        .to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
 
 
 def to_global(local: dict, shardings: dict, global_batch: int) -> dict:

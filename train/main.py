@@ -83,14 +83,12 @@ def prepare(cfg):
     from train.step import attention_impl
     attention_impl(cfg)
     shape = mesh_shape(cfg, jax.device_count())
-    first_row, local_rows = data_lib.process_rows(cfg.data.global_batch_size)
     docs = data_lib.load_documents(cfg.data.train_files, info, vocab_size=mc.vocab_size,
                                    skip_bad_lines=cfg.data.skip_bad_lines,
                                    append_eos=cfg.data.append_eos)
     rows = data_lib.pack(docs, cfg.data.seq_len, cfg.data.shuffle_seed)
     return {"model_config": mc, "mask_token_id": mask_id, "tokenizer_dir": tok_dir,
-            "mesh_shape": shape, "rows": rows, "docs": docs, "first_row": first_row,
-            "local_rows": local_rows}
+            "mesh_shape": shape, "rows": rows, "docs": docs}
 
 
 # ----------------------------------------------------------------------------------- the run
@@ -137,7 +135,6 @@ def run(cfg, progress: bool = True) -> dict:
     'state': the final train state, 'model_config': the ModelConfig, 'start_step': the step it
     resumed from (0 when fresh), 'skipped_lines': malformed lines skipped}."""
     import jax
-    import jax.numpy as jnp
     from jax.experimental import multihost_utils
 
     from train import checkpoint as ckpt
@@ -178,13 +175,19 @@ def run(cfg, progress: bool = True) -> dict:
             params = step_lib.init_params_sharded(mc, cfg.seed, shardings)
         state = step_lib.init_state(params, opt, shardings)
 
+    bsh = step_lib.batch_shardings(mesh)
+    first_row, local_rows = data_lib.rows_of_process(bsh["tokens"], cfg.data.global_batch_size,
+                                                     cfg.data.seq_len)
     pipeline = data_lib.make_pipeline(prep["rows"], cfg.data.global_batch_size,
-                                      cfg.data.shuffle_seed, first_row=prep["first_row"],
-                                      local_rows=prep["local_rows"])
+                                      cfg.data.shuffle_seed, first_row=first_row,
+                                      local_rows=local_rows)
     it = iter(pipeline)
     if data_state is not None:
+        if data_state.get("rows") != len(prep["rows"]["tokens"]):
+            log.warning("the data now packs into %d rows, the checkpoint's into %s: the data "
+                        "order after resuming differs from the interrupted run's",
+                        len(prep["rows"]["tokens"]), data_state.get("rows"))
         it.set_state(data_state["grain"])
-    bsh = step_lib.batch_shardings(mesh)
     step_fn = step_lib.make_train_step(cfg, mc, opt, mesh, shardings, prep["mask_token_id"])
 
     peak = cfg.peak_flops or step_lib.measure_matmul_flops()
