@@ -3,10 +3,11 @@
     python -m benchmarks.decode [--quick] [--json out.json]
 
 1. Engine overhead: time per streaming step vs one jitted forward of W slots on the same cache.
-   Step time = (wall(max_new=L) - wall(max_new=S)) / (iterations difference): prefill and fixed
-   costs cancel (max_new_tokens is a runtime value: same compiled program). Forward time: a jitted
-   fori_loop of K cache-mode forwards of W slots (logits consumed, so the LM head is not dropped)
-   at the mid-run cache length, divided by K.
+   Step time = (time(max_new=L) - time(max_new=S)) / K, K = the loop iterations difference:
+   prefill and fixed costs cancel (max_new_tokens is a runtime value: same compiled program).
+   Forward time: a jitted fori_loop of K cache-mode forwards of W slots (logits consumed, so the
+   LM head is not dropped) over the cache lengths those K steps read, divided by K. The three are
+   run interleaved 2 * repeats + 1 times; medians.
 2. Scaling: time per generated token at capacity 8192 vs 512, same prompt and length.
 3. Our AR vs transformers' `generate` (torch, CPU, greedy) on the same tiny model, 256 new tokens,
    batch 1 and 8.
@@ -77,10 +78,9 @@ def gen_runs(params, config, prompts, dc, repeats, **kw):
     return statistics.median(walls), statistics.median(cpus), res
 
 
-def forward_loop_time(params, config, window, start, advance, capacity_rows, k, repeats,
-                      tile=DEFAULT_KV_TILE):
-    """Seconds per cache-mode forward of `window` slots; forward i reads a cache of length
-    start + i * advance (the engine's committed length grows like that)."""
+def forward_loop(params, config, window, start, advance, capacity_rows, k, tile=DEFAULT_KV_TILE):
+    """A compiled runner of k cache-mode forwards of `window` slots; forward i reads a cache of
+    length start + i * advance (the engine's committed length grows like that)."""
     model = Transformer(config)
     toks = jnp.full((1, window), config.mask_token_id, jnp.int32)
 
@@ -98,34 +98,42 @@ def forward_loop_time(params, config, window, start, advance, capacity_rows, k, 
 
     cache = init_kv_cache(config, 1, capacity_rows)
     jax.block_until_ready(loop(params, cache))   # compile + warm
-    wall, cpu, _ = best_of(lambda: jax.block_until_ready(loop(params, cache)), repeats)
-    return wall / k, cpu / k
-
-
-def engine_step_time(params, config, dc, prompt, capacity, short, long, repeats):
-    """Per loop iteration, prefill and fixed costs cancelled: (wall s, CPU s, result at `long`)."""
-    ws, cs, rs = gen_runs(params, config, [prompt], dc.replace(max_new_tokens=short), repeats, capacity=capacity)
-    wl, cl, rl = gen_runs(params, config, [prompt], dc.replace(max_new_tokens=long), repeats, capacity=capacity)
-    k = rl.loop_iterations - rs.loop_iterations
-    return (wl - ws) / k, (cl - cs) / k, rl
+    return lambda: jax.block_until_ready(loop(params, cache))
 
 
 def section_overhead(out, repeats, quick):
     params = random_params(SMALL, 0, head_scale=20.0)
-    rng = np.random.default_rng(1)
-    prompt = rng.integers(0, 2000, 64).tolist()
+    prompt = np.random.default_rng(1).integers(0, 2000, 64).tolist()
     w = 16
     dc = DecodeConfig(method="streaming", window=w, tau=2.0, lam=0.05)
     short, long = (16, 64) if quick else (32, 256)
-    step_w, step_c, res = engine_step_time(params, SMALL, dc, prompt, 512, short, long, repeats)
     rows = 512 + 64   # the engine's cache rows for capacity 512, W 16
-    k = res.loop_iterations
-    fwd_w, fwd_c = forward_loop_time(params, SMALL, w, 64, jnp.float32(res.n_gen / k), rows, k, repeats)
+    runs = {n: dc.replace(max_new_tokens=n) for n in (short, long)}
+    last = {n: generate(params, SMALL, [prompt], runs[n], capacity=512) for n in runs}   # compile
+    k = last[long].loop_iterations - last[short].loop_iterations
+    fwd = forward_loop(params, SMALL, w, 64 + last[short].n_gen,
+                       jnp.float32((last[long].n_gen - last[short].n_gen) / k), rows, k)
+    wall = {short: [], long: [], "fwd": []}
+    cpu = {short: [], long: [], "fwd": []}
+    n_runs = 2 * repeats + 1
+    for _ in range(n_runs):   # interleaved: a change in the machine's load hits all three
+        for n in (short, long):
+            c0 = time.process_time()
+            last[n] = generate(params, SMALL, [prompt], runs[n], capacity=512)
+            cpu[n].append(time.process_time() - c0)
+            wall[n].append(last[n].wall_s)
+        w_f, c_f, _ = best_of(fwd, 1)
+        wall["fwd"].append(w_f)
+        cpu["fwd"].append(c_f)
+    med = statistics.median
+    step_w = (med(wall[long]) - med(wall[short])) / k
+    step_c = (med(cpu[long]) - med(cpu[short])) / k
+    fwd_w, fwd_c = med(wall["fwd"]) / k, med(cpu["fwd"]) / k
     out["overhead"] = dict(model="hidden 256, 4 layers, 8/4 heads, head_dim 32, vocab 2048",
                            window=w, capacity=512, prompt=64, new_tokens=(short, long),
                            step_wall_s=step_w, forward_wall_s=fwd_w, ratio_wall=step_w / fwd_w,
                            step_cpu_s=step_c, forward_cpu_s=fwd_c, ratio_cpu=step_c / fwd_c,
-                           iterations=k, n_gen=res.n_gen)
+                           iterations=k, runs=n_runs)
 
 
 def section_scaling(out, repeats, quick):
@@ -209,12 +217,22 @@ def section_methods(out, repeats, quick):
     res = {}
     for head_scale, tau in ((20.0, 0.4), (20.0, 2.0), (400.0, 0.4)):
         params = random_params(SMALL, 0, head_scale=head_scale)
-        row = {}
-        for method in ("streaming", "block", "ar"):
-            dc = DecodeConfig(method=method, window=16, tau=tau, lam=0.05, max_new_tokens=new)
-            wall, cpu, r = gen_runs(params, SMALL, [prompt], dc, repeats, capacity=512)
-            row[method] = dict(wall_s=wall, cpu_s=cpu, steps=r.steps, n_gen=r.n_gen, n_fwd=r.n_fwd,
-                               tokens_per_forward=r.tokens_per_forward, p_cache=r.p_cache)
+        row, methods = {}, ("streaming", "block", "ar")
+        dcs = {m: DecodeConfig(method=m, window=16, tau=tau, lam=0.05, max_new_tokens=new) for m in methods}
+        for m in methods:
+            generate(params, SMALL, [prompt], dcs[m], capacity=512)   # compile
+        walls, cpus, last = {m: [] for m in methods}, {m: [] for m in methods}, {}
+        for _ in range(repeats):          # interleaved, so a change in the machine's load hits all three
+            for m in methods:
+                c0 = time.process_time()
+                last[m] = generate(params, SMALL, [prompt], dcs[m], capacity=512)
+                cpus[m].append(time.process_time() - c0)
+                walls[m].append(last[m].wall_s)
+        for m in methods:
+            r = last[m]
+            row[m] = dict(wall_s=statistics.median(walls[m]), cpu_s=statistics.median(cpus[m]),
+                          steps=r.steps, n_gen=r.n_gen, n_fwd=r.n_fwd,
+                          tokens_per_forward=r.tokens_per_forward, p_cache=r.p_cache)
         for clock in ("wall_s", "cpu_s"):
             row[f"streaming_over_ar_{clock}"] = row["streaming"][clock] / row["ar"][clock]
             row[f"streaming_over_block_{clock}"] = row["streaming"][clock] / row["block"][clock]
