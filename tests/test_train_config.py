@@ -231,6 +231,11 @@ def test_malformed_line_stops_run(setup, tmp_path, capsys):
     path = _write(setup, tmp_path, **{"data.train_files": [bad]})
     err = _main_error(["--config", path], capsys)
     assert f"{bad}:2: not valid JSON" in err
+    # --skip-bad-lines: the line is skipped and counted, the run can go on
+    cfg = main_lib.config_from_args(main_lib.parse_args(["--config", path, "--skip-bad-lines"]))
+    prep = main_lib.prepare(cfg)
+    assert prep["docs"].skipped == [f"{bad}:2: not valid JSON (Expecting ',' delimiter at column 13)"]
+    assert len(prep["docs"].tokens) == 1
 
 
 def test_mesh_not_dividing_devices(setup, tmp_path, capsys):

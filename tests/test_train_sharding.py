@@ -10,11 +10,13 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
 
 HERE = os.path.abspath(__file__)
+CACHE = os.path.join(tempfile.gettempdir(), "wedlm-train-jax-cache")  # see fixtures
 
 
 def _worker(root: str, out: str) -> None:
@@ -100,7 +102,7 @@ def _worker(root: str, out: str) -> None:
 def test_eight_devices_match_one(tmp_path):
     out = str(tmp_path / "result.json")
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu")
+               JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=CACHE)
     proc = subprocess.run([sys.executable, HERE, str(tmp_path), out], env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]

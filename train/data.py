@@ -239,7 +239,7 @@ def load_documents(files: Sequence[str], info: TokenizerInfo, *, vocab_size: int
                     continue
                 n += 1
                 try:
-                    obj = json.loads(line)
+                    obj = json.loads(line.rstrip("\r\n"))
                     ids, tr = tokenize_record(obj, info, append_eos)
                     if len(ids) == 0:
                         raise ValueError("tokenizes to nothing")

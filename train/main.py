@@ -43,6 +43,17 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def config_from_args(args):
+    """The TrainConfig of the command line: --config, key=value overrides, and the flags."""
+    from train.config import load_config
+    overrides = list(args.overrides)
+    if args.skip_bad_lines:
+        overrides.append("data.skip_bad_lines=true")
+    if args.no_progress:
+        overrides.append("progress=false")
+    return load_config(args.config, overrides)
+
+
 def init_distributed(args, cfg) -> None:
     import jax
     addr = args.coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
@@ -259,19 +270,14 @@ def export_hf(mc, params, out_dir, tokenizer_dir, primary: bool) -> None:
 
 
 def main(argv=None) -> int:
-    from train.config import TrainConfigError, load_config
+    from train.config import TrainConfigError
     from train.data import DataError
     from wedlm_jax.config import ConfigError
     from wedlm_jax.convert import CheckpointError
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     args = parse_args(argv)
-    overrides = list(args.overrides)
-    if args.skip_bad_lines:
-        overrides.append("data.skip_bad_lines=true")
-    if args.no_progress:
-        overrides.append("progress=false")
     try:
-        cfg = load_config(args.config, overrides)
+        cfg = config_from_args(args)
         init_distributed(args, cfg)
         result = run(cfg, progress=cfg.progress)
         records = result["records"]
