@@ -125,7 +125,7 @@ def test_forward_and_gradients_equal_dense(data, layout, block_size):
         assert_close(a, e)
 
 
-@settings(max_examples=5, **SETTINGS)
+@settings(max_examples=4, **SETTINGS)
 @given(lens=st.lists(st.integers(0, 40), min_size=2, max_size=2), new=st.sampled_from([1, 5]))
 def test_cache_mode_equals_dense(lens, new):
     """Cache mode with 3 query heads on 1 KV head; capacity 49 is not a multiple of the tile."""
@@ -270,22 +270,9 @@ def _arranged_batch(objective):
                                 seg != 0, block_size=4, mask_token_id=63)
 
 
-def test_model_loss_and_grads_tiled_equal_dense():
-    objective = "dual"
+def test_model_structure_entry_is_the_explicit_mask():
     params = model_lib.init_params(TINY, jax.random.key(0))
-    arr = _arranged_batch(objective)
-
-    def loss(p, impl):
-        m = model_lib.Transformer(TINY, remat=True, attention=impl, attention_tile=8)
-        logits = m.apply({"params": p}, arr["tokens"], arr["positions"], structure=arr,
-                         objective=objective)
-        return losses.objective_loss(logits, arr, objective=objective)[0]
-
-    ld, gd = jax.jit(jax.value_and_grad(lambda p: loss(p, "dense")))(params)
-    lt, gt = jax.jit(jax.value_and_grad(lambda p: loss(p, "tiled")))(params)
-    assert_close(lt, ld)
-    jax.tree.map(assert_close, gt, gd)
-    # the structure entry with dense attention is the explicit-mask entry
+    arr = _arranged_batch("dual")
     m = model_lib.Transformer(TINY)
     explicit = jax.jit(lambda p: m.apply({"params": p}, arr["tokens"], arr["positions"],
                                          mask=masking.structure_mask(arr)))(params)
@@ -392,13 +379,13 @@ def test_splash_template_check_is_exact(data, layout, length, block_size):
 def test_splash_kernel_interpreted_equals_dense():
     """The splash path run by Pallas in interpret mode on CPU, block-aligned packing (the kernel
     itself), forward and dq; and a non-aligned packing (the exact tiled fallback), forward."""
-    q, k, v, w = qkv(6, 2, 256, 256, 4, 2, 16)
-    for seg, grad in (([[1] * 64 + [2] * 32 + [0] * 32, [1] * 128], True),
-                      ([[1] * 50 + [2] * 60 + [0] * 18, [0] * 3 + [1] * 125], False)):
-        s = ta.dual_stream_structure(np.asarray(seg, np.int32), 32)
-        assert bool(ab.template_matches(s, "dual", 32)) == grad
-        fn = lambda q: ab.splash_attention(q, k, v, s, 0.25, layout="dual", block_size=32,
-                                           tile=64, interpret=True)
+    q, k, v, w = qkv(6, 2, 128, 128, 4, 2, 16)
+    for seg, grad in (([[1] * 32 + [2] * 16 + [0] * 16, [1] * 64], True),
+                      ([[1] * 25 + [2] * 30 + [0] * 9, [0] * 3 + [1] * 61], False)):
+        s = ta.dual_stream_structure(np.asarray(seg, np.int32), 16)
+        assert bool(ab.template_matches(s, "dual", 16)) == grad
+        fn = lambda q: ab.splash_attention(q, k, v, s, 0.25, layout="dual", block_size=16,
+                                           tile=32, interpret=True)
         ref_fn = lambda q: attention.attend(q, k, v, masking.structure_mask(s), 0.25)
         if grad:
             out, vjp = jax.vjp(fn, q)

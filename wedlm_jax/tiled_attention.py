@@ -33,6 +33,11 @@ probabilities from the saved log-normaliser, running over key tiles with an inne
 key tile's non-empty query tiles: dK, dV accumulate per key tile and dQ is added into its tile.
 Residuals are q, k, v, the output and the log-normaliser: memory linear in the sequence length.
 
+Batch: rows are `jax.vmap`ped, so under vmap each query tile's loop runs the largest count among
+the rows (extra iterations are masked out by the batched while loop); rows with the same
+arrangement shape (e.g. the dual stream of equal-length rows) have nearly equal counts. With a
+batch sharded over devices, each device runs its own rows.
+
 Grouped-query attention: q [B, S, H, D], k/v [B, T, KVH, D], H a multiple of KVH; the query
 heads of one KV head are processed together against that head's keys.
 
