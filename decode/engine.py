@@ -115,9 +115,13 @@ def make_static(dc: DecodeConfig, batch: int, capacity: int, kv_tile: int = DEFA
 # ----------------------------------------------------------------------------------- sampling
 
 def entropy(logits: jnp.ndarray) -> jnp.ndarray:
-    """Entropy (nats) of softmax(logits) over the last axis, float32."""
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+    """Entropy (nats) of softmax(logits) over the last axis, float32, with one exp pass:
+    H = log Z - sum(e * x') / Z where x' = x - max(x), e = exp(x'), Z = sum(e)."""
+    x = logits.astype(jnp.float32)
+    x = x - jnp.max(x, axis=-1, keepdims=True)
+    e = jnp.exp(x)
+    z = jnp.sum(e, axis=-1)
+    return jnp.log(z) - jnp.sum(e * x, axis=-1) / z
 
 
 def filter_logits(logits: jnp.ndarray, temperature, top_k, top_p) -> jnp.ndarray:
@@ -207,15 +211,21 @@ def window_step(model, params, state: dict, knobs: dict, static: Static):
     active = idx < wlen
     filled = filled & active
     # 1. reorder: filled (ascending), then masks (ascending), then inactive padding slots.
-    group = jnp.where(active, jnp.where(filled, 0, 1), 2)
-    order = jnp.argsort(group * w + idx, axis=1).astype(jnp.int32)   # physical j -> logical slot
+    #    inv[i] = physical index of logical slot i (ranks by cumsum, no sort); order = its inverse.
+    is_mask = active & ~filled
+    n_filled = jnp.sum(filled, axis=1, keepdims=True, dtype=jnp.int32)
+    n_active = wlen.astype(jnp.int32)
+    inv = jnp.where(filled, jnp.cumsum(filled, axis=1, dtype=jnp.int32) - 1,
+                    jnp.where(is_mask, n_filled + jnp.cumsum(is_mask, axis=1, dtype=jnp.int32) - 1,
+                              n_active + idx - wlen))
+    order = jnp.zeros_like(inv).at[jnp.arange(inv.shape[0])[:, None], inv].set(
+        jnp.broadcast_to(idx, inv.shape))                             # physical j -> logical slot
     fed = jnp.where(filled, tok, knobs["mask_id"])
     phys_tok = jnp.take_along_axis(fed, order, axis=1)
     phys_pos = n[:, None] + order
     # 2. forward on the cache at rows n..n+W-1.
     logits, cache = _forward(model, params, phys_tok, phys_pos, state["cache"], n, static.kv_tile)
     # per-slot entropy and candidate token in physical order, then back to logical order ([B, W])
-    inv = jnp.argsort(order, axis=1)
     keys = _row_keys(knobs["seed"], state["steps"])
     ent = jnp.take_along_axis(entropy(logits), inv, axis=1)
     sampled = jnp.take_along_axis(sample_tokens(logits, keys, knobs, static.greedy), inv, axis=1)
