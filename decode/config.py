@@ -6,7 +6,9 @@ Fields follow SPEC.md section 3 and the paper's names: `window` (W), `tau` (entr
   streaming  the paper's Algorithm 1 (reorder, forward, commit the leading filled run, fill, slide);
   block      stop-and-wait block decoding: a block of W masks is resolved with the same fill rule and
              committed whole (one forward in natural order) only once every slot is filled;
-  ar         ordinary cached next-token decoding (the AR reading of the same network).
+  ar         ordinary cached next-token decoding (the AR reading of the same network);
+  verified   streaming drafts whose commits are verified by the AR reading of the same forward:
+             the output equals `ar` (decode/verified.py).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-METHODS = ("streaming", "block", "ar")
+METHODS = ("streaming", "block", "ar", "verified")
 MAX_STOP_IDS = 16  # stop ids travel as a fixed-size runtime array (padded with -1): no recompile per set
 
 

@@ -22,6 +22,9 @@ block      The same step with commit restricted to "all slots of the block fille
            all filled (natural order) writes its final K/V and commits it whole; then a new block.
 ar         Cached next-token decoding (AR reading): prefill rows 0..P-2; each step feeds the pending
            token at position n, whose logits give the token at n + 1 (greedy or sampled).
+verified   Streaming drafts with AR-verified commits (`decode.verified`, issue 7): output equal to
+           `ar` (token for token when greedy, in distribution when sampling); AR's prefill
+           convention, the pending token in window slot 0; counts accepted/rejected drafts.
 
 Rows of different prompt lengths batch together; a finished row stops changing; the loop ends when
 every row is finished. Compiles once per (batch bucket, capacity bucket, W, method, greedy/sampled,
@@ -303,6 +306,9 @@ def ar_step(model, params, state: dict, knobs: dict, static: Static):
 
 
 def step_fn(static: Static) -> Callable:
+    if static.method == "verified":
+        from decode.verified import verified_step
+        return verified_step
     return ar_step if static.method == "ar" else window_step
 
 
@@ -334,14 +340,14 @@ def _decode_program(model, static: Static, on_commit: Callable | None = None):
             return new
 
         state = jax.lax.while_loop(cond, body, state)
-        return ({k: state[k] for k in ("out", "count", "steps", "nfwd", "it", "done", "n")},
-                state["cache"])
+        keys = ("out", "count", "steps", "nfwd", "it", "done", "n", "acc", "rej")
+        return {k: state[k] for k in keys if k in state}, state["cache"]
 
     return run
 
 
 def init_state(static: Static, prompts: list[list[int]], max_new_tokens: int, capacity: int,
-               mask_id: int, pad_id: int = 0):
+               mask_id: int, pad_id: int = 0, vocab: int = 0):
     """Host-side initial arrays: (prompt_tokens [B, R], prefill_len [B], state dict without cache).
     Batch rows past len(prompts) are padding, finished from the start."""
     b, rows, w = static.batch, static.rows, static.slots
@@ -352,6 +358,10 @@ def init_state(static: Static, prompts: list[list[int]], max_new_tokens: int, ca
         plen[i] = len(p)
     real = np.arange(b) < len(prompts)
     end = np.minimum(plen + max_new_tokens, capacity).astype(np.int32)
+    if static.method == "verified":
+        from decode.verified import initial_state
+        state, prefill_len = initial_state(static, toks, plen, end, real, mask_id, vocab)
+        return toks, prefill_len, state
     if static.method == "ar":
         n0 = plen - 1
         tok0 = toks[np.arange(b), n0][:, None].astype(np.int32)
@@ -388,6 +398,8 @@ class RowStats:
     tokens_per_forward: float
     p_cache: float
     finish: str  # 'stop' | 'length' (budget or capacity)
+    accepted: int = 0   # method 'verified': drafts accepted (and emitted)
+    rejected: int = 0   # method 'verified': drafts that failed verification
 
 
 @dataclasses.dataclass
@@ -405,6 +417,8 @@ class DecodeResult:
     compile_s: float
     method: str
     text: list | None = None
+    accepted: int = 0
+    rejected: int = 0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -476,7 +490,8 @@ def _setup(params, model_config, prompts, dc, capacity, mesh, mask_token_id, kv_
     static = make_static(dc, len(prompts), capacity, kv_tile, multiple, stream=stream)
     budget = min(dc.max_new_tokens, capacity)
     max_iters = 2 * (budget + static.slots) + 8
-    toks, prefill_len, state0 = init_state(static, prompts, dc.max_new_tokens, capacity, max(mask_id, 0))
+    toks, prefill_len, state0 = init_state(static, prompts, dc.max_new_tokens, capacity, max(mask_id, 0),
+                                           vocab=model_config.vocab_size)
     knobs = make_knobs(dc, max(mask_id, 0), dc.stop_token_ids, max_iters)
     cache = model_lib.init_kv_cache(model_config, static.batch, static.rows, dtype)
     model = model_lib.Transformer(model_config.replace(mask_token_id=None, bos_token_id=None,
@@ -571,7 +586,9 @@ def _collect(outs, prompts, dc: DecodeConfig, wall, compile_s, tokenizer) -> Dec
         tokens.append(ids)
         finish = "stop" if ids and ids[-1] in stops else "length"
         rows.append(RowStats(steps=steps, n_gen=cnt, n_fwd=nfwd, tokens_per_forward=_ratio(cnt, steps),
-                             p_cache=_ratio(cnt, nfwd), finish=finish))
+                             p_cache=_ratio(cnt, nfwd), finish=finish,
+                             accepted=int(outs["acc"][r]) if "acc" in outs else 0,
+                             rejected=int(outs["rej"][r]) if "rej" in outs else 0))
     n_gen = sum(r.n_gen for r in rows)
     steps = sum(r.steps for r in rows)
     n_fwd = sum(r.n_fwd for r in rows)
@@ -581,7 +598,8 @@ def _collect(outs, prompts, dc: DecodeConfig, wall, compile_s, tokenizer) -> Dec
     return DecodeResult(tokens=tokens, rows=rows, steps=steps, n_gen=n_gen, n_fwd=n_fwd,
                         tokens_per_forward=_ratio(n_gen, steps), p_cache=_ratio(n_gen, n_fwd),
                         loop_iterations=int(outs["it"]), wall_s=wall, tokens_per_s=_ratio(n_gen, wall),
-                        compile_s=compile_s, method=dc.method, text=text)
+                        compile_s=compile_s, method=dc.method, text=text,
+                        accepted=sum(r.accepted for r in rows), rejected=sum(r.rejected for r in rows))
 
 
 _STEPPERS: dict = {}
