@@ -348,6 +348,17 @@ def test_model_fails_clearly_for_unavailable_backend(impl, needs):
         m.apply({"params": params}, arr["tokens"][:, :24], arr["positions"][:, :24])
 
 
+def test_cudnn_call_through_xla_equals_dense():
+    """The cuDNN path's call (causal + document mask, padding rows zeroed) with XLA doing the
+    computation, since cuDNN itself needs a GPU: packed rows with padding, GQA."""
+    seg = jnp.asarray([[1] * 7 + [2] * 13 + [0] * 4, [0] * 3 + [1] * 21], jnp.int32)
+    q, k, v, _ = qkv(8, 2, 24, 24, 4, 2, 8)
+    out = ab.cudnn_attention(q, k, v, seg, 0.3, implementation="xla")
+    assert_close(out, attention.attend(q, k, v, attention.segment_mask(seg, 2, 24), 0.3))
+    plain = ab.cudnn_attention(q, k, v, None, 0.3, implementation="xla")
+    assert_close(plain, attention.attend(q, k, v, attention.segment_mask(None, 2, 24), 0.3))
+
+
 # ------------------------------------------------------------------- splash (interpreted)
 
 @settings(max_examples=12, **SETTINGS)

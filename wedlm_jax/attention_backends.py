@@ -103,19 +103,20 @@ def resolve(name: str, layout: str, *, backend: str | None = None, dtype=None) -
 
 # ----------------------------------------------------------------------------------- cuDNN
 
-def cudnn_attention(q, k, v, segment_ids, scale: float):
+def cudnn_attention(q, k, v, segment_ids, scale: float, *, implementation: str = "cudnn"):
     """Causal (segment-causal when `segment_ids` [B, S] is given; 0 = padding) grouped-query
     self-attention with cuDNN flash attention. q [B, S, H, D], k/v [B, S, KVH, D], bf16/fp16.
 
     Packing: documents are separated by a boolean mask [B, 1, S, S] (same non-zero segment),
     combined with the causal mask by cuDNN, so nothing leaks across documents; padding rows are
-    zeroed afterwards (like `attention.attend`). Without segment ids only the causal mask."""
+    zeroed afterwards (like `attention.attend`). Without segment ids only the causal mask.
+    `implementation="xla"` runs the same call through XLA (any backend; for tests)."""
     mask = None
     if segment_ids is not None:
         seg = jnp.asarray(segment_ids, jnp.int32)
         mask = ((seg[:, :, None] == seg[:, None, :]) & (seg != 0)[:, :, None])[:, None]
     out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=True,
-                                       implementation="cudnn")
+                                       implementation=implementation)
     if segment_ids is not None:
         out = jnp.where((jnp.asarray(segment_ids) != 0)[:, :, None, None], out, 0)
     return out.astype(q.dtype)
