@@ -129,8 +129,8 @@ def _verify_sampled(probs, tok, q, c, idx, k_acc, k_res):
     (a, pending token)."""
     w = tok.shape[1]
     # the AR distribution for slot j is probs at physical j - 1 (= logical j - 1 inside the run)
-    p_x = jnp.concatenate([jnp.ones_like(p_x[:, :1]), jnp.take_along_axis(
-        probs[:, :-1], tok[:, 1:, None], axis=-1)[..., 0]], axis=1)
+    p_x = jnp.take_along_axis(probs[:, :-1], tok[:, 1:, None], axis=-1)[..., 0]
+    p_x = jnp.concatenate([jnp.ones_like(p_x[:, :1]), p_x], axis=1)
     q_x = jnp.take_along_axis(q, tok[..., None], axis=-1)[..., 0]
     u = jax.vmap(lambda k: jax.random.uniform(k, (w,)))(k_acc)
     ok = (idx < c[:, None]) & (u * q_x < p_x)
