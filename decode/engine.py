@@ -110,7 +110,7 @@ def make_static(dc: DecodeConfig, batch: int, capacity: int, kv_tile: int = DEFA
     cap_b = capacity_bucket(capacity)
     slots = 1 if dc.method == "ar" else dc.window
     rows = _round_up(cap_b + slots, ROW_ALIGN)
-    return Static(method=dc.method, window=dc.window, greedy=dc.greedy,
+    return Static(method=dc.method, window=slots, greedy=dc.greedy,  # AR: W plays no part
                   batch=batch_bucket(batch, batch_multiple), capacity_bucket=cap_b, rows=rows,
                   prefill_chunk=min(dc.prefill_chunk, rows), kv_tile=min(kv_tile, rows), stream=stream)
 
