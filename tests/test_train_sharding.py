@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 HERE = os.path.abspath(__file__)
-CACHE = os.path.join(tempfile.gettempdir(), "wedlm-train-jax-cache")  # see fixtures
+CACHE = os.path.join(tempfile.gettempdir(),  # as train.fixtures.enable_compilation_cache
+                     f"wedlm-train-jax-cache-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}")
 
 
 def _worker(root: str, out: str) -> None:

@@ -25,7 +25,9 @@ def enable_compilation_cache() -> str:
     in-process and in subprocesses: pass the returned dir as JAX_COMPILATION_CACHE_DIR)."""
     import tempfile
     import jax
-    path = os.path.join(tempfile.gettempdir(), "wedlm-train-jax-cache")
+    # one cache per pytest-xdist worker (and the subprocesses it starts): no concurrent writers
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    path = os.path.join(tempfile.gettempdir(), f"wedlm-train-jax-cache-{worker}")
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     return path
