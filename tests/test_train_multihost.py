@@ -1,7 +1,7 @@
 """Multi-host: wedlm-train as 2 processes x 2 CPU devices on localhost (jax.distributed, mesh
 data=2 x tensor=2 spanning both processes, each process feeding its half of every global batch)
-gives the same per-step losses as one process on one device, for 3 steps, and writes a checkpoint
-both processes contribute to. Outer timeout; the test kills only the processes it started."""
+gives the same per-step losses as one process on one device, for 3 steps, writes a checkpoint
+both processes contribute to, and exports the final params (gathered to process 0) to HF format. Outer timeout; the test kills only the processes it started."""
 
 import json
 import os
@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 
 from train import checkpoint as ckpt
@@ -42,6 +43,7 @@ def test_two_processes_match_one(tmp_path):
         log = open(tmp_path / f"proc{pid}.log", "w")
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "train.main", "--config", config, f"checkpoint.dir={ck}",
+             f"checkpoint.export_hf={tmp_path / 'hf'}",
              "--coordinator-address", f"127.0.0.1:{port}", "--num-processes", "2",
              "--process-id", str(pid)], env=env, stdout=log, stderr=subprocess.STDOUT))
     deadline = time.time() + 400
@@ -65,3 +67,10 @@ def test_two_processes_match_one(tmp_path):
     got = np.array([[r[k] for k in KEYS] for r in multi])
     np.testing.assert_allclose(got, ref, rtol=1e-5)
     assert ref[0, 0] != ref[2, 0]
+    # the final params, gathered from both processes and exported by process 0, are the
+    # one-process run's
+    from wedlm_jax.convert import load_hf_checkpoint
+    _, exported = load_hf_checkpoint(str(tmp_path / "hf"), progress=False)
+    final = jax.device_get(one["state"]["params"])
+    for a, b in zip(jax.tree.leaves(exported), jax.tree.leaves(final)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
