@@ -22,8 +22,11 @@ def params():
     return init_params(CFG, jax.random.key(0))
 
 
+_jit_apply = jax.jit(Transformer(CFG).apply)
+
+
 def _apply(params, *args, **kw):
-    return Transformer(CFG).apply({"params": params}, *args, **kw)
+    return _jit_apply({"params": params}, *args, **kw)
 
 
 def test_cache_mode_equals_full_forward(params):
@@ -36,7 +39,7 @@ def test_cache_mode_equals_full_forward(params):
     full = np.asarray(_apply(params, tokens, np.broadcast_to(np.arange(total), (batch, total))))
 
     cache = init_kv_cache(CFG, batch, capacity)
-    apply = jax.jit(lambda p, t, pos, c, n: _apply(p, t, pos, kv_cache=c, cache_len=n))
+    apply = lambda p, t, pos, c, n: _apply(p, t, pos, kv_cache=c, cache_len=n)
     # Prefill in chunks of 8 (rows shorter than a chunk write junk past their length, which the
     # new slots overwrite and the mask never reads).
     n = np.zeros(batch, np.int32)
@@ -121,8 +124,8 @@ def test_dtype_policy_and_remat(params):
     def loss(p, remat):
         out = Transformer(CFG, remat=remat).apply({"params": p}, tokens, pos)
         return jnp.mean(jax.nn.logsumexp(out, -1))
-    g0 = jax.grad(loss)(params, False)
-    g1 = jax.grad(loss)(params, True)
+    g0 = jax.jit(jax.grad(loss), static_argnums=1)(params, False)
+    g1 = jax.jit(jax.grad(loss), static_argnums=1)(params, True)
     for x, y in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6)
 

@@ -256,7 +256,7 @@ def init_params(config: ModelConfig, rng: jax.Array, param_dtype=jnp.float32):
     """Random parameters (unboxed) for `config`."""
     model = Transformer(config, param_dtype=param_dtype)
     tokens = jnp.zeros((1, 1), jnp.int32)
-    return nn.meta.unbox(model.init(rng, tokens, tokens)["params"])
+    return jax.jit(lambda r: nn.meta.unbox(model.init(r, tokens, tokens)["params"]))(rng)
 
 
 def param_logical_axes(config: ModelConfig):
