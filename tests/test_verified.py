@@ -1,7 +1,8 @@
 """Verified streaming decoding (issue 7, decode/verified.py): greedy output equal to the engine's AR
 output token for token; the jitted step equal to the no-cache step-by-step reference
 (decode/verified_reference.py) in tokens, steps and draft counts; committed K/V rows equal to a
-one-shot prefill of the final sequence; sampled output distributed as AR sampling (chi-square).
+one-shot prefill of the final sequence; sampled output distributed as AR sampling (chi-square); the
+same tokens on a 4-device mesh as on one device.
 
 Models: tiny random ones (hidden 32, 2 layers, vocab 64 or 16). Two regimes:
 - `agree`: attention made nearly uniform (q/k norm scales 0.1) and its value/output projections
@@ -326,3 +327,46 @@ def test_verified_needs_a_mask_token(agree):
                  DecodeConfig(method="verified", window=3), capacity=CAP)
     with pytest.raises(DecodeConfigError, match="greedy only"):
         reference_verified(agree, CONFIG, PROMPTS, DecodeConfig(method="verified", temperature=1.0))
+
+
+# ------------------------------------------------------------------ mesh
+
+MESH_SCRIPT = '''
+import json
+import jax
+from decode.config import DecodeConfig
+from decode.engine import generate
+from tests.test_verified import CONFIG, PROMPTS, make_params
+from wedlm_jax.sharding import make_mesh
+
+assert len(jax.devices()) == 4, jax.devices()
+params = make_params(CONFIG, 0, head_scale=100.0, qk_scale=0.1, vo_scale=20.0)
+mesh = make_mesh(data=2, fsdp=1, tensor=2)
+out = {}
+for temp in (0.0, 1.0):
+    dc = DecodeConfig(method="verified", window=4, tau=3.0, lam=0.05, max_new_tokens=12,
+                      temperature=temp, seed=7)
+    one = generate(params, CONFIG, PROMPTS, dc, capacity=40, kv_tile=16)
+    sharded = generate(params, CONFIG, PROMPTS, dc, capacity=40, kv_tile=16, mesh=mesh)
+    out[str(temp)] = [one.tokens, sharded.tokens, [one.steps, one.accepted, one.rejected],
+                      [sharded.steps, sharded.accepted, sharded.rejected]]
+print("RESULT " + json.dumps(out))
+'''
+
+
+def test_mesh_same_tokens_as_one_device():
+    """Batch over 'data', heads over 'tensor' (4 forced CPU devices, in a subprocess): greedy and
+    sampled verified decoding give the same tokens and counts as one device."""
+    import json
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", MESH_SCRIPT], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    for temp, (one, sharded, stats_one, stats_sharded) in json.loads(line[len("RESULT "):]).items():
+        assert sharded == one and stats_sharded == stats_one, temp
+        assert stats_one[1] > 0, temp            # drafts were accepted: the window path ran
