@@ -80,7 +80,7 @@ def initial_state(static, toks: np.ndarray, plen: np.ndarray, end: np.ndarray, r
     return state, np.where(real, n0, 0).astype(np.int32)
 
 
-def _reorder(filled, active, idx, wlen):
+def _reorder(filled, active, idx):
     """inv[b, i] = physical index of logical slot i (filled ascending, masks ascending, inactive
     last); order = its inverse (physical j -> logical slot)."""
     is_mask = active & ~filled
@@ -154,7 +154,7 @@ def verified_step(model, params, state: dict, knobs: dict, static):
     active = idx < wlen
     filled = (state["filled"] | (idx == 0)) & active          # slot 0: the pending token
     # 1-2. reorder (filled first) and forward on the cache at rows n..n+W-1.
-    order, inv = _reorder(filled, active, idx, wlen)
+    order, inv = _reorder(filled, active, idx)
     fed = jnp.where(filled, tok, knobs["mask_id"])
     phys_tok = jnp.take_along_axis(fed, order, axis=1)
     phys_pos = n[:, None] + order
