@@ -7,6 +7,8 @@ prompts.jsonl: one prompt per line, either a JSON string or an object with "prom
 or "messages" (a chat; implies the chat template). `--json` prints one JSON document with, per
 prompt, the ids, the text and the statistics, and the totals. `--stream` prints text as it is
 committed (a host callback from the decode loop); the result is the same as without it.
+`--trace FILE.html|FILE.png` also runs the same steps one at a time (`decode.engine.trace_steps`)
+and draws each step's window (`decode.trace`): at most 4 prompts in HTML, 1 in PNG (matplotlib).
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--mask-token-id", type=int, default=None, help="override the config's mask id")
     p.add_argument("--json", action="store_true", help="print ids, text and statistics as JSON")
     p.add_argument("--stream", action="store_true", help="print text as it is committed")
+    p.add_argument("--trace", default=None, metavar="FILE.html|FILE.png",
+                   help="draw each decoding step's window into this file (streaming, block, ar)")
     return p
 
 
@@ -94,6 +98,9 @@ def run(args) -> dict:
     DecodeConfig(**dc_kw)  # every setting checked before the checkpoint is read
     stop_ids, cut_strings = split_stop_strings(tokenizer, args.stop)
     prompts = _read_prompts(args, tokenizer)
+    if args.trace is not None:
+        from decode.trace import check_request
+        check_request(args.trace, args.method, len(prompts))
     quiet = {} if checkpoint_kind(args.checkpoint) == "orbax" else {"progress": False}
     config, params = load_checkpoint(args.checkpoint, **quiet)
     if not args.no_default_stops:
@@ -131,14 +138,39 @@ def run(args) -> dict:
                  tokens_per_forward=res.tokens_per_forward, p_cache=res.p_cache,
                  loop_iterations=res.loop_iterations, wall_s=res.wall_s,
                  tokens_per_s=res.tokens_per_s, compile_s=res.compile_s, stop_token_ids=stop_ids)
-    return dict(results=rows, total=total)
+    out = dict(results=rows, total=total)
+    if args.trace is not None:
+        out["trace"] = _write_trace(args, tokenizer, prompts, config, params, dc, res)
+    return out
+
+
+def _write_trace(args, tokenizer, prompts, config, params, dc, res) -> dict:
+    """Run the same decode step by step and draw it; the trace's commits must equal the result."""
+    from decode.config import resolve_mask_token
+    from decode.engine import trace_steps
+    from decode.trace import committed_ids, trace_view, write_trace
+    trace, final = trace_steps(params, config, [ids for _, ids in prompts], dc, capacity=args.capacity,
+                               mask_token_id=args.mask_token_id)
+    mask_id = resolve_mask_token(config.mask_token_id, args.mask_token_id, dc.method)
+    settings = (f"method {dc.method}, W = {dc.window}, tau = {dc.tau}, lambda = {dc.lam}, "
+                f"temperature = {dc.temperature}, max_new_tokens = {dc.max_new_tokens}")
+    views = []
+    for r, (text, _) in enumerate(prompts):
+        steps = trace_view(trace, final, r, dc.method, mask_id)
+        if committed_ids(steps) != list(res.tokens[r]):
+            raise RuntimeError(f"trace of prompt {r} commits other tokens than the decode "
+                               f"(a step-by-step / compiled-loop mismatch)")
+        views.append(dict(prompt=text, steps=steps, settings=settings))
+    path = write_trace(args.trace, views, tokenizer)
+    print(f"wrote trace {path} ({sum(len(v['steps']) for v in views)} steps)", file=sys.stderr)
+    return dict(path=path, steps=[len(v["steps"]) for v in views])
 
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
         out = run(args)
-    except (DecodeConfigError, ValueError, FileNotFoundError) as e:
+    except (DecodeConfigError, ValueError, FileNotFoundError) as e:  # TraceError is a ValueError
         print(f"wedlm-decode: error: {e}", file=sys.stderr)
         return 2
     if args.json:
