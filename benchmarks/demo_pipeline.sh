@@ -66,8 +66,9 @@ stage() {  # stage NAME COMMAND...: run, time, record
   printf '%s\t%s\t%s\t%s\n' "$(date -u +%FT%TZ)" "$MODE" "$name" "$dt" >> "$STAGES"
   echo "=== $name: ${dt} s" >&2
 }
-step_times() {  # step_times METRICS.jsonl CONFIG: median step time (compile excluded), projection
-  python - "$1" "$2" <<'EOF'
+step_times() {  # step_times METRICS.jsonl CONFIG [project]: median step time (compile excluded);
+                # with "project" (the config's own shapes were run) the config's total time
+  python - "$1" "$2" "${3:-}" <<'EOF'
 import json, statistics, sys
 from train.config import load_config
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
@@ -77,8 +78,11 @@ if not steady:
 cfg = load_config(sys.argv[2])
 med = statistics.median(steady)
 tps = statistics.median(r["tokens_per_s"] for r in rows if not r.get("includes_compile"))
-print(f"{sys.argv[2]}: median step {med:.2f} s over {len(steady)} steps (min {min(steady):.2f}, "
-      f"max {max(steady):.2f}), {tps:,.0f} tokens/s; {cfg.steps} steps ~ {med * cfg.steps / 3600:.2f} h")
+line = (f"{sys.argv[1]}: median step {med:.2f} s over {len(steady)} logged steps (min {min(steady):.2f}, "
+        f"max {max(steady):.2f}), {tps:,.0f} tokens/s")
+if sys.argv[3] == "project":
+    line += f"; {sys.argv[2]} ({cfg.steps} steps) ~ {med * cfg.steps / 3600:.2f} h"
+print(line)
 EOF
 }
 
@@ -96,8 +100,8 @@ if [ "$MODE" = measure ]; then
   stage measure_adapt wedlm-train --config configs/demo_adapt.yaml --no-progress "${TRAIN_DATA[@]}" model.from_hf="$HF" \
     steps=8 optimizer.warmup_steps=2 log_every=1 checkpoint.dir="$RUNS/measure_adapt" checkpoint.export_hf=null \
     checkpoint.every=1000 "${EXTRA[@]}"
-  step_times "$RUNS/measure_pretrain/metrics.jsonl" configs/demo_pretrain.yaml | tee "$RUNS/step_times.txt"
-  step_times "$RUNS/measure_adapt/metrics.jsonl" configs/demo_adapt.yaml | tee -a "$RUNS/step_times.txt"
+  step_times "$RUNS/measure_pretrain/metrics.jsonl" configs/demo_pretrain.yaml project | tee "$RUNS/step_times.txt"
+  step_times "$RUNS/measure_adapt/metrics.jsonl" configs/demo_adapt.yaml project | tee -a "$RUNS/step_times.txt"
   exit 0
 fi
 

@@ -147,7 +147,8 @@ def token_text(tokenizer, tid: int | None) -> str:
 
 
 def _visible(text: str) -> str:
-    return text.replace("\n", "\u21b5").replace("\t", "\u21e5")
+    """Whitespace made visible: space as a middle dot, newline and tab as arrows."""
+    return text.replace(" ", "\u00b7").replace("\n", "\u21b5").replace("\t", "\u21e5")
 
 
 _CSS = """
