@@ -392,21 +392,22 @@ def test_splash_template_check_is_exact(data, layout, length, block_size):
 
 def test_splash_kernel_interpreted_equals_dense():
     """The splash path run by Pallas in interpret mode on CPU, block-aligned packing (the kernel
-    itself), forward and dq; and a non-aligned packing (the exact tiled fallback), forward."""
+    itself), forward and dq, dk, dv; and a non-aligned packing (the exact tiled fallback), forward."""
     q, k, v, w = qkv(6, 2, 128, 128, 4, 2, 16)
     for seg, grad in (([[1] * 32 + [2] * 16 + [0] * 16, [1] * 64], True),
                       ([[1] * 25 + [2] * 30 + [0] * 9, [0] * 3 + [1] * 61], False)):
         s = ta.dual_stream_structure(np.asarray(seg, np.int32), 16)
         assert bool(ab.template_matches(s, "dual", 16)) == grad
-        fn = lambda q: ab.splash_attention(q, k, v, s, 0.25, layout="dual", block_size=16,
-                                           tile=32, interpret=True)
-        ref_fn = lambda q: attention.attend(q, k, v, masking.structure_mask(s), 0.25)
+        fn = lambda q, k, v: ab.splash_attention(q, k, v, s, 0.25, layout="dual", block_size=16,
+                                                 tile=32, interpret=True)
+        ref_fn = lambda q, k, v: attention.attend(q, k, v, masking.structure_mask(s), 0.25)
         if grad:
-            out, vjp = jax.vjp(fn, q)
-            ref, vjp_ref = jax.vjp(ref_fn, q)
-            assert_close(vjp(w)[0], vjp_ref(w)[0])
+            out, vjp = jax.vjp(fn, q, k, v)
+            ref, vjp_ref = jax.vjp(ref_fn, q, k, v)
+            for got, want in zip(vjp(w), vjp_ref(w)):   # dq, dk, dv
+                assert_close(got, want)
         else:
-            out, ref = fn(q), ref_fn(q)
+            out, ref = fn(q, k, v), ref_fn(q, k, v)
         assert_close(out, ref)
 
 
