@@ -32,7 +32,8 @@ import numpy as np
 from decode.config import DecodeConfig
 from decode.engine import DEFAULT_KV_TILE, generate
 from wedlm_jax.config import ModelConfig
-from wedlm_jax.model import Transformer, init_kv_cache, param_shapes
+from wedlm_jax.model import Transformer, init_kv_cache
+from tests.synthetic import random_params
 
 SMALL = ModelConfig(model_type="qwen3", vocab_size=2048, hidden_size=256, intermediate_size=768,
                     num_layers=4, num_heads=8, num_kv_heads=4, head_dim=32, qk_norm=True,
@@ -40,16 +41,6 @@ SMALL = ModelConfig(model_type="qwen3", vocab_size=2048, hidden_size=256, interm
 TINY = dict(vocab=128, hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16)
 
 
-def random_params(config, seed=0, head_scale=1.0):
-    rng = np.random.default_rng(seed)
-
-    def leaf(path, s):
-        name = jax.tree_util.keystr(path)
-        if "scale" in name:
-            return (1.0 + 0.1 * rng.standard_normal(s.shape)).astype(np.float32)
-        w = 0.02 * rng.standard_normal(s.shape)
-        return (w * head_scale if "lm_head" in name else w).astype(np.float32)
-    return jax.tree.map(jnp.asarray, jax.tree_util.tree_map_with_path(leaf, param_shapes(config)))
 
 
 def best_of(fn, repeats):

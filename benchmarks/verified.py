@@ -37,7 +37,7 @@ import numpy as np
 from decode.config import DecodeConfig
 from decode.engine import generate
 from wedlm_jax.config import ModelConfig
-from wedlm_jax.model import param_shapes
+from tests.synthetic import random_params as make_params
 
 SMALL = ModelConfig(model_type="qwen3", vocab_size=2048, hidden_size=256, intermediate_size=768,
                     num_layers=4, num_heads=8, num_kv_heads=4, head_dim=32, qk_norm=True,
@@ -45,21 +45,6 @@ SMALL = ModelConfig(model_type="qwen3", vocab_size=2048, hidden_size=256, interm
 REGIMES = {"plain": dict(head_scale=20.0), "agree": dict(head_scale=100.0, qk_scale=0.1, vo_scale=20.0)}
 
 
-def make_params(config, seed, head_scale, qk_scale=1.0, vo_scale=1.0):
-    rng = np.random.default_rng(seed)
-
-    def leaf(path, s):
-        name = jax.tree_util.keystr(path)
-        if "scale" in name:
-            x = 1.0 + 0.1 * rng.standard_normal(s.shape)
-            return (x * qk_scale if ("q_norm" in name or "k_norm" in name) else x).astype(np.float32)
-        w = 0.02 * rng.standard_normal(s.shape)
-        if "lm_head" in name:
-            w = w * head_scale
-        if "v_proj" in name or "o_proj" in name:
-            w = w * vo_scale
-        return w.astype(np.float32)
-    return jax.tree.map(jnp.asarray, jax.tree_util.tree_map_with_path(leaf, param_shapes(config)))
 
 
 COUNT = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=64, intermediate_size=128,

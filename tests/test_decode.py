@@ -19,7 +19,7 @@ from decode.config import DecodeConfig, DecodeConfigError
 from decode.engine import generate, trace_steps
 from decode.reference import _FullForward, reference_generate
 from wedlm_jax.config import ModelConfig
-from wedlm_jax.model import param_shapes
+from tests.synthetic import random_params
 
 CONFIG = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,
                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True,
@@ -29,18 +29,6 @@ TILE = 16  # several cache tiles per forward: exercises the tiled (read-what-is-
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11, 12], [13], [14, 15, 16, 17, 18]]
 
 
-def random_params(config, seed, head_scale=1.0):
-    """Random params from NumPy (flax's op-by-op init is slow on a loaded CPU): weights N(0, 0.02),
-    norm scales 1 + N(0, 0.1); the LM head scaled by `head_scale`."""
-    rng = np.random.default_rng(seed)
-
-    def leaf(path, s):
-        name = jax.tree_util.keystr(path)
-        if "scale" in name:
-            return (1.0 + 0.1 * rng.standard_normal(s.shape)).astype(np.float32)
-        w = 0.02 * rng.standard_normal(s.shape)
-        return (w * head_scale if "lm_head" in name else w).astype(np.float32)
-    return jax.tree_util.tree_map_with_path(leaf, param_shapes(config))
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,8 @@ from decode.config import DecodeConfig, DecodeConfigError
 from decode.engine import generate
 from decode.verified_reference import reference_verified
 from wedlm_jax.config import ModelConfig
-from wedlm_jax.model import Transformer, init_kv_cache, param_shapes
+from tests.synthetic import random_params as make_params
+from wedlm_jax.model import Transformer, init_kv_cache
 
 CONFIG = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,
                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True,
@@ -34,23 +35,6 @@ TILE = 16
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11, 12], [13], [14, 15, 16, 17, 18]]
 
 
-def make_params(config, seed, head_scale, qk_scale=1.0, vo_scale=1.0):
-    """NumPy random params: weights N(0, 0.02) (LM head x head_scale, v/o projections x vo_scale),
-    norm scales 1 + N(0, 0.1) (q/k norms x qk_scale)."""
-    rng = np.random.default_rng(seed)
-
-    def leaf(path, s):
-        name = jax.tree_util.keystr(path)
-        if "scale" in name:
-            x = 1.0 + 0.1 * rng.standard_normal(s.shape)
-            return (x * qk_scale if ("q_norm" in name or "k_norm" in name) else x).astype(np.float32)
-        w = 0.02 * rng.standard_normal(s.shape)
-        if "lm_head" in name:
-            w = w * head_scale
-        if "v_proj" in name or "o_proj" in name:
-            w = w * vo_scale
-        return w.astype(np.float32)
-    return jax.tree_util.tree_map_with_path(leaf, param_shapes(config))
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,30 @@
+"""Synthetic weights for decoding tests and benchmarks (no trained model needed)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from wedlm_jax.model import param_shapes
+
+
+def random_params(config, seed=0, head_scale=1.0, qk_scale=1.0, vo_scale=1.0):
+    """Random params from NumPy (flax's op-by-op init is slow on a loaded CPU): weights N(0, 0.02),
+    norm scales 1 + N(0, 0.1). Scaling the LM head by `head_scale` makes predictions confident
+    (peaky logits: the regime where parallel fills happen); `qk_scale` (q/k norm scales) and
+    `vo_scale` (v/o projections) shape how much attention mixes context."""
+    rng = np.random.default_rng(seed)
+
+    def leaf(path, s):
+        name = jax.tree_util.keystr(path)
+        if "scale" in name:
+            x = 1.0 + 0.1 * rng.standard_normal(s.shape)
+            return (x * qk_scale if ("q_norm" in name or "k_norm" in name) else x).astype(np.float32)
+        w = 0.02 * rng.standard_normal(s.shape)
+        if "lm_head" in name:
+            w = w * head_scale
+        if "v_proj" in name or "o_proj" in name:
+            w = w * vo_scale
+        return w.astype(np.float32)
+    return jax.tree.map(jnp.asarray, jax.tree_util.tree_map_with_path(leaf, param_shapes(config)))
