@@ -40,6 +40,7 @@ class ModelSection:
 @dataclasses.dataclass(frozen=True)
 class DataSection:
     train_files: tuple = ()
+    packed_dir: str | None = None  # a folder of `python -m train.pretokenize` (instead of train_files)
     tokenizer: str | None = None  # folder with tokenizer.json (default: model.from_hf)
     seq_len: int = 1024  # packed row length (the memory stream; the network sees 2x for dual_stream)
     global_batch_size: int = 8  # rows per optimizer step, over all hosts and microbatches
@@ -331,8 +332,12 @@ def validate(cfg: TrainConfig, where: str = "config") -> None:
     if d.global_batch_size % o.grad_accum:
         bad("data.global_batch_size", f"({d.global_batch_size}) must be a multiple of "
                                       f"optimizer.grad_accum ({o.grad_accum})")
-    if not d.train_files:
-        bad("data.train_files", "is empty; list one or more JSONL files")
+    if d.packed_dir is not None and d.train_files:
+        bad("data.packed_dir", "and data.train_files are exclusive; set one (packed_dir: a folder "
+                               "written by `python -m train.pretokenize`)")
+    if d.packed_dir is None and not d.train_files:
+        bad("data.train_files", "is empty; list one or more JSONL files (or set data.packed_dir to "
+                                "a pretokenized folder)")
     for name in ("data", "fsdp", "tensor"):
         v = getattr(m, name)
         if v == 0 or v < -1 or (v == -1 and name != "data"):

@@ -23,6 +23,12 @@ with the usual layout process `p` of `P` reads rows `p*B/P .. (p+1)*B/P - 1`, th
 `grain.sharding.ShardByJaxProcess` makes), which `to_global` turns into one global array with
 `jax.make_array_from_process_local_data`. The
 iterator's Grain state (`get_state` / `set_state`) is saved with each checkpoint for exact resume.
+
+At scale (`data.packed_dir`): `python -m train.pretokenize` streams the files through the same line
+parser (`iter_documents`) and packer (`pack_rows`, documents in file order, no document shuffle) into
+shards of .npy arrays plus a meta.json; `open_packed` serves those rows memory-mapped, one shard map
+at a time, to the same `make_pipeline` (same row shuffle, global index mapping, per-process rows and
+resume state). `read_packed_meta` checks the folder before anything compiles.
 """
 
 from __future__ import annotations
@@ -218,11 +224,31 @@ def check_files(files: Sequence[str]) -> None:
                         f"{', '.join(missing)}")
 
 
-def load_documents(files: Sequence[str], info: TokenizerInfo, *, vocab_size: int,
-                   skip_bad_lines: bool = False, append_eos: bool = True) -> Documents:
-    """Read, validate and tokenize every line of every file."""
-    check_files(files)
-    toks, trained, skipped, n = [], [], [], 0
+def parse_line(line: str, info: TokenizerInfo, *, vocab_size: int,
+               append_eos: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """(token ids int32[n], trained bool[n]) of one non-blank JSONL line; `json.JSONDecodeError`,
+    `ValueError` or `TypeError` with the reason when it is unusable."""
+    obj = json.loads(line.rstrip("\r\n"))
+    ids, tr = tokenize_record(obj, info, append_eos)
+    if len(ids) == 0:
+        raise ValueError("tokenizes to nothing")
+    if not tr.any():
+        raise ValueError("has no trained token (the response tokenizes to nothing)")
+    if ids.max() >= vocab_size:
+        raise ValueError(f"token id {int(ids.max())} is outside the model "
+                         f"vocabulary [0, {vocab_size})")
+    return ids, tr
+
+
+def iter_documents(files: Sequence[str], info: TokenizerInfo, *, vocab_size: int,
+                   skip_bad_lines: bool = False, append_eos: bool = True,
+                   skipped: list | None = None, counts: dict | None = None):
+    """Stream (token ids, trained) of every usable line of every file, in file order, one line in
+    memory at a time. A bad line raises `DataError` with `file:line`, or (`skip_bad_lines`) is
+    appended to `skipped`; `counts['lines']` counts the non-blank lines read."""
+    skipped = [] if skipped is None else skipped
+    counts = {} if counts is None else counts
+    counts.setdefault("lines", 0)
     for path in files:
         with open(path, encoding="utf-8", errors="strict") as f:
             lineno = 0
@@ -237,17 +263,9 @@ def load_documents(files: Sequence[str], info: TokenizerInfo, *, vocab_size: int
                     break
                 if not line.strip():
                     continue
-                n += 1
+                counts["lines"] += 1
                 try:
-                    obj = json.loads(line.rstrip("\r\n"))
-                    ids, tr = tokenize_record(obj, info, append_eos)
-                    if len(ids) == 0:
-                        raise ValueError("tokenizes to nothing")
-                    if not tr.any():
-                        raise ValueError("has no trained token (the response tokenizes to nothing)")
-                    if ids.max() >= vocab_size:
-                        raise ValueError(f"token id {int(ids.max())} is outside the model "
-                                         f"vocabulary [0, {vocab_size})")
+                    ids, tr = parse_line(line, info, vocab_size=vocab_size, append_eos=append_eos)
                 except json.JSONDecodeError as e:
                     _bad(skipped, skip_bad_lines, f"{path}:{lineno}", f"not valid JSON ({e.msg} at "
                                                                       f"column {e.colno})")
@@ -255,12 +273,23 @@ def load_documents(files: Sequence[str], info: TokenizerInfo, *, vocab_size: int
                 except (ValueError, TypeError) as e:
                     _bad(skipped, skip_bad_lines, f"{path}:{lineno}", str(e))
                     continue
-                toks.append(ids)
-                trained.append(tr)
+                yield ids, tr
+
+
+def load_documents(files: Sequence[str], info: TokenizerInfo, *, vocab_size: int,
+                   skip_bad_lines: bool = False, append_eos: bool = True) -> Documents:
+    """Read, validate and tokenize every line of every file."""
+    check_files(files)
+    toks, trained, skipped, counts = [], [], [], {}
+    for ids, tr in iter_documents(files, info, vocab_size=vocab_size,
+                                  skip_bad_lines=skip_bad_lines, append_eos=append_eos,
+                                  skipped=skipped, counts=counts):
+        toks.append(ids)
+        trained.append(tr)
     if not toks:
         raise DataError(f"data.train_files: no usable line in {', '.join(files)}"
                         + (f" ({len(skipped)} skipped)" if skipped else ""))
-    return Documents(toks, trained, skipped, n)
+    return Documents(toks, trained, skipped, counts["lines"])
 
 
 def _bad(skipped: list, skip: bool, where: str, reason: str):
@@ -271,24 +300,29 @@ def _bad(skipped: list, skip: bool, where: str, reason: str):
 
 # ------------------------------------------------------------------------------------ packing
 
-def pack(docs: Documents, seq_len: int, seed: int) -> dict:
-    """Greedy packing of the documents (in an order shuffled with `seed`) into rows of `seq_len`:
-    a document goes into the current row when it fits, else starts a new row (the rest of the
-    current row is padding); one longer than a row is cut into row-sized pieces, each its own
-    document. Returns numpy arrays tokens int32 [N, L], segment_ids int32 [N, L] (1, 2, ... per
-    document in the row, 0 = padding), maskable bool [N, L]."""
-    order = np.random.default_rng(seed).permutation(len(docs.tokens))
-    pieces = []
-    for i in order:
-        t, m = docs.tokens[i], docs.trained[i]
-        for a in range(0, len(t), seq_len):
-            pieces.append((t[a:a + seq_len], m[a:a + seq_len]))
+def pack(docs: Documents, seq_len: int, seed: int, *, shuffle: bool = True) -> dict:
+    """Greedy packing of the documents (in an order shuffled with `seed`; file order with
+    `shuffle=False`) into rows of `seq_len`: a document goes into the current row when it fits,
+    else starts a new row (the rest of the current row is padding); one longer than a row is cut
+    into row-sized pieces, each its own document. Returns numpy arrays tokens int32 [N, L],
+    segment_ids int32 [N, L] (1, 2, ... per document in the row, 0 = padding), maskable bool
+    [N, L]."""
+    order = (np.random.default_rng(seed).permutation(len(docs.tokens)) if shuffle
+             else np.arange(len(docs.tokens)))
     rows_t, rows_s, rows_m = [], [], []
-    cur_t, cur_s, cur_m = [], [], []
+    for t, s, m in pack_rows(((docs.tokens[i], docs.trained[i]) for i in order), seq_len):
+        rows_t.append(t), rows_s.append(s), rows_m.append(m)
+    return {"tokens": np.stack(rows_t), "segment_ids": np.stack(rows_s),
+            "maskable": np.stack(rows_m)}
+
+
+def pack_rows(documents, seq_len: int):
+    """The packing of `pack` as a stream: (tokens, trained) documents in -> (tokens int32[L],
+    segment_ids int32[L], maskable bool[L]) rows out, holding one row's documents at a time."""
+    cur_t, cur_m = [], []
     used = 0
 
-    def flush():
-        nonlocal cur_t, cur_s, cur_m, used
+    def row():
         t = np.zeros(seq_len, np.int32)
         s = np.zeros(seq_len, np.int32)
         m = np.zeros(seq_len, bool)
@@ -298,18 +332,18 @@ def pack(docs: Documents, seq_len: int, seed: int) -> dict:
             s[pos:pos + len(pt)] = k + 1
             m[pos:pos + len(pt)] = pm
             pos += len(pt)
-        rows_t.append(t), rows_s.append(s), rows_m.append(m)
-        cur_t, cur_s, cur_m, used = [], [], [], 0
+        return t, s, m
 
-    for pt, pm in pieces:
-        if used + len(pt) > seq_len:
-            flush()
-        cur_t.append(pt), cur_m.append(pm)
-        used += len(pt)
+    for tokens, trained in documents:
+        for a in range(0, len(tokens), seq_len):
+            pt, pm = tokens[a:a + seq_len], trained[a:a + seq_len]
+            if used + len(pt) > seq_len:
+                yield row()
+                cur_t, cur_m, used = [], [], 0
+            cur_t.append(pt), cur_m.append(pm)
+            used += len(pt)
     if cur_t:
-        flush()
-    return {"tokens": np.stack(rows_t), "segment_ids": np.stack(rows_s),
-            "maskable": np.stack(rows_m)}
+        yield row()
 
 
 # ----------------------------------------------------------------------------------- pipeline
@@ -359,3 +393,133 @@ def to_global(local: dict, shardings: dict, global_batch: int) -> dict:
         shape = (global_batch,) + v.shape[1:]
         out[k] = jax.make_array_from_process_local_data(shardings[k], v, shape)
     return out
+
+
+# ------------------------------------------------------------------------------- packed folders
+#
+# `python -m train.pretokenize` writes the packed rows of a corpus once, as a folder of shards:
+#     meta.json                     format, seq_len, rows_per_shard, total_rows, shards [{name, rows}],
+#                                   tokenizer (folder, sha256 of tokenizer.json, vocab_size,
+#                                   mask_token_id), max_token_id, append_eos, source files,
+#                                   lines, skipped_lines (count and the first few)
+#     <name>.tokens.npy             int32 [rows, seq_len]
+#     <name>.segment_ids.npy        int32 [rows, seq_len]
+#     <name>.maskable.npy           bool  [rows, seq_len]
+# and `data.packed_dir` serves them through the same pipeline, memory-mapped shard by shard.
+
+PACKED_FORMAT = "wedlm-packed-v1"
+PACKED_META = "meta.json"
+PACKED_ARRAYS = {"tokens": np.int32, "segment_ids": np.int32, "maskable": np.bool_}
+
+
+def shard_path(folder: str, name: str, key: str) -> str:
+    return os.path.join(folder, f"{name}.{key}.npy")
+
+
+def tokenizer_sha256(folder: str) -> str:
+    import hashlib
+    with open(os.path.join(folder, "tokenizer.json"), "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def read_packed_meta(folder: str, *, seq_len: int | None = None) -> dict:
+    """meta.json of a packed folder, checked against the shard files on disk (presence, dtype and
+    shape from the .npy headers; no data is read) and, when given, `seq_len`. DataError naming the
+    file otherwise."""
+    path = os.path.join(folder, PACKED_META)
+    if not os.path.isdir(folder):
+        raise DataError(f"data.packed_dir: {folder} is not a folder")
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: missing (data.packed_dir must be a folder written by "
+                        f"`python -m train.pretokenize`)")
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path}: unreadable ({e})") from None
+    need = ("format", "seq_len", "rows_per_shard", "total_rows", "shards", "tokenizer",
+            "max_token_id")
+    missing = [k for k in need if not isinstance(meta, dict) or k not in meta]
+    if missing:
+        raise DataError(f"{path}: missing key(s) {', '.join(missing)}")
+    if meta["format"] != PACKED_FORMAT:
+        raise DataError(f"{path}: format {meta['format']!r}, expected {PACKED_FORMAT!r}")
+    L = int(meta["seq_len"])
+    if seq_len is not None and L != seq_len:
+        raise DataError(f"{path}: rows were packed to seq_len {L}, but data.seq_len is {seq_len} "
+                        f"(pretokenize again with --seq-len {seq_len}, or set data.seq_len={L})")
+    total = 0
+    for shard in meta["shards"]:
+        rows = int(shard["rows"])
+        for key, dtype in PACKED_ARRAYS.items():
+            f = shard_path(folder, shard["name"], key)
+            if not os.path.isfile(f):
+                raise DataError(f"{f}: missing (listed in {path})")
+            try:
+                with open(f, "rb") as fh:
+                    version = np.lib.format.read_magic(fh)
+                    read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                            else np.lib.format.read_array_header_2_0)
+                    shape, _, dt = read(fh)
+            except (OSError, ValueError) as e:
+                raise DataError(f"{f}: not a .npy file ({e})") from None
+            if tuple(shape) != (rows, L) or np.dtype(dt) != np.dtype(dtype):
+                raise DataError(f"{f}: holds {np.dtype(dt).name} {tuple(shape)}, {path} states "
+                                f"{np.dtype(dtype).name} {(rows, L)}")
+        total += rows
+    if total != int(meta["total_rows"]) or total == 0:
+        raise DataError(f"{path}: the shards hold {total} rows, total_rows says "
+                        f"{meta['total_rows']}" if total else f"{path}: no rows")
+    return meta
+
+
+def check_packed_tokenizer(meta: dict, folder: str, info: TokenizerInfo, vocab_size: int) -> None:
+    """The packed rows were tokenized with this tokenizer, and fit the model's vocabulary."""
+    path = os.path.join(folder, PACKED_META)
+    want = meta["tokenizer"].get("sha256")
+    have = tokenizer_sha256(info.folder)
+    if want != have:
+        raise DataError(f"{path}: the rows were tokenized with a different tokenizer.json "
+                        f"(sha256 {str(want)[:12]}..., from {meta['tokenizer'].get('folder')}) than "
+                        f"{info.folder}/tokenizer.json (sha256 {have[:12]}...)")
+    if int(meta["max_token_id"]) >= vocab_size:
+        raise DataError(f"{path}: token id {meta['max_token_id']} is outside the model vocabulary "
+                        f"[0, {vocab_size})")
+
+
+class _ShardedRows:
+    """One array of a packed folder as a read-only sequence of rows: `len()`, and `[i]` reads row i
+    from its shard's memory map (at most `cache` shards mapped at once)."""
+
+    def __init__(self, folder: str, key: str, meta: dict, cache: int = 32):
+        self.folder, self.key = folder, key
+        self.names = [s["name"] for s in meta["shards"]]
+        self.starts = np.cumsum([0] + [int(s["rows"]) for s in meta["shards"]])
+        self.cache = cache
+        self.maps: dict = {}
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def _map(self, k: int):
+        m = self.maps.pop(k, None)
+        if m is None:
+            m = np.load(shard_path(self.folder, self.names[k], self.key), mmap_mode="r")
+            if len(self.maps) >= self.cache:
+                self.maps.pop(next(iter(self.maps)))
+        self.maps[k] = m  # most recently used last
+        return m
+
+    def __getitem__(self, i):
+        i = int(i)
+        if not 0 <= i < len(self):
+            raise IndexError(f"row {i} of {len(self)}")
+        k = int(np.searchsorted(self.starts, i, side="right")) - 1
+        return np.array(self._map(k)[i - self.starts[k]])
+
+
+def open_packed(folder: str, meta: dict | None = None) -> dict:
+    """A packed folder as the `rows` of `make_pipeline`: {'tokens', 'segment_ids', 'maskable'}, each
+    a lazily memory-mapped sequence of rows."""
+    meta = read_packed_meta(folder) if meta is None else meta
+    return {k: _ShardedRows(folder, k, meta) for k in PACKED_ARRAYS}

@@ -1,7 +1,8 @@
 """`wedlm-train --config configs/NAME.yaml [key=value ...]`: the training program.
 
 Order of work: parse and validate the config; read the tokenizer, resolve the [MASK] id, read,
-validate, tokenize and pack every data file; resolve the mesh against the device count and the
+validate, tokenize and pack every data file (or, with `data.packed_dir`, check a pretokenized folder
+and memory-map its shards); resolve the mesh against the device count and the
 batch. Only then is anything placed on devices or compiled: params (restored from the latest
 complete checkpoint, else loaded from `model.from_hf`, else random), the jitted step, the loop.
 Each step logs loss terms, grad norm, lr, tokens/s and MFU to a JSONL file (and TensorBoard when
@@ -85,7 +86,11 @@ def prepare(cfg):
     if tok_dir is None:
         raise TrainConfigError("data.tokenizer is not set (and there is no model.from_hf folder to "
                                "take tokenizer.json from)")
-    data_lib.check_files(cfg.data.train_files)
+    packed_meta = None
+    if cfg.data.packed_dir is not None:
+        packed_meta = data_lib.read_packed_meta(cfg.data.packed_dir, seq_len=cfg.data.seq_len)
+    else:
+        data_lib.check_files(cfg.data.train_files)
     info = data_lib.load_tokenizer(tok_dir)
     mask_id = None
     if cfg.objective.kind != "ar_only":
@@ -94,10 +99,21 @@ def prepare(cfg):
     from train.step import attention_impl
     attention_impl(cfg)
     shape = mesh_shape(cfg, jax.device_count())
-    docs = data_lib.load_documents(cfg.data.train_files, info, vocab_size=mc.vocab_size,
-                                   skip_bad_lines=cfg.data.skip_bad_lines,
-                                   append_eos=cfg.data.append_eos)
-    rows = data_lib.pack(docs, cfg.data.seq_len, cfg.data.shuffle_seed)
+    if packed_meta is not None:
+        # pretokenized rows, memory-mapped shard by shard (checked here: meta.json, shard files,
+        # seq_len, tokenizer, vocabulary); malformed lines were reported by train.pretokenize
+        data_lib.check_packed_tokenizer(packed_meta, cfg.data.packed_dir, info, mc.vocab_size)
+        if bool(packed_meta.get("append_eos", True)) != cfg.data.append_eos:
+            raise data_lib.DataError(
+                f"{cfg.data.packed_dir}/meta.json: packed with append_eos="
+                f"{packed_meta.get('append_eos')}, but data.append_eos is {cfg.data.append_eos}")
+        rows = data_lib.open_packed(cfg.data.packed_dir, packed_meta)
+        docs = data_lib.Documents([], [], [], int(packed_meta.get("lines", 0)))
+    else:
+        docs = data_lib.load_documents(cfg.data.train_files, info, vocab_size=mc.vocab_size,
+                                       skip_bad_lines=cfg.data.skip_bad_lines,
+                                       append_eos=cfg.data.append_eos)
+        rows = data_lib.pack(docs, cfg.data.seq_len, cfg.data.shuffle_seed)
     return {"model_config": mc, "mask_token_id": mask_id, "tokenizer_dir": tok_dir,
             "mesh_shape": shape, "rows": rows, "docs": docs}
 
