@@ -177,52 +177,11 @@ class Transformer(nn.Module):
                  kv_cache: KVCache | None = None, cache_len=None, kv_tile: int | None = None,
                  structure=None, objective: str = "dual"):
         c = self.config
-        b, s = tokens.shape
-        if structure is not None and (mask is not None or segment_ids is not None
-                                      or kv_cache is not None):
-            raise ValueError("pass a structure alone (no mask, segment_ids or kv_cache)")
-        layout = ("structure" if structure is not None else "cache" if kv_cache is not None
-                  else "mask" if mask is not None else "causal")
-        impl = attn_backends.resolve(self.attention, layout, dtype=self.dtype)
-        if kv_tile is not None and impl != "dense":
-            raise ValueError(f"kv_tile is the dense path's cache tiling; attention={impl!r} "
-                             f"tiles with attention_tile")
-        ctx = None
-        if kv_cache is not None:
-            if mask is not None or segment_ids is not None or cache_len is None:
-                raise ValueError("cache mode takes kv_cache and cache_len, and no mask/segment_ids")
-            if len(kv_cache) != c.num_layers:
-                raise ValueError(f"kv_cache has {len(kv_cache)} layers, the model {c.num_layers}")
-            if impl != "dense":
-                qs, ks = tiled_lib.cache_structures(cache_len, s, kv_cache[0]["k"].shape[1])
-                ctx = attn_backends.make_context(impl, q_struct=qs, k_struct=ks, batch=b,
-                                                 tile=self.attention_tile)
-            elif kv_tile is None:
-                mask = attn_lib.cache_mask(cache_len, s, kv_cache[0]["k"].shape[1])
-        elif kv_tile is not None:
-            raise ValueError("kv_tile applies to cache mode only (pass kv_cache and cache_len)")
-        elif structure is not None:
-            if impl == "dense":
-                mask = masking.structure_mask(tiled_lib.as_structure(structure, b))
-            else:
-                ctx = attn_backends.make_context(
-                    impl, q_struct=structure, k_struct=structure, batch=b,
-                    tile=self.attention_tile, template="dual" if objective == "dual" else "causal",
-                    block_size=self.attention_block_size)
-        elif mask is None:
-            if impl == "dense":
-                mask = attn_lib.segment_mask(segment_ids, b, s)
-            else:
-                st = tiled_lib.causal_structure(segment_ids, b, s)
-                ctx = attn_backends.make_context(impl, q_struct=st, k_struct=st,
-                                                 segment_ids=segment_ids, batch=b,
-                                                 tile=self.attention_tile)
-        elif segment_ids is not None:
-            raise ValueError("pass either an explicit mask or segment_ids, not both")
-        if mask is not None and mask.ndim == 2:
-            mask = jnp.broadcast_to(mask[None], (b,) + mask.shape)
-        if ctx is not None:
-            mask = ctx
+        mask = attention_input(
+            c, tokens.shape, self.attention, dtype=self.dtype, tile=self.attention_tile,
+            block_size=self.attention_block_size, segment_ids=segment_ids, mask=mask,
+            kv_cache=kv_cache, cache_len=cache_len, kv_tile=kv_tile, structure=structure,
+            objective=objective)
 
         embedding = _param(self, "embedding", (c.vocab_size, c.hidden_size), ("vocab", "embed"),
                            dtype=self.param_dtype)
@@ -250,6 +209,60 @@ class Transformer(nn.Module):
         if kv_cache is None:
             return logits
         return logits, tuple(new_cache)
+
+
+def attention_input(c: ModelConfig, shape, attention: str, *, dtype, tile: int, block_size: int,
+                    segment_ids=None, mask=None, kv_cache=None, cache_len=None, kv_tile=None,
+                    structure=None, objective: str = "dual"):
+    """What every layer's attention receives: a dense boolean mask [B, S, T] (dense path), an
+    `AttentionContext` (tiled / splash / cudnn: built once per forward, shared by the layers), or
+    None with `kv_tile` (cache tiles read up to the longest live length). Checks that the entry
+    point's arguments are consistent."""
+    b, s = shape
+    if structure is not None and (mask is not None or segment_ids is not None
+                                  or kv_cache is not None):
+        raise ValueError("pass a structure alone (no mask, segment_ids or kv_cache)")
+    layout = ("structure" if structure is not None else "cache" if kv_cache is not None
+              else "mask" if mask is not None else "causal")
+    impl = attn_backends.resolve(attention, layout, dtype=dtype)
+    if kv_tile is not None and impl != "dense":
+        raise ValueError(f"kv_tile is the dense path's cache tiling; attention={impl!r} "
+                         f"tiles with attention_tile")
+    ctx = None
+    if kv_cache is not None:
+        if mask is not None or segment_ids is not None or cache_len is None:
+            raise ValueError("cache mode takes kv_cache and cache_len, and no mask/segment_ids")
+        if len(kv_cache) != c.num_layers:
+            raise ValueError(f"kv_cache has {len(kv_cache)} layers, the model {c.num_layers}")
+        if impl != "dense":
+            qs, ks = tiled_lib.cache_structures(cache_len, s, kv_cache[0]["k"].shape[1])
+            ctx = attn_backends.make_context(impl, q_struct=qs, k_struct=ks, batch=b,
+                                             tile=tile)
+        elif kv_tile is None:
+            mask = attn_lib.cache_mask(cache_len, s, kv_cache[0]["k"].shape[1])
+    elif kv_tile is not None:
+        raise ValueError("kv_tile applies to cache mode only (pass kv_cache and cache_len)")
+    elif structure is not None:
+        if impl == "dense":
+            mask = masking.structure_mask(tiled_lib.as_structure(structure, b))
+        else:
+            ctx = attn_backends.make_context(
+                impl, q_struct=structure, k_struct=structure, batch=b,
+                tile=tile, template="dual" if objective == "dual" else "causal",
+                block_size=block_size)
+    elif mask is None:
+        if impl == "dense":
+            mask = attn_lib.segment_mask(segment_ids, b, s)
+        else:
+            st = tiled_lib.causal_structure(segment_ids, b, s)
+            ctx = attn_backends.make_context(impl, q_struct=st, k_struct=st,
+                                             segment_ids=segment_ids, batch=b,
+                                             tile=tile)
+    elif segment_ids is not None:
+        raise ValueError("pass either an explicit mask or segment_ids, not both")
+    if mask is not None and mask.ndim == 2:
+        mask = jnp.broadcast_to(mask[None], (b,) + mask.shape)
+    return mask if ctx is None else ctx
 
 
 def init_params(config: ModelConfig, rng: jax.Array, param_dtype=jnp.float32):
