@@ -105,7 +105,7 @@ def test_malformed_line_reports_file_line_or_skips(setup, tmp_path, capsys):
     # an existing output is refused without --force, replaced with it
     rc = pt.main(["--tokenizer", setup["tokenizer"], "--out", out, "--seq-len", "16",
                   "--skip-bad-lines", bad])
-    assert rc == 2 and "exists (--force replaces it)" in capsys.readouterr().err
+    assert rc == 2 and "already holds a packed data folder; pass --force" in capsys.readouterr().err
     assert data_lib.read_packed_meta(out)["seq_len"] == SEQ
     rc = pt.main(["--tokenizer", setup["tokenizer"], "--out", out, "--seq-len", "16",
                   "--skip-bad-lines", "--force", bad])

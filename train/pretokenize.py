@@ -21,13 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 
 import numpy as np
 
 from train import data as data_lib
+from wedlm_jax import convert
 
 DEFAULT_SHARD_ROWS = 16384
 
@@ -73,16 +72,16 @@ def pretokenize(files, tokenizer: str, out: str, seq_len: int, *,
     if not files:
         raise data_lib.DataError("no input files")
     out = os.path.abspath(out)
-    if os.path.exists(out) and not force:
-        raise data_lib.DataError(f"{out} exists (--force replaces it)")
+    is_packed = lambda d: os.path.exists(os.path.join(d, data_lib.PACKED_META))
+    try:
+        convert.check_out_dir(out, force, is_packed, "a packed data folder")
+    except convert.CheckpointError as e:
+        raise data_lib.DataError(str(e)) from None
     files = [str(f) for f in files]
     data_lib.check_files(files)
     info = data_lib.load_tokenizer(tokenizer)
     vocab = info.vocab_size
-    parent = os.path.dirname(out)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.tmp-", dir=parent)
-    try:
+    with convert.atomic_output_dir(out, force, is_packed, "a packed data folder") as tmp:
         writer = ShardWriter(tmp, seq_len, shard_rows)
         skipped, counts = [], {}
         docs = data_lib.iter_documents(files, info, vocab_size=vocab, skip_bad_lines=skip_bad_lines,
@@ -107,16 +106,6 @@ def pretokenize(files, tokenizer: str, out: str, seq_len: int, *,
         }
         with open(os.path.join(tmp, data_lib.PACKED_META), "w") as f:
             json.dump(meta, f, indent=1)
-        if os.path.exists(out):  # --force
-            old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.old-", dir=parent)
-            os.rename(out, os.path.join(old, "x"))
-            os.rename(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return meta
 
 
@@ -138,7 +127,7 @@ def main(argv=None) -> int:
         meta = pretokenize(a.files, a.tokenizer, a.out, a.seq_len, shard_rows=a.shard_rows,
                            skip_bad_lines=a.skip_bad_lines, append_eos=not a.no_append_eos,
                            force=a.force)
-    except data_lib.DataError as e:
+    except (data_lib.DataError, convert.CheckpointError) as e:
         print(f"pretokenize: error: {e}", file=sys.stderr)
         return 2
     if meta["skipped_lines"]:

@@ -145,8 +145,11 @@ def _looks_like_checkpoint(folder: str) -> bool:
         any(n.endswith(".safetensors") for n in names)
 
 
-def check_out_dir(out_dir: str, force: bool) -> None:
-    """Refuse, before any work, an output folder we must not replace."""
+def check_out_dir(out_dir: str, force: bool, is_complete=_looks_like_checkpoint,
+                  what: str = "a checkpoint") -> None:
+    """Refuse, before any work, an output folder we must not replace: a file or symlink, a
+    non-empty folder that `is_complete` does not recognise (even with force), or one holding
+    `what` without force."""
     if not os.path.lexists(out_dir):
         return
     if not os.path.isdir(out_dir) or os.path.islink(out_dir):
@@ -154,26 +157,28 @@ def check_out_dir(out_dir: str, force: bool) -> None:
                               f"refusing to replace it")
     if not os.listdir(out_dir):
         return
-    if not _looks_like_checkpoint(out_dir):
-        raise CheckpointError(f"{out_dir}: exists, is not empty and holds no checkpoint; refusing "
-                              f"to replace it (even with --force); choose another output folder")
+    if not is_complete(out_dir):
+        raise CheckpointError(f"{out_dir}: exists, is not empty and holds no {what.split(' ', 1)[-1]}; "
+                              f"refusing to replace it (even with --force); choose another output folder")
     if not force:
-        raise CheckpointError(f"{out_dir}: already holds a checkpoint; pass --force (force=True) to "
+        raise CheckpointError(f"{out_dir}: already holds {what}; pass --force (force=True) to "
                               f"replace it")
 
 
 @contextlib.contextmanager
-def atomic_output_dir(out_dir, force: bool = False) -> Iterator[str]:
+def atomic_output_dir(out_dir, force: bool = False, is_complete=_looks_like_checkpoint,
+                      what: str = "a checkpoint") -> Iterator[str]:
     """Yield a hidden temporary sibling of `out_dir` to write into; on success rename it into
-    place (replacing an existing checkpoint only if `force`), on any error delete it."""
+    place (replacing an existing one only if `force`), on any error delete it. Every writer of a
+    folder (checkpoints, packed training data) goes through here."""
     out_dir = os.path.abspath(os.fspath(out_dir))
-    check_out_dir(out_dir, force)
+    check_out_dir(out_dir, force, is_complete, what)
     parent, name = os.path.split(out_dir)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{name}.partial-", dir=parent)
     try:
         yield tmp
-        check_out_dir(out_dir, force)
+        check_out_dir(out_dir, force, is_complete, what)
         if os.path.lexists(out_dir):
             old = tempfile.mkdtemp(prefix=f".{name}.old-", dir=parent)
             os.rename(out_dir, os.path.join(old, name))
