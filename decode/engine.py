@@ -44,7 +44,6 @@ token slots those forwards processed for the row (its live window slots; AR: 1 p
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from typing import Callable, Sequence
 
@@ -204,6 +203,27 @@ def _keep(done, new, old):
     return jnp.where(d, old, new)
 
 
+def fill_select(ent, remaining, idx, knobs):
+    """The fill rule (SPEC 3, step 4) over the `remaining` mask slots [B, W]: adjusted entropy
+    H_i + lam * (i - first remaining); every slot below tau, else the single lowest."""
+    any_rem = jnp.any(remaining, axis=1, keepdims=True)
+    first = jnp.argmax(remaining, axis=1)[:, None]
+    adj = jnp.where(remaining, ent + knobs["lam"] * (idx - first).astype(jnp.float32), jnp.inf)
+    sel = remaining & (adj < knobs["tau"])
+    best = idx == jnp.argmin(adj, axis=1)[:, None]
+    return sel | (~jnp.any(sel, axis=1, keepdims=True) & any_rem & best)
+
+
+def slide(tok, filled, shift, mask_id):
+    """Drop the first `shift[b]` window slots of each row and append [MASK] slots (SPEC 3, step 5)."""
+    w = tok.shape[1]
+    src = jnp.arange(w, dtype=jnp.int32)[None, :] + shift[:, None]
+    inside = src < w
+    src = jnp.minimum(src, w - 1)
+    return (jnp.where(inside, jnp.take_along_axis(tok, src, axis=1), mask_id),
+            inside & jnp.take_along_axis(filled, src, axis=1))
+
+
 def window_step(model, params, state: dict, knobs: dict, static: Static):
     """One streaming (or block) step for every row. Returns (new_state, aux) where aux holds the
     forward's inputs and logits (physical order) for the cache-consistency checks."""
@@ -242,21 +262,11 @@ def window_step(model, params, state: dict, knobs: dict, static: Static):
     out = _write_out(state["out"], state["count"], tok, jnp.where(done, 0, c_emit))
     # 4. fill the remaining masks by distance-adjusted entropy.
     remaining = active & ~filled & (idx >= c[:, None])
-    any_rem = jnp.any(remaining, axis=1, keepdims=True)
-    first = jnp.argmax(remaining, axis=1)[:, None]
-    adj = ent + knobs["lam"] * (idx - first).astype(jnp.float32)
-    adj = jnp.where(remaining, adj, jnp.inf)
-    sel = remaining & (adj < knobs["tau"])
-    best = idx == jnp.argmin(adj, axis=1)[:, None]
-    sel = sel | (~jnp.any(sel, axis=1, keepdims=True) & any_rem & best)
+    sel = fill_select(ent, remaining, idx, knobs)
     tok2 = jnp.where(sel, sampled, tok)
     filled2 = filled | sel
     # 5. slide by c; new slots are masks (inactive ones stay masks until the budget admits them).
-    src = idx + c[:, None]
-    inside = src < w
-    src = jnp.minimum(src, w - 1)
-    tok3 = jnp.where(inside, jnp.take_along_axis(tok2, src, axis=1), knobs["mask_id"])
-    filled3 = inside & jnp.take_along_axis(filled2, src, axis=1)
+    tok3, filled3 = slide(tok2, filled2, c, knobs["mask_id"])
     n2 = n + c_emit
     live = ~done
     new = dict(state)

@@ -93,17 +93,6 @@ def _reorder(filled, active, idx):
     return order, inv
 
 
-def fill_select(ent, remaining, idx, knobs):
-    """The streaming fill rule over `remaining` slots: adjusted entropy H_i + lam * (i - first);
-    every one below tau, else the lowest."""
-    any_rem = jnp.any(remaining, axis=1, keepdims=True)
-    first = jnp.argmax(remaining, axis=1)[:, None]
-    adj = jnp.where(remaining, ent + knobs["lam"] * (idx - first).astype(jnp.float32), jnp.inf)
-    sel = remaining & (adj < knobs["tau"])
-    best = idx == jnp.argmin(adj, axis=1)[:, None]
-    return sel | (~jnp.any(sel, axis=1, keepdims=True) & any_rem & best)
-
-
 def _split3(keys):
     k = jax.vmap(lambda key: jax.random.split(key, 3))(keys)
     return k[:, 0], k[:, 1], k[:, 2]
@@ -185,17 +174,13 @@ def verified_step(model, params, state: dict, knobs: dict, static):
     # 6. next window (logical indices before the slide): drafts by the streaming fill rule.
     ent = jnp.take_along_axis(eng.entropy(logits), inv, axis=1)
     remaining = active & ~filled & (idx >= c[:, None])
-    sel = fill_select(ent, remaining, idx, knobs) & (idx > c[:, None]) & ~reject[:, None]
+    sel = eng.fill_select(ent, remaining, idx, knobs) & (idx > c[:, None]) & ~reject[:, None]
     keep = filled & (idx > c[:, None]) & ~reject[:, None]
     if not static.greedy:
         keep = jnp.zeros_like(keep)           # drafts live one step when sampling (see docstring)
     tok2 = jnp.where(sel, drafts, tok)
     filled2 = sel | keep
-    src = idx + a[:, None]
-    inside = src < w
-    src = jnp.minimum(src, w - 1)
-    tok3 = jnp.where(inside, jnp.take_along_axis(tok2, src, axis=1), knobs["mask_id"])
-    filled3 = inside & jnp.take_along_axis(filled2, src, axis=1)
+    tok3, filled3 = eng.slide(tok2, filled2, a, knobs["mask_id"])
     tok3 = jnp.where(idx == 0, pend[:, None], tok3)
     filled3 = filled3 | (idx == 0)
     n2 = n + a
@@ -217,6 +202,7 @@ def verified_step(model, params, state: dict, knobs: dict, static):
     )
     if not static.greedy:
         q_new = jnp.take_along_axis(probs, inv[..., None], axis=1)     # logical order
+        src = jnp.minimum(idx + a[:, None], w - 1)                      # the slide of `slide`
         q3 = jnp.take_along_axis(q_new, src[..., None], axis=1)
         new["q"] = eng._keep(done, jnp.where(filled3[..., None], q3, 0.0), state["q"])
     aux = dict(tokens=phys_tok, positions=phys_pos, logits=logits, n=n, live=live, wlen=wlen[:, 0],
