@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 
-import jax
-import numpy as np
 import pytest
 
 from decode import cli
@@ -16,7 +14,7 @@ from decode.engine import generate
 from decode.text import cut_at_stop_strings, load_tokenizer, split_stop_strings
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.convert import save_hf_checkpoint
-from wedlm_jax.model import param_shapes
+from tests.synthetic import random_params
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -39,14 +37,7 @@ def ckpt(tmp_path_factory):
     config = ModelConfig(model_type="qwen3", vocab_size=128, hidden_size=32, intermediate_size=64,
                          num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True,
                          mask_token_id=127, eos_token_id=tok.token_to_id("<|endoftext|>"))
-    rng = np.random.default_rng(0)
-
-    def leaf(path, s):
-        name = jax.tree_util.keystr(path)
-        if "scale" in name:
-            return (1.0 + 0.1 * rng.standard_normal(s.shape)).astype(np.float32)
-        return (0.02 * rng.standard_normal(s.shape) * (20.0 if "lm_head" in name else 1.0)).astype(np.float32)
-    params = jax.tree_util.tree_map_with_path(leaf, param_shapes(config))
+    params = random_params(config, seed=0, head_scale=20.0)
     path = save_hf_checkpoint(config, params, folder / "model", progress=False)
     tok.save(os.path.join(path, "tokenizer.json"))
     with open(os.path.join(path, "tokenizer_config.json"), "w") as f:

@@ -16,20 +16,14 @@ SCRIPT = textwrap.dedent('''
     from decode.config import DecodeConfig
     from decode.engine import generate
     from wedlm_jax.config import ModelConfig
-    from wedlm_jax.model import param_shapes
+    from tests.synthetic import random_params
     from wedlm_jax.sharding import make_mesh
 
     assert len(jax.devices()) == 4, jax.devices()
     cfg = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,
                       num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True,
                       mask_token_id=63)
-    rng = np.random.default_rng(0)
-    def leaf(path, s):
-        name = jax.tree_util.keystr(path)
-        if "scale" in name:
-            return (1.0 + 0.1 * rng.standard_normal(s.shape)).astype(np.float32)
-        return (0.02 * rng.standard_normal(s.shape) * (30.0 if "lm_head" in name else 1.0)).astype(np.float32)
-    params = jax.tree_util.tree_map_with_path(leaf, param_shapes(cfg))
+    params = random_params(cfg, seed=0, head_scale=30.0)
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15]]
     mesh = make_mesh(data=2, fsdp=1, tensor=2)
     out = {}

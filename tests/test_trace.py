@@ -7,8 +7,6 @@ import json
 import os
 import re
 
-import jax
-import numpy as np
 import pytest
 
 from decode import cli
@@ -19,7 +17,7 @@ from decode.trace import (STATES, TraceError, check_request, committed_ids, rend
                           trace_view, write_trace)
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.convert import save_hf_checkpoint
-from wedlm_jax.model import param_shapes
+from tests.synthetic import random_params
 
 CORPUS = ["one two three four five six seven eight nine ten", "the cat sat on the mat",
           "count with me: one, two, three", "hello world, hello there"] * 5
@@ -38,14 +36,7 @@ def ckpt(tmp_path_factory):
     config = ModelConfig(model_type="qwen3", vocab_size=128, hidden_size=32, intermediate_size=64,
                          num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True,
                          mask_token_id=MASK)
-    rng = np.random.default_rng(1)
-
-    def leaf(path, s):
-        name = jax.tree_util.keystr(path)
-        if "scale" in name:
-            return (1.0 + 0.1 * rng.standard_normal(s.shape)).astype(np.float32)
-        return (0.02 * rng.standard_normal(s.shape) * (40.0 if "lm_head" in name else 1.0)).astype(np.float32)
-    params = jax.tree_util.tree_map_with_path(leaf, param_shapes(config))
+    params = random_params(config, seed=1, head_scale=40.0)
     path = save_hf_checkpoint(config, params, folder / "model", progress=False)
     tok.save(os.path.join(path, "tokenizer.json"))
     with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
