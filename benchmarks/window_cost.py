@@ -1,0 +1,80 @@
+"""Cost of one decoding forward by window size: why W must be picked from a measurement on CPU.
+
+On an accelerator a forward of a few slots is memory-bound and W slots cost about what 1 does;
+on this CPU a small model is compute-bound and the forward grows with W. This times one jitted
+cache-mode forward of W slots (the engine's `kv_tile` attention, logits consumed) on top of a
+committed prefix, for W = 1 (an AR step) and the window sizes of streaming decoding, interleaved
+so a change of load hits every W alike.
+
+    python -m benchmarks.window_cost [--config configs/demo_pretrain.yaml] [--prefix 128] [--repeats 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="configs/demo_pretrain.yaml",
+                   help="a wedlm-train config whose model.config gives the shape")
+    p.add_argument("--windows", default="1,4,8,16,32")
+    p.add_argument("--prefix", type=int, default=128, help="committed tokens in the cache")
+    p.add_argument("--capacity", type=int, default=512)
+    p.add_argument("--kv-tile", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=50)
+    a = p.parse_args(argv)
+
+    import jax
+    import jax.numpy as jnp
+
+    from tests.synthetic import random_params
+    from train.config import load_config, model_config
+    from wedlm_jax.model import Transformer, init_kv_cache
+
+    config = model_config(load_config(a.config))
+    params = random_params(config, seed=0)
+    model = Transformer(config)
+    windows = [int(w) for w in a.windows.split(",")]
+    rows = a.capacity + max(windows)
+
+    @jax.jit
+    def forward(params, tokens, positions, cache, n):
+        logits, _ = model.apply({"params": params}, tokens, positions, kv_cache=cache, cache_len=n,
+                                kv_tile=a.kv_tile)
+        return jnp.argmax(logits, -1)
+
+    cache = init_kv_cache(config, 1, rows)
+    n = jnp.array([a.prefix], jnp.int32)
+    rng = np.random.default_rng(0)
+    inputs = {}
+    for w in windows:
+        toks = jnp.asarray(rng.integers(0, config.vocab_size, (1, w)), jnp.int32)
+        pos = a.prefix + jnp.arange(w, dtype=jnp.int32)[None]
+        inputs[w] = (toks, pos)
+        forward(params, toks, pos, cache, n).block_until_ready()       # compile
+    times = {w: [] for w in windows}
+    for _ in range(a.repeats):
+        for w in windows:
+            t0 = time.perf_counter()
+            forward(params, *inputs[w], cache, n).block_until_ready()
+            times[w].append(time.perf_counter() - t0)
+    base = float(np.median(times[windows[0]]))
+    print(json.dumps({"machine": f"{os.uname().machine}, {os.cpu_count()} CPUs, jax "
+                      f"{jax.__version__} on {jax.default_backend()}",
+                      "loadavg": os.getloadavg(), "config": a.config,
+                      "params": config.num_params(), "prefix": a.prefix}))
+    print(f"{'W':>4} {'median ms':>10} {'x W=' + str(windows[0]):>8} {'ms per slot':>12}")
+    for w in windows:
+        med = float(np.median(times[w]))
+        print(f"{w:>4} {med * 1e3:>10.2f} {med / base:>8.2f} {med * 1e3 / w:>12.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
