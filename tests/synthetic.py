@@ -28,3 +28,16 @@ def random_params(config, seed=0, head_scale=1.0, qk_scale=1.0, vo_scale=1.0):
             w = w * vo_scale
         return w.astype(np.float32)
     return jax.tree.map(jnp.asarray, jax.tree_util.tree_map_with_path(leaf, param_shapes(config)))
+
+
+def tiny_bpe_tokenizer(corpus, special_tokens, vocab_size: int = 120):
+    """A byte-level BPE `tokenizers.Tokenizer` trained on `corpus` (a few strings), offline."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=vocab_size,
+                                                        special_tokens=list(special_tokens),
+                                                        show_progress=False))
+    return tok

@@ -14,7 +14,7 @@ from decode.engine import generate
 from decode.text import cut_at_stop_strings, load_tokenizer, split_stop_strings
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.convert import save_hf_checkpoint
-from tests.synthetic import random_params
+from tests.synthetic import random_params, tiny_bpe_tokenizer
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -25,13 +25,8 @@ CORPUS = ["one two three four five six seven eight nine ten", "the cat sat on th
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
     folder = tmp_path_factory.mktemp("ckpt")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=120, special_tokens=SPECIALS,
-                                                        show_progress=False))
+    tok = tiny_bpe_tokenizer(CORPUS, SPECIALS)
     vocab = tok.get_vocab_size()
     assert vocab <= 127
     config = ModelConfig(model_type="qwen3", vocab_size=128, hidden_size=32, intermediate_size=64,

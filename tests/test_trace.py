@@ -17,7 +17,7 @@ from decode.trace import (STATES, TraceError, check_request, committed_ids, rend
                           trace_view, write_trace)
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.convert import save_hf_checkpoint
-from tests.synthetic import random_params
+from tests.synthetic import random_params, tiny_bpe_tokenizer
 
 CORPUS = ["one two three four five six seven eight nine ten", "the cat sat on the mat",
           "count with me: one, two, three", "hello world, hello there"] * 5
@@ -26,13 +26,8 @@ MASK = 127
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     folder = tmp_path_factory.mktemp("trace")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=120, special_tokens=["<|endoftext|>"],
-                                                        show_progress=False))
+    tok = tiny_bpe_tokenizer(CORPUS, ["<|endoftext|>"])
     config = ModelConfig(model_type="qwen3", vocab_size=128, hidden_size=32, intermediate_size=64,
                          num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True,
                          mask_token_id=MASK)
