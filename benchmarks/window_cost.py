@@ -31,49 +31,58 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
 
     import jax
-    import jax.numpy as jnp
 
     from tests.synthetic import random_params
     from train.config import load_config, model_config
-    from wedlm_jax.model import Transformer, init_kv_cache
 
     config = model_config(load_config(a.config))
     params = random_params(config, seed=0)
-    model = Transformer(config)
     windows = [int(w) for w in a.windows.split(",")]
-    rows = a.capacity + max(windows)
-
-    @jax.jit
-    def forward(params, tokens, positions, cache, n):
-        logits, _ = model.apply({"params": params}, tokens, positions, kv_cache=cache, cache_len=n,
-                                kv_tile=a.kv_tile)
-        return jnp.argmax(logits, -1)
-
-    cache = init_kv_cache(config, 1, rows)
-    n = jnp.array([a.prefix], jnp.int32)
-    rng = np.random.default_rng(0)
-    inputs = {}
-    for w in windows:
-        toks = jnp.asarray(rng.integers(0, config.vocab_size, (1, w)), jnp.int32)
-        pos = a.prefix + jnp.arange(w, dtype=jnp.int32)[None]
-        inputs[w] = (toks, pos)
-        forward(params, toks, pos, cache, n).block_until_ready()       # compile
-    times = {w: [] for w in windows}
-    for _ in range(a.repeats):
-        for w in windows:
-            t0 = time.perf_counter()
-            forward(params, *inputs[w], cache, n).block_until_ready()
-            times[w].append(time.perf_counter() - t0)
-    base = float(np.median(times[windows[0]]))
+    times = measure(config, params, windows, a.prefix, a.capacity, a.kv_tile, a.repeats)
+    base = times[windows[0]]
     print(json.dumps({"machine": f"{os.uname().machine}, {os.cpu_count()} CPUs, jax "
                       f"{jax.__version__} on {jax.default_backend()}",
                       "loadavg": os.getloadavg(), "config": a.config,
                       "params": config.num_params(), "prefix": a.prefix}))
     print(f"{'W':>4} {'median ms':>10} {'x W=' + str(windows[0]):>8} {'ms per slot':>12}")
     for w in windows:
-        med = float(np.median(times[w]))
+        med = times[w]
         print(f"{w:>4} {med * 1e3:>10.2f} {med / base:>8.2f} {med * 1e3 / w:>12.3f}")
     return 0
+
+
+def measure(config, params, windows, prefix=128, capacity=512, kv_tile=256, repeats=50) -> dict:
+    """Median seconds of one jitted cache-mode forward of W slots on `prefix` committed tokens,
+    for each W in `windows` (interleaved, so a change of load hits every W alike)."""
+    import jax
+    import jax.numpy as jnp
+
+    from wedlm_jax.model import Transformer, init_kv_cache
+    model = Transformer(config)
+    rows = capacity + max(windows)
+
+    @jax.jit
+    def forward(params, tokens, positions, cache, n):
+        logits, _ = model.apply({"params": params}, tokens, positions, kv_cache=cache, cache_len=n,
+                                kv_tile=kv_tile)
+        return jnp.argmax(logits, -1)
+
+    cache = init_kv_cache(config, 1, rows)
+    n = jnp.array([prefix], jnp.int32)
+    rng = np.random.default_rng(0)
+    inputs = {}
+    for w in windows:
+        toks = jnp.asarray(rng.integers(0, config.vocab_size, (1, w)), jnp.int32)
+        pos = prefix + jnp.arange(w, dtype=jnp.int32)[None]
+        inputs[w] = (toks, pos)
+        forward(params, toks, pos, cache, n).block_until_ready()       # compile
+    times = {w: [] for w in windows}
+    for _ in range(repeats):
+        for w in windows:
+            t0 = time.perf_counter()
+            forward(params, *inputs[w], cache, n).block_until_ready()
+            times[w].append(time.perf_counter() - t0)
+    return {w: float(np.median(t)) for w, t in times.items()}
 
 
 if __name__ == "__main__":

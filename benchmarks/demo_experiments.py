@@ -1,0 +1,337 @@
+"""The paper's speed experiments at small scale, on the shipped demo model (issue 5).
+
+    python -m benchmarks.demo_experiments NAME [--items N] [--repeats R] [--model DIR]
+
+NAME (or `all`, in this order):
+  regimes       counting / arithmetic / code: streaming vs block vs AR at the demo defaults, and the
+                cost of one forward at W = 1, 4, 8, 16, 32 beside them        (paper Figures 6-8)
+  tau           tau sweep, streaming and block at each tau: quality vs speed  (Figures 4a, 4c)
+  lam           lambda sweep at the default tau                               (Figure 5a)
+  window        W = 4, 8, 16, 32, 64 (streaming), with the forward cost of each W
+  batch         batch 1, 8, 32: streaming vs AR tokens/s
+  verified      issue 7: verified streaming (output = AR greedy) beside plain streaming and AR
+  transformers  transformers `generate` (greedy) on the same HF folder vs our AR and our streaming
+
+Every figure is measured in one run, methods interleaved per setting, AR measured beside them so
+ratios do not cross runs. Results: benchmarks/results/demo_NAME.json; plots:
+benchmarks/figures/demo_NAME.png. Quality: counting exact, arithmetic accuracy, code the AR-reading
+NLL per token of the generated continuation (AR greedy's beside it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+from benchmarks.demo import LAM, TAU, WINDOW
+from benchmarks.demo_eval import DEMO_MODEL, REGIMES, ar_nll, decode_items, eval_items, load_model
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "results")
+FIGURES = os.path.join(HERE, "figures")
+KINDS = ("counting", "arith", "code")
+TAUS = (0.05, 0.1, 0.2, 0.4, 0.6, 0.9, 1.2, 1.6, 2.4)
+LAMS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.5)
+WINDOWS = (4, 8, 16, 32, 64)
+BATCHES = (1, 8, 32)
+
+
+class Ctx:
+    def __init__(self, args):
+        self.args = args
+        self.config, self.params, self.tok = load_model(args.model)
+        self.items = {k: eval_items(args.model, k, args.items) for k in KINDS}
+
+    def run(self, kind, method, items=None, warmup=True, batch=1, **kw):
+        from decode.config import DecodeConfig
+        kw = dict(dict(window=WINDOW, tau=TAU, lam=LAM), **kw)
+        dc = DecodeConfig(method=method, max_new_tokens=REGIMES[kind].max_new_tokens, **kw)
+        r = decode_items(self.params, self.config, self.tok, items or self.items[kind], kind, dc,
+                         repeats=self.args.repeats, warmup=warmup, batch=batch)
+        if kind == "code":
+            nll = ar_nll(self.params, self.config, [(x["prompt_ids"], x["ids"]) for x in r["rows"]])
+            r["nll"] = float(np.mean(nll))
+        r["quality"] = r["nll"] if kind == "code" else r["accuracy"]
+        return r
+
+
+def brief(r, ar=None) -> dict:
+    out = {k: r[k] for k in ("method", "window", "tau", "lam", "batch", "n_items", "n_gen", "steps",
+                             "n_fwd", "tokens_per_forward", "p_cache", "wall_s", "tokens_per_s",
+                             "quality")}
+    if ar is not None:
+        out["speedup_vs_ar"] = ar["wall_s"] / r["wall_s"] * (r["n_gen"] / ar["n_gen"] if ar["n_gen"] else 1.0)
+    return out
+
+
+def qual(kind, q):
+    return f"NLL {q:.3f}" if kind == "code" else f"acc {100 * q:.0f}%"
+
+
+def line(kind, r):
+    s = r.get("speedup_vs_ar")
+    return (f"  {kind:<9}{r['method']:<10}W={r['window']:<3} tau={r['tau']:<5} lam={r['lam']:<5} "
+            f"b={r['batch']:<3} tok/fwd {r['tokens_per_forward']:5.2f}  p_cache {r['p_cache']:.3f}  "
+            f"{r['tokens_per_s']:7.0f} tok/s" + (f"  {s:5.2f}x AR" if s is not None else "")
+            + f"  {qual(kind, r['quality'])}")
+
+
+# ----------------------------------------------------------------------------- experiments
+
+def exp_regimes(ctx):
+    from benchmarks.window_cost import measure
+    out = {}
+    for kind in KINDS:
+        ar = ctx.run(kind, "ar")
+        res = {"ar": brief(ar, ar)}
+        for m in ("streaming", "block"):
+            res[m] = brief(ctx.run(kind, m), ar)
+        out[kind] = res
+        for r in res.values():
+            print(line(kind, r), flush=True)
+    cost = measure(ctx.config, ctx.params, [1, 4, 8, 16, 32], repeats=30)
+    out["forward_ms"] = {str(w): 1e3 * t for w, t in cost.items()}
+    print("  one forward:", ", ".join(f"W={w} {1e3 * t:.2f} ms" for w, t in cost.items()))
+    return out
+
+
+def exp_tau(ctx):
+    out = {}
+    for kind in KINDS:
+        ar = ctx.run(kind, "ar")
+        rows = {"ar": brief(ar, ar), "streaming": [], "block": []}
+        for i, tau in enumerate(TAUS):
+            for m in ("streaming", "block"):  # interleaved: both see the same machine state
+                r = brief(ctx.run(kind, m, tau=tau, warmup=i == 0), ar)
+                rows[m].append(r)
+                print(line(kind, r), flush=True)
+        out[kind] = rows
+    return out
+
+
+def exp_lam(ctx):
+    out = {}
+    for kind in KINDS:
+        ar = ctx.run(kind, "ar")
+        rows = {"ar": brief(ar, ar), "streaming": []}
+        for i, lam in enumerate(LAMS):
+            r = brief(ctx.run(kind, "streaming", lam=lam, warmup=i == 0), ar)
+            rows["streaming"].append(r)
+            print(line(kind, r), flush=True)
+        out[kind] = rows
+    return out
+
+
+def exp_window(ctx):
+    from benchmarks.window_cost import measure
+    cost = measure(ctx.config, ctx.params, [1, *WINDOWS], repeats=30)
+    out = {"forward_ms": {str(w): 1e3 * t for w, t in cost.items()}}
+    print("  one forward:", ", ".join(f"W={w} {1e3 * t:.2f} ms" for w, t in cost.items()))
+    for kind in KINDS:
+        ar = ctx.run(kind, "ar")
+        rows = {"ar": brief(ar, ar), "streaming": []}
+        for w in WINDOWS:
+            r = brief(ctx.run(kind, "streaming", window=w), ar)
+            rows["streaming"].append(r)
+            print(line(kind, r), flush=True)
+        out[kind] = rows
+    return out
+
+
+def exp_batch(ctx):
+    out = {}
+    for kind in ("counting", "arith"):
+        items = eval_items(ctx.args.model, kind, max(BATCHES))
+        rows = {}
+        for b in BATCHES:
+            ar = ctx.run(kind, "ar", items=items, batch=b)
+            st = ctx.run(kind, "streaming", items=items, batch=b)
+            rows[str(b)] = {"ar": brief(ar, ar), "streaming": brief(st, ar)}
+            for r in rows[str(b)].values():
+                print(line(kind, r), flush=True)
+        out[kind] = rows
+    return out
+
+
+def exp_verified(ctx):
+    """Issue 7 on the trained model: verified streaming beside plain streaming and AR."""
+    out = {}
+    for kind in KINDS:
+        ar = ctx.run(kind, "ar")
+        rows = {"ar": brief(ar, ar)}
+        for m in ("streaming", "verified"):
+            r = ctx.run(kind, m)
+            rows[m] = brief(r, ar)
+            rows[m]["same_as_ar"] = sum(x["ids"] == y["ids"] for x, y in zip(r["rows"], ar["rows"]))
+            rows[m]["accepted"], rows[m]["rejected"] = r.get("accepted"), r.get("rejected")
+            print(line(kind, rows[m]) + f"  same as AR {rows[m]['same_as_ar']}/{len(ar['rows'])}", flush=True)
+        out[kind] = rows
+    return out
+
+
+def exp_transformers(ctx):
+    import torch
+    from transformers import AutoModelForCausalLM
+    hf = AutoModelForCausalLM.from_pretrained(ctx.args.model, dtype=torch.float32).eval()
+    out = {"torch_threads": torch.get_num_threads()}
+    for kind in KINDS:
+        items = ctx.items[kind]
+        new = REGIMES[kind].max_new_tokens
+        ar = ctx.run(kind, "ar")
+        st = ctx.run(kind, "streaming")
+        eos = ctx.config.eos_token_id
+        walls, same, n_tok = [], 0, 0
+        for _ in range(1 + ctx.args.repeats):  # first pass warms up
+            t_all, outs = 0.0, []
+            for row in ar["rows"]:
+                ids = torch.tensor([row["prompt_ids"]])
+                t0 = time.perf_counter()
+                with torch.no_grad():
+                    g = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                                    do_sample=False, eos_token_id=eos, pad_token_id=eos)
+                t_all += time.perf_counter() - t0
+                outs.append(g[0, ids.shape[1]:].tolist())
+            walls.append(t_all)
+        for row, g in zip(ar["rows"], outs):
+            ours = row["ids"]
+            same += int(g[:len(ours)] == ours)
+            n_tok += len(g)
+        t_hf = float(np.median(walls[1:]))
+        out[kind] = dict(items=len(items), transformers_wall_s=t_hf, transformers_tokens=n_tok,
+                         transformers_tokens_per_s=n_tok / t_hf, ar_same_tokens=same,
+                         ours_ar=brief(ar), ours_streaming=brief(st),
+                         ar_vs_transformers=t_hf / ar["wall_s"] * ar["n_gen"] / max(n_tok, 1),
+                         streaming_vs_transformers=t_hf / st["wall_s"] * st["n_gen"] / max(n_tok, 1))
+        print(f"  {kind:<9}transformers {n_tok / t_hf:6.0f} tok/s | our AR {ar['tokens_per_s']:6.0f} tok/s "
+              f"({out[kind]['ar_vs_transformers']:.2f}x), same tokens in {same}/{len(items)} | "
+              f"our streaming {st['tokens_per_s']:6.0f} tok/s ({out[kind]['streaming_vs_transformers']:.2f}x)",
+              flush=True)
+    return out
+
+
+# ----------------------------------------------------------------------------- plots
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot(name, res, path):
+    plt = _plt()
+    if name == "regimes":
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), dpi=110)
+        x = np.arange(len(KINDS))
+        for i, m in enumerate(("streaming", "block", "ar")):
+            axes[0].bar(x + (i - 1) * 0.27, [res[k][m]["speedup_vs_ar"] for k in KINDS], 0.27, label=m)
+            axes[1].bar(x + (i - 1) * 0.27, [res[k][m]["tokens_per_forward"] for k in KINDS], 0.27, label=m)
+        for ax, t in zip(axes, ("wall-clock speed-up over AR", "tokens per forward")):
+            ax.set_xticks(x, KINDS)
+            ax.set_title(t)
+            ax.grid(axis="y", alpha=0.3)
+        axes[0].legend()
+    elif name in ("tau", "lam", "window"):
+        fig, axes = plt.subplots(1, len(KINDS), figsize=(4 * len(KINDS), 3.6), dpi=110)
+        key = {"tau": "tau", "lam": "lam", "window": "window"}[name]
+        for ax, kind in zip(axes, KINDS):
+            for m in ("streaming", "block"):
+                rows = res[kind].get(m)
+                if not rows:
+                    continue
+                xs = [r["speedup_vs_ar"] for r in rows]
+                ys = [r["quality"] for r in rows]
+                ax.plot(xs, ys, "o-", label=m)
+                for r, xx, yy in zip(rows, xs, ys):
+                    ax.annotate(f"{r[key]:g}", (xx, yy), fontsize=7, xytext=(3, 3), textcoords="offset points")
+            ar = res[kind]["ar"]
+            ax.plot([1.0], [ar["quality"]], "k*", ms=10, label="AR")
+            ax.set_xlabel("wall-clock speed-up over AR")
+            ax.set_ylabel("NLL per token (lower is better)" if kind == "code" else "accuracy")
+            ax.set_title(f"{kind}: {key} sweep")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+    elif name == "batch":
+        fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
+        for kind in res:
+            bs = sorted(res[kind], key=int)
+            for m, style in (("streaming", "o-"), ("ar", "s--")):
+                ax.plot([int(b) for b in bs], [res[kind][b][m]["tokens_per_s"] for b in bs], style,
+                        label=f"{kind} {m}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch")
+        ax.set_ylabel("tokens / s")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    else:
+        return None
+    if name == "tau":  # Figure 4c beside it: tokens/s of streaming and block across tau
+        fig.savefig(path)
+        plt.close(fig)
+        fig, axes = plt.subplots(1, len(KINDS), figsize=(4 * len(KINDS), 3.4), dpi=110)
+        for ax, kind in zip(axes, KINDS):
+            for m in ("streaming", "block"):
+                rows = res[kind][m]
+                ax.plot([r["tau"] for r in rows], [r["tokens_per_s"] for r in rows], "o-", label=m)
+            ax.axhline(res[kind]["ar"]["tokens_per_s"], color="k", ls=":", label="AR")
+            ax.set_xlabel("tau")
+            ax.set_ylabel("tokens / s")
+            ax.set_title(f"{kind}: streaming vs block")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        path = path.replace(".png", "_stream_vs_block.png")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+EXPERIMENTS = {"regimes": exp_regimes, "tau": exp_tau, "lam": exp_lam, "window": exp_window,
+               "batch": exp_batch, "verified": exp_verified, "transformers": exp_transformers}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.demo_experiments",
+                                 description=__doc__.split("\n")[0])
+    ap.add_argument("name", choices=(*EXPERIMENTS, "all"))
+    ap.add_argument("--model", default=DEMO_MODEL)
+    ap.add_argument("--items", type=int, default=8, help="held-out prompts per regime (default 8)")
+    ap.add_argument("--repeats", type=int, default=2, help="timed runs per setting; median (default 2)")
+    ap.add_argument("--results", default=RESULTS)
+    ap.add_argument("--figures", default=FIGURES)
+    args = ap.parse_args(argv)
+    ctx = Ctx(args)
+    names = list(EXPERIMENTS) if args.name == "all" else [args.name]
+    os.makedirs(args.results, exist_ok=True)
+    os.makedirs(args.figures, exist_ok=True)
+    for name in names:
+        print(f"== {name}", flush=True)
+        t0 = time.perf_counter()
+        res = EXPERIMENTS[name](ctx)
+        meta = dict(command=f"python -m benchmarks.demo_experiments {name} --items {args.items} "
+                            f"--repeats {args.repeats}",
+                    machine=f"{platform.machine()}, {os.cpu_count()} CPUs", loadavg=os.getloadavg(),
+                    seconds=round(time.perf_counter() - t0, 1), defaults=dict(window=WINDOW, tau=TAU, lam=LAM))
+        with open(os.path.join(args.results, f"demo_{name}.json"), "w") as f:
+            json.dump(dict(meta=meta, results=_strip(res)), f, indent=1)
+        p = plot(name, res, os.path.join(args.figures, f"demo_{name}.png"))
+        print(f"== {name}: {meta['seconds']} s; {args.results}/demo_{name}.json" + (f", {p}" if p else ""))
+    return 0
+
+
+def _strip(x):
+    if isinstance(x, dict):
+        return {k: _strip(v) for k, v in x.items() if k != "rows"}
+    if isinstance(x, list):
+        return [_strip(v) for v in x]
+    return x
+
+
+if __name__ == "__main__":
+    sys.exit(main())

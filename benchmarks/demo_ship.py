@@ -1,0 +1,133 @@
+"""Ship the trained demo model into the repository (issue 5, step iv).
+
+    python -m benchmarks.demo_ship [--runs runs/demo] [--data data/demo] [--out benchmarks/demo_model]
+
+Copies the adapted model's HF export (config.json, model.safetensors, tokenizer files) and the
+held-out eval prompts, draws the loss curves of both training stages from their metrics.jsonl as
+PNGs, writes training.json (steps, tokens, wall time per stage, final losses) and MANIFEST.sha256
+(what `make demo` checks before loading). The model card (README.md in the folder) is kept if it
+exists. The folder is built beside the target and swapped in whole: an interrupted run leaves the
+previous one intact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+from benchmarks.demo_eval import DEMO_MODEL, write_manifest
+
+COPY = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+        "generation_config.json")
+
+
+def read_metrics(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        raise SystemExit(f"demo_ship: {path} is missing (run benchmarks/demo_pipeline.sh first)")
+    return [json.loads(line) for line in open(path) if line.strip()]
+
+
+def stage_seconds(runs: str) -> dict:
+    """Wall seconds of the newest real run of each stage (RUNS/stages.tsv)."""
+    out = {}
+    path = os.path.join(runs, "stages.tsv")
+    if os.path.exists(path):
+        for line in open(path):
+            parts = line.rstrip("\n").split("\t")
+            if len(parts) == 4 and parts[1] == "real":
+                out[parts[2]] = float(parts[3])
+    return out
+
+
+def plot_losses(rows: list[dict], keys: tuple, title: str, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
+    for k in keys:
+        pts = [(r["step"], r[k]) for r in rows if k in r and r[k] > 0]
+        if pts:
+            ax.plot(*zip(*pts), label=k)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats / token)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def summary(rows: list[dict], seconds: float | None) -> dict:
+    last = rows[-1]
+    steady = [r["step_time_s"] for r in rows if not r.get("includes_compile")]
+    return dict(steps=last["step"], final={k: round(float(last[k]), 4) for k in
+                                           ("loss", "ar_loss", "mlm_loss", "masked_accuracy") if k in last},
+                median_step_s=round(sorted(steady)[len(steady) // 2], 3) if steady else None,
+                stage_wall_s=seconds)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.demo_ship", description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", default="runs/demo")
+    ap.add_argument("--data", default="data/demo")
+    ap.add_argument("--out", default=DEMO_MODEL)
+    args = ap.parse_args(argv)
+    hf = os.path.join(args.runs, "adapt", "hf")
+    for name in COPY[:4]:
+        if not os.path.exists(os.path.join(hf, name)):
+            raise SystemExit(f"demo_ship: {os.path.join(hf, name)} is missing (the adapt stage of "
+                             "benchmarks/demo_pipeline.sh writes it)")
+    eval_path = os.path.join(args.data, "eval.jsonl")
+    if not os.path.exists(eval_path):
+        raise SystemExit(f"demo_ship: {eval_path} is missing (python -m benchmarks.demo_data --out {args.data})")
+    pre = read_metrics(os.path.join(args.runs, "pretrain", "metrics.jsonl"))
+    ada = read_metrics(os.path.join(args.runs, "adapt", "metrics.jsonl"))
+    secs = stage_seconds(args.runs)
+
+    out = os.path.abspath(args.out)
+    parent = os.path.dirname(out)
+    tmp = tempfile.mkdtemp(prefix=".demo_model.", dir=parent)
+    try:
+        for name in COPY:
+            src = os.path.join(hf, name)
+            if os.path.exists(src):
+                shutil.copyfile(src, os.path.join(tmp, name))
+        shutil.copyfile(eval_path, os.path.join(tmp, "eval.jsonl"))
+        for name in ("README.md",):
+            if os.path.exists(os.path.join(out, name)):
+                shutil.copyfile(os.path.join(out, name), os.path.join(tmp, name))
+        plot_losses(pre, ("ar_loss",), "stage 1: AR pretraining (configs/demo_pretrain.yaml)",
+                    os.path.join(tmp, "loss_pretrain.png"))
+        plot_losses(ada, ("loss", "mlm_loss", "ar_loss"),
+                    "stage 2: WeDLM adaptation (configs/demo_adapt.yaml)", os.path.join(tmp, "loss_adapt.png"))
+        stats_path = os.path.join(args.data, "stats.json")
+        info = dict(pretrain=summary(pre, secs.get("pretrain")), adapt=summary(ada, secs.get("adapt")),
+                    data=json.load(open(stats_path)) if os.path.exists(stats_path) else None)
+        with open(os.path.join(tmp, "training.json"), "w") as f:
+            json.dump(info, f, indent=1)
+        for name, src in (("metrics_pretrain.jsonl", os.path.join(args.runs, "pretrain", "metrics.jsonl")),
+                          ("metrics_adapt.jsonl", os.path.join(args.runs, "adapt", "metrics.jsonl"))):
+            shutil.copyfile(src, os.path.join(tmp, name))
+        write_manifest(tmp)
+        old = None
+        if os.path.exists(out):
+            old = tempfile.mkdtemp(prefix=".demo_model.old.", dir=parent)
+            os.rename(out, os.path.join(old, "x"))
+        os.rename(tmp, out)
+        if old:
+            shutil.rmtree(old)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    print(f"shipped {hf} -> {out}")
+    print(json.dumps({k: v for k, v in info.items() if k != "data"}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
