@@ -1,57 +1,88 @@
-"""`make demo`: the main job on a fresh machine, until the trained demo model exists.
+"""`make demo`: the shipped WeDLM demo model (benchmarks/demo_model, trained here: see its README.md)
+decodes held-out counting, arithmetic and code prompts with streaming parallel decoding, then the
+same prompts are decoded by streaming, block and AR decoding on the same weights, side by side.
 
-What it does, honestly: builds a tiny *random* Qwen3 model with transformers, converts it with
-`wedlm-convert hf-to-orbax` (the project's CLI, in a subprocess), loads the Orbax checkpoint, and
-prints how closely our jitted JAX forward agrees with transformers' forward on the same inputs, in
-natural order and in a reordered (topologically permuted) order with logical positions carried. It
-says nothing about generation quality: the weights are random.
+    python -m benchmarks.demo [--items N] [--repeats R] [--window W] [--tau T] [--lam L] [--model DIR]
+
+Prints each regime's first continuation (streaming) and a table: tokens per forward, p_cache,
+tokens/s, wall-clock ratio over AR, and the regime's quality (counting exact, arithmetic accuracy,
+code: the AR-reading NLL per token of the continuation). A missing or damaged model file is named
+before anything is loaded, with how to restore or rebuild it.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
+import argparse
 import sys
-import tempfile
-import time
 
-import numpy as np
+from benchmarks.demo_eval import DEMO_MODEL, DemoModelError, REGIMES, ar_nll, check_model, decode_items
+
+# The demo's decoding defaults, picked from the measurements in BENCHMARKS.md (issue 5).
+WINDOW, TAU, LAM = 32, 0.6, 0.02
+METHODS = ("streaming", "block", "ar")
 
 
-def main() -> int:
-    import jax
+def quality(kind, params, config, res) -> str:
+    if kind == "code":
+        nll = ar_nll(params, config, [(r["prompt_ids"], r["ids"]) for r in res["rows"]])
+        return f"NLL {sum(nll) / len(nll):.3f}"
+    return f"{100 * res['accuracy']:.0f}% right"
 
-    from tests.hf_models import hf_logits, make_hf_model
-    from wedlm_jax.convert import load_checkpoint
-    from wedlm_jax.model import Transformer
 
-    print("wedlm-jax demo (placeholder until the trained demo model ships):")
-    print("  a tiny RANDOM Qwen3 model -> wedlm-convert hf-to-orbax -> JAX forward vs transformers\n")
-    with tempfile.TemporaryDirectory() as tmp:
-        hf_dir = make_hf_model("qwen3", os.path.join(tmp, "hf"), head_dim=16, hidden=64, layers=4,
-                               vocab=256, heads=4, kv_heads=2)
-        out_dir = os.path.join(tmp, "orbax")
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "wedlm_jax.convert", "hf-to-orbax", "--hf", hf_dir,
-                        "--out", out_dir, "--no-progress"], check=True)
-        print(f"converted {hf_dir} -> {out_dir} in {time.perf_counter() - t0:.1f}s (subprocess)")
-        config, params = load_checkpoint(out_dir)
-        print(f"model: {config.model_type}, {config.num_params():,} parameters, "
-              f"{config.num_layers} layers, head_dim {config.head_dim}, qk_norm={config.qk_norm}")
-        forward = jax.jit(Transformer(config).apply)
-        rng = np.random.default_rng(0)
-        tokens = rng.integers(0, config.vocab_size, (2, 24))
-        positions = np.broadcast_to(np.arange(24), (2, 24))
-        perm = np.stack([rng.permutation(24) for _ in range(2)])
-        print(f"\n{'input order':<34}{'max |logit diff|':>18}{'max |logit|':>14}")
-        for name, (t, p) in {"natural": (tokens, positions),
-                             "permuted (positions carried)": (np.take_along_axis(tokens, perm, 1),
-                                                              np.take_along_axis(positions, perm, 1))}.items():
-            ours = np.asarray(forward({"params": params}, t, p))
-            ref = hf_logits(hf_dir, t, p)
-            print(f"{name:<34}{np.abs(ours - ref).max():>18.2e}{np.abs(ref).max():>14.3f}")
-        print("\nfloat32 on CPU; agreement within 1e-4 is what tests/test_parity.py asserts.")
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.demo", description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default=DEMO_MODEL)
+    ap.add_argument("--items", type=int, default=4, help="held-out prompts per regime (default 4)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per method; median (default 3)")
+    ap.add_argument("--window", type=int, default=WINDOW)
+    ap.add_argument("--tau", type=float, default=TAU)
+    ap.add_argument("--lam", type=float, default=LAM)
+    args = ap.parse_args(argv)
+    try:
+        check_model(args.model)
+    except DemoModelError as e:
+        print(f"make demo: {e}", file=sys.stderr)
+        return 2
+
+    from decode.config import DecodeConfig
+    from benchmarks.demo_eval import eval_items, load_model
+    config, params, tok = load_model(args.model, check=False)
+    print(f"wedlm-jax demo: {args.model}\n  {config.model_type}, {config.num_params():,} parameters, "
+          f"{config.num_layers} layers, vocab {config.vocab_size}; trained on this project's own data "
+          f"(see its README.md)\n  streaming decoding: W={args.window}, tau={args.tau}, "
+          f"lambda={args.lam}, greedy, one prompt per call\n")
+    table = []
+    for kind in ("counting", "arith", "code"):
+        items = eval_items(args.model, kind, args.items)
+        runs = {}
+        for m in METHODS:  # same prompts, same weights, same cache code
+            dc = DecodeConfig(method=m, window=args.window, tau=args.tau, lam=args.lam,
+                              max_new_tokens=REGIMES[kind].max_new_tokens)
+            runs[m] = decode_items(params, config, tok, items, kind, dc, repeats=args.repeats)
+        first = runs["streaming"]["rows"][0]
+        print(f"[{kind}] {first['prompt']!r}\n  -> {first['text']!r}\n")
+        for m in METHODS:
+            r = runs[m]
+            table.append((kind, m, r["n_gen"], r["steps"], r["tokens_per_forward"], r["p_cache"],
+                          r["tokens_per_s"], r["tokens_per_s"] / runs["ar"]["tokens_per_s"],
+                          quality(kind, params, config, r)))
+    print(f"{args.items} held-out prompts per regime, batch 1, median wall time of {args.repeats} runs "
+          f"(compile excluded), float32 on {_device()}:")
+    head = ("regime", "method", "tokens", "forwards", "tok/fwd", "p_cache", "tok/s", "vs AR", "quality")
+    print(f"{head[0]:<10}{head[1]:<11}{head[2]:>7}{head[3]:>9}{head[4]:>9}{head[5]:>9}{head[6]:>8}"
+          f"{head[7]:>8}  {head[8]}")
+    for kind, m, n, steps, tpf, pc, tps, ratio, q in table:
+        print(f"{kind:<10}{m:<11}{n:>7}{steps:>9}{tpf:>9.2f}{pc:>9.3f}{tps:>8.0f}{ratio:>7.2f}x  {q}")
+    print("\ntok/fwd = tokens per forward; p_cache = tokens emitted / token slots computed; "
+          "vs AR = this method's tokens/s over AR's (the wall-clock ratio for equal output).\nBENCHMARKS.md (issue 5) has the sweeps: "
+          "python -m benchmarks.demo_experiments all")
     return 0
+
+
+def _device() -> str:
+    import jax
+    d = jax.devices()[0]
+    return f"{d.platform} ({jax.device_count()} device{'s' if jax.device_count() > 1 else ''})"
 
 
 if __name__ == "__main__":

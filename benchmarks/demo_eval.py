@@ -93,7 +93,7 @@ def check_model(folder: str = DEMO_MODEL) -> None:
 
 def write_manifest(folder: str) -> None:
     names = sorted(n for n in os.listdir(folder)
-                   if n != MANIFEST and os.path.isfile(os.path.join(folder, n)))
+                   if n not in (MANIFEST, "README.md") and os.path.isfile(os.path.join(folder, n)))
     with open(os.path.join(folder, MANIFEST), "w") as f:
         for n in names:
             f.write(f"{sha256(os.path.join(folder, n))} {n}\n")

@@ -101,46 +101,37 @@ def exp_regimes(ctx):
     return out
 
 
-def exp_tau(ctx):
+def sweep(ctx, key, values, methods, recompiles=False):
+    """For each regime: AR once, then each method at each value of `key` (interleaved, so every
+    method sees the same machine state). `recompiles`: the key is static (W), so every value pays
+    a compile pass; tau and lambda are runtime values of one compiled program."""
     out = {}
     for kind in KINDS:
         ar = ctx.run(kind, "ar")
-        rows = {"ar": brief(ar, ar), "streaming": [], "block": []}
-        for i, tau in enumerate(TAUS):
-            for m in ("streaming", "block"):  # interleaved: both see the same machine state
-                r = brief(ctx.run(kind, m, tau=tau, warmup=i == 0), ar)
+        rows = {"ar": brief(ar, ar), **{m: [] for m in methods}}
+        for i, v in enumerate(values):
+            for m in methods:
+                r = brief(ctx.run(kind, m, warmup=recompiles or i == 0, **{key: v}), ar)
                 rows[m].append(r)
                 print(line(kind, r), flush=True)
         out[kind] = rows
     return out
 
 
+def exp_tau(ctx):
+    return sweep(ctx, "tau", TAUS, ("streaming", "block"))
+
+
 def exp_lam(ctx):
-    out = {}
-    for kind in KINDS:
-        ar = ctx.run(kind, "ar")
-        rows = {"ar": brief(ar, ar), "streaming": []}
-        for i, lam in enumerate(LAMS):
-            r = brief(ctx.run(kind, "streaming", lam=lam, warmup=i == 0), ar)
-            rows["streaming"].append(r)
-            print(line(kind, r), flush=True)
-        out[kind] = rows
-    return out
+    return sweep(ctx, "lam", LAMS, ("streaming",))
 
 
 def exp_window(ctx):
     from benchmarks.window_cost import measure
     cost = measure(ctx.config, ctx.params, [1, *WINDOWS], repeats=30)
-    out = {"forward_ms": {str(w): 1e3 * t for w, t in cost.items()}}
     print("  one forward:", ", ".join(f"W={w} {1e3 * t:.2f} ms" for w, t in cost.items()))
-    for kind in KINDS:
-        ar = ctx.run(kind, "ar")
-        rows = {"ar": brief(ar, ar), "streaming": []}
-        for w in WINDOWS:
-            r = brief(ctx.run(kind, "streaming", window=w), ar)
-            rows["streaming"].append(r)
-            print(line(kind, r), flush=True)
-        out[kind] = rows
+    out = sweep(ctx, "window", WINDOWS, ("streaming",), recompiles=True)
+    out["forward_ms"] = {str(w): 1e3 * t for w, t in cost.items()}
     return out
 
 

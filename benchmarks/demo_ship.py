@@ -65,7 +65,10 @@ def plot_losses(rows: list[dict], keys: tuple, title: str, path: str) -> None:
 def summary(rows: list[dict], seconds: float | None) -> dict:
     last = rows[-1]
     steady = [r["step_time_s"] for r in rows if not r.get("includes_compile")]
-    return dict(steps=last["step"], final={k: round(float(last[k]), 4) for k in
+    tokens = [r["tokens"] for r in rows if "tokens" in r]
+    return dict(steps=last["step"],
+                tokens_per_step=round(sum(tokens) / len(tokens)) if tokens else None,
+                final={k: round(float(last[k]), 4) for k in
                                            ("loss", "ar_loss", "mlm_loss", "masked_accuracy") if k in last},
                 median_step_s=round(sorted(steady)[len(steady) // 2], 3) if steady else None,
                 stage_wall_s=seconds)
