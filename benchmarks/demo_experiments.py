@@ -11,6 +11,7 @@ NAME (or `all`, in this order):
   batch         batch 1, 8, 32: streaming vs AR tokens/s
   verified      issue 7: verified streaming (output = AR greedy) beside plain streaming and AR
   transformers  transformers `generate` (greedy) on the same HF folder vs our AR and our streaming
+  report        print the saved results as the Markdown tables of BENCHMARKS.md
 
 Every figure is measured in one run, methods interleaved per setting, AR measured beside them so
 ratios do not cross runs. Results: benchmarks/results/demo_NAME.json; plots:
@@ -36,8 +37,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
 FIGURES = os.path.join(HERE, "figures")
 KINDS = ("counting", "arith", "code")
-TAUS = (0.05, 0.1, 0.2, 0.4, 0.6, 0.9, 1.2, 1.6, 2.4)
-LAMS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.5)
+TAUS = (0.1, 0.3, 0.6, 0.9, 1.5, 2.5)
+LAMS = (0.0, 0.02, 0.1, 0.3)
 WINDOWS = (4, 8, 16, 32, 64)
 BATCHES = (1, 8, 32)
 
@@ -290,13 +291,16 @@ EXPERIMENTS = {"regimes": exp_regimes, "tau": exp_tau, "lam": exp_lam, "window":
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.demo_experiments",
                                  description=__doc__.split("\n")[0])
-    ap.add_argument("name", choices=(*EXPERIMENTS, "all"))
+    ap.add_argument("name", choices=(*EXPERIMENTS, "all", "report"))
     ap.add_argument("--model", default=DEMO_MODEL)
     ap.add_argument("--items", type=int, default=8, help="held-out prompts per regime (default 8)")
     ap.add_argument("--repeats", type=int, default=2, help="timed runs per setting; median (default 2)")
     ap.add_argument("--results", default=RESULTS)
     ap.add_argument("--figures", default=FIGURES)
     args = ap.parse_args(argv)
+    if args.name == "report":
+        print(report(args.results))
+        return 0
     ctx = Ctx(args)
     names = list(EXPERIMENTS) if args.name == "all" else [args.name]
     os.makedirs(args.results, exist_ok=True)
@@ -314,6 +318,49 @@ def main(argv=None) -> int:
         p = plot(name, res, os.path.join(args.figures, f"demo_{name}.png"))
         print(f"== {name}: {meta['seconds']} s; {args.results}/demo_{name}.json" + (f", {p}" if p else ""))
     return 0
+
+
+def report(results_dir: str = RESULTS) -> str:
+    """Markdown tables of every saved result (what BENCHMARKS.md shows)."""
+    out = []
+    head = "| regime | method | W | tau | lambda | batch | tok/fwd | p_cache | tok/s | x AR | quality |\n|" + "---|" * 11
+    for name in EXPERIMENTS:
+        path = os.path.join(results_dir, f"demo_{name}.json")
+        if not os.path.exists(path):
+            continue
+        d = json.load(open(path))
+        m = d["meta"]
+        out.append(f"### {name}: `{m['command']}`\n\n({m['machine']}, load {m['loadavg'][0]:.1f}, "
+                   f"{m['seconds']} s)\n")
+        res = d["results"]
+        if name == "transformers":
+            out.append("| regime | transformers tok/s | our AR tok/s | AR same tokens | our streaming tok/s | AR / transformers | streaming / transformers |\n|" + "---|" * 7)
+            for k in KINDS:
+                r = res[k]
+                out.append(f"| {k} | {r['transformers_tokens_per_s']:.0f} | {r['ours_ar']['tokens_per_s']:.0f} | "
+                           f"{r['ar_same_tokens']}/{r['items']} | {r['ours_streaming']['tokens_per_s']:.0f} | "
+                           f"{r['ar_vs_transformers']:.2f}x | {r['streaming_vs_transformers']:.2f}x |")
+            out.append("")
+            continue
+        out.append(head)
+        for kind, rows in res.items():
+            if kind == "forward_ms":
+                continue
+            flat = []
+            for v in (rows.values() if name != "batch" else [x for b in rows.values() for x in b.values()]):
+                flat.extend(v if isinstance(v, list) else [v])
+            for r in flat:
+                q = r["quality"]
+                q = "" if q is None else (f"NLL {q:.3f}" if kind == "code" else f"{100 * q:.0f}% right")
+                extra = f" (same as AR {r['same_as_ar']}/{r['n_items']})" if "same_as_ar" in r else ""
+                out.append(f"| {kind} | {r['method']} | {r['window']} | {r['tau']} | {r['lam']} | {r['batch']} | "
+                           f"{r['tokens_per_forward']:.2f} | {r['p_cache']:.3f} | {r['tokens_per_s']:.0f} | "
+                           f"{r.get('speedup_vs_ar', 1.0):.2f}x | {q}{extra} |")
+        if "forward_ms" in res:
+            fm = res["forward_ms"]
+            out.append("\nOne forward (ms): " + ", ".join(f"W={w} {v:.2f} ({v / fm['1']:.2f}x)" for w, v in fm.items()))
+        out.append("")
+    return "\n".join(out)
 
 
 def _strip(x):

@@ -84,7 +84,7 @@ def test_shipped_weights_are_trained_and_decode_in_parallel(demo):
     from benchmarks.demo import LAM, TAU, WINDOW
     from benchmarks.demo_eval import ar_nll
     config, params, tok = demo
-    for kind, bound in (("counting", 1.0), ("code", 3.0)):
+    for kind, bound in (("counting", 1.0), ("code", 4.5)):
         items = eval_items(DEMO_MODEL, kind, 4)
         pairs = [(tok.encode(it["prompt"]), tok.encode(it["target"])[:64]) for it in items]
         nll = float(np.mean(ar_nll(params, config, pairs)))
@@ -103,12 +103,13 @@ def test_verified_equals_ar_greedy_on_trained_model(demo, window, tau, lam):
              + eval_items(DEMO_MODEL, "code", 2))
     prompts = [tok.encode(it["prompt"]) for it in items]   # rows of different lengths, one batch
     assert len({len(p) for p in prompts}) > 1
-    stops = stop_ids(tok, config, REGIMES["arith"])          # eos and "\n\n"
+    stops = stop_ids(tok, config, REGIMES["sort"])           # eos and "\n": some rows stop early
     out = {}
     for m in ("ar", "verified"):
         dc = DecodeConfig(method=m, window=window, tau=tau, lam=lam, max_new_tokens=48,
                           stop_token_ids=stops)
         out[m] = generate(params, config, prompts, dc, capacity=256)
     assert out["verified"].tokens == out["ar"].tokens
-    assert any(ids and ids[-1] in stops for ids in out["ar"].tokens)   # a stop token was exercised
+    ends = [bool(ids) and ids[-1] in stops for ids in out["ar"].tokens]
+    assert any(ends) and not all(ends)         # rows that stop and rows that run to the budget
     assert out["verified"].steps < out["ar"].steps                     # and it was faster than AR
