@@ -264,6 +264,7 @@ def plot(name, res, path):
     else:
         return None
     if name == "tau":  # Figure 4c beside it: tokens/s of streaming and block across tau
+        fig.tight_layout()
         fig.savefig(path)
         plt.close(fig)
         fig, axes = plt.subplots(1, len(KINDS), figsize=(4 * len(KINDS), 3.4), dpi=110)
