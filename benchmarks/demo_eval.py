@@ -153,12 +153,10 @@ def cut(text: str, stop_strings) -> tuple[str, bool]:
 # ------------------------------------------------------------------------------- decoding
 
 def stop_ids(tokenizer, config, regime: Regime) -> tuple[int, ...]:
-    ids = tokenizer.default_stop_ids(config.eos_token_id)
-    for s in regime.stop_strings:
-        enc = tokenizer.encode(s)
-        if len(enc) == 1:
-            ids.append(enc[0])
-    return tuple(dict.fromkeys(ids))
+    """eos ids plus the regime's single-token stop strings (the rest are cut after decoding)."""
+    from decode.text import split_stop_strings
+    ids, _ = split_stop_strings(tokenizer, regime.stop_strings)
+    return tuple(dict.fromkeys(tokenizer.default_stop_ids(config.eos_token_id) + ids))
 
 
 def decode_items(params, config, tokenizer, items, kind, dc, *, batch: int = 1, repeats: int = 1,

@@ -231,7 +231,7 @@ def plot(name, res, path):
         axes[0].legend()
     elif name in ("tau", "lam", "window"):
         fig, axes = plt.subplots(1, len(KINDS), figsize=(4 * len(KINDS), 3.6), dpi=110)
-        key = {"tau": "tau", "lam": "lam", "window": "window"}[name]
+        key = name  # the swept field of each row
         for ax, kind in zip(axes, KINDS):
             for m in ("streaming", "block"):
                 rows = res[kind].get(m)
