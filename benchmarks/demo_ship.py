@@ -1,8 +1,12 @@
 """Ship the trained demo model into the repository (issue 5, step iv).
 
     python -m benchmarks.demo_ship [--runs runs/demo] [--data data/demo] [--out benchmarks/demo_model]
+                                   [--continued DIR [DIR ...]]
 
-Copies the adapted model's HF export (config.json, model.safetensors, tokenizer files) and the
+--continued names further adaptation runs, in order, each started from the previous one's HF export
+(`wedlm-train --config configs/demo_adapt.yaml model.from_hf=... checkpoint.dir=DIR
+checkpoint.export_hf=DIR/hf metrics_file=DIR/metrics.jsonl`); the last one's export is shipped and
+their curves continue the adaptation curve. Copies the adapted model's HF export (config.json, model.safetensors, tokenizer files) and the
 held-out eval prompts, draws the loss curves of both training stages from their metrics.jsonl as
 PNGs, writes training.json (steps, tokens, wall time per stage, final losses) and MANIFEST.sha256
 (what `make demo` checks before loading). The model card (README.md in the folder) is kept if it
@@ -43,7 +47,31 @@ def stage_seconds(runs: str) -> dict:
     return out
 
 
-def plot_losses(rows: list[dict], keys: tuple, title: str, path: str) -> None:
+def run_settings(run: str) -> dict:
+    """Start point, steps and schedule of a training run, from its newest checkpoint's saved config."""
+    steps = sorted((int(d) for d in os.listdir(run) if d.isdigit()), reverse=True)
+    for step in steps:
+        path = os.path.join(run, str(step), "config", "metadata")
+        if os.path.exists(path):
+            c = json.load(open(path))
+            o = c["optimizer"]
+            return dict(from_hf=c["model"]["from_hf"], shuffle_seed=c["data"]["shuffle_seed"],
+                        lr=o["lr"], final_lr=o["final_lr"], warmup_steps=o["warmup_steps"])
+    raise SystemExit(f"demo_ship: {run} has no checkpoint with a saved config (config/metadata)")
+
+
+def chain(stages: list[list[dict]]) -> tuple[list[dict], list[int]]:
+    """Concatenate the metrics of consecutive runs on one step axis; also the steps where each later run starts."""
+    rows, starts, offset = [], [], 0
+    for i, stage in enumerate(stages):
+        if i:
+            starts.append(offset)
+        rows += [dict(r, step=r["step"] + offset) for r in stage]
+        offset += stage[-1]["step"]
+    return rows, starts
+
+
+def plot_losses(rows: list[dict], keys: tuple, title: str, path: str, marks: list[int] = ()) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -52,7 +80,9 @@ def plot_losses(rows: list[dict], keys: tuple, title: str, path: str) -> None:
         pts = [(r["step"], r[k]) for r in rows if k in r and r[k] > 0]
         if pts:
             ax.plot(*zip(*pts), label=k)
-    ax.set_xlabel("step")
+    for m in marks:
+        ax.axvline(m, color="grey", ls="--", lw=0.8)
+    ax.set_xlabel("step" + (" (dashed: a continued run starts)" if marks else ""))
     ax.set_ylabel("loss (nats / token)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
@@ -79,8 +109,10 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", default="runs/demo")
     ap.add_argument("--data", default="data/demo")
     ap.add_argument("--out", default=DEMO_MODEL)
+    ap.add_argument("--continued", nargs="+", default=[], metavar="DIR",
+                    help="further adaptation runs, in order; the last one's DIR/hf is shipped")
     args = ap.parse_args(argv)
-    hf = os.path.join(args.runs, "adapt", "hf")
+    hf = os.path.join(args.continued[-1] if args.continued else os.path.join(args.runs, "adapt"), "hf")
     for name in COPY[:4]:
         if not os.path.exists(os.path.join(hf, name)):
             raise SystemExit(f"demo_ship: {os.path.join(hf, name)} is missing (the adapt stage of "
@@ -90,7 +122,11 @@ def main(argv=None) -> int:
         raise SystemExit(f"demo_ship: {eval_path} is missing (python -m benchmarks.demo_data --out {args.data})")
     pre = read_metrics(os.path.join(args.runs, "pretrain", "metrics.jsonl"))
     ada = read_metrics(os.path.join(args.runs, "adapt", "metrics.jsonl"))
+    more = [read_metrics(os.path.join(d, "metrics.jsonl")) for d in args.continued]
     secs = stage_seconds(args.runs)
+    continued = [dict(run=d, **run_settings(d), **summary(m, secs.get("continue:" + os.path.basename(d.rstrip("/")))))
+                 for d, m in zip(args.continued, more)]
+    ada_all, marks = chain([ada] + more)
 
     out = os.path.abspath(args.out)
     parent = os.path.dirname(out)
@@ -106,15 +142,19 @@ def main(argv=None) -> int:
                 shutil.copyfile(os.path.join(out, name), os.path.join(tmp, name))
         plot_losses(pre, ("ar_loss",), "stage 1: AR pretraining (configs/demo_pretrain.yaml)",
                     os.path.join(tmp, "loss_pretrain.png"))
-        plot_losses(ada, ("loss", "mlm_loss", "ar_loss"),
-                    "stage 2: WeDLM adaptation (configs/demo_adapt.yaml)", os.path.join(tmp, "loss_adapt.png"))
+        plot_losses(ada_all, ("loss", "mlm_loss", "ar_loss"),
+                    "stage 2: WeDLM adaptation (configs/demo_adapt.yaml)", os.path.join(tmp, "loss_adapt.png"),
+                    marks)
         stats_path = os.path.join(args.data, "stats.json")
         info = dict(pretrain=summary(pre, secs.get("pretrain")), adapt=summary(ada, secs.get("adapt")),
+                    adapt_continued=continued,
                     data=json.load(open(stats_path)) if os.path.exists(stats_path) else None)
         with open(os.path.join(tmp, "training.json"), "w") as f:
             json.dump(info, f, indent=1)
         for name, src in (("metrics_pretrain.jsonl", os.path.join(args.runs, "pretrain", "metrics.jsonl")),
-                          ("metrics_adapt.jsonl", os.path.join(args.runs, "adapt", "metrics.jsonl"))):
+                          ("metrics_adapt.jsonl", os.path.join(args.runs, "adapt", "metrics.jsonl")),
+                          *((f"metrics_adapt_more{i + 1}.jsonl", os.path.join(d, "metrics.jsonl"))
+                            for i, d in enumerate(args.continued))):
             shutil.copyfile(src, os.path.join(tmp, name))
         write_manifest(tmp)
         old = None
