@@ -1,10 +1,11 @@
 """Cost of one decoding forward by window size: why W must be picked from a measurement on CPU.
 
 On an accelerator a forward of a few slots is memory-bound and W slots cost about what 1 does;
-on this CPU a small model is compute-bound and the forward grows with W. This times one jitted
+on this CPU a small model is compute-bound and the forward grows with W. This times the
 cache-mode forward of W slots (the engine's `kv_tile` attention, logits consumed) on top of a
-committed prefix, for W = 1 (an AR step) and the window sizes of streaming decoding, interleaved
-so a change of load hits every W alike.
+committed prefix as the decode loop runs it (many forwards in one jitted loop over a donated
+cache), for W = 1 (an AR step) and the window sizes of streaming decoding, interleaved so a change
+of load hits every W alike.
 
     python -m benchmarks.window_cost [--config configs/demo_pretrain.yaml] [--prefix 128] [--repeats 50]
 """
@@ -27,7 +28,7 @@ def main(argv=None) -> int:
     p.add_argument("--prefix", type=int, default=128, help="committed tokens in the cache")
     p.add_argument("--capacity", type=int, default=512)
     p.add_argument("--kv-tile", type=int, default=256)
-    p.add_argument("--repeats", type=int, default=50)
+    p.add_argument("--repeats", type=int, default=20)
     a = p.parse_args(argv)
 
     import jax
@@ -51,9 +52,12 @@ def main(argv=None) -> int:
     return 0
 
 
-def measure(config, params, windows, prefix=128, capacity=512, kv_tile=256, repeats=50) -> dict:
-    """Median seconds of one jitted cache-mode forward of W slots on `prefix` committed tokens,
-    for each W in `windows` (interleaved, so a change of load hits every W alike)."""
+def measure(config, params, windows, prefix=128, capacity=512, kv_tile=256, repeats=50,
+            inner=16) -> dict:
+    """Median seconds of one cache-mode forward of W slots on `prefix` committed tokens, for each W
+    in `windows`, timed as the decode loop runs it: `inner` forwards in one jitted `fori_loop` that
+    carries the (donated) cache and consumes the logits, so neither the per-call dispatch nor a copy
+    of the cache is counted. Interleaved over W, so a change of load hits every W alike."""
     import jax
     import jax.numpy as jnp
 
@@ -61,29 +65,33 @@ def measure(config, params, windows, prefix=128, capacity=512, kv_tile=256, repe
     model = Transformer(config)
     rows = capacity + max(windows)
 
-    @jax.jit
-    def forward(params, tokens, positions, cache, n):
-        logits, _ = model.apply({"params": params}, tokens, positions, kv_cache=cache, cache_len=n,
-                                kv_tile=kv_tile)
-        return jnp.argmax(logits, -1)
+    def loop(params, tokens, positions, cache, n):
+        def body(_, carry):
+            cache, acc = carry
+            logits, cache = model.apply({"params": params}, tokens, positions, kv_cache=cache,
+                                        cache_len=n, kv_tile=kv_tile)
+            return cache, acc + jnp.sum(jnp.argmax(logits, -1))
+        return jax.lax.fori_loop(0, inner, body, (cache, jnp.zeros((), jnp.int32)))
 
-    cache = init_kv_cache(config, 1, rows)
+    loop = jax.jit(loop, donate_argnums=(3,))
     n = jnp.array([prefix], jnp.int32)
     rng = np.random.default_rng(0)
     inputs = {}
+    cache = init_kv_cache(config, 1, rows)
     for w in windows:
         toks = jnp.asarray(rng.integers(0, config.vocab_size, (1, w)), jnp.int32)
         pos = prefix + jnp.arange(w, dtype=jnp.int32)[None]
         inputs[w] = (toks, pos)
-        forward(params, toks, pos, cache, n).block_until_ready()       # compile
+        cache, acc = loop(params, toks, pos, cache, n)                # compile
+        acc.block_until_ready()
     times = {w: [] for w in windows}
     for _ in range(repeats):
         for w in windows:
             t0 = time.perf_counter()
-            forward(params, *inputs[w], cache, n).block_until_ready()
-            times[w].append(time.perf_counter() - t0)
+            cache, acc = loop(params, *inputs[w], cache, n)
+            acc.block_until_ready()
+            times[w].append((time.perf_counter() - t0) / inner)
     return {w: float(np.median(t)) for w, t in times.items()}
-
 
 if __name__ == "__main__":
     raise SystemExit(main())
