@@ -16,7 +16,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from benchmarks.demo_eval import DEMO_MODEL, DemoModelError, REGIMES, ar_nll, check_model, decode_items
+from benchmarks.demo_eval import (DEMO_MODEL, DemoModelError, REGIMES, ar_nll, check_model,
+                                  decode_side_by_side)
 
 # The demo's decoding defaults, picked from the measurements in BENCHMARKS.md (issue 5).
 WINDOW, TAU, LAM = 8, 0.6, 0.02
@@ -55,11 +56,10 @@ def main(argv=None) -> int:
     table = []
     for kind in ("counting", "arith", "code"):
         items = eval_items(args.model, kind, args.items)
-        runs = {}
-        for m in METHODS:  # same prompts, same weights, same cache code
-            dc = DecodeConfig(method=m, window=args.window, tau=args.tau, lam=args.lam,
-                              max_new_tokens=REGIMES[kind].max_new_tokens)
-            runs[m] = decode_items(params, config, tok, items, kind, dc, repeats=args.repeats)
+        dcs = {m: DecodeConfig(method=m, window=args.window, tau=args.tau, lam=args.lam,
+                               max_new_tokens=REGIMES[kind].max_new_tokens) for m in METHODS}
+        # same prompts, same weights, same cache code; the methods take turns (side by side)
+        runs = decode_side_by_side(params, config, tok, items, kind, dcs, repeats=args.repeats)
         first = runs["streaming"]["rows"][0]
         print(f"[{kind}] {first['prompt']!r}\n  -> {first['text']!r}\n")
         for m in METHODS:
@@ -67,8 +67,8 @@ def main(argv=None) -> int:
             table.append((kind, m, r["n_gen"], r["steps"], r["tokens_per_forward"], r["p_cache"],
                           r["tokens_per_s"], r["tokens_per_s"] / runs["ar"]["tokens_per_s"],
                           quality(kind, params, config, r)))
-    print(f"{args.items} held-out prompts per regime, batch 1, median wall time of {args.repeats} runs "
-          f"(compile excluded), float32 on {_device()}:")
+    print(f"{args.items} held-out prompts per regime, batch 1, methods in turn, median wall time of "
+          f"{args.repeats} rounds (compile excluded), float32 on {_device()}:")
     head = ("regime", "method", "tokens", "forwards", "tok/fwd", "p_cache", "tok/s", "vs AR", "quality")
     print(f"{head[0]:<10}{head[1]:<11}{head[2]:>7}{head[3]:>9}{head[4]:>9}{head[5]:>9}{head[6]:>8}"
           f"{head[7]:>8}  {head[8]}")

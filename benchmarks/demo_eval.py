@@ -211,6 +211,26 @@ def decode_items(params, config, tokenizer, items, kind, dc, *, batch: int = 1, 
                 rejected=rejected, rows=rows)
 
 
+def decode_side_by_side(params, config, tokenizer, items, kind, dcs: dict, *, repeats: int = 3,
+                        batch: int = 1) -> dict:
+    """decode_items for several DecodeConfigs ({name: dc}) on the same items, timed side by side:
+    each compiled first, then `repeats` rounds of one timed pass per config in turn (A, B, C, A,
+    B, C, ...), so a burst of load on this noisy machine hits every config alike. Returns {name:
+    result} with wall_s the median of its rounds (walls: every round) and tokens_per_s to match."""
+    for dc in dcs.values():
+        decode_items(params, config, tokenizer, items, kind, dc, batch=batch)      # compile + one pass
+    walls = {name: [] for name in dcs}
+    last = {}
+    for _ in range(max(1, repeats)):
+        for name, dc in dcs.items():
+            last[name] = decode_items(params, config, tokenizer, items, kind, dc, batch=batch, warmup=False)
+            walls[name].append(last[name]["wall_s"])
+    for name, r in last.items():
+        r["walls"], r["wall_s"] = walls[name], statistics.median(walls[name])
+        r["tokens_per_s"] = r["n_gen"] / r["wall_s"] if r["wall_s"] else 0.0
+    return last
+
+
 _NLL_FN: dict = {}
 
 

@@ -31,7 +31,8 @@ import time
 import numpy as np
 
 from benchmarks.demo import LAM, TAU, WINDOW
-from benchmarks.demo_eval import DEMO_MODEL, REGIMES, ar_nll, decode_items, eval_items, load_model
+from benchmarks.demo_eval import (DEMO_MODEL, REGIMES, ar_nll, decode_items, decode_side_by_side, eval_items,
+                                  load_model)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
@@ -55,29 +56,25 @@ class Ctx:
         dc = DecodeConfig(method=method, max_new_tokens=REGIMES[kind].max_new_tokens, **kw)
         r = decode_items(self.params, self.config, self.tok, items or self.items[kind], kind, dc,
                          repeats=repeats or self.args.repeats, warmup=warmup, batch=batch)
+        return self._score(kind, r)
+
+    def _score(self, kind, r):
         if kind == "code":
             nll = ar_nll(self.params, self.config, [(x["prompt_ids"], x["ids"]) for x in r["rows"]])
             r["nll"] = float(np.mean(nll))
         r["quality"] = r["nll"] if kind == "code" else r["accuracy"]
         return r
 
-
     def side_by_side(self, kind, methods):
-        """Each method compiled, then `repeats` rounds of one timed pass per method in turn (A, B,
-        C, A, B, C, ...), so a burst of load hits every method alike; per method the last run
-        with its wall time set to the median of its rounds."""
-        for m in methods:
-            self.run(kind, m, repeats=1)                     # compile pass + one run, not kept
-        walls = {m: [] for m in methods}
-        last = {}
-        for _ in range(max(1, self.args.repeats)):
-            for m in methods:
-                last[m] = self.run(kind, m, warmup=False, repeats=1)
-                walls[m].append(last[m]["wall_s"])
-        for m, r in last.items():
-            r["walls"], r["wall_s"] = walls[m], float(np.median(walls[m]))
-            r["tokens_per_s"] = r["n_gen"] / r["wall_s"] if r["wall_s"] else 0.0
-        return last
+        """The methods on the regime's items, interleaved (demo_eval.decode_side_by_side)."""
+        from decode.config import DecodeConfig
+        dcs = {m: DecodeConfig(method=m, max_new_tokens=REGIMES[kind].max_new_tokens, window=WINDOW,
+                               tau=TAU, lam=LAM) for m in methods}
+        runs = decode_side_by_side(self.params, self.config, self.tok, self.items[kind], kind, dcs,
+                                   repeats=self.args.repeats)
+        for r in runs.values():
+            self._score(kind, r)
+        return runs
 
 
 def brief(r, ar=None) -> dict:
