@@ -50,12 +50,17 @@ class Ctx:
         self.config, self.params, self.tok = load_model(args.model)
         self.items = {k: eval_items(args.model, k, args.items) for k in KINDS}
 
-    def run(self, kind, method, items=None, warmup=True, batch=1, repeats=None, **kw):
+    @staticmethod
+    def config_for(kind, method, **kw):
+        """The regime's DecodeConfig: the demo's defaults, overridden by `kw`."""
         from decode.config import DecodeConfig
         kw = dict(dict(window=WINDOW, tau=TAU, lam=LAM), **kw)
-        dc = DecodeConfig(method=method, max_new_tokens=REGIMES[kind].max_new_tokens, **kw)
-        r = decode_items(self.params, self.config, self.tok, items or self.items[kind], kind, dc,
-                         repeats=repeats or self.args.repeats, warmup=warmup, batch=batch)
+        return DecodeConfig(method=method, max_new_tokens=REGIMES[kind].max_new_tokens, **kw)
+
+    def run(self, kind, method, items=None, warmup=True, batch=1, **kw):
+        r = decode_items(self.params, self.config, self.tok, items or self.items[kind], kind,
+                         self.config_for(kind, method, **kw), repeats=self.args.repeats,
+                         warmup=warmup, batch=batch)
         return self._score(kind, r)
 
     def _score(self, kind, r):
@@ -67,9 +72,7 @@ class Ctx:
 
     def side_by_side(self, kind, methods):
         """The methods on the regime's items, interleaved (demo_eval.decode_side_by_side)."""
-        from decode.config import DecodeConfig
-        dcs = {m: DecodeConfig(method=m, max_new_tokens=REGIMES[kind].max_new_tokens, window=WINDOW,
-                               tau=TAU, lam=LAM) for m in methods}
+        dcs = {m: self.config_for(kind, m) for m in methods}
         runs = decode_side_by_side(self.params, self.config, self.tok, self.items[kind], kind, dcs,
                                    repeats=self.args.repeats)
         for r in runs.values():
