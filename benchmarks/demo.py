@@ -16,19 +16,17 @@ from __future__ import annotations
 import argparse
 import sys
 
-from benchmarks.demo_eval import (DEMO_MODEL, DemoModelError, REGIMES, ar_nll, check_model,
-                                  decode_side_by_side)
+from benchmarks.demo_eval import (DEMO_MODEL, DemoModelError, REGIMES, check_model, decode_side_by_side,
+                                  quality)
 
 # The demo's decoding defaults, picked from the measurements in BENCHMARKS.md (issue 5).
 WINDOW, TAU, LAM = 8, 0.6, 0.02
 METHODS = ("streaming", "verified", "block", "ar")
 
 
-def quality(kind, params, config, res) -> str:
-    if kind == "code":
-        nll = ar_nll(params, config, [(r["prompt_ids"], r["ids"]) for r in res["rows"]])
-        return f"NLL {sum(nll) / len(nll):.3f}"
-    return f"{100 * res['accuracy']:.0f}% right"
+def quality_text(kind, params, config, res) -> str:
+    q = quality(params, config, kind, res)
+    return f"NLL {q:.3f}" if kind == "code" else f"{100 * q:.0f}% right"
 
 
 def main(argv=None) -> int:
@@ -66,7 +64,7 @@ def main(argv=None) -> int:
             r = runs[m]
             table.append((kind, m, r["n_gen"], r["steps"], r["tokens_per_forward"], r["p_cache"],
                           r["tokens_per_s"], r["tokens_per_s"] / runs["ar"]["tokens_per_s"],
-                          quality(kind, params, config, r)))
+                          quality_text(kind, params, config, r)))
     print(f"{args.items} held-out prompts per regime, batch 1, methods in turn, median wall time of "
           f"{args.repeats} rounds (compile excluded), float32 on {_device()}:")
     head = ("regime", "method", "tokens", "forwards", "tok/fwd", "p_cache", "tok/s", "vs AR", "quality")

@@ -231,6 +231,15 @@ def decode_side_by_side(params, config, tokenizer, items, kind, dcs: dict, *, re
     return last
 
 
+def quality(params, config, kind: str, result: dict) -> float:
+    """A decode_items result's quality: code, the mean AR-reading NLL per token of its
+    continuations; other regimes, the fraction right."""
+    if kind == "code":
+        nll = ar_nll(params, config, [(r["prompt_ids"], r["ids"]) for r in result["rows"]])
+        return sum(nll) / len(nll)
+    return result["accuracy"]
+
+
 _NLL_FN: dict = {}
 
 

@@ -31,8 +31,8 @@ import time
 import numpy as np
 
 from benchmarks.demo import LAM, TAU, WINDOW
-from benchmarks.demo_eval import (DEMO_MODEL, REGIMES, ar_nll, decode_items, decode_side_by_side, eval_items,
-                                  load_model)
+from benchmarks.demo_eval import (DEMO_MODEL, REGIMES, decode_items, decode_side_by_side, eval_items,
+                                  load_model, quality)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
@@ -64,10 +64,7 @@ class Ctx:
         return self._score(kind, r)
 
     def _score(self, kind, r):
-        if kind == "code":
-            nll = ar_nll(self.params, self.config, [(x["prompt_ids"], x["ids"]) for x in r["rows"]])
-            r["nll"] = float(np.mean(nll))
-        r["quality"] = r["nll"] if kind == "code" else r["accuracy"]
+        r["quality"] = float(quality(self.params, self.config, kind, r))
         return r
 
     def side_by_side(self, kind, methods):

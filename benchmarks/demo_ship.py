@@ -3,15 +3,17 @@
     python -m benchmarks.demo_ship [--runs runs/demo] [--data data/demo] [--out benchmarks/demo_model]
                                    [--continued DIR [DIR ...]]
 
---continued names further adaptation runs, in order, each started from the previous one's HF export
-(`wedlm-train --config configs/demo_adapt.yaml model.from_hf=... checkpoint.dir=DIR
-checkpoint.export_hf=DIR/hf metrics_file=DIR/metrics.jsonl`); the last one's export is shipped and
-their curves continue the adaptation curve. Copies the adapted model's HF export (config.json, model.safetensors, tokenizer files) and the
+Copies the adapted model's HF export (config.json, model.safetensors, tokenizer files) and the
 held-out eval prompts, draws the loss curves of both training stages from their metrics.jsonl as
 PNGs, writes training.json (steps, tokens, wall time per stage, final losses) and MANIFEST.sha256
 (what `make demo` checks before loading). The model card (README.md in the folder) is kept if it
 exists. The folder is built beside the target and swapped in whole: an interrupted run leaves the
 previous one intact.
+
+--continued names further adaptation runs, in order, each started from the previous one's HF export
+(`wedlm-train --config configs/demo_adapt.yaml model.from_hf=... checkpoint.dir=DIR
+checkpoint.export_hf=DIR/hf metrics_file=DIR/metrics.jsonl`); the last one's export is shipped,
+their settings go into training.json and their curves continue the adaptation curve.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def stage_seconds(runs: str) -> dict:
 
 
 def run_settings(run: str) -> dict:
-    """Start point, steps and schedule of a training run, from its newest checkpoint's saved config."""
+    """Start point, data order and LR schedule of a training run, from its newest checkpoint's saved config."""
     steps = sorted((int(d) for d in os.listdir(run) if d.isdigit()), reverse=True)
     for step in steps:
         path = os.path.join(run, str(step), "config", "metadata")
