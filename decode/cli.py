@@ -27,6 +27,8 @@ def _parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="one text prompt")
     src.add_argument("--prompts-file", help="JSONL: strings or objects with prompt/text/messages")
+    src.add_argument("--input", help="batch job (decode.batch_job): JSONL of prompt/messages objects "
+                                     "with optional id and settings; results go to --output")
     p.add_argument("--chat", action="store_true", help="wrap prompts in the tokenizer's chat template")
     p.add_argument("--method", default="streaming", help=f"one of {', '.join(METHODS)}")
     d = DecodeConfig()
@@ -49,7 +51,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--stream", action="store_true", help="print text as it is committed")
     p.add_argument("--trace", default=None, metavar="FILE.html|FILE.png",
                    help="draw each decoding step's window into this file (streaming, block, ar)")
+    p.add_argument("--output", help="--input's results (JSONL, one line per request as it finishes; "
+                                    "a rerun skips the ids already there)")
+    p.add_argument("--slots", type=int, default=16, help="--input: requests decoded at once")
+    p.add_argument("--steps-per-call", type=int, default=8, help="--input: decode steps per device call")
     return p
+
+
+def load_model(checkpoint):
+    """(ModelConfig, params) of an Orbax or Hugging Face checkpoint folder (no progress bar for HF)."""
+    from wedlm_jax.convert import checkpoint_kind, load_checkpoint
+    quiet = {} if checkpoint_kind(checkpoint) == "orbax" else {"progress": False}
+    return load_checkpoint(checkpoint, **quiet)
 
 
 def _read_prompts(args, tokenizer) -> list[tuple[str, list[int]]]:
@@ -169,6 +182,11 @@ def _write_trace(args, tokenizer, prompts, config, params, dc, res) -> dict:
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.input is not None:
+            from decode.batch_job import run_job
+            return run_job(args)
+        if args.output is not None:
+            raise DecodeConfigError("--output goes with --input (the batch job)")
         out = run(args)
     except (DecodeConfigError, ValueError, FileNotFoundError) as e:  # TraceError is a ValueError
         print(f"wedlm-decode: error: {e}", file=sys.stderr)

@@ -1,0 +1,386 @@
+"""wedlm-serve (issue 13 item 5) with the official `openai` client: the real app on 127.0.0.1 (uvicorn
+in a thread; a subprocess for SIGTERM and the API key), a tiny random model and a tiny BPE tokenizer.
+Greedy answers are checked against `decode.engine.generate()` on the prompt alone."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from decode import serve  # noqa: E402
+from decode.config import DecodeConfig  # noqa: E402
+from decode.engine import generate  # noqa: E402
+from decode.text import load_tokenizer  # noqa: E402
+from tests.tiny_checkpoint import make_checkpoint  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WINDOW, SLOTS, CAPACITY, TAU = 8, 8, 512, 0.4
+
+
+class Gate:
+    """Wraps a Batcher: `step()` runs freely while open; closed, each step waits for `release()`."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.is_open = True
+        self.sem = threading.Semaphore(0)
+        self.steps = 0
+
+    def close(self):
+        self.sem = threading.Semaphore(0)
+        self.is_open = False
+
+    def open(self):
+        self.is_open = True
+        self.sem.release()   # wakes a waiting step
+
+    def step(self):
+        while not self.is_open and not self.sem.acquire(timeout=0.05):
+            pass
+        out = self.inner.step()
+        self.steps += 1
+        return out
+
+    def submit(self, *a, **k):
+        return self.inner.submit(*a, **k)
+
+    def cancel(self, rid):
+        return self.inner.cancel(rid)
+
+    @property
+    def num_active(self):
+        return self.inner.num_active
+
+    @property
+    def num_waiting(self):
+        return self.inner.num_waiting
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("serve"))
+
+
+@pytest.fixture(scope="module")
+def server(ckpt):
+    import uvicorn
+    from decode.batching import Batcher
+    path, config, params = ckpt
+    args = serve._parser().parse_args(["--checkpoint", path, "--slots", str(SLOTS), "--window", str(WINDOW),
+                                       "--capacity", str(CAPACITY), "--max-queue", "64",
+                                       "--no-default-stops", "--model-name", "tiny"])
+    decoder, tokenizer, cfg = serve.load_decoder(args)
+    gate = Gate(Batcher(decoder))
+    serve.warm_up(gate.inner)
+    engine = serve.Engine(gate, max_pending=SLOTS + 64).start()
+    app = serve.build_app(engine, tokenizer, cfg)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=srv.run, kwargs=dict(sockets=[sock]), daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not srv.started and time.time() < deadline:
+        time.sleep(0.02)
+    assert srv.started
+    url = f"http://127.0.0.1:{port}"
+    yield dict(url=url, gate=gate, engine=engine, tokenizer=tokenizer, config=config, params=params,
+               client=openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60))
+    gate.open()
+    srv.should_exit = True
+    thread.join(15)
+    engine.shutdown(timeout=15)
+    sock.close()
+
+
+def _alone(s, ids, max_tokens, stop_ids=(), **kw):
+    dc = DecodeConfig(method="streaming", window=WINDOW, max_new_tokens=max_tokens, stop_token_ids=tuple(stop_ids),
+                      **{"tau": TAU, **kw})
+    return generate(s["params"], s["config"], [ids], dc, capacity=CAPACITY).tokens[0]
+
+
+def _health(s):
+    return httpx.get(s["url"] + "/health", timeout=10).json()
+
+
+def test_completion_chat_and_models(server):
+    s, tok = server, server["tokenizer"]
+    c = s["client"]
+    assert [m.id for m in c.models.list().data] == ["tiny"]
+    r = c.completions.create(model="tiny", prompt="count with me: one, two", max_tokens=20)
+    ids = tok.encode("count with me: one, two")
+    want = _alone(s, ids, 20)
+    assert r.choices[0].text == tok.decode(want)
+    assert r.choices[0].finish_reason == "length"
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (len(ids), 20, len(ids) + 20)
+    # chat: the checkpoint's template; WeDLM settings in the body
+    msgs = [{"role": "user", "content": "hello there"}]
+    r = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=12, extra_body={"tau": 0.9, "lam": 0.1})
+    ids = tok.encode(tok.apply_chat_template(msgs))
+    want = _alone(s, ids, 12, tau=0.9, lam=0.1)
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content == tok.decode(want)
+    assert r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == 12
+
+
+def test_streaming_matches_and_ends_with_done(server):
+    s, tok = server, server["tokenizer"]
+    ids = tok.encode("the cat sat on the mat")
+    want = tok.decode(_alone(s, ids, 40))
+    pieces, reasons, usage = [], [], None
+    for ch in s["client"].completions.create(model="tiny", prompt=ids, max_tokens=40, stream=True,
+                                             stream_options={"include_usage": True}):
+        if ch.choices:
+            pieces.append(ch.choices[0].text)
+            reasons.append(ch.choices[0].finish_reason)
+        if ch.usage is not None:
+            usage = ch.usage
+    assert "".join(pieces) == want and reasons[-1] == "length" and usage.completion_tokens == 40
+    assert len([p for p in pieces if p]) > 1          # more than one chunk of text
+    # the raw event stream: OpenAI chunks, then data: [DONE]
+    msgs = [{"role": "user", "content": "one two"}]
+    with httpx.stream("POST", s["url"] + "/v1/chat/completions", timeout=30,
+                      json={"model": "tiny", "messages": msgs, "max_tokens": 16, "stream": True}) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert text == tok.decode(_alone(s, tok.encode(tok.apply_chat_template(msgs)), 16))
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_stop_strings(server):
+    s, tok = server, server["tokenizer"]
+    ids = tok.encode("count with me: one, two")
+    full = tok.decode(_alone(s, ids, 60))
+    assert len(full) > 8
+    stop = full[5:8]   # a string the greedy continuation contains (multi-character)
+    cut = full[:full.find(stop)]
+    r = s["client"].completions.create(model="tiny", prompt=ids, max_tokens=60, stop=[stop, "\u2603never"])
+    assert r.choices[0].text == cut and r.choices[0].finish_reason == "stop"
+    assert 0 < r.usage.completion_tokens < 60
+    streamed = "".join(ch.choices[0].text for ch in s["client"].completions.create(
+        model="tiny", prompt=ids, max_tokens=60, stop=stop, stream=True) if ch.choices)
+    assert streamed == cut
+    deadline = time.time() + 10        # the cancelled request leaves its slot
+    while _health(s)["pending"] and time.time() < deadline:
+        time.sleep(0.05)
+    assert _health(s)["pending"] == 0
+
+
+def test_24_concurrent_mixed_requests_equal_alone(server):
+    s = server
+    rng = random.Random(13)
+    vocab = s["config"].vocab_size - 1
+    jobs = []
+    for i in range(24):
+        plen = [3, 200][i] if i < 2 else rng.randint(3, 200)
+        mt = [300, 1][i % 2] if i < 4 else rng.randint(1, 300)
+        prompt = [rng.randrange(vocab) for _ in range(plen)]
+        kw = dict(tau=rng.choice([0.0, 0.4, 1.5]), lam=rng.choice([0.0, 0.02, 0.2]))
+        if 16 <= i < 20:   # sampled; requests 20-23 repeat them (same prompt, settings and seed)
+            kw.update(temperature=0.9, top_k=rng.choice([0, 20]), top_p=rng.choice([1.0, 0.8]), seed=100 + i)
+        jobs.append(jobs[i - 4] if i >= 20 else (prompt, mt, kw))
+
+    def one(job):
+        prompt, mt, kw = job
+        extra = {k: kw[k] for k in ("tau", "lam", "top_k") if k in kw}
+        r = s["client"].completions.create(model="tiny", prompt=prompt, max_tokens=mt, extra_body=extra,
+                                           temperature=kw.get("temperature", 0.0), top_p=kw.get("top_p", 1.0),
+                                           seed=kw.get("seed"))
+        return r.choices[0].text, r.usage.completion_tokens
+
+    with concurrent.futures.ThreadPoolExecutor(24) as ex:
+        got = list(ex.map(one, jobs))
+    tok = s["tokenizer"]
+    for i, ((prompt, mt, kw), (text, n)) in enumerate(zip(jobs, got)):
+        if "temperature" in kw:
+            continue
+        want = _alone(s, prompt, mt, **kw)
+        assert (text, n) == (tok.decode(want), len(want)), f"request {i}: prompt {len(prompt)}, max_tokens {mt}, {kw}"
+    for i in range(16, 20):
+        assert got[i] == got[i + 4], f"sampled request {i} does not repeat for the same seed"
+    assert _health(s)["active"] == 0
+
+
+def _one_step(gate):
+    """Let the gated engine run exactly one step (bounded wait)."""
+    n = gate.steps
+    gate.sem.release()
+    deadline = time.time() + 10
+    while gate.steps == n and time.time() < deadline:
+        time.sleep(0.005)
+    time.sleep(0.05)   # callbacks reach the event loop
+
+
+def test_disconnect_frees_the_slot_within_a_chunk(server):
+    s, gate = server, server["gate"]
+    before = _health(s)["finished"]["cancelled"]
+    got_text = threading.Event()
+
+    def reader():   # reads until the first text arrives, then hangs up
+        with httpx.stream("POST", s["url"] + "/v1/completions", timeout=30,
+                          json={"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 300, "stream": True}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["text"]:
+                    got_text.set()
+                    return
+
+    gate.close()
+    try:
+        t = threading.Thread(target=reader, daemon=True)
+        t.start()
+        deadline = time.time() + 10
+        while _health(s)["pending"] < 1 and time.time() < deadline:
+            time.sleep(0.02)
+        for _ in range(40):
+            if got_text.is_set():
+                break
+            _one_step(gate)
+        t.join(10)
+        assert got_text.is_set() and not t.is_alive()
+        assert _health(s)["active"] == 1                  # still decoding: max_tokens is far away
+        time.sleep(0.3)                                   # the server sees the hang-up
+        at_close = gate.steps
+        for _ in range(3):
+            if _health(s)["finished"]["cancelled"] == before + 1:
+                break
+            _one_step(gate)
+        h = _health(s)
+        assert h["finished"]["cancelled"] == before + 1 and h["active"] == 0 and h["pending"] == 0
+        assert gate.steps - at_close <= 1                 # freed at the next step boundary
+    finally:
+        gate.open()
+    r = s["client"].completions.create(model="tiny", prompt="hello", max_tokens=5)
+    assert r.usage.completion_tokens == 5
+
+
+BAD = [
+    ({"prompt": "hi"}, "model"),
+    ({"model": "gpt-4", "prompt": "hi"}, "model"),
+    ({"model": "tiny"}, "prompt"),
+    ({"model": "tiny", "prompt": 7}, "prompt"),
+    ({"model": "tiny", "prompt": [1, 999]}, "prompt"),
+    ({"model": "tiny", "prompt": [3] * (CAPACITY + 1)}, "prompt"),
+    ({"model": "tiny", "prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    ({"model": "tiny", "prompt": "hi", "max_tokens": "10"}, "max_tokens"),
+    ({"model": "tiny", "prompt": "hi", "tau": -0.1}, "tau"),
+    ({"model": "tiny", "prompt": "hi", "lam": "big"}, "lam"),
+    ({"model": "tiny", "prompt": "hi", "temperature": -1}, "temperature"),
+    ({"model": "tiny", "prompt": "hi", "top_p": 0}, "top_p"),
+    ({"model": "tiny", "prompt": "hi", "seed": 1.5}, "seed"),
+    ({"model": "tiny", "prompt": "hi", "stop": ["a", "b", "c", "d", "e", "f", "g", "h", "i"]}, "stop"),
+    ({"model": "tiny", "prompt": "hi", "stop": 3}, "stop"),
+    ({"model": "tiny", "prompt": "hi", "stream": "yes"}, "stream"),
+    ({"model": "tiny", "prompt": "hi", "n": 2}, "n"),
+]
+
+
+def test_bad_requests_get_400_naming_the_field(server):
+    s = server
+    steps = s["engine"].steps
+    for body, field in BAD:
+        r = httpx.post(s["url"] + "/v1/completions", json=body, timeout=10)
+        assert r.status_code == 400, (body, r.text)
+        err = r.json()["error"]
+        assert err["param"] == field and err["type"] == "invalid_request_error" and err["message"], (body, err)
+    for body, field in [({"model": "tiny"}, "messages"),
+                        ({"model": "tiny", "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+                        ({"model": "tiny", "messages": [{"content": "x"}]}, "messages[0].role"),
+                        ({"model": "tiny", "messages": [{"role": "user", "content": "x" * 3000}]}, "messages")]:
+        r = httpx.post(s["url"] + "/v1/chat/completions", json=body, timeout=10)
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, (body, r.text)
+    r = httpx.post(s["url"] + "/v1/completions", content=b"{not json", timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    with pytest.raises(openai.BadRequestError) as e:
+        s["client"].completions.create(model="tiny", prompt="hi", max_tokens=0)
+    assert e.value.body["param"] == "max_tokens"
+    h = _health(s)
+    assert s["engine"].steps == steps and h["pending"] == 0 and h["status"] == "ok"  # never reached the engine
+
+
+def test_429_beyond_the_queue(server):
+    s, gate, engine = server, server["gate"], server["engine"]
+    gate.close()
+    limit, engine.max_pending = engine.max_pending, 2
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as ex:
+            futs = [ex.submit(s["client"].completions.create, model="tiny", prompt="one two", max_tokens=4)
+                    for _ in range(2)]
+            deadline = time.time() + 10
+            while _health(s)["pending"] < 2 and time.time() < deadline:
+                time.sleep(0.02)
+            r = httpx.post(s["url"] + "/v1/completions", json={"model": "tiny", "prompt": "x"}, timeout=10)
+            assert r.status_code == 429 and r.headers["retry-after"] == "1"
+            assert r.json()["error"]["code"] == "rate_limit_exceeded"
+            gate.open()
+            assert [f.result(timeout=30).usage.completion_tokens for f in futs] == [4, 4]
+    finally:
+        engine.max_pending = limit
+        gate.open()
+
+
+def test_subprocess_api_key_and_sigterm(ckpt, tmp_path):
+    path = ckpt[0]
+    port = _free_port()
+    env = dict(os.environ, WEDLM_API_KEY="sekrit", JAX_PLATFORMS="cpu")
+    proc = subprocess.Popen([sys.executable, "-m", "decode.serve", "--checkpoint", path, "--port", str(port),
+                             "--slots", "2", "--window", "4", "--capacity", "256", "--steps-per-call", "1",
+                             "--no-default-stops", "--log-level", "warning"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        assert proc.poll() is None, proc.stdout.read().decode()
+        assert httpx.get(url + "/v1/models", timeout=5).status_code == 401
+        r = httpx.get(url + "/v1/models", headers={"Authorization": "Bearer nope"}, timeout=5)
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).completions.create(
+                model="model", prompt="hi", max_tokens=2)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="sekrit", max_retries=0, timeout=60)
+        stream = client.completions.create(model="model", prompt="count with me", max_tokens=200,
+                                           stream=True, extra_body={"tau": 0.0})
+        first = next(iter(stream))                # in flight when SIGTERM arrives
+        proc.send_signal(signal.SIGTERM)
+        rest = [ch for ch in stream]
+        assert rest[-1].choices[0].finish_reason == "length"   # finished, not cut off
+        assert proc.wait(timeout=60) == 0
+        assert first.choices[0].text is not None
+        with pytest.raises(httpx.TransportError):
+            httpx.get(url + "/health", timeout=2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
