@@ -105,6 +105,8 @@ def read_input(path: str, tokenizer, defaults: dict, base_stop_ids: list, base_s
                 DecodeConfig(method=method, window=window, stop_token_ids=stop_ids, **settings)
             except DecodeConfigError as e:
                 field = "stop" if "stop" in str(e) else str(e).split()[0]
+                if field == "max_new_tokens" and "max_tokens" in obj:
+                    field = "max_tokens"
                 raise DecodeConfigError(f"{where}: field {field!r}: {e}") from None
             if capacity is not None and len(ids) > capacity:
                 raise DecodeConfigError(f"{where}: field 'prompt' has {len(ids)} tokens, longer than the "
