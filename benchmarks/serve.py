@@ -1,0 +1,218 @@
+"""wedlm-serve under load (issue 13): the shipped demo model behind the real server (a subprocess on
+127.0.0.1), N concurrent streaming clients, and the server's overhead over `generate()`.
+
+    python -m benchmarks.serve [--model DIR] [--clients 1 8 32] [--requests 2] [--slots 16]
+                               [--window 8] [--tau 0.6] [--json out.json]
+
+Load: the demo's held-out counting / arithmetic / code prompts in turn (max_tokens per regime:
+128 / 96 / 64), greedy, streamed (`stream: true`, usage chunk). Each of N clients sends its next
+request when the previous one is done (closed loop), `--requests` per client (at least 8 in all).
+Reported per N: tokens/s (completion tokens over the wall time from the first request to the
+last answer), time to first token (request sent -> first text chunk) and inter-chunk latency
+(gap between consecutive text chunks of one request), p50 / p99.
+
+Overhead: one request at a time, non-streamed, to a server started with --slots 1, against
+`generate()` (compiled beforehand) on the same prompt in this process; median over the prompts of
+(server latency / generate wall time - 1). The figure with the load server's --slots is given too
+(its decode steps carry all slots, used or not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KINDS = ("counting", "arith", "code")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`python -m decode.serve` in a subprocess (its own cores, as a deployment has)."""
+
+    def __init__(self, model, slots, window, tau, capacity):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "decode.serve", "--checkpoint", model, "--port", str(self.port),
+             "--slots", str(slots), "--window", str(window), "--tau", str(tau), "--capacity", str(capacity),
+             "--max-queue", "256", "--model-name", "demo", "--log-level", "warning"],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def wait_ready(self, timeout=600):
+        import httpx
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("the server exited: " + self.proc.stderr.read().decode()[-2000:])
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError("the server did not come up")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+async def _one(client, url, item, stream=True) -> dict:
+    body = {"model": "demo", "prompt": item["prompt"], "max_tokens": item["max_tokens"], "temperature": 0}
+    t0 = time.perf_counter()
+    if not stream:
+        r = await client.post(url + "/v1/completions", json=body)
+        r.raise_for_status()
+        return dict(latency=time.perf_counter() - t0, tokens=r.json()["usage"]["completion_tokens"],
+                    text=r.json()["choices"][0]["text"])
+    body.update(stream=True, stream_options={"include_usage": True})
+    times, tokens = [], 0
+    async with client.stream("POST", url + "/v1/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            ev = json.loads(line[6:])
+            if ev.get("usage"):
+                tokens = ev["usage"]["completion_tokens"]
+            if ev["choices"] and ev["choices"][0]["text"]:
+                times.append(time.perf_counter())
+    end = time.perf_counter()
+    return dict(latency=end - t0, ttft=(times[0] - t0) if times else end - t0, tokens=tokens,
+                gaps=[b - a for a, b in zip(times, times[1:])])
+
+
+async def _load(url, items, clients, per_client) -> dict:
+    import httpx
+    n = max(8, clients * per_client)
+    queue = list(range(n))
+    results = []
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=clients + 4)) as client:
+        async def worker():
+            while queue:
+                i = queue.pop(0)
+                results.append(await _one(client, url, items[i % len(items)]))
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(clients)))
+        wall = time.perf_counter() - t0
+    gaps = [g for r in results for g in r["gaps"]]
+    ttft = [r["ttft"] for r in results]
+    tokens = sum(r["tokens"] for r in results)
+    return dict(clients=clients, requests=n, tokens=tokens, wall_s=wall, tokens_per_s=tokens / wall,
+                ttft_p50=_pct(ttft, 50), ttft_p99=_pct(ttft, 99), gap_p50=_pct(gaps, 50),
+                gap_p99=_pct(gaps, 99))
+
+
+def _pct(xs, q):
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))]
+
+
+def _items(model, n_per_kind=None):
+    from benchmarks.demo_eval import REGIMES, eval_items
+    per = [eval_items(model, k, n_per_kind) for k in KINDS]
+    out = []
+    for group in zip(*per):   # counting, arith, code, counting, ...
+        for kind, it in zip(KINDS, group):
+            out.append(dict(prompt=it["prompt"], max_tokens=REGIMES[kind].max_new_tokens, kind=kind))
+    return out
+
+
+def overhead(model, url, items, window, tau, capacity, reps=5) -> dict:
+    """Median over prompts of server latency (one request, non-streamed) / generate() wall - 1."""
+    import httpx
+    from benchmarks.demo_eval import load_model
+    from decode.config import DecodeConfig
+    from decode.engine import generate
+    config, params, tok = load_model(model, check=False)
+    stops = tuple(tok.default_stop_ids(config.eos_token_id))
+    rows = []
+
+    async def serve_once(item):
+        async with httpx.AsyncClient(timeout=600) as client:
+            return await _one(client, url, item, stream=False)
+
+    for item in items:
+        ids = tok.encode(item["prompt"])
+        dc = DecodeConfig(window=window, tau=tau, max_new_tokens=item["max_tokens"], stop_token_ids=stops)
+        generate(params, config, [ids], dc, capacity=capacity)          # compile
+        asyncio.run(serve_once(item))                                   # warm
+        gen, srv = [], []
+        for _ in range(reps):        # interleaved, so a change of machine load hits both
+            gen.append(generate(params, config, [ids], dc, capacity=capacity))
+            srv.append(asyncio.run(serve_once(item)))
+        if tok.decode(gen[0].tokens[0]) != srv[0]["text"]:
+            raise RuntimeError(f"server and generate() disagree on {item['prompt']!r}")
+        g, s = statistics.median(r.wall_s for r in gen), statistics.median(r["latency"] for r in srv)
+        rows.append(dict(kind=item["kind"], tokens=len(gen[0].tokens[0]), generate_s=g, server_s=s,
+                         overhead=s / g - 1))
+    return dict(median_overhead=statistics.median(r["overhead"] for r in rows), rows=rows)
+
+
+def main(argv=None) -> int:
+    from benchmarks.demo_eval import DEMO_MODEL
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.serve", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=DEMO_MODEL)
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--requests", type=int, default=2, help="requests per client (at least 8 in all)")
+    ap.add_argument("--slots", type=int, default=16)
+    ap.add_argument("--window", type=int, default=8)
+    ap.add_argument("--tau", type=float, default=0.6)
+    ap.add_argument("--capacity", type=int, default=512)
+    ap.add_argument("--overhead-prompts", type=int, default=2, help="prompts per regime for the overhead")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    items = _items(args.model)
+    out = dict(load=[], overhead={})
+    srv = Server(args.model, args.slots, args.window, args.tau, args.capacity).wait_ready()
+    try:
+        asyncio.run(_load(srv.url, items, 1, 1))              # warm the connection path
+        for c in args.clients:
+            r = asyncio.run(_load(srv.url, items, c, args.requests))
+            out["load"].append(r)
+            print(f"{c:>3} clients: {r['requests']} requests, {r['tokens']} tokens, {r['tokens_per_s']:.0f} tok/s, "
+                  f"TTFT p50 {1e3 * r['ttft_p50']:.0f} ms p99 {1e3 * r['ttft_p99']:.0f} ms, inter-chunk p50 "
+                  f"{1e3 * r['gap_p50']:.0f} ms p99 {1e3 * r['gap_p99']:.0f} ms", flush=True)
+        few = _items(args.model, args.overhead_prompts)
+        out["overhead"][f"slots={args.slots}"] = overhead(args.model, srv.url, few, args.window, args.tau,
+                                                          args.capacity)
+    finally:
+        srv.stop()
+    one = Server(args.model, 1, args.window, args.tau, args.capacity).wait_ready()
+    try:
+        out["overhead"]["slots=1"] = overhead(args.model, one.url, few, args.window, args.tau, args.capacity)
+    finally:
+        one.stop()
+    for key, o in out["overhead"].items():
+        print(f"overhead over generate(), one request, server {key}: median {100 * o['median_overhead']:+.1f}% "
+              + ", ".join(f"{r['kind']} {1e3 * r['generate_s']:.0f}->{1e3 * r['server_s']:.0f} ms"
+                          for r in o["rows"]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
