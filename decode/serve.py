@@ -129,11 +129,10 @@ def parse_settings(body: dict, default_max_tokens: int, max_tokens_names=("max_t
             raise bad(name, f"'{name}' is not supported by this server", "unsupported_value")
     if _bool(body, "echo"):
         raise bad("echo", "'echo' is not supported by this server", "unsupported_value")
-    max_tokens, name_used = default_max_tokens, None
+    max_tokens = default_max_tokens
     for name in max_tokens_names:
         if body.get(name) is not None:
-            max_tokens, name_used = _int(body, name, None, 1), name
-    del name_used
+            max_tokens = _int(body, name, None, 1)
     stop = body.get("stop")
     if stop is None:
         stop = []
@@ -273,6 +272,7 @@ class Engine:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._live: dict = {}            # request id -> on_error(message)
+        self._early: set = set()         # ids whose finish came before submit() registered them
         self._pending = 0
         self._accepting = True
         self._stop = False
@@ -294,20 +294,26 @@ class Engine:
         return self._accepting and self.error is None
 
     def submit(self, request, on_tokens, on_finish, on_error) -> int:
-        """Raises Busy (queue full), RuntimeError (not accepting) or DecodeConfigError."""
+        """Raises Busy (queue full), RuntimeError (not accepting) or DecodeConfigError. The Batcher
+        is never called under this engine's lock (its callbacks take that lock: no lock-order cycle)."""
         with self._lock:
             if not self.accepting:
                 raise RuntimeError(self.error or "the server is shutting down")
             if self._pending >= self.max_pending:
                 raise Busy()
             self._pending += 1
-            try:
-                rid = self.batcher.submit(request, on_tokens=on_tokens,
-                                          on_finish=lambda fin: self._finished(fin, on_finish))
-            except BaseException:
+        try:
+            rid = self.batcher.submit(request, on_tokens=on_tokens,
+                                      on_finish=lambda fin: self._finished(fin, on_finish))
+        except BaseException:
+            with self._lock:
                 self._pending -= 1
-                raise
-            self._live[rid] = on_error
+            raise
+        with self._lock:
+            if rid in self._early:        # finished before we got here
+                self._early.discard(rid)
+            else:
+                self._live[rid] = on_error
         self._wake.set()
         return rid
 
@@ -320,8 +326,9 @@ class Engine:
 
     def _finished(self, fin, on_finish):
         with self._lock:
-            if self._live.pop(fin.request_id, None) is not None:
-                self._pending -= 1
+            if self._live.pop(fin.request_id, None) is None:
+                self._early.add(fin.request_id)
+            self._pending -= 1
             self.finished[fin.finish] = self.finished.get(fin.finish, 0) + 1
         on_finish(fin)
 

@@ -384,3 +384,21 @@ def test_subprocess_api_key_and_sigterm(ckpt, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_text_stream_never_emits_past_a_stop_string(ckpt):
+    tok = load_tokenizer(ckpt[0])
+    text = "hello world, hello there"
+    ids = tok.encode(text)
+    for stops, want in ([], text), (["o th"], "hello world, hell"), (["xyz", "ld, h"], "hello wor"):
+        ts = serve.TextStream(tok, stops)
+        out = ""
+        for t in ids:
+            out += ts.add([t])
+            assert want.startswith(out)           # nothing past the cut ever leaves
+            if ts.stopped:
+                break
+        out += ts.finish()
+        assert out == want and ts.stopped == bool(stops)
+        assert ts.n_used == (len(ids) if not stops else
+                             min(k for k in range(1, len(ids) + 1) if any(s in tok.decode(ids[:k]) for s in stops)))
