@@ -299,7 +299,7 @@ def _decode_all(batcher, todo, requests, tokenizer, out) -> dict:
                           prompt_tokens=len(item.prompt_ids), completion_tokens=len(ids),
                           steps=fin.steps, n_fwd=fin.n_fwd))
         stats["requests"] += 1
-        stats["tokens"] += len(fin.tokens)
+        stats["tokens"] += len(ids)
         stats["steps"] += fin.steps
         stats["n_fwd"] += fin.n_fwd
         bar.update(1)
