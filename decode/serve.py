@@ -633,6 +633,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="do not stop at eos / <|im_end|> from the tokenizer and generation_config.json")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="on SIGTERM, seconds in-flight requests may take before they are cancelled")
+    p.add_argument("--lazy-compile", action="store_true",
+                   help="compile prompt buckets on first use instead of before serving (faster start)")
     p.add_argument("--log-level", default="info")
     return p
 
@@ -676,11 +678,18 @@ def load_decoder(args):
     return decoder, tokenizer, cfg
 
 
-def warm_up(batcher) -> float:
-    """Compile before serving (one 1-token request), so the first client does not pay for it."""
+def warm_up(batcher, capacity: int, every_bucket: bool = True) -> float:
+    """Compile before serving: one short request per prompt bucket (the Decoder compiles prefill and
+    insert once per power-of-two prompt bucket, generate once), so no client waits on a compile.
+    every_bucket=False compiles the smallest bucket only (the others compile on first use)."""
     from decode.decoder import Request
+    lengths, n = [1], 16
+    while every_bucket and n <= 2 * capacity:
+        lengths.append(min(n, capacity))
+        n *= 2
     t0 = time.perf_counter()
-    batcher.submit(Request(prompt=(0,), max_new_tokens=1))
+    for length in dict.fromkeys(lengths):
+        batcher.submit(Request(prompt=(0,) * length, max_new_tokens=1))
     batcher.run_until_idle()
     return time.perf_counter() - t0
 
@@ -690,7 +699,7 @@ def build_server(args):
     from decode.batching import Batcher
     decoder, tokenizer, cfg = load_decoder(args)
     batcher = Batcher(decoder)
-    log.info("compiled in %.1f s", warm_up(batcher))
+    log.info("compiled in %.1f s", warm_up(batcher, cfg.capacity, every_bucket=not args.lazy_compile))
     engine = Engine(batcher, max_pending=args.slots + args.max_queue).start()
     return engine, build_app(engine, tokenizer, cfg), cfg
 

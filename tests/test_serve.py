@@ -92,7 +92,7 @@ def server(ckpt):
                                        "--no-default-stops", "--model-name", "tiny"])
     decoder, tokenizer, cfg = serve.load_decoder(args)
     gate = Gate(Batcher(decoder))
-    serve.warm_up(gate.inner)
+    serve.warm_up(gate.inner, CAPACITY, every_bucket=False)
     engine = serve.Engine(gate, max_pending=SLOTS + 64).start()
     app = serve.build_app(engine, tokenizer, cfg)
     sock = socket.socket()
@@ -351,7 +351,7 @@ def test_subprocess_api_key_and_sigterm(ckpt, tmp_path):
     env = dict(os.environ, WEDLM_API_KEY="sekrit", JAX_PLATFORMS="cpu")
     proc = subprocess.Popen([sys.executable, "-m", "decode.serve", "--checkpoint", path, "--port", str(port),
                              "--slots", "2", "--window", "4", "--capacity", "256", "--steps-per-call", "1",
-                             "--no-default-stops", "--log-level", "warning"],
+                             "--no-default-stops", "--lazy-compile", "--log-level", "warning"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
