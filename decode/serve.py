@@ -262,6 +262,17 @@ class Busy(Exception):
     pass
 
 
+def _guarded(callback):
+    """A callback that never raises into `Batcher.step()` (a handler whose event loop has already
+    closed, at shutdown, must not take the engine down with it)."""
+    def call(*a):
+        try:
+            callback(*a)
+        except Exception:   # noqa: BLE001 - logged; the engine and the other requests go on
+            log.warning("a request callback failed", exc_info=True)
+    return call
+
+
 class Engine:
     """The one thread that owns the device: admits requests (bounded), calls `Batcher.step()`,
     and hands tokens and finishes to the callbacks (which must be cheap and thread-safe)."""
@@ -303,8 +314,8 @@ class Engine:
                 raise Busy()
             self._pending += 1
         try:
-            rid = self.batcher.submit(request, on_tokens=on_tokens,
-                                      on_finish=lambda fin: self._finished(fin, on_finish))
+            rid = self.batcher.submit(request, on_tokens=_guarded(on_tokens),
+                                      on_finish=lambda fin: self._finished(fin, _guarded(on_finish)))
         except BaseException:
             with self._lock:
                 self._pending -= 1
