@@ -1,8 +1,8 @@
 """wedlm-serve under load (issue 13): the shipped demo model behind the real server (a subprocess on
 127.0.0.1), N concurrent streaming clients, and the server's overhead over `generate()`.
 
-    python -m benchmarks.serve [--model DIR] [--clients 1 8 32] [--requests 2] [--slots 16]
-                               [--window 8] [--tau 0.6] [--json out.json]
+    python -m benchmarks.serve [--model DIR] [--clients 1 8 32] [--requests 2] [--slots 8]
+                               [--window 8] [--tau 0.6] [--steps-per-call 8] [--json out.json]
 
 Load: the demo's held-out counting / arithmetic / code prompts in turn (max_tokens per regime:
 128 / 96 / 64), greedy, streamed (`stream: true`, usage chunk). Each of N clients sends its next
@@ -43,13 +43,13 @@ def _free_port() -> int:
 class Server:
     """`python -m decode.serve` in a subprocess (its own cores, as a deployment has)."""
 
-    def __init__(self, model, slots, window, tau, capacity):
+    def __init__(self, model, slots, window, tau, capacity, steps_per_call=8):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "decode.serve", "--checkpoint", model, "--port", str(self.port),
              "--slots", str(slots), "--window", str(window), "--tau", str(tau), "--capacity", str(capacity),
-             "--max-queue", "256", "--model-name", "demo", "--log-level", "warning"],
+             "--steps-per-call", str(steps_per_call), "--max-queue", "256", "--model-name", "demo", "--log-level", "warning"],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     def wait_ready(self, timeout=600):
@@ -176,7 +176,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=DEMO_MODEL)
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--requests", type=int, default=2, help="requests per client (at least 8 in all)")
-    ap.add_argument("--slots", type=int, default=16)
+    ap.add_argument("--slots", type=int, default=8)
+    ap.add_argument("--steps-per-call", type=int, default=8)
     ap.add_argument("--window", type=int, default=8)
     ap.add_argument("--tau", type=float, default=0.6)
     ap.add_argument("--capacity", type=int, default=512)
@@ -185,7 +186,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     items = _items(args.model)
     out = dict(load=[], overhead={})
-    srv = Server(args.model, args.slots, args.window, args.tau, args.capacity).wait_ready()
+    srv = Server(args.model, args.slots, args.window, args.tau, args.capacity, args.steps_per_call).wait_ready()
     try:
         asyncio.run(_load(srv.url, items, 1, 1))              # warm the connection path
         for c in args.clients:
@@ -199,7 +200,7 @@ def main(argv=None) -> int:
                                                           args.capacity)
     finally:
         srv.stop()
-    one = Server(args.model, 1, args.window, args.tau, args.capacity).wait_ready()
+    one = Server(args.model, 1, args.window, args.tau, args.capacity, args.steps_per_call).wait_ready()
     try:
         out["overhead"]["slots=1"] = overhead(args.model, one.url, few, args.window, args.tau, args.capacity)
     finally:
