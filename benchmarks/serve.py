@@ -49,7 +49,8 @@ class Server:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "decode.serve", "--checkpoint", model, "--port", str(self.port),
              "--slots", str(slots), "--window", str(window), "--tau", str(tau), "--capacity", str(capacity),
-             "--steps-per-call", str(steps_per_call), "--max-queue", "256", "--model-name", "demo", "--log-level", "warning"],
+             "--steps-per-call", str(steps_per_call), "--max-queue", "256", "--model-name", "demo",
+             "--log-level", "warning"],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     def wait_ready(self, timeout=600):
