@@ -28,6 +28,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -46,19 +47,21 @@ class Server:
     def __init__(self, model, slots, window, tau, capacity, steps_per_call=8):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.TemporaryFile()       # the server's log (a pipe nobody reads could fill up)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "decode.serve", "--checkpoint", model, "--port", str(self.port),
              "--slots", str(slots), "--window", str(window), "--tau", str(tau), "--capacity", str(capacity),
              "--steps-per-call", str(steps_per_call), "--max-queue", "256", "--model-name", "demo",
              "--log-level", "warning"],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self.log)
 
     def wait_ready(self, timeout=600):
         import httpx
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError("the server exited: " + self.proc.stderr.read().decode()[-2000:])
+                self.log.seek(0)
+                raise RuntimeError("the server exited: " + self.log.read().decode()[-2000:])
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
                     return self
