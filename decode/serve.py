@@ -154,7 +154,7 @@ def parse_settings(body: dict, default_max_tokens: int, max_tokens_names=("max_t
         seed = secrets.randbits(31) if temperature > 0 else 0
     return Settings(max_tokens=max_tokens, temperature=temperature,
                     top_p=_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
-                    top_k=_int(body, "top_k", 0, 0), seed=seed,
+                    top_k=max(0, _int(body, "top_k", 0, -1)), seed=seed,   # -1: off (vLLM's)
                     tau=_number(body, "tau", None, 0.0), lam=_number(body, "lam", None, 0.0),
                     stop=stop, stream=_bool(body, "stream"),
                     include_usage=bool(opts and _bool(opts, "include_usage")))
