@@ -117,13 +117,13 @@ def _compiled(template: str):
     return chat_environment().from_string(template)
 
 
-def compile_template(template: str, source: str = "chat template"):
+def compile_template(template: str, source: str = "the chat template"):
     """The compiled template, or ChatTemplateError naming `source` and the template line."""
     import jinja2
     try:
         return _compiled(template)
     except jinja2.exceptions.TemplateSyntaxError as e:
-        raise ChatTemplateError(f"{source}: the chat template does not parse: {e.message} "
+        raise ChatTemplateError(f"{source} does not parse: {e.message} "
                                 f"(template line {e.lineno})") from None
 
 
@@ -146,7 +146,7 @@ def _describe(e: Exception) -> str:
 
 def render_chat(template: str, messages: Sequence[dict], *, add_generation_prompt: bool,
                 tools=None, documents=None, special: dict | None = None,
-                source: str = "chat template", **kwargs) -> str:
+                source: str = "the chat template", **kwargs) -> str:
     """`messages` rendered by `template` (see the module docstring for what it sees)."""
     compiled = compile_template(template, source)
     if isinstance(messages, (str, bytes, dict)) or not isinstance(messages, Sequence):
