@@ -133,3 +133,16 @@ def test_mask_id_outside_the_vocabulary(tmp_path, capsys):
     assert released_mask_token_id(ModelConfig.from_hf_dict(released_config("8b"))) == MASK
     assert released_mask_token_id(ModelConfig.from_hf_dict({**released_config("8b"), "mask_token_id": 7})) is None
     assert released_mask_token_id(ModelConfig.from_hf_dict({**released_config("8b"), "model_type": "qwen3"})) is None
+
+
+def test_training_reads_the_same_conventions(folders, tmp_path):
+    """`model.from_hf` on a released-style folder: qk_norm from the tensors, [MASK] 151665."""
+    from train.config import load_config, model_config
+    path = shutil.copytree(folders["8b"], tmp_path / "8b")
+    set_config(path, qk_norm=None)
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"text": PROMPT}) + "\n")
+    base = [f"model.from_hf={path}", f"data.train_files=[{data}]"]
+    mc = model_config(load_config(None, base))
+    assert mc.qk_norm and mc.mask_token_id == MASK
+    assert model_config(load_config(None, base + ["objective.mask_token_id=7"])).mask_token_id == 7
