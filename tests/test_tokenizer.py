@@ -15,7 +15,7 @@ import pytest
 
 from decode import cli
 from decode import text as decode_text
-from tests.released import MESSAGES, QWEN_STYLE_TEMPLATE, TOOLS, qwen_style_tokenizer
+from tests.released import MESSAGES, TOOLS, qwen_style_tokenizer
 from train import data as data_lib
 from wedlm_jax import tokenizer as tokenizer_lib
 

@@ -3,6 +3,10 @@
 Supported `model_type`s: qwen2 (Qwen2 / Qwen2.5: q/k/v bias), qwen3 (per-head q/k RMSNorm, explicit
 `head_dim`), llama, and wedlm (the released WeDLM checkpoints: explicit `attention_bias`, `qk_norm`
 and `mask_token_id`). Nothing here knows about diffusion except `mask_token_id`.
+
+The released WeDLM checkpoints' conventions (README "Released checkpoints"): `released_mask_token_id`
+(a `wedlm` config with `mask_token_id: null` means 151665) and `settle_qk_norm` (`qk_norm` left out
+is decided by the checkpoint's q/k-norm tensors; a stated one must agree with them).
 """
 
 from __future__ import annotations
