@@ -128,11 +128,11 @@ def _prompt_ids(obj: dict, tokenizer, chat: bool, where: str) -> list:
                            and isinstance(m.get("content"), str) for m in msgs)):
             raise DecodeConfigError(f"{where}: field 'messages' must be a non-empty list of "
                                     "{'role': str, 'content': str} objects")
-        ids = tokenizer.encode(tokenizer.apply_chat_template(msgs))
+        ids = tokenizer.encode(_render(tokenizer, msgs, where, "messages"))
     else:
         p = obj["prompt"]
         if isinstance(p, str):
-            text = tokenizer.apply_chat_template([{"role": "user", "content": p}]) if chat else p
+            text = _render(tokenizer, [{"role": "user", "content": p}], where, "prompt") if chat else p
             ids = tokenizer.encode(text)
         elif isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in p):
             ids = list(p)
@@ -142,6 +142,13 @@ def _prompt_ids(obj: dict, tokenizer, chat: bool, where: str) -> list:
         raise DecodeConfigError(f"{where}: field {'messages' if 'messages' in obj else 'prompt'!r} "
                                 "encodes to no tokens")
     return ids
+
+
+def _render(tokenizer, messages, where, field) -> str:
+    try:
+        return tokenizer.apply_chat_template(messages)
+    except ValueError as e:   # no template, or it fails on these messages (ChatTemplateError)
+        raise DecodeConfigError(f"{where}: field {field!r}: {e}") from None
 
 
 # ----------------------------------------------------------------------------------- output
@@ -226,8 +233,10 @@ def run_job(args) -> int:
         v = getattr(args, name)
         if v < 1:
             raise DecodeConfigError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
+    from decode.cli import _mask_token_id
     from wedlm_jax.convert import read_config
     model_config = read_config(args.checkpoint)   # config.json only: the weights are read last
+    args.mask_token_id = _mask_token_id(args, model_config)   # released checkpoints: null mask id
     tokenizer = load_tokenizer(args.checkpoint)
     cli_stop_ids, _ = split_stop_strings(tokenizer, args.stop)
     base_ids = list(args.stop_id) + cli_stop_ids

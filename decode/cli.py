@@ -4,7 +4,8 @@
     wedlm-decode --checkpoint DIR --prompts-file prompts.jsonl --chat --method ar --stream
 
 prompts.jsonl: one prompt per line, either a JSON string or an object with "prompt" (or "text")
-or "messages" (a chat; implies the chat template). `--json` prints one JSON document with, per
+or "messages" (a chat; implies the chat template; an optional "tools" list goes to the template,
+rendered by `wedlm_jax.tokenizer` as in training). `--json` prints one JSON document with, per
 prompt, the ids, the text and the statistics, and the totals. `--stream` prints text as it is
 committed (a host callback from the decode loop); the result is the same as without it.
 `--trace FILE.html|FILE.png` also runs the same steps one at a time (`decode.engine.trace_steps`)
@@ -15,10 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from decode.config import METHODS, DecodeConfig, DecodeConfigError
-from decode.text import cut_at_stop_strings, load_tokenizer, split_stop_strings
+from wedlm_jax.config import released_mask_token_id
+from decode.text import ChatTemplateError, cut_at_stop_strings, load_tokenizer, split_stop_strings
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -90,19 +93,41 @@ def _read_prompts(args, tokenizer) -> list[tuple[str, list[int]]]:
         if messages is None and not isinstance(item, str):
             raise DecodeConfigError(f"prompt {i}: expected a string or an object with 'prompt', 'text' "
                                     f"or 'messages', got {item!r}")
-        if messages is not None:
-            text = tokenizer.apply_chat_template(messages)
-        elif args.chat:
-            text = tokenizer.apply_chat_template([{"role": "user", "content": item}])
-        else:
-            text = item
+        try:
+            if messages is not None:
+                text = tokenizer.apply_chat_template(messages, tools=item.get("tools"))
+            elif args.chat:
+                text = tokenizer.apply_chat_template([{"role": "user", "content": item}])
+            else:
+                text = item
+        except ChatTemplateError as e:
+            raise DecodeConfigError(f"prompt {i}: {e}") from None
         out.append((text, tokenizer.encode(text)))
     return out
 
 
+def _mask_token_id(args, config) -> int | None:
+    """--mask-token-id (checked against the vocabulary before anything is loaded), else None (the
+    config's own), except for a `wedlm` config with `mask_token_id: null`: the released
+    checkpoints' id when the vocabulary holds it (said once on stderr), else an error."""
+    if args.mask_token_id is not None:
+        if not 0 <= args.mask_token_id < config.vocab_size:
+            raise DecodeConfigError(f"--mask-token-id {args.mask_token_id} is outside the vocabulary "
+                                    f"[0, {config.vocab_size})")
+        return args.mask_token_id
+    if args.method == "ar":
+        return None
+    mask = released_mask_token_id(config, os.path.join(args.checkpoint, "config.json"))
+    if mask is not None:
+        print(f"wedlm-decode: {os.path.join(args.checkpoint, 'config.json')} has mask_token_id null: "
+              f"decoding with [MASK] id {mask}, as the official WeDLM engine does "
+              f"(--mask-token-id overrides)", file=sys.stderr)
+    return mask
+
+
 def run(args) -> dict:
     from decode.engine import generate
-    from wedlm_jax.convert import checkpoint_kind, load_checkpoint
+    from wedlm_jax.convert import checkpoint_kind, load_checkpoint, read_config
 
     tokenizer = load_tokenizer(args.checkpoint)
     dc_kw = dict(method=args.method, window=args.window, tau=args.tau, lam=args.lam,
@@ -114,6 +139,7 @@ def run(args) -> dict:
     if args.trace is not None:
         from decode.trace import check_request
         check_request(args.trace, args.method, len(prompts))
+    args.mask_token_id = _mask_token_id(args, read_config(args.checkpoint))
     quiet = {} if checkpoint_kind(args.checkpoint) == "orbax" else {"progress": False}
     config, params = load_checkpoint(args.checkpoint, **quiet)
     if not args.no_default_stops:

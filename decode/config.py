@@ -17,6 +17,8 @@ import dataclasses
 from typing import Sequence
 
 METHODS = ("streaming", "block", "ar", "verified")
+REFILLS = ("before", "after")               # decode.steps: when the window's masks are refilled
+SAMPLING_ORDERS = ("filter_first", "temper_first")   # decode.sampling: filter vs temperature
 MAX_STOP_IDS = 16  # stop ids travel as a fixed-size runtime array (padded with -1): no recompile per set
 
 
@@ -37,10 +39,17 @@ class DecodeConfig:
     stop_token_ids: tuple = ()
     seed: int = 0
     prefill_chunk: int = 128  # static; the last chunk of a prompt is computed whole (padding included)
+    refill: str = "before"    # 'before': the official engine's order (up to 2W slots a forward)
+    sampling_order: str = "filter_first"  # the official engine's: top-k, top-p, then temperature
 
     def __post_init__(self):
         if self.method not in METHODS:
             raise DecodeConfigError(f"method {self.method!r} is unknown; allowed: {', '.join(METHODS)}")
+        if self.refill not in REFILLS:
+            raise DecodeConfigError(f"refill {self.refill!r} is unknown; allowed: {', '.join(REFILLS)}")
+        if self.sampling_order not in SAMPLING_ORDERS:
+            raise DecodeConfigError(f"sampling_order {self.sampling_order!r} is unknown; allowed: "
+                                    f"{', '.join(SAMPLING_ORDERS)}")
         _int_at_least("window", self.window, 1)
         _num_at_least("tau", self.tau, 0.0)
         _num_at_least("lam", self.lam, 0.0)

@@ -63,7 +63,7 @@ def reference_generate(params, model_config: ModelConfig, prompts, decode_config
     prompts = check_prompts(prompts, model_config.vocab_size, capacity)
     if capacity is None:
         capacity = max(len(p) for p in prompts) + dc.max_new_tokens
-    forward = _FullForward(params, model_config, capacity + (0 if dc.method == "ar" else dc.window))
+    forward = _FullForward(params, model_config, capacity + (0 if dc.method == "ar" else 2 * dc.window))
     step = _ar if dc.method == "ar" else _window
     out = []
     for r, prompt in enumerate(prompts):
@@ -81,6 +81,16 @@ def _window(forward, prompt, end, dc: DecodeConfig, mask_id, row, record):
     win = [None] * min(dc.window, end - len(seq))
     while win:
         n = len(seq)
+        base = len(win)                      # the window before any refill
+        if dc.refill == "before":
+            # the official order: as many masks as the leading filled run (the slots this step
+            # commits) join the forward, never past the budget
+            lead = 0
+            while lead < len(win) and win[lead] is not None:
+                lead += 1
+            if dc.method == "block" and lead < len(win):
+                lead = 0
+            win = win + [None] * min(lead, end - n - len(win))
         # 1. reorder: filled first (ascending), then masks (ascending)
         order = [i for i, t in enumerate(win) if t is not None] + [i for i, t in enumerate(win) if t is None]
         fed = [win[i] if win[i] is not None else mask_id for i in order]
@@ -97,7 +107,7 @@ def _window(forward, prompt, end, dc: DecodeConfig, mask_id, row, record):
         c = 0
         while c < len(win) and win[c] is not None:
             c += 1
-        if dc.method == "block" and c < len(win):
+        if dc.method == "block" and c < base:
             c = 0
         committed = win[:c]
         stop_at = next((j for j, t in enumerate(committed) if t in stops), None)
@@ -117,10 +127,11 @@ def _window(forward, prompt, end, dc: DecodeConfig, mask_id, row, record):
                 chosen = [min(masks, key=lambda i: (adj[i], i))]
             for i in chosen:
                 win[i] = int(np.argmax(logits[i]))
-        # 5. slide
+        # 5. slide (refill 'after': masks appended now, up to W and the budget)
         win = win[c:]
-        room = min(dc.window, end - len(seq))
-        win = win + [None] * max(0, room - len(win))
+        if dc.refill == "after":
+            room = min(dc.window, end - len(seq))
+            win = win + [None] * max(0, room - len(win))
     return dict(tokens=emitted, steps=steps, n_fwd=n_fwd)
 
 

@@ -203,7 +203,10 @@ def parse_messages(body: dict, tokenizer) -> list:
         clean.append({"role": m["role"], "content": content})
     if not tokenizer.chat_template:
         raise bad("messages", "this checkpoint has no chat template; use /v1/completions")
-    ids = tokenizer.encode(tokenizer.apply_chat_template(clean))
+    try:
+        ids = tokenizer.encode(tokenizer.apply_chat_template(clean))
+    except ValueError as e:   # the template refuses these messages (ChatTemplateError)
+        raise bad("messages", str(e)) from None
     if not ids:
         raise bad("messages", "'messages' encode to no tokens")
     return ids
@@ -672,7 +675,9 @@ def load_decoder(args):
     from decode.text import load_tokenizer
     from wedlm_jax.convert import read_config
 
+    from decode.cli import _mask_token_id
     model_config = read_config(args.checkpoint)
+    args.mask_token_id = _mask_token_id(args, model_config)   # released checkpoints: null mask id
     tokenizer = load_tokenizer(args.checkpoint)
     stops = () if args.no_default_stops else tuple(tokenizer.default_stop_ids(model_config.eos_token_id))
     if len(stops) > MAX_STOP_IDS:

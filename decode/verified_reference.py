@@ -38,7 +38,7 @@ def reference_verified(params, model_config: ModelConfig, prompts, decode_config
     prompts = check_prompts(prompts, model_config.vocab_size, capacity)
     if capacity is None:
         capacity = max(len(p) for p in prompts) + dc.max_new_tokens
-    forward = _FullForward(params, model_config, capacity + dc.window)
+    forward = _FullForward(params, model_config, capacity + 2 * dc.window)
     out = []
     for row, prompt in enumerate(prompts):
         end = min(len(prompt) + dc.max_new_tokens, capacity)
@@ -61,6 +61,11 @@ def _one(forward, prompt, end, dc: DecodeConfig, mask_id, row, record):
     win = [prompt[-1]] + [None] * (min(dc.window, end - len(seq)) - 1)
     while True:
         n = len(seq)
+        if dc.refill == "before":   # the official order: masks for the leading run join the forward
+            lead = 0
+            while lead < len(win) and win[lead] is not None:
+                lead += 1
+            win = win + [None] * min(lead, end - n - len(win))
         order = [i for i, t in enumerate(win) if t is not None] + [i for i, t in enumerate(win) if t is None]
         fed = [win[i] if win[i] is not None else mask_id for i in order]
         pos = [n + i for i in order]

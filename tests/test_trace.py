@@ -70,18 +70,21 @@ def test_view_commits_equal_generate(ckpt, method, tau):
         assert {st["commit"] for st in steps} <= {0, 4}
 
 
-def test_streaming_states_are_consistent(ckpt):
+@pytest.mark.parametrize("refill", ["before", "after"])
+def test_streaming_states_are_consistent(ckpt, refill):
     """A slot filled at step k is fed (filled or committed, same token) at step k + 1; every state
-    shows up; the window never exceeds W; physical order puts filled slots first."""
+    shows up; the forward never exceeds W slots (refill after) or 2W (before); physical order puts
+    filled slots first."""
     path, config, params, tk = ckpt
     prompt = tk.encode("the cat sat")
-    dc = DecodeConfig(window=4, tau=1.0, lam=0.05, max_new_tokens=24)
+    dc = DecodeConfig(window=4, tau=1.0, lam=0.05, max_new_tokens=24, refill=refill)
+    most = 8 if refill == "before" else 4
     trace, final = trace_steps(params, config, [prompt], dc)
     steps = trace_view(trace, final, 0, "streaming", MASK)
     seen = {s["state"] for st in steps for s in st["slots"]}
     assert seen == set(STATES)
     for st, nxt in zip(steps, steps[1:]):
-        assert len(st["slots"]) <= 4 and nxt["n"] == st["n"] + st["commit"]
+        assert len(st["slots"]) <= most and nxt["n"] == st["n"] + st["commit"]
         feed = {s["pos"]: s for s in nxt["slots"]}
         for s in st["slots"]:
             if s["state"] in ("new", "filled"):

@@ -19,9 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from decode import engine
 from decode.config import DecodeConfig, DecodeConfigError
-from decode.engine import generate
+from decode.decoder import compiled_count
+from decode.engine import generate, trace_steps
 from decode.verified_reference import reference_verified
 from wedlm_jax.config import ModelConfig
 from tests.synthetic import random_params as make_params
@@ -57,13 +57,14 @@ def ar_of(params, dc, prompts=PROMPTS, capacity=CAP):
 
 # ------------------------------------------------------------------ greedy: equal to AR
 
-@pytest.mark.parametrize("window", [1, 3, 6])
-def test_greedy_equals_ar(agree, plain, window):
+@pytest.mark.parametrize("refill, window", [("after", 1), ("after", 3), ("after", 6),
+                                            ("before", 3), ("before", 6)])
+def test_greedy_equals_ar(agree, plain, refill, window):
     """Many (tau, lambda) settings, both regimes, rows of different prompt lengths: the tokens equal
     AR's; no row takes more steps than AR; W = 1 is AR step for step."""
     saw = dict(accepted=0, rejected=0, faster=False)
     for params in (agree, plain):
-        base = DecodeConfig(method="verified", window=window, max_new_tokens=16)
+        base = DecodeConfig(method="verified", window=window, max_new_tokens=16, refill=refill)
         ar = ar_of(params, base)
         for tau, lam in [(0.2, 0.0), (1.0, 0.05), (3.0, 0.1), (50.0, 0.0)]:
             got = run(params, base.replace(tau=tau, lam=lam))
@@ -110,14 +111,14 @@ def test_greedy_stop_tokens_budgets_capacity(agree):
 
 # ------------------------------------------------------------------ jitted == no-cache reference
 
-@pytest.mark.parametrize("window", [3, 6])
-def test_engine_equals_reference(agree, plain, window):
+@pytest.mark.parametrize("refill, window", [("after", 3), ("after", 6), ("before", 3)])
+def test_engine_equals_reference(agree, plain, refill, window):
     stop = run(agree, DecodeConfig(method="verified", window=window, max_new_tokens=12)).tokens[0][4]
     for params in (agree, plain):
         for tau, lam, stops, budget in [(1.0, 0.05, (), 12), (50.0, 0.0, (stop,), 12),
                                         (3.0, 0.1, (), 4)]:
             dc = DecodeConfig(method="verified", window=window, tau=tau, lam=lam,
-                              max_new_tokens=budget, stop_token_ids=stops)
+                              max_new_tokens=budget, stop_token_ids=stops, refill=refill)
             got = run(params, dc)
             want = reference_verified(params, CONFIG, PROMPTS, dc, capacity=CAP)
             for r, w in enumerate(want):
@@ -129,28 +130,12 @@ def test_engine_equals_reference(agree, plain, window):
 
 # ------------------------------------------------------------------ K/V validity
 
-def _step_through(params, dc, prompts, capacity):
-    """The engine's own prefill and verified step, one jitted step at a time; returns the per-step
-    aux and the final state WITH its cache."""
-    model, static, (toks, prefill_len, state, knobs, cache), _ = engine._setup(
-        params, CONFIG, prompts, dc, capacity, None, None, TILE, jnp.float32)
-    step = engine.step_fn(static)
-    state = dict(state, cache=jax.jit(lambda p, c, t, l: engine.prefill(model, p, c, t, l, static))(
-        params, cache, toks, prefill_len))
-    one = jax.jit(lambda p, st, k: step(model, p, st, k, static))
-    trace = []
-    while not bool(np.all(np.asarray(state["done"]))):
-        state, aux = one(params, state, knobs)
-        trace.append(jax.device_get(aux))
-    return trace, state
-
-
 def test_committed_kv_rows_are_final(agree):
     """Every cache row below the final committed length equals the K/V of a one-shot causal
     prefill of the final sequence (prompt + output), all layers, within 1e-5; and at every step the
     committed slots were fed first, in natural order, as exactly the output tokens."""
     dc = DecodeConfig(method="verified", window=6, tau=3.0, lam=0.05, max_new_tokens=20)
-    trace, final = _step_through(agree, dc, PROMPTS, CAP)
+    trace, final = trace_steps(agree, CONFIG, PROMPTS, dc, capacity=CAP, kv_tile=TILE)
     out, count, n = (np.asarray(final[k]) for k in ("out", "count", "n"))
     seqs = [p + out[r, :count[r]].tolist() for r, p in enumerate(PROMPTS)]
     assert sum(int(a["reject"][r]) for a in trace for r in range(4)) > 0
@@ -231,7 +216,7 @@ def _critical(df, z=3.0902):
 
 def _first3(params, method, seed, rows):
     dc = DecodeConfig(method=method, window=4, tau=50.0, lam=0.0, temperature=S_TEMP, top_k=S_TOPK,
-                      max_new_tokens=3, seed=seed, prefill_chunk=4)
+                      max_new_tokens=3, seed=seed << 16, prefill_chunk=4)  # rows: seed + row
     res = generate(params, SMALL, [S_PROMPT] * rows, dc, capacity=8, kv_tile=TILE)
     return np.array(res.tokens), res
 
@@ -288,11 +273,11 @@ def test_sampled_top_k_one_is_greedy_ar_and_seeded(agree):
 def test_no_recompile_across_prompts_budgets_settings(agree):
     dc = DecodeConfig(method="verified", window=3, tau=1.0, lam=0.05, max_new_tokens=10)
     run(agree, dc)
-    before = engine.trace_count()
+    before = compiled_count()
     run(agree, dc.replace(max_new_tokens=5, tau=0.2, lam=0.3, stop_token_ids=(3,)),
         prompts=[[7], [8, 9], list(range(1, 17))])
     res = run(agree, dc.replace(max_new_tokens=20), capacity=33)
-    assert engine.trace_count() == before and res.compile_s == 0.0
+    assert compiled_count() == before and res.compile_s == 0.0
 
 
 @pytest.mark.parametrize("kw, words", [

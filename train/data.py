@@ -4,8 +4,10 @@ Line formats (one JSON object per line, the format may differ between lines):
     {"text": "..."}                                  pretraining: every token maskable / a target
     {"prompt": "...", "response": "..."}             SFT: only response tokens maskable / targets
     {"messages": [{"role": ..., "content": ...}]}    SFT: only assistant tokens maskable / targets
+                                                     (optional "tools": the tool schemas the template shows)
 
-SFT records are rendered with the chat template of the tokenizer folder's `tokenizer_config.json`
+SFT records are rendered with the tokenizer folder's chat template (`wedlm_jax.tokenizer`: the same
+files and Jinja environment as decoding and transformers' `apply_chat_template`)
 (prompt/response become a user and an assistant turn); without a template a prompt/response pair is
 plain concatenation and `messages` is an error. Tokenization uses the folder's `tokenizer.json`.
 
@@ -41,6 +43,8 @@ from typing import Iterable, Sequence
 import grain
 import numpy as np
 
+from wedlm_jax import tokenizer as tokenizer_lib
+
 MASK_TOKEN_CANDIDATES = ("<|mask|>", "[MASK]", "<mask>", "<|MASK|>", "<MASK>")
 
 
@@ -50,40 +54,17 @@ class DataError(ValueError):
 
 # ---------------------------------------------------------------------------------- tokenizer
 
-@dataclasses.dataclass(frozen=True)
-class TokenizerInfo:
-    tokenizer: object  # tokenizers.Tokenizer
-    folder: str
-    chat_template: str | None
-    eos_token_id: int | None
-    bos_token: str | None
-    eos_token: str | None
-
-    @property
-    def vocab_size(self) -> int:
-        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+# One tokenizer module for training and decoding (wedlm_jax/tokenizer.py): the same files, special
+# tokens and chat-template environment, so an SFT prompt and a decode prompt of the same messages
+# are the same ids.
+TokenizerInfo = tokenizer_lib.Tokenizer
 
 
 def load_tokenizer(folder: str) -> TokenizerInfo:
-    """The `tokenizer.json` (and, when present, `tokenizer_config.json`) of a checkpoint folder."""
-    from tokenizers import Tokenizer
-    path = os.path.join(folder, "tokenizer.json")
-    if not os.path.exists(path):
-        raise DataError(f"{folder}: no tokenizer.json (set data.tokenizer to a folder holding one)")
-    tok = Tokenizer.from_file(path)
-    cfg = {}
-    cfg_path = os.path.join(folder, "tokenizer_config.json")
-    if os.path.exists(cfg_path):
-        with open(cfg_path) as f:
-            cfg = json.load(f)
-    template = cfg.get("chat_template")
-    if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
-        named = {t.get("name"): t.get("template") for t in template}
-        template = named.get("default") or next(iter(named.values()), None)
-    tok_name = lambda v: v.get("content") if isinstance(v, dict) else v
-    eos, bos = tok_name(cfg.get("eos_token")), tok_name(cfg.get("bos_token"))
-    eos_id = tok.token_to_id(eos) if eos else None
-    return TokenizerInfo(tok, folder, template, eos_id, bos, eos)
+    """The `tokenizer.json` (and, when present, `tokenizer_config.json`, `chat_template.jinja`,
+    `special_tokens_map.json`) of a checkpoint folder."""
+    return tokenizer_lib.load_tokenizer(
+        folder, error=DataError, hint=" (set data.tokenizer to a folder holding one)")
 
 
 def find_mask_token(info: TokenizerInfo) -> int | None:
@@ -112,32 +93,19 @@ def resolve_mask_token_id(model_mask_id: int | None, info: TokenizerInfo, vocab_
     return found
 
 
-def _render_template(info: TokenizerInfo, messages, add_generation_prompt: bool) -> str:
-    import jinja2
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(msg):
-        raise jinja2.exceptions.TemplateError(msg)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
-    env.globals["raise_exception"] = raise_exception
-    env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, ensure_ascii=False,
-                                                                      indent=indent)
-    tpl = env.from_string(info.chat_template)
-    return tpl.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                      bos_token=info.bos_token or "", eos_token=info.eos_token or "")
+def _render_template(info: TokenizerInfo, messages, add_generation_prompt: bool, tools=None) -> str:
+    return info.render_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools)
 
 
-def _chat_spans(info: TokenizerInfo, messages) -> tuple[str, list[tuple[int, int]]]:
+def _chat_spans(info: TokenizerInfo, messages, tools=None) -> tuple[str, list[tuple[int, int]]]:
     """The rendered conversation and the character spans of its assistant turns."""
-    full = _render_template(info, messages, False)
+    full = _render_template(info, messages, False, tools)
     spans = []
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        before = _render_template(info, messages[:i], True)
-        upto = _render_template(info, messages[:i + 1], False)
+        before = _render_template(info, messages[:i], True, tools)
+        upto = _render_template(info, messages[:i + 1], False, tools)
         if not (upto.startswith(before) and full.startswith(upto)):
             raise ValueError("the chat template does not render the conversation incrementally "
                              "(earlier turns change when later ones are added); cannot locate the "
@@ -195,15 +163,20 @@ def tokenize_record(obj, info: TokenizerInfo, append_eos: bool = True):
         if not isinstance(msgs, list) or not msgs:
             raise ValueError("field 'messages' must be a non-empty list")
         for j, m in enumerate(msgs):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str) \
-                    or not isinstance(m.get("content"), str):
+            content_ok = isinstance(m.get("content"), str) if isinstance(m, dict) else False
+            if isinstance(m, dict) and m.get("tool_calls") and m.get("content") is None:
+                content_ok = True  # an assistant turn that only calls tools
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not content_ok:
                 raise ValueError(f"messages[{j}] must be an object with string 'role' and 'content'")
+        tools = obj.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise ValueError(f"field 'tools' must be a list, got {type(tools).__name__}")
         if not any(m["role"] == "assistant" for m in msgs):
             raise ValueError("'messages' has no assistant turn (nothing to train on)")
         if not info.chat_template:
             raise ValueError(f"'messages' needs a chat template, and {info.folder}/"
                              f"tokenizer_config.json has none")
-        text, spans = _chat_spans(info, msgs)
+        text, spans = _chat_spans(info, msgs, tools)
         return _encode_with_spans(info, text, spans)
     raise ValueError(f"no 'text', 'prompt'/'response' or 'messages' field (keys: "
                      f"{', '.join(sorted(obj)) or 'none'})")

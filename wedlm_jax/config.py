@@ -3,6 +3,10 @@
 Supported `model_type`s: qwen2 (Qwen2 / Qwen2.5: q/k/v bias), qwen3 (per-head q/k RMSNorm, explicit
 `head_dim`), llama, and wedlm (the released WeDLM checkpoints: explicit `attention_bias`, `qk_norm`
 and `mask_token_id`). Nothing here knows about diffusion except `mask_token_id`.
+
+The released WeDLM checkpoints' conventions (README "Released checkpoints"): `released_mask_token_id`
+(a `wedlm` config with `mask_token_id: null` means 151665) and `settle_qk_norm` (`qk_norm` left out
+is decided by the checkpoint's q/k-norm tensors; a stated one must agree with them).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from typing import Any, Mapping
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama", "wedlm")
@@ -228,3 +233,56 @@ def _read_rope(d: Mapping[str, Any], source: str) -> tuple[float, tuple]:
 
 def _freeze(v):
     return tuple(v) if isinstance(v, list) else v
+
+
+# --------------------------------------------------------------------------- released WeDLM checkpoints
+
+# The [MASK] id of the released WeDLM checkpoints: their configs say `mask_token_id: null`, and the
+# official engine (`wedlm/engine/model_runner.py`) and trainer then use this id.
+RELEASED_MASK_TOKEN_ID = 151665
+_QK_NORM_TENSOR = re.compile(r"model\.layers\.\d+\.self_attn\.[qk]_norm\.weight\Z")
+
+
+def released_mask_token_id(config: ModelConfig, source: str = "config.json",
+                           how: str = "wedlm-decode --mask-token-id ID") -> int | None:
+    """The [MASK] id a `wedlm` config with `mask_token_id: null` decodes with: 151665, the id the
+    official engine and trainer use, when the vocabulary holds it, else a ConfigError asking for an
+    explicit id. None for a config that states its own id or is not a `wedlm` one."""
+    if config.model_type != "wedlm" or config.mask_token_id is not None:
+        return None
+    if config.vocab_size <= RELEASED_MASK_TOKEN_ID:
+        raise ConfigError(
+            f"{source}: mask_token_id is null, and the vocabulary (vocab_size {config.vocab_size}) does "
+            f"not hold {RELEASED_MASK_TOKEN_ID}, the [MASK] id of the released WeDLM checkpoints; "
+            f"give the mask token id ({how})")
+    return RELEASED_MASK_TOKEN_ID
+
+
+def settle_qk_norm(config: ModelConfig, folder: str | os.PathLike, tensor_names) -> ModelConfig:
+    """A `wedlm` config's `qk_norm` settled against the checkpoint's tensors (names from the
+    safetensors headers): absent from `folder/config.json`, it is decided by whether the q/k-norm
+    weights (`model.layers.N.self_attn.{q,k}_norm.weight`) are present; stated, it must agree
+    with them, else a ConfigError names the field and the tensors. (The released WeDLM-8B has
+    `attention_bias: false` and q/k-norm weights; WeDLM-7B has `attention_bias: true`, `qk_norm:
+    false` and none. The official engine applies q/k-norm exactly when `attention_bias` is false.)
+    Other model types are returned unchanged."""
+    if config.model_type != "wedlm":
+        return config
+    path = os.path.join(os.fspath(folder), "config.json")
+    with open(path) as f:
+        stated = json.load(f).get("qk_norm")
+    norms = sorted(n for n in tensor_names if _QK_NORM_TENSOR.match(n))
+    if stated is None:
+        return config.replace(qk_norm=bool(norms))
+    if stated and not norms:
+        raise ConfigError(
+            f"{path}: qk_norm is true, but the checkpoint has no q/k-norm tensors "
+            f"(model.layers.N.self_attn.q_norm.weight / k_norm.weight); set qk_norm to false, or "
+            f"remove the field to let the tensors decide")
+    if not stated and norms:
+        shown = ", ".join(norms[:4]) + (f" ... ({len(norms)} in all)" if len(norms) > 4 else "")
+        raise ConfigError(
+            f"{path}: qk_norm is false, but the checkpoint holds q/k-norm tensors ({shown}); set "
+            f"qk_norm to true, or remove the field to let the tensors decide (the official engine "
+            f"applies q/k-norm whenever attention_bias is false)")
+    return config

@@ -38,7 +38,7 @@ import numpy as np
 
 from wedlm_jax import hf_mapping, model, sharding
 from wedlm_jax import safetensors_io as st
-from wedlm_jax.config import ConfigError, ModelConfig
+from wedlm_jax.config import ConfigError, ModelConfig, settle_qk_norm
 from wedlm_jax.safetensors_io import CheckpointError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
@@ -234,7 +234,9 @@ def load_hf_checkpoint(path, mesh=None, dtype=None, allow_extra: bool = False,
         raise CheckpointError(f"{path}: not a folder")
     config = read_config(path)
     target = parse_dtype(dtype)
-    plan = plan_hf_load(config, st.index_tensors(path), allow_extra, source=path)
+    tensors = st.index_tensors(path)
+    config = settle_qk_norm(config, path, tensors)  # released-checkpoint convention, from headers
+    plan = plan_hf_load(config, tensors, allow_extra, source=path)
     shardings = _target_shardings(config, mesh, model.param_shapes(config))
     plan.sort(key=lambda item: -item[0].nbytes)
     params: dict = {}

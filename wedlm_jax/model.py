@@ -291,3 +291,9 @@ def init_kv_cache(config: ModelConfig, batch: int, capacity: int, dtype=jnp.floa
     shape = (batch, capacity, config.num_kv_heads, config.head_dim)
     return tuple({"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
                  for _ in range(config.num_layers))
+
+
+def kv_cache_logical_axes(config: ModelConfig):
+    """Tree (matching `init_kv_cache`) of logical-axis-name tuples for the cache buffers."""
+    axes = ("batch", "cache_length", "kv_heads", "head_dim")
+    return tuple({"k": axes, "v": axes} for _ in range(config.num_layers))

@@ -1,0 +1,149 @@
+"""Continuous batching on the host: requests wait in a queue, take a free slot when one opens,
+and leave it the moment they finish, so no slot idles while a slower neighbour runs on.
+
+    batcher = Batcher(decoder)
+    rid = batcher.submit(Request(prompt=ids, max_new_tokens=64), on_tokens=..., on_finish=...)
+    while batcher.step():      # insert waiting requests, one generate chunk, hand out new ids
+        pass
+
+`submit` and `cancel` are thread-safe; `step` must be called from one thread (the one that owns
+the device) and the callbacks run on it: on_tokens(request_id, new_ids) after every chunk that
+gave the request ids, on_finish(Finished) once.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import time
+from typing import Callable
+
+import jax
+
+from decode.decoder import Decoder, Request
+
+
+@dataclasses.dataclass
+class Finished:
+    request_id: int
+    tokens: list          # every generated id
+    finish: str           # 'stop' | 'length' | 'cancelled'
+    steps: int            # forwards while the request was live
+    n_fwd: int            # token slots processed for it (p_cache = len(tokens) / n_fwd)
+    accepted: int = 0     # verified: drafts accepted
+    rejected: int = 0     # verified: drafts rejected
+    wall_s: float = 0.0   # submit to finish
+
+
+@dataclasses.dataclass
+class _Live:
+    request_id: int
+    request: Request
+    on_tokens: Callable | None
+    on_finish: Callable | None
+    submitted: float
+    tokens: list = dataclasses.field(default_factory=list)
+
+
+class Batcher:
+    """Slot-based continuous batching over one Decoder."""
+
+    def __init__(self, decoder: Decoder):
+        self.decoder = decoder
+        self._lock = threading.Lock()
+        self._waiting: collections.deque = collections.deque()
+        self._cancelled: set = set()
+        self._slots: list[_Live | None] = [None] * decoder.slots
+        self._next_id = 0
+        self.state = decoder.init_state()
+        self.loop_iterations = 0
+
+    @property
+    def num_waiting(self) -> int:
+        with self._lock:
+            return len(self._waiting)
+
+    @property
+    def num_active(self) -> int:
+        return sum(s is not None for s in self._slots)
+
+    def submit(self, request: Request, on_tokens: Callable | None = None,
+               on_finish: Callable | None = None) -> int:
+        """Validate (DecodeConfigError names the field) and queue a request; returns its id."""
+        request = self.decoder.check_request(request)
+        with self._lock:
+            rid = self._next_id
+            self._next_id += 1
+            self._waiting.append(_Live(rid, request, on_tokens, on_finish, time.perf_counter()))
+        return rid
+
+    def cancel(self, request_id: int) -> None:
+        """Stop a request: its slot is freed at the next `step` boundary."""
+        with self._lock:
+            self._cancelled.add(request_id)
+
+    def _finish(self, live: _Live, finish: str, stats=(0, 0, 0, 0)) -> None:
+        steps, n_fwd, acc, rej = stats
+        if live.on_finish is not None:
+            live.on_finish(Finished(live.request_id, live.tokens, finish, steps, n_fwd, acc, rej,
+                                    time.perf_counter() - live.submitted))
+
+    def _take_cancelled(self):
+        with self._lock:
+            cancelled, self._cancelled = self._cancelled, set()
+            kept = collections.deque()
+            dropped = []
+            for live in self._waiting:
+                (dropped if live.request_id in cancelled else kept).append(live)
+            self._waiting = kept
+        return cancelled, dropped
+
+    def step(self) -> bool:
+        """Free cancelled slots, insert waiting requests, run one generate chunk, hand out the
+        new ids and finish the requests that are done. Returns True while work remains."""
+        dec = self.decoder
+        cancelled, dropped = self._take_cancelled()
+        for live in dropped:
+            self._finish(live, "cancelled")
+        for slot, live in enumerate(self._slots):
+            if live is not None and live.request_id in cancelled:
+                self.state = dec.free(self.state, slot)
+                self._slots[slot] = None
+                self._finish(live, "cancelled")
+        for slot in range(dec.slots):
+            if self._slots[slot] is not None:
+                continue
+            with self._lock:
+                live = self._waiting.popleft() if self._waiting else None
+            if live is None:
+                break
+            self.state = dec.insert(dec.prefill(live.request), self.state, slot)
+            self._slots[slot] = live
+        if self.num_active == 0:
+            return self.num_waiting > 0
+        self.state, result = dec.generate(self.state)
+        self.loop_iterations += result.steps
+        for slot, live in enumerate(self._slots):
+            if live is None:
+                continue
+            new = result.new_ids(slot)
+            if new:
+                live.tokens.extend(new)
+                if live.on_tokens is not None:
+                    live.on_tokens(live.request_id, new)
+        done, steps, n_fwd, acc, rej = jax.device_get(
+            (self.state.done, self.state.steps, self.state.n_fwd, self.state.accepted,
+             self.state.rejected))
+        for slot, live in enumerate(self._slots):
+            if live is not None and bool(done[slot]):
+                stops = set(live.request.stop_token_ids)
+                finish = "stop" if live.tokens and live.tokens[-1] in stops else "length"
+                self._slots[slot] = None
+                self._finish(live, finish, (int(steps[slot]), int(n_fwd[slot]), int(acc[slot]),
+                                            int(rej[slot])))
+        return self.num_active > 0 or self.num_waiting > 0
+
+    def run_until_idle(self) -> None:
+        while self.step():
+            pass

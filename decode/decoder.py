@@ -1,0 +1,504 @@
+"""The Decoder: compiled decoding over a fixed set of slots (continuous batching, JetStream's shape).
+
+    decoder = Decoder(params, model_config, method="streaming", window=16, slots=8, capacity=1024)
+    state = decoder.init_state()                        # every slot free
+    prefix = decoder.prefill(Request(prompt=(1, 2, 3), max_new_tokens=64, tau=0.4))
+    state = decoder.insert(prefix, state, slot=0)
+    state, result = decoder.generate(state)             # k steps in one jitted call
+    result.tokens[slot, i, :result.counts[slot, i]]     # the ids slot emitted at step i
+
+`generate` runs up to `steps_per_call` steps of every slot as one `lax.while_loop` over the donated
+state (no host round trip inside; it stops early when every slot is done). Between calls the host
+hands out the new ids, frees finished slots and inserts waiting requests (`decode.batching`).
+
+Compiled programs: one prefill and one insert per prompt bucket (powers of two), one generate,
+one free; all keyed by the Decoder's static settings (`Static`), so Decoders with equal settings
+share them (jax's own cache) and nothing compiled reads module state. Per-request settings (tau,
+lambda, temperature, top-k, top-p, sampling order, max_new_tokens, stop ids, seed) are runtime
+values in the state (`decode.state.Settings`). A request's random draws depend only on its seed
+and its own step count, so its output does not depend on its slot or its neighbours.
+
+Prefill conventions: streaming / block write the prompt's rows 0..P-1 and start with a window of
+masks at position P; ar / verified write rows 0..P-2 and hold the last prompt token as the pending
+token (slot 0) at position P-1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from decode.config import MAX_STOP_IDS, METHODS, DecodeConfigError
+from decode.sampling import SAMPLING_ORDERS
+from decode.state import DecodeState, KVCache, Prefix, Settings
+from decode.steps import REFILLS, StepSpec, ar_step, window_step
+from decode.verified import verified_step
+from wedlm_jax import model as model_lib
+from wedlm_jax.config import ModelConfig
+from wedlm_jax.sharding import DEFAULT_RULES, spec_for, tree_shardings
+
+ROW_ALIGN = 64
+DEFAULT_KV_TILE = 256
+MIN_PROMPT_BUCKET = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One request and its runtime settings."""
+    prompt: tuple                   # token ids, at least one
+    max_new_tokens: int = 256
+    tau: float = 0.4
+    lam: float = 0.02
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    stop_token_ids: tuple = ()      # at most MAX_STOP_IDS
+    seed: int = 0
+    sampling_order: str = "filter_first"
+
+
+@dataclasses.dataclass(frozen=True)
+class Static:
+    """Everything that shapes the compiled programs."""
+    config: ModelConfig        # token ids stripped (runtime values)
+    dtype: str
+    spec: StepSpec
+    slots: int
+    capacity: int
+    rows: int                  # cache rows R >= capacity + span
+    kv_tile: int
+    prefill_chunk: int
+    keep_q: bool               # verified with sampling carries the drafts' distributions
+    mesh: Any = None           # a hashable key of the mesh (or None)
+
+    @property
+    def span(self) -> int:
+        return self.spec.span
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def pow2_at_least(x: int, floor: int = 1) -> int:
+    return max(floor, 1 << max(0, int(x) - 1).bit_length())
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _is_num(x) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and x == x
+
+
+# ----------------------------------------------------------------------------- compiled pieces
+
+STEPS = {"streaming": window_step, "block": window_step, "ar": ar_step, "verified": verified_step}
+
+
+def _model(static: Static):
+    return model_lib.Transformer(static.config, dtype=jnp.dtype(static.dtype))
+
+
+def _forward(static: Static):
+    """The network in cache mode: (params, tokens, positions, cache layers, n) -> (logits, layers)."""
+    model = _model(static)
+
+    def forward(params, tokens, positions, layers, n):
+        return model.apply({"params": params}, tokens, positions, kv_cache=layers, cache_len=n,
+                           kv_tile=static.kv_tile)
+    return forward
+
+
+def _constrain_state(static: Static, st):
+    """Pin the state's layout (slots over data/fsdp; a no-op without a mesh)."""
+    if static.mesh is None:
+        return st
+    axes = model_lib.kv_cache_logical_axes(static.config)
+    is_axes = lambda x: isinstance(x, tuple) and all(isinstance(a, (str, type(None))) for a in x)
+    layers = jax.tree.map(lambda ax, x: nn.with_logical_constraint(x, ax), axes, st.cache.layers,
+                          is_leaf=is_axes)
+    rest = jax.tree.map(lambda x: nn.with_logical_constraint(x, ("batch",) + (None,) * (x.ndim - 1)),
+                        st.replace(cache=st.cache.replace(layers=None)))
+    return rest.replace(cache=rest.cache.replace(layers=layers))
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _prefill(static: Static, params, tokens, prefill_len):
+    """K/V of rows 0..prefill_len-1 of one prompt ([1, Pb] tokens) in chunks; the trip count
+    ceil(prefill_len / chunk) is a runtime value; the last chunk's start is pulled back inside the
+    buffer (recomputing final rows gives the same values)."""
+    pb = tokens.shape[1]
+    chunk = min(static.prefill_chunk, pb)
+    forward = _forward(static)
+    kv = model_lib.init_kv_cache(static.config, 1, pb, jnp.dtype(static.dtype))
+
+    def body(k, kv):
+        start = jnp.minimum(k * chunk, pb - chunk)
+        toks = jax.lax.dynamic_slice_in_dim(tokens, start, chunk, axis=1)
+        pos = start + jnp.arange(chunk, dtype=jnp.int32)[None, :]
+        _, kv = forward(params, toks, pos, kv, jnp.full((1,), start, jnp.int32))
+        return kv
+
+    return jax.lax.fori_loop(0, (prefill_len[0] + chunk - 1) // chunk, body, kv)
+
+
+@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(1,))
+def _insert(static: Static, state: DecodeState, prefix: Prefix, slot):
+    """Write a prefilled request into `slot`: its K/V rows 0..Pb-1 and its row of every field."""
+    axes = model_lib.kv_cache_logical_axes(static.config)
+    is_axes = lambda x: isinstance(x, tuple) and all(isinstance(a, (str, type(None))) for a in x)
+
+    def put_kv(ax, full, part):
+        starts = [slot if a == "batch" else 0 for a in ax]
+        return jax.lax.dynamic_update_slice(full, part.astype(full.dtype), starts)
+
+    layers = jax.tree.map(put_kv, axes, state.cache.layers, prefix.kv, is_leaf=is_axes)
+    put = lambda full, part: jax.lax.dynamic_update_index_in_dim(full, part[0].astype(full.dtype),
+                                                                  slot, 0)
+    bare = lambda st: st.replace(cache=st.cache.replace(layers=None))
+    rest = jax.tree.map(put, bare(state), bare(prefix.row))
+    return _constrain_state(static, rest.replace(cache=rest.cache.replace(layers=layers)))
+
+
+@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(1,))
+def _free(static: Static, state: DecodeState, slot):
+    return state.replace(done=state.done.at[slot].set(True))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))
+def _generate(static: Static, k: int, params, state: DecodeState, mask_id):
+    """Up to k steps of every slot. Returns (state, tokens [B, k, E], counts [B, k], steps run)."""
+    step = STEPS[static.spec.method]
+    forward = _forward(static)
+    b, e = static.slots, static.spec.emit_width
+
+    def cond(carry):
+        i, st, _, _ = carry
+        return (i < k) & ~jnp.all(st.done)
+
+    def body(carry):
+        i, st, toks, counts = carry
+        st, emitted, k_emit, _ = step(forward, params, st, static.spec, mask_id)
+        return (i + 1, _constrain_state(static, st), toks.at[:, i].set(emitted),
+                counts.at[:, i].set(k_emit))
+
+    init = (jnp.zeros((), jnp.int32), state, jnp.zeros((b, k, e), jnp.int32),
+            jnp.zeros((b, k), jnp.int32))
+    i, state, toks, counts = jax.lax.while_loop(cond, body, init)
+    return state, toks, counts, i
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _one_step(static: Static, params, state: DecodeState, mask_id):
+    """One step with its aux (the trace and the cache-consistency checks)."""
+    new, emitted, k_emit, aux = STEPS[static.spec.method](_forward(static), params, state,
+                                                          static.spec, mask_id)
+    return new, dict(aux, emitted_tokens=emitted, emitted_count=k_emit)
+
+
+def compiled_count() -> int:
+    """How many programs the decoder's jitted functions hold (jax's cache; a compile-once check)."""
+    return sum(f._cache_size() for f in (_prefill, _insert, _free, _generate, _one_step))
+
+
+# ----------------------------------------------------------------------------- the Decoder
+
+@dataclasses.dataclass
+class ResultTokens:
+    """What one `generate` call produced: tokens [B, k, E] with counts [B, k] (slot b emitted
+    tokens[b, i, :counts[b, i]] at its i-th step of the call), `steps` loop iterations run."""
+    tokens: np.ndarray
+    counts: np.ndarray
+    steps: int
+
+    def new_ids(self, slot: int) -> list[int]:
+        return [int(t) for i in range(self.steps)
+                for t in self.tokens[slot, i, :self.counts[slot, i]]]
+
+
+class Decoder:
+    """Compiled WeDLM decoding over `slots` rows of a preallocated, donated KV cache.
+
+    method: streaming | block | ar | verified; window: W; refill: before (the official engine's
+    order, up to 2W slots per forward) | after (W slots); capacity: the most positions (prompt +
+    generated) a slot holds; steps_per_call: k of `generate`; sampling: whether sampled requests
+    (temperature > 0) are accepted (method verified then carries [slots, S, V] draft
+    distributions); mesh: a ('data', 'fsdp', 'tensor') mesh, slots over data/fsdp, heads over
+    tensor; allow_long: capacity past the model's max_position_embeddings; memory_limit_bytes:
+    the budget the cache and logits estimate is checked against (default: what the device
+    reports, or the host's available memory on CPU)."""
+
+    def __init__(self, params, model_config: ModelConfig, *, method: str = "streaming",
+                 window: int = 16, refill: str = "before", slots: int = 8, capacity: int = 1024,
+                 steps_per_call: int = 16, dtype=jnp.float32, mesh=None,
+                 mask_token_id: int | None = None, kv_tile: int = DEFAULT_KV_TILE,
+                 prefill_chunk: int = 128, sampling: bool = True, allow_long: bool = False,
+                 memory_limit_bytes: int | None = None):
+        if method not in METHODS:
+            raise DecodeConfigError(f"method {method!r} is unknown; allowed: {', '.join(METHODS)}")
+        if refill not in REFILLS:
+            raise DecodeConfigError(f"refill {refill!r} is unknown; allowed: {', '.join(REFILLS)}")
+        for name, v in (("window", window), ("slots", slots), ("capacity", capacity),
+                        ("steps_per_call", steps_per_call), ("kv_tile", kv_tile),
+                        ("prefill_chunk", prefill_chunk)):
+            if not _is_int(v) or v < 1:
+                raise DecodeConfigError(f"{name} must be an int >= 1, got {v!r}")
+        if method != "ar" and window > capacity:
+            raise DecodeConfigError(f"window {window} is larger than the capacity {capacity}: "
+                                    f"a slot never holds more than {capacity} positions")
+        max_pos = model_config.max_position_embeddings
+        if max_pos and capacity > max_pos and not allow_long:
+            raise DecodeConfigError(
+                f"capacity {capacity} exceeds the model's max_position_embeddings {max_pos}; "
+                "positions past it were never trained (pass allow_long=True / --allow-long to "
+                "decode there anyway)")
+        self.method, self.window, self.refill = method, (1 if method == "ar" else window), refill
+        self.slots, self.capacity, self.steps_per_call = slots, capacity, steps_per_call
+        self.sampling, self.mesh, self.model_config = sampling, mesh, model_config
+        self.mask_id = self._mask_id(model_config, mask_token_id, method)
+        spec = StepSpec(method=method, window=self.window, refill=refill)
+        multiple = 1 if mesh is None else int(mesh.shape.get("data", 1)) * int(mesh.shape.get("fsdp", 1))
+        if slots % multiple:
+            raise DecodeConfigError(f"slots {slots} must be a multiple of the mesh's data x fsdp "
+                                    f"size {multiple}")
+        rows = _round_up(capacity + spec.span, ROW_ALIGN)
+        shape_config = model_config.replace(mask_token_id=None, bos_token_id=None,
+                                            eos_token_id=None, pad_token_id=None)
+        self.static = Static(
+            config=shape_config, dtype=jnp.dtype(dtype).name, spec=spec, slots=slots,
+            capacity=capacity, rows=rows, kv_tile=min(kv_tile, rows),
+            prefill_chunk=min(prefill_chunk, rows), keep_q=(method == "verified" and sampling),
+            mesh=None if mesh is None else (tuple(mesh.axis_names), tuple(mesh.devices.shape),
+                                             tuple(d.id for d in mesh.devices.flat)))
+        self.memory_estimate = estimate_memory(self.static)
+        limit = memory_limit_bytes if memory_limit_bytes is not None else available_memory(mesh)
+        if limit is not None and self.memory_estimate["total"] > limit:
+            raise DecodeConfigError(
+                f"decoding needs ~{_gib(self.memory_estimate['total'])} (KV cache "
+                f"{_gib(self.memory_estimate['cache'])}, logits {_gib(self.memory_estimate['logits'])}"
+                f", draft distributions {_gib(self.memory_estimate['q'])}) per device for "
+                f"{slots} slots x {rows} cache rows, more than the {_gib(limit)} available; lower "
+                "the capacity (--capacity / --max-new-tokens), the slots or the window")
+        self._shardings = self._make_shardings(params) if mesh is not None else None
+        self.params = self._place(params, self._shardings["params"]) if mesh is not None else params
+
+    # -- construction helpers
+    @staticmethod
+    def _mask_id(config: ModelConfig, given, method: str) -> int:
+        mask_id = given if given is not None else config.mask_token_id
+        if mask_id is None:
+            if method == "ar":
+                return 0
+            raise DecodeConfigError(
+                f"method {method!r} needs a mask token id: the checkpoint's config has no "
+                "mask_token_id and none was given (pass mask_token_id=... / --mask-token-id)")
+        if not _is_int(mask_id) or not 0 <= int(mask_id) < config.vocab_size:
+            raise DecodeConfigError(f"mask_token_id {mask_id!r} is outside the vocabulary "
+                                    f"[0, {config.vocab_size})")
+        return int(mask_id)
+
+    def _make_shardings(self, params):
+        mesh, config = self.mesh, self.model_config
+        shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+        return dict(params=tree_shardings(model_lib.param_logical_axes(config), shapes, mesh,
+                                          DEFAULT_RULES))
+
+    def _place(self, tree, shardings):
+        with jax.set_mesh(self.mesh):
+            return jax.device_put(tree, shardings)
+
+    def _state_shardings(self, state):
+        mesh = self.mesh
+        axes = model_lib.kv_cache_logical_axes(self.model_config)
+        is_axes = lambda x: isinstance(x, tuple) and all(isinstance(a, (str, type(None))) for a in x)
+        layers = jax.tree.map(lambda ax, x: NamedSharding(mesh, spec_for(ax, x.shape, mesh)),
+                              axes, state.cache.layers, is_leaf=is_axes)
+        bare = state.replace(cache=state.cache.replace(layers=None))
+        rest = jax.tree.map(lambda x: NamedSharding(mesh, spec_for(
+            ("batch",) + (None,) * (x.ndim - 1), x.shape, mesh)), bare)
+        return rest.replace(cache=rest.cache.replace(layers=layers))
+
+    def _call(self, fn, *args):
+        if self.mesh is None:
+            return fn(*args)
+        with jax.set_mesh(self.mesh), nn.logical_axis_rules(DEFAULT_RULES.as_flax_rules()):
+            return fn(*args)
+
+    # -- requests
+    def check_request(self, request: Request) -> Request:
+        """Validate a request before any device work; raises DecodeConfigError naming the field.
+        Returns the request with its stop ids normalised (a tuple without repeats)."""
+        if not isinstance(request, Request):
+            raise DecodeConfigError(f"expected a Request, got {type(request).__name__}")
+        r, vocab = request, self.model_config.vocab_size
+        prompt = r.prompt
+        if isinstance(prompt, (str, bytes)) or not hasattr(prompt, "__len__") or len(prompt) == 0:
+            raise DecodeConfigError("prompt must be a non-empty sequence of token ids")
+        if not all(_is_int(t) and 0 <= t < vocab for t in prompt):
+            bad = next(t for t in prompt if not (_is_int(t) and 0 <= t < vocab))
+            raise DecodeConfigError(f"prompt: token id {bad!r} is outside the vocabulary [0, {vocab})")
+        if len(prompt) > self.capacity:
+            raise DecodeConfigError(f"prompt: {len(prompt)} tokens, longer than the capacity "
+                                    f"{self.capacity}")
+        if not _is_int(r.max_new_tokens) or r.max_new_tokens < 1:
+            raise DecodeConfigError(f"max_new_tokens must be an int >= 1, got {r.max_new_tokens!r}")
+        for name in ("tau", "lam", "temperature"):
+            v = getattr(r, name)
+            if not _is_num(v) or v < 0:
+                raise DecodeConfigError(f"{name} must be a number >= 0, got {v!r}")
+        if not _is_int(r.top_k) or r.top_k < 0:
+            raise DecodeConfigError(f"top_k must be an int >= 0, got {r.top_k!r}")
+        if not _is_num(r.top_p) or not 0 < r.top_p <= 1:
+            raise DecodeConfigError(f"top_p must be in (0, 1], got {r.top_p!r}")
+        if not _is_int(r.seed):
+            raise DecodeConfigError(f"seed must be an int, got {r.seed!r}")
+        if r.sampling_order not in SAMPLING_ORDERS:
+            raise DecodeConfigError(f"sampling_order {r.sampling_order!r} is unknown; allowed: "
+                                    f"{', '.join(SAMPLING_ORDERS)}")
+        if r.temperature > 0 and not self.sampling:
+            raise DecodeConfigError("temperature > 0 needs a Decoder built with sampling=True")
+        stops = (r.stop_token_ids,) if _is_int(r.stop_token_ids) else tuple(r.stop_token_ids)
+        if not all(_is_int(s) and 0 <= s < vocab for s in stops):
+            bad = next(s for s in stops if not (_is_int(s) and 0 <= s < vocab))
+            raise DecodeConfigError(f"stop_token_ids: {bad!r} is outside the vocabulary [0, {vocab})")
+        stops = tuple(dict.fromkeys(int(s) for s in stops))
+        if len(stops) > MAX_STOP_IDS:
+            raise DecodeConfigError(f"stop_token_ids: at most {MAX_STOP_IDS}, got {len(stops)}")
+        return dataclasses.replace(r, prompt=tuple(int(t) for t in prompt), stop_token_ids=stops)
+
+    def prompt_bucket(self, prompt_len: int) -> int:
+        return min(pow2_at_least(prompt_len, MIN_PROMPT_BUCKET), self.static.rows)
+
+    # -- the JetStream-shaped API
+    def init_state(self) -> DecodeState:
+        """A state with every slot free (done)."""
+        st = self.static
+        b, s = st.slots, st.span
+        layers = model_lib.init_kv_cache(st.config, b, st.rows, jnp.dtype(st.dtype))
+        zeros = np.zeros((b,), np.int32)
+        settings = Settings(
+            tau=np.zeros((b,), np.float32), lam=np.zeros((b,), np.float32),
+            temperature=np.zeros((b,), np.float32), top_k=zeros.copy(),
+            top_p=np.ones((b,), np.float32), temper_first=np.zeros((b,), bool),
+            stop_ids=np.full((b, MAX_STOP_IDS), -1, np.int32), seed=np.zeros((b,), np.uint32))
+        state = DecodeState(
+            cache=KVCache(layers=layers, length=zeros.copy()),
+            tok=np.full((b, s), self.mask_id, np.int32), filled=np.zeros((b, s), bool),
+            end=zeros.copy(), done=np.ones((b,), bool), steps=zeros.copy(), n_fwd=zeros.copy(),
+            count=zeros.copy(), accepted=zeros.copy(), rejected=zeros.copy(), settings=settings,
+            q=(np.zeros((b, s, st.config.vocab_size), np.float32) if st.keep_q else None))
+        if self.mesh is None:
+            return jax.tree.map(jnp.asarray, state)
+        return self._place(state, self._state_shardings(state))
+
+    def prefill(self, request: Request) -> Prefix:
+        """Validate and prefill one request (batch 1): its prompt K/V and first window."""
+        r = self.check_request(request)
+        st = self.static
+        plen = len(r.prompt)
+        pb = self.prompt_bucket(plen)
+        tokens = np.zeros((1, pb), np.int32)
+        tokens[0, :plen] = r.prompt
+        end = min(plen + r.max_new_tokens, self.capacity)
+        s = st.span
+        tok = np.full((1, s), self.mask_id, np.int32)
+        filled = np.zeros((1, s), bool)
+        if self.method in ("ar", "verified"):
+            n0, tok[0, 0] = plen - 1, r.prompt[-1]
+            filled[0, 0] = self.method == "verified"
+            done = n0 + 1 >= end
+        else:
+            n0 = plen
+            done = n0 >= end
+        stops = np.full((1, MAX_STOP_IDS), -1, np.int32)
+        stops[0, :len(r.stop_token_ids)] = r.stop_token_ids
+        one = lambda v, dt: np.asarray([v], dt)
+        settings = Settings(
+            tau=one(r.tau, np.float32), lam=one(r.lam, np.float32),
+            temperature=one(r.temperature, np.float32), top_k=one(r.top_k, np.int32),
+            top_p=one(r.top_p, np.float32), temper_first=one(r.sampling_order == "temper_first", bool),
+            stop_ids=stops, seed=one(r.seed % (1 << 32), np.uint32))
+        zero = one(0, np.int32)
+        row = DecodeState(
+            cache=KVCache(layers=None, length=one(n0, np.int32)), tok=tok, filled=filled,
+            end=one(end, np.int32), done=one(done, bool), steps=zero, n_fwd=zero, count=zero,
+            accepted=zero, rejected=zero, settings=settings,
+            q=(np.zeros((1, s, st.config.vocab_size), np.float32) if st.keep_q else None))
+        kv = self._call(_prefill, st, self.params, tokens, one(n0, np.int32))
+        return Prefix(kv=kv, row=jax.tree.map(jnp.asarray, row))
+
+    def insert(self, prefix: Prefix, state: DecodeState, slot: int) -> DecodeState:
+        """Place a prefilled request in `slot` (the state is donated)."""
+        if not _is_int(slot) or not 0 <= slot < self.slots:
+            raise DecodeConfigError(f"slot must be an int in [0, {self.slots}), got {slot!r}")
+        return self._call(_insert, self.static, state, prefix, jnp.int32(slot))
+
+    def free(self, state: DecodeState, slot: int) -> DecodeState:
+        """Mark `slot` done (a cancelled request); the state is donated."""
+        return self._call(_free, self.static, state, jnp.int32(slot))
+
+    def generate(self, state: DecodeState, k: int | None = None):
+        """Run up to k (default steps_per_call) steps of every live slot in one jitted call.
+        Returns (state, ResultTokens)."""
+        k = self.steps_per_call if k is None else k
+        state, toks, counts, steps = self._call(_generate, self.static, k, self.params, state,
+                                                jnp.int32(self.mask_id))
+        toks, counts, steps = jax.device_get((toks, counts, steps))
+        return state, ResultTokens(tokens=toks, counts=counts, steps=int(steps))
+
+    def step_with_aux(self, state: DecodeState):
+        """One step (not donated) with its aux dict: for traces and checks."""
+        return self._call(_one_step, self.static, self.params, state, jnp.int32(self.mask_id))
+
+
+# ----------------------------------------------------------------------------- memory
+
+def _gib(x: float) -> str:
+    return f"{x / 2**30:.2f} GiB"
+
+
+def estimate_memory(static: Static) -> dict:
+    """Bytes per device of what decoding allocates beyond the weights: the KV cache, one step's
+    logits (float32, [slots, S, V], with a softmax-sized temporary), the verified drafts'
+    distributions, and a prefill chunk's logits."""
+    c = static.config
+    item = jnp.dtype(static.dtype).itemsize
+    cache = 2 * c.num_layers * static.slots * static.rows * c.num_kv_heads * c.head_dim * item
+    logits = 2 * static.slots * static.span * c.vocab_size * 4
+    q = static.slots * static.span * c.vocab_size * 4 if static.keep_q else 0
+    prefill = 2 * static.prefill_chunk * c.vocab_size * 4
+    return dict(cache=cache, logits=logits, q=q, prefill=prefill,
+                total=cache + logits + q + prefill)
+
+
+def available_memory(mesh=None) -> int | None:
+    """Free bytes on the first device (the accelerator's own figure), or the host's available
+    memory on CPU (/proc/meminfo); None when unknown."""
+    dev = (mesh.devices.flat[0] if mesh is not None else jax.devices()[0])
+    try:
+        stats = dev.memory_stats()
+    except Exception:  # noqa: BLE001 - platforms without memory stats
+        stats = None
+    if stats and "bytes_limit" in stats:
+        return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+__all__ = ["Decoder", "Request", "ResultTokens", "Static", "estimate_memory", "available_memory",
+           "DEFAULT_KV_TILE", "pow2_at_least"]

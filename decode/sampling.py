@@ -1,0 +1,87 @@
+"""Token choice for every decoding method: entropy (the fill rule's score), the temperature /
+top-k / top-p filter in either order, and per-request random keys.
+
+All settings are per-row runtime arrays ([B]), so requests with different settings share one
+compiled program. Two orders of the filter exist (`sampling_order`):
+
+  filter_first  top-k, then top-p on the untempered logits, then the temperature: the official
+                WeDLM engine's `Sampler.sample_tokens` (Tencent/WeDLM), the default here so that a
+                model moved from that engine samples the same distribution with the same settings;
+  temper_first  the temperature first, then top-k and top-p on the tempered logits: the order of
+                transformers and vLLM.
+
+Top-k is unchanged by the temperature (a monotone map); top-p is not, so the two orders keep
+different nucleus sets whenever temperature != 1 and top_p < 1. Greedy rows (temperature 0) take
+the argmax and ignore top-k / top-p in both orders. Entropy for the fill rule is always taken on
+the raw logits.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from decode.config import SAMPLING_ORDERS  # noqa: E402  (defined once, in decode.config)
+
+
+def entropy(logits: jnp.ndarray) -> jnp.ndarray:
+    """Entropy (nats) of softmax(logits) over the last axis, float32, with one exp pass:
+    H = log Z - sum(e * x') / Z where x' = x - max(x), e = exp(x'), Z = sum(e)."""
+    x = logits.astype(jnp.float32)
+    x = x - jnp.max(x, axis=-1, keepdims=True)
+    e = jnp.exp(x)
+    z = jnp.sum(e, axis=-1)
+    return jnp.log(z) - jnp.sum(e * x, axis=-1) / z
+
+
+def _per_row(value, like: jnp.ndarray) -> jnp.ndarray:
+    """A scalar or a [B] array of settings, shaped to broadcast against `like` ([B, ..., V])."""
+    a = jnp.asarray(value)
+    return a.reshape(a.shape + (1,) * (like.ndim - a.ndim)) if a.ndim else a
+
+
+def filter_logits(logits: jnp.ndarray, temperature, top_k, top_p,
+                  temper_first=False) -> jnp.ndarray:
+    """The sampling distribution's logits: removed tokens get -inf. `logits` [B, ..., V]; each
+    setting a scalar or one value per row [B]; top_k 0 and top_p 1 are off. `temper_first` picks
+    the order (see the module docstring)."""
+    x = logits.astype(jnp.float32)
+    v = x.shape[-1]
+    t = _per_row(jnp.maximum(jnp.asarray(temperature, jnp.float32), 1e-6), x)
+    k = _per_row(top_k, x)
+    p = _per_row(top_p, x)
+    tf = _per_row(temper_first, x)
+    x = jnp.where(tf, x / t, x)
+    desc = -jnp.sort(-x, axis=-1)
+    k = jnp.where(k > 0, jnp.minimum(k, v), v)
+    kth = jnp.take_along_axis(desc, jnp.broadcast_to(k - 1, desc.shape[:-1] + (1,)), axis=-1)
+    in_k = jnp.arange(v) < k
+    desc = jnp.where(in_k, desc, -jnp.inf)
+    prob = jax.nn.softmax(desc, axis=-1)
+    before = jnp.cumsum(prob, axis=-1) - prob          # mass strictly before each sorted token
+    keep = (before < p) & in_k
+    thresh = jnp.min(jnp.where(keep, desc, jnp.inf), axis=-1, keepdims=True)
+    x = jnp.where((x < kth) | (x < thresh), -jnp.inf, x)
+    return jnp.where(tf, x, x / t)
+
+
+def row_keys(seed: jnp.ndarray, steps: jnp.ndarray) -> jnp.ndarray:
+    """One key per row from the request's own seed and its own step count: a request's draws
+    depend on nothing else (not its slot, not the other requests)."""
+    return jax.vmap(lambda s, n: jax.random.fold_in(jax.random.key(s), n))(seed, steps)
+
+
+def choose_tokens(logits: jnp.ndarray, keys: jnp.ndarray, settings) -> jnp.ndarray:
+    """logits [B, S, V] -> token ids [B, S]: the argmax for greedy rows (temperature 0), a draw
+    from the filtered distribution for the others. The sampling work runs only when some row
+    samples (`lax.cond`), so an all-greedy batch pays for the argmax alone."""
+    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    sampled_rows = settings.temperature > 0
+
+    def draw(_):
+        x = filter_logits(logits, settings.temperature, settings.top_k, settings.top_p,
+                          settings.temper_first)
+        d = jax.vmap(lambda k, l: jax.random.categorical(k, l, axis=-1))(keys, x)
+        return jnp.where(sampled_rows[:, None], d.astype(jnp.int32), greedy)
+
+    return jax.lax.cond(jnp.any(sampled_rows), draw, lambda _: greedy, None)
