@@ -26,22 +26,22 @@ CACHE = enable_compilation_cache()
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """A 4-step run with checkpoints at steps 2 and 4 (the template every test copies)."""
+    """A 6-step run with checkpoints at steps 3 and 6 (the template every test copies; the same
+    config as test_train_resume's, so the compiled step comes from the compilation cache)."""
     root = str(tmp_path_factory.mktemp("guards"))
     paths = fixtures.make_tiny_setup(root, num_docs=40)
-    cfg = fixtures.tiny_config_dict(paths, **{"checkpoint.every": 2, "checkpoint.keep": 3,
-                                              "steps": 4})
+    cfg = fixtures.tiny_config_dict(paths, **{"checkpoint.every": 3, "checkpoint.keep": 3})
     paths["config"] = fixtures.write_config(os.path.join(root, "cfg.yaml"), cfg)
     paths["ck"] = os.path.join(root, "ck")
     assert main_lib.main(["--config", paths["config"], f"checkpoint.dir={paths['ck']}"]) == 0
-    assert ckpt.complete_steps(paths["ck"]) == [4, 2]
+    assert ckpt.complete_steps(paths["ck"]) == [6, 3]
     return paths
 
 
 def _snapshot(folder):
     return sorted((os.path.relpath(os.path.join(dp, f), folder),
                    os.path.getmtime(os.path.join(dp, f))) for dp, _, fs in os.walk(folder)
-                  for f in fs)
+                  for f in fs if f != ckpt.LOCK_NAME)
 
 
 def _steps(folder):
@@ -55,7 +55,7 @@ def _copy(trained, tmp_path, name="ck"):
 
 
 @pytest.mark.parametrize("overrides,keys", [
-    (["steps=6", "model.config.hidden_size=64"], ["model.config.hidden_size: 32 -> 64"]),
+    (["steps=8", "model.config.hidden_size=64"], ["model.config.hidden_size: 32 -> 64"]),
     (["objective.kind=plain"], ["objective.kind: 'dual_stream' -> 'plain'"]),
     (["data.global_batch_size=16", "optimizer.lr=1e-3"],
      ["data.global_batch_size: 8 -> 16", "optimizer.lr: 0.003 -> 0.001"]),
@@ -66,7 +66,7 @@ def test_changed_config_stops_before_touching(trained, tmp_path, capsys, overrid
     rc = main_lib.main(["--config", trained["config"], f"checkpoint.dir={ck}", *overrides])
     err = capsys.readouterr().err
     assert rc == 2, err
-    assert err.startswith(f"wedlm-train: error: checkpoint.dir {ck} holds step 4 of a run with a "
+    assert err.startswith(f"wedlm-train: error: checkpoint.dir {ck} holds step 6 of a run with a "
                           f"different config"), err
     for k in keys:
         assert k in err, err
@@ -79,42 +79,41 @@ def test_final_checkpoint_present_and_past_steps(trained, tmp_path, capsys):
     before = _snapshot(ck)
     assert main_lib.main(["--config", trained["config"], f"checkpoint.dir={ck}"]) == 0
     out = capsys.readouterr().out
-    assert "already holds the final checkpoint (step 4)" in out and "nothing to train" in out
+    assert "already holds the final checkpoint (step 6)" in out and "nothing to train" in out
     assert _snapshot(ck) == before
-    assert main_lib.main(["--config", trained["config"], f"checkpoint.dir={ck}", "steps=3"]) == 2
-    assert "already holds step 4, past steps=3" in capsys.readouterr().err
+    assert main_lib.main(["--config", trained["config"], f"checkpoint.dir={ck}", "steps=5"]) == 2
+    assert "already holds step 6, past steps=5" in capsys.readouterr().err
 
 
 def test_extend_steps_and_metrics_once_per_step(trained, tmp_path):
-    # extending steps resumes from the final checkpoint
-    ck = _copy(trained, tmp_path)
-    res = main_lib.run(load_config(trained["config"], [f"checkpoint.dir={ck}", "steps=6"]),
-                       progress=False)
-    assert res["start_step"] == 4 and [r["step"] for r in res["records"]] == [5, 6]
-    assert _steps(ck) == [1, 2, 3, 4, 5, 6]
-    # resuming from step 2 after steps 3-4 were logged (their checkpoint lost): rows 3-4 are
+    # extending steps passes the check and resumes from the final checkpoint (the resume itself
+    # is the one exercised below; a new `steps` would only cost a compilation here)
+    for steps in (7, 100):
+        cfg = load_config(trained["config"], [f"checkpoint.dir={trained['ck']}", f"steps={steps}"])
+        assert ckpt.check_resume(trained["ck"], cfg.to_dict()) == 6
+    # resuming from step 3 after steps 4-6 were logged (their checkpoint lost): rows 4-6 are
     # replaced, not repeated
     ck2 = _copy(trained, tmp_path, "ck2")
-    shutil.rmtree(os.path.join(ck2, "4"))
-    assert _steps(ck2) == [1, 2, 3, 4]
+    shutil.rmtree(os.path.join(ck2, "6"))
+    assert _steps(ck2) == [1, 2, 3, 4, 5, 6]
     res = main_lib.run(load_config(trained["config"], [f"checkpoint.dir={ck2}"]), progress=False)
-    assert res["start_step"] == 2
-    assert _steps(ck2) == [1, 2, 3, 4]
+    assert res["start_step"] == 3
+    assert _steps(ck2) == [1, 2, 3, 4, 5, 6]
     redone = {json.loads(l)["step"]: json.loads(l) for l in open(os.path.join(ck2, "metrics.jsonl"))}
-    np.testing.assert_allclose(redone[4]["loss"], res["records"][-1]["loss"])
+    np.testing.assert_allclose(redone[6]["loss"], res["records"][-1]["loss"])
 
 
 def test_resume_false_starts_fresh_and_keeps_the_old_steps(trained, tmp_path):
     ck = _copy(trained, tmp_path)
-    old4 = _snapshot(os.path.join(ck, "4"))
+    old6 = _snapshot(os.path.join(ck, "6"))
     res = main_lib.run(load_config(trained["config"], [f"checkpoint.dir={ck}",
                                                        "checkpoint.resume=false"]), progress=False)
-    assert res["start_step"] == 0 and len(res["records"]) == 4
+    assert res["start_step"] == 0 and len(res["records"]) == 6
     prev = [n for n in os.listdir(ck) if n.startswith("previous-")]
     assert len(prev) == 1
-    assert sorted(os.listdir(os.path.join(ck, prev[0]))) == ["2", "4", "metrics.jsonl"]
-    assert _snapshot(os.path.join(ck, prev[0], "4")) == old4
-    assert ckpt.complete_steps(ck) == [4, 2] and _steps(ck) == [1, 2, 3, 4]
+    assert sorted(os.listdir(os.path.join(ck, prev[0]))) == ["3", "6", "metrics.jsonl"]
+    assert _snapshot(os.path.join(ck, prev[0], "6")) == old6
+    assert ckpt.complete_steps(ck) == [6, 3] and _steps(ck) == [1, 2, 3, 4, 5, 6]
 
 
 LOCKER = """
@@ -154,7 +153,9 @@ def _hf_folder(trained, path):
     from wedlm_jax.convert import save_hf_checkpoint
     from wedlm_jax.config import ModelConfig
     mc = ModelConfig(**fixtures.TINY_MODEL)
-    params = jax.tree.map(np.asarray, model.init_params(mc, jax.random.key(0)))
+    rng = np.random.default_rng(0)
+    params = jax.tree.map(lambda s: rng.standard_normal(s.shape, np.float32),
+                          model.param_shapes(mc))
     save_hf_checkpoint(mc, params, path, tokenizer_from=trained["tokenizer"], progress=False)
     for name in ("README.md", "generation_config.json"):
         with open(os.path.join(path, name), "w") as f:
