@@ -300,14 +300,24 @@ def check_space(out_dir: str, needed: int) -> None:
                               f"({_human(free)} free)")
 
 
+_EXPONENT = {2: (np.uint16, None), 4: (np.uint32, 0x7F800000), 8: (np.uint64, 0x7FF0000000000000)}
+
+
 def count_nonfinite(arr) -> int:
-    """NaN/Inf entries of a host array, counted 16M elements at a time (no full-size temporary)."""
+    """NaN/Inf entries of a host float array: those whose exponent bits are all ones, counted on
+    the integer view 16M elements at a time (fast for bfloat16 too; no full-size temporary)."""
     flat = np.asarray(arr).reshape(-1)
-    if not np.issubdtype(flat.dtype, np.floating) and flat.dtype != np.dtype(jnp.bfloat16):
+    if flat.dtype == np.dtype(jnp.bfloat16):
+        utype, mask = np.uint16, 0x7F80
+    elif np.issubdtype(flat.dtype, np.floating) and flat.dtype.itemsize in (2, 4, 8):
+        utype, mask = _EXPONENT[flat.dtype.itemsize]
+        mask = 0x7C00 if mask is None else mask  # float16
+    else:
         return 0
+    bits = flat.view(utype)
     step = 1 << 24
-    return sum(int(flat.size - np.count_nonzero(np.isfinite(flat[i:i + step])))
-               for i in range(0, flat.size, step))
+    return sum(int(np.count_nonzero((bits[i:i + step] & utype(mask)) == utype(mask)))
+               for i in range(0, bits.size, step))
 
 
 def _nonfinite_error(where: str, name: str, count: int) -> CheckpointError:
