@@ -44,7 +44,7 @@ def _message(text: str) -> str:
     for l in lines:
         if "WARNING" in l or "warning" in l:
             return l[:200]
-    return lines[-1][:200] if lines else ""
+    return lines[-1][:200] if lines else "(no output)"
 
 
 def _run(root, args, cwd, timeout=600):
@@ -261,12 +261,14 @@ def _kill_mid_write(root, work, src, out_name, sig):
     """orbax-to-hf of the big checkpoint, signalled once the partial folder exists."""
     p = subprocess.Popen([PY, "-m", "wedlm_jax.convert", "orbax-to-hf", "--orbax", src, "--out",
                           out_name, "--no-progress", "--max-shard-size", "20MB"], cwd=work,
-                         env=_env(root), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                         env=_env(root), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         # a shell's background job inherits SIGINT ignored: give Ctrl-C its default
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
-    while time.time() < deadline and not any(
-            os.listdir(os.path.join(work, n)) for n in _partials(work)):
+    mine = lambda: [n for n in _partials(work) if n.startswith(f".{out_name}.partial-")]
+    while time.time() < deadline and not any(os.listdir(os.path.join(work, n)) for n in mine()):
         time.sleep(0.05)
-    time.sleep(0.3)
+    time.sleep(0.3)  # mid-write: the first shard files exist
     p.send_signal(sig)
     text = p.communicate(timeout=120)[0]
     return {"rc": p.returncode, "message": _message(text) or f"(killed by signal {sig})",
@@ -282,8 +284,11 @@ def conversion_cases(root, work):
     for name, sig in (("5a SIGKILL during orbax-to-hf", signal.SIGKILL),
                       ("5b SIGTERM during orbax-to-hf", signal.SIGTERM),
                       ("5c SIGINT (Ctrl-C) during orbax-to-hf", signal.SIGINT)):
-        r = _kill_mid_write(root, work, "big_orbax", "out_" + str(int(sig)), sig)
-        r["effect"] = f"partial folders left: {len(_partials(work))}"
+        out_name = "out_" + str(int(sig))
+        r = _kill_mid_write(root, work, "big_orbax", out_name, sig)
+        r["effect"] = (f"its partial folder left: "
+                       f"{any(n.startswith(f'.{out_name}.') for n in _partials(work))}; "
+                       f"{out_name} written: {os.path.isdir(os.path.join(work, out_name))}")
         out[name] = r
     left = len(_partials(work))
     r = _run(root, ["-m", "wedlm_jax.convert", "orbax-to-hf", "--orbax", "big_orbax", "--out",
