@@ -114,9 +114,9 @@ def training_cases(root, work, template):
     for sub in os.listdir(os.path.join(d, "6", "state")):
         if sub.startswith("ocdbt") or sub == "d":
             shutil.rmtree(os.path.join(d, "6", "state", sub))
-    r = _train(root, work, f"checkpoint.dir={d}", "steps=6")
+    r = _train(root, work, f"checkpoint.dir={d}", "steps=8")
     r["effect"] = f"dir {_ls(d)}"
-    out["1f newest complete checkpoint unreadable (array data deleted)"] = r
+    out["1f resume (steps=8) from a complete but unreadable step 6 (array data deleted)"] = r
 
     d = fresh("repeat")
     shutil.rmtree(os.path.join(d, "6"))
@@ -290,11 +290,12 @@ def conversion_cases(root, work):
                        f"{any(n.startswith(f'.{out_name}.') for n in _partials(work))}; "
                        f"{out_name} written: {os.path.isdir(os.path.join(work, out_name))}")
         out[name] = r
-    left = len(_partials(work))
-    r = _run(root, ["-m", "wedlm_jax.convert", "orbax-to-hf", "--orbax", "big_orbax", "--out",
-                    "out_next", "--no-progress"], work)
-    r["effect"] = f"partial folders {left} -> {len(_partials(work))}"
-    out["5d the next conversion after those kills"] = r
+        if sig == signal.SIGKILL:
+            left = len(_partials(work))
+            r = _run(root, ["-m", "wedlm_jax.convert", "orbax-to-hf", "--orbax", "big_orbax",
+                            "--out", "out_next", "--no-progress"], work)
+            r["effect"] = f"partial folders {left} -> {len(_partials(work))}"
+            out["5d the next conversion after the SIGKILL"] = r
 
     code = ("import errno, sys\nfrom wedlm_jax import safetensors_io as st\n"
             "def full(*a, **k):\n    raise OSError(errno.ENOSPC, 'No space left on device')\n"
