@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
