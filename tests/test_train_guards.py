@@ -212,3 +212,20 @@ def test_truncate_metrics_is_atomic_and_keeps_earlier_rows(tmp_path):
     assert ckpt.truncate_metrics(str(path), 2) == 3
     assert [json.loads(l)["step"] for l in path.read_text().splitlines()] == [1, 2]
     assert sorted(os.listdir(tmp_path)) == ["metrics.jsonl"]  # no temp file left
+
+
+def test_meaning_diff_keys():
+    from train.config import TrainConfig
+    saved = {"steps": 6, "seed": 0, "objective": {"kind": "plain", "eps": 0.001},
+             "checkpoint": {"every": 3}, "mesh": {"data": 2}, "model": {"config": {"h": 32}},
+             "old_knob": 1}
+    req = {"steps": 9, "seed": 0, "objective": {"kind": "plain", "eps": 0.001},
+           "checkpoint": {"every": 5}, "mesh": {"data": 4}, "model": {"config": {"h": 32}},
+           "remat": True, "compute_dtype": "bfloat16"}
+    # steps, checkpoint.*, mesh.*, remat: no change in meaning; old_knob is gone from the code;
+    # compute_dtype is new to the saved config but at its default
+    assert TrainConfig().compute_dtype == "bfloat16"
+    assert ckpt.meaning_diff(saved, req, TrainConfig().to_dict()) == []
+    req = {**req, "seed": 1, "compute_dtype": "float32", "model": {"config": {"h": 64}}}
+    assert ckpt.meaning_diff(saved, req, TrainConfig().to_dict()) == [
+        ("compute_dtype", None, "float32"), ("model.config.h", 32, 64), ("seed", 0, 1)]

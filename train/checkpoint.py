@@ -146,13 +146,19 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def meaning_diff(saved: dict, requested: dict) -> list[tuple[str, object, object]]:
+def meaning_diff(saved: dict, requested: dict, defaults: dict | None = None
+                 ) -> list[tuple[str, object, object]]:
     """[(dotted key, saved value, requested value)] for every key that changes the run's meaning
-    (model shape, objective, batch, data, schedule) and differs."""
+    (model shape, objective, batch, data, schedule) and differs. A key the saved config lacks (a
+    checkpoint older than that key) counts as equal when the requested value is its default in
+    `defaults`; a key the requested config lacks (no longer a setting) is not compared."""
     a, b = _flatten(saved), _flatten(requested)
+    d = _flatten(defaults or {})
     diffs = []
     for key in sorted(set(a) | set(b)):
         if any(key == n or (n.endswith(".") and key.startswith(n)) for n in NON_MEANING):
+            continue
+        if key not in b or (key not in a and key in d and d[key] == b[key]):
             continue
         va, vb = a.get(key), b.get(key)
         if isinstance(va, list):
@@ -178,7 +184,8 @@ def check_resume(directory: str, requested: dict) -> int | None:
         raise ResumeError(f"checkpoint {directory}/{latest} is complete but its saved config "
                           f"cannot be read ({e}); nothing was changed. Move that folder away or "
                           f"use a new checkpoint.dir") from None
-    diffs = meaning_diff(saved, requested)
+    from train.config import TrainConfig
+    diffs = meaning_diff(saved, requested, TrainConfig().to_dict())
     if diffs:
         listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in diffs[:12])
         more = f" ... and {len(diffs) - 12} more" if len(diffs) > 12 else ""
