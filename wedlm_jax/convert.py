@@ -7,6 +7,7 @@
 
     wedlm-convert hf-to-orbax --hf DIR --out DIR [--dtype bf16|f32] [--allow-extra] [--force]
     wedlm-convert orbax-to-hf --orbax DIR --out DIR [--dtype bf16|f32] [--max-shard-size 5GB] [--force]
+    (both: [--allow-nonfinite] to convert weights holding NaN/Inf)
 
 Loading checks every tensor name and shape against the config before reading any data, then
 reads one tensor at a time (largest first, so the transient copies never sit on top of a nearly
