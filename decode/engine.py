@@ -161,9 +161,8 @@ def _row_keys(seed, step_count):
 
 # ----------------------------------------------------------------------------------- the network
 
-def _forward(model, params, tokens, positions, cache, cache_len, kv_tile):
-    return model.apply({"params": params}, tokens, positions, kv_cache=cache, cache_len=cache_len,
-                       kv_tile=kv_tile)
+def _forward(model, params, tokens, positions, cache, cache_len):
+    return model.apply({"params": params}, tokens, positions, kv_cache=cache, cache_len=cache_len)
 
 
 def prefill(model, params, cache, prompt_tokens, prefill_len, static: Static):
@@ -179,8 +178,7 @@ def prefill(model, params, cache, prompt_tokens, prefill_len, static: Static):
         start = jnp.minimum(k * chunk, rows - chunk)
         toks = jax.lax.dynamic_slice_in_dim(prompt_tokens, start, chunk, axis=1)
         pos = jnp.broadcast_to(start + jnp.arange(chunk, dtype=jnp.int32), (b, chunk))
-        _, cache = _forward(model, params, toks, pos, cache, jnp.full((b,), start, jnp.int32),
-                            static.kv_tile)
+        _, cache = _forward(model, params, toks, pos, cache, jnp.full((b,), start, jnp.int32))
         return cache
 
     return jax.lax.fori_loop(0, n_chunks, body, cache)
@@ -247,7 +245,7 @@ def window_step(model, params, state: dict, knobs: dict, static: Static):
     phys_tok = jnp.take_along_axis(fed, order, axis=1)
     phys_pos = n[:, None] + order
     # 2. forward on the cache at rows n..n+W-1.
-    logits, cache = _forward(model, params, phys_tok, phys_pos, state["cache"], n, static.kv_tile)
+    logits, cache = _forward(model, params, phys_tok, phys_pos, state["cache"], n)
     # per-slot entropy and candidate token in physical order, then back to logical order ([B, W])
     keys = _row_keys(knobs["seed"], state["steps"])
     ent = jnp.take_along_axis(entropy(logits), inv, axis=1)
@@ -290,7 +288,7 @@ def window_step(model, params, state: dict, knobs: dict, static: Static):
 def ar_step(model, params, state: dict, knobs: dict, static: Static):
     """One AR step: feed the pending token (tok[:, 0], logical position n), sample the next one."""
     tok, n, end, done = state["tok"], state["n"], state["end"], state["done"]
-    logits, cache = _forward(model, params, tok[:, :1], n[:, None], state["cache"], n, static.kv_tile)
+    logits, cache = _forward(model, params, tok[:, :1], n[:, None], state["cache"], n)
     keys = _row_keys(knobs["seed"], state["steps"])
     nxt = sample_tokens(logits, keys, knobs, static.greedy)[:, 0]
     live = ~done
@@ -505,7 +503,8 @@ def _setup(params, model_config, prompts, dc, capacity, mesh, mask_token_id, kv_
     knobs = make_knobs(dc, max(mask_id, 0), dc.stop_token_ids, max_iters)
     cache = model_lib.init_kv_cache(model_config, static.batch, static.rows, dtype)
     model = model_lib.Transformer(model_config.replace(mask_token_id=None, bos_token_id=None,
-                                                       eos_token_id=None, pad_token_id=None), dtype=dtype)
+                                                       eos_token_id=None, pad_token_id=None), dtype=dtype,
+                                  attention="tiled", kv_tile=static.kv_tile)
     return model, static, (toks, prefill_len, state0, knobs, cache), prompts
 
 

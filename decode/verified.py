@@ -147,7 +147,7 @@ def verified_step(model, params, state: dict, knobs: dict, static):
     fed = jnp.where(filled, tok, knobs["mask_id"])
     phys_tok = jnp.take_along_axis(fed, order, axis=1)
     phys_pos = n[:, None] + order
-    logits, cache = eng._forward(model, params, phys_tok, phys_pos, state["cache"], n, static.kv_tile)
+    logits, cache = eng._forward(model, params, phys_tok, phys_pos, state["cache"], n)
     c = jnp.sum(jnp.cumprod(filled.astype(jnp.int32), axis=1), axis=1)   # leading run, >= 1
     k_draft, k_acc, k_res = _split3(eng._row_keys(knobs["seed"], state["steps"]))
     # 3-4. verify the leading run; resolve slot a from the AR reading at slot a - 1.
