@@ -84,4 +84,4 @@ def test_plans_follow_the_device_memory():
     # the train sweep's per-entry estimates: dense attention at L = 4096 needs its [T, T] scores
     c = acc.model_config(acc.TRAIN_SHAPE)
     dense, tiled = (acc.train_estimate(c, 1, 4096, impl)["total"] for impl in ("dense", "tiled"))
-    assert dense - tiled > 1.1 * 32 * 8192 ** 2 * 4 * 3        # 32 heads' f32 [T, T] x 3
+    assert dense - tiled > 32 * 8192 ** 2 * 4 * 3        # 32 heads' f32 [T, T] x 3
