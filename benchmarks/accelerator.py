@@ -388,6 +388,7 @@ def train_backends(platform: str) -> tuple[list[str], dict]:
 
 def run_train(plan: Plan, info: dict, peak: float) -> list[dict]:
     import jax
+    import jax.numpy as jnp
 
     from train import step as step_lib
     from train.config import load_config
@@ -396,6 +397,9 @@ def run_train(plan: Plan, info: dict, peak: float) -> list[dict]:
     fields = dict(plan.train_config, mask_token_id=c.vocab_size - 1)
     impls, why = train_backends(info["platform"])
     out = [{"attention": impl, "skipped": reason} for impl, reason in why.items()]
+    mc = model_config(fields)
+    mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    first = {}                      # the initial f32 params, made once (the step donates its state)
     for seq_len in plan.train_lengths:
         for impl in impls:
             est = train_estimate(c, plan.train_rows, seq_len, impl)
@@ -412,11 +416,11 @@ def run_train(plan: Plan, info: dict, peak: float) -> list[dict]:
                 "steps=1000", "optimizer.lr=1e-4", "optimizer.final_lr=1e-5",
                 "optimizer.warmup_steps=10", f"objective.block_size={plan.block_size}",
                 "compute_dtype=bf16", "remat=true", f"attention={impl}"])
-            mc = model_config(fields)
-            mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
             opt = step_lib.make_optimizer(cfg)
             sh = step_lib.state_shardings(mc, opt, mesh)
-            state = step_lib.init_state(step_lib.init_params_sharded(mc, 0, sh), opt, sh)
+            if "params" not in first:
+                first["params"] = step_lib.init_params_sharded(mc, 0, sh)
+            state = step_lib.init_state(jax.tree.map(jnp.copy, first["params"]), opt, sh)
             fn = step_lib.make_train_step(cfg, mc, opt, mesh, sh, mc.mask_token_id)
             rng = np.random.default_rng(0)
             r = plan.train_rows
