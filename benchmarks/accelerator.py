@@ -312,6 +312,22 @@ def cache_backends(platform: str, interpret: bool = False) -> list[str]:
     return ab.available("cache", backend=platform, dtype=jnp.bfloat16, interpret=interpret)
 
 
+def failure(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+
+
+def failures(report: dict) -> list[str]:
+    """'section: what failed' for every entry that raised (recorded, not fatal)."""
+    out = []
+    for name in ("decode", "prefill", "train"):
+        out += [f"{name} {r.get('attention')}: {r['failed']}" for r in report.get(name, [])
+                if "failed" in r]
+    for name in ("window", "convert"):
+        if "failed" in (report.get(name) or {}):
+            out.append(f"{name}: {report[name]['failed']}")
+    return out
+
+
 def run_decode(plan: Plan, info: dict, params, bandwidth: float) -> list[dict]:
     import jax.numpy as jnp
 
@@ -321,8 +337,13 @@ def run_decode(plan: Plan, info: dict, params, bandwidth: float) -> list[dict]:
     out = []
     for impl in cache_backends(info["platform"]):
         for b in plan.batches:
-            t = measure(c, params, [1], plan.prefix, plan.capacity, plan.kv_tile, plan.repeats,
-                        plan.inner, batch=b, attention=impl, dtype=jnp.bfloat16)[1]
+            try:
+                t = measure(c, params, [1], plan.prefix, plan.capacity, plan.kv_tile,
+                            plan.repeats, plan.inner, batch=b, attention=impl,
+                            dtype=jnp.bfloat16)[1]
+            except Exception as e:              # one kernel failing must not lose the others
+                out.append({"attention": impl, "batch": b, "failed": failure(e)})
+                continue
             kv = b * (plan.prefix + 1) * kv_bytes_per_token(c)
             ideal = (weights + kv) / bandwidth
             out.append({"attention": impl, "batch": b, "prefix": plan.prefix, "step_s": t,
@@ -359,9 +380,14 @@ def run_prefill(plan: Plan, info: dict, params, peak: float) -> list[dict]:
         if est["total"] > 0.9 * info["memory_bytes"]:
             row["refused"] = f"estimate {_gib(est['total'])} ({_explain(est)}) > 90% of {_gib(info['memory_bytes'])}"
         else:
-            t = measure(c, params, [plan.prefill], 0, plan.prefill, plan.kv_tile,
-                        max(2, plan.repeats // 2), 1, batch=1, attention=impl,
-                        dtype=jnp.bfloat16)[plan.prefill]
+            try:
+                t = measure(c, params, [plan.prefill], 0, plan.prefill, plan.kv_tile,
+                            max(2, plan.repeats // 2), 1, batch=1, attention=impl,
+                            dtype=jnp.bfloat16)[plan.prefill]
+            except Exception as e:
+                row["failed"] = failure(e)
+                out.append(row)
+                continue
             row.update(step_s=t, tokens_per_s=plan.prefill / t, model_flops=flops,
                        mfu_probe=flops / t / peak,
                        mfu_nominal=(flops / t / info["nominal_bf16_flops"]
@@ -434,7 +460,11 @@ def run_train(plan: Plan, info: dict, peak: float) -> list[dict]:
             def one():
                 holder["state"], m = fn(holder["state"], batch)
                 return m["loss"]
-            t = _median_time(one, max(2, plan.repeats // 3))
+            try:
+                t = _median_time(one, max(2, plan.repeats // 3))
+            except Exception as e:
+                row["failed"] = failure(e)
+                continue
             flops = step_lib.model_flops_per_row(mc, seq_len, "dual_stream", plan.block_size) * r
             row.update(step_s=t, tokens_per_s=r * seq_len / t, model_flops=flops,
                        mfu_probe=flops / t / peak,
@@ -492,9 +522,10 @@ def _fmt(x, spec=".2f"):
 
 def targets(report: dict) -> dict:
     """The issue's targets, met or not (None where not measured)."""
-    dec = [r for r in report.get("decode", []) if r["batch"] == 1]
+    dec = [r for r in report.get("decode", []) if r["batch"] == 1 and "step_s" in r]
     ar = max((r["roofline_pct"] for r in dec), default=None)
     win = report.get("window") or {}
+    win = {} if "failed" in win else win
     w16 = win.get("after", {}).get("16")
     mfu = [r.get("mfu_nominal") or r.get("mfu_probe") for r in report.get("train", [])
            if r.get("seq_len") == max(report["plan"]["train_lengths"]) and "step_s" in r]
@@ -532,11 +563,16 @@ def markdown(report: dict) -> str:
                   "| attention | batch | step ms | roofline ms | % of roofline | tokens/s |",
                   "|---|---|---|---|---|---|"]
         for r in report["decode"]:
+            if "failed" in r:
+                lines.append(f"| {r['attention']} | {r['batch']} | failed: {r['failed']} | | | |")
+                continue
             lines.append(f"| {r['attention']} | {r['batch']} | {r['step_s'] * 1e3:.3f} | "
                          f"{r['roofline_s'] * 1e3:.3f} | {r['roofline_pct']:.1f} | "
                          f"{r['tokens_per_s']:.1f} |")
         lines.append("")
-    if report.get("window"):
+    if "failed" in (report.get("window") or {}):
+        lines += [f"## W-slot step cost: failed ({report['window']['failed']})", ""]
+    elif report.get("window"):
         w = report["window"]
         lines += [f"## W-slot step cost / AR step (batch 1, attention `{w['attention']}`)", "",
                   "| W | after (W slots) | before (2W slots) |", "|---|---|---|"]
@@ -548,8 +584,8 @@ def markdown(report: dict) -> str:
                   "| attention | ms | tokens/s | MFU (probe) | MFU (nominal) |",
                   "|---|---|---|---|---|"]
         for r in report["prefill"]:
-            if "refused" in r:
-                lines.append(f"| {r['attention']} | refused: {r['refused']} | | | |")
+            if "refused" in r or "failed" in r:
+                lines.append(f"| {r['attention']} | {'refused: ' + r['refused'] if 'refused' in r else 'failed: ' + r['failed']} | | | |")
             else:
                 lines.append(f"| {r['attention']} | {r['step_s'] * 1e3:.2f} | "
                              f"{r['tokens_per_s']:.0f} | {r['mfu_probe']:.3f} | "
@@ -562,14 +598,17 @@ def markdown(report: dict) -> str:
         for r in report["train"]:
             if "skipped" in r:
                 lines.append(f"| {r['attention']} | - | not available: {r['skipped']} | | | |")
-            elif "refused" in r:
-                lines.append(f"| {r['attention']} | {r['seq_len']} | refused: {r['refused']} | | | |")
+            elif "refused" in r or "failed" in r:
+                why = "refused: " + r["refused"] if "refused" in r else "failed: " + r["failed"]
+                lines.append(f"| {r['attention']} | {r['seq_len']} | {why} | | | |")
             else:
                 lines.append(f"| {r['attention']} | {r['seq_len']} | {r['step_s']:.3f} | "
                              f"{r['tokens_per_s']:.0f} | {r['mfu_probe']:.3f} | "
                              f"{_fmt(r['mfu_nominal'], '.3f')} |")
         lines.append("")
-    if report.get("convert"):
+    if "failed" in (report.get("convert") or {}):
+        lines += [f"## Conversion: failed ({report['convert']['failed']})", ""]
+    elif report.get("convert"):
         cv = report["convert"]
         lines += [f"## Conversion ({cv['checkpoint_bytes'] / 1e6:.1f} MB bf16 checkpoint, "
                   f"{_count(cv['params'])} params)", "", "| path | s | GB/s |", "|---|---|---|"]
@@ -580,6 +619,9 @@ def markdown(report: dict) -> str:
     for k, t in report["targets"].items():
         lines.append(f"| {k} | {t['target']} | {_fmt(t['value'], '.3f')} | {t['met']} |")
     lines += ["", f"Plots: {report['plots']}", ""]
+    if report.get("failures"):
+        lines += ["Failed entries (the rest of the report stands):", ""]
+        lines += [f"- {f}" for f in report["failures"]] + [""]
     return "\n".join(lines)
 
 
@@ -592,14 +634,15 @@ def plots(report: dict, folder: str) -> str:
         return "skipped: matplotlib is not installed (pip install '.[plot]')"
     made = []
     title = f"{report['device']['device_kind']}{' (smoke)' if report['plan']['smoke'] else ''}"
-    if report.get("decode"):
+    if any("step_s" in r for r in report.get("decode", [])):
         fig, ax = plt.subplots(figsize=(6, 3.5))
-        impls = sorted({r["attention"] for r in report["decode"]})
+        ok = [r for r in report["decode"] if "step_s" in r]
+        impls = sorted({r["attention"] for r in ok})
         batches = report["plan"]["batches"]
         width = 0.8 / len(impls)
         for i, impl in enumerate(impls):
-            vals = [next(r["roofline_pct"] for r in report["decode"]
-                         if r["attention"] == impl and r["batch"] == b) for b in batches]
+            vals = [next((r["roofline_pct"] for r in ok
+                          if r["attention"] == impl and r["batch"] == b), 0.0) for b in batches]
             ax.bar(np.arange(len(batches)) + i * width, vals, width, label=impl)
         ax.set_xticks(np.arange(len(batches)) + 0.4 - width / 2, [str(b) for b in batches])
         ax.axhline(TARGETS["ar_roofline_pct_b1"], ls="--", c="k", lw=0.8)
@@ -609,7 +652,7 @@ def plots(report: dict, folder: str) -> str:
         fig.savefig(os.path.join(folder, "decode_roofline.png"), dpi=120)
         plt.close(fig)
         made.append("decode_roofline.png")
-    if report.get("window"):
+    if report.get("window") and "failed" not in report["window"]:
         w = report["window"]
         fig, ax = plt.subplots(figsize=(6, 3.5))
         ws = report["plan"]["windows"]
@@ -689,9 +732,12 @@ def run(args) -> dict:
             report["decode"] = run_decode(plan, info, params, bw)
             done("decode")
         if "window" in sections:
-            best = min((r for r in report.get("decode", []) if r["batch"] == 1),
+            best = min((r for r in report.get("decode", []) if r["batch"] == 1 and "step_s" in r),
                        key=lambda r: r["step_s"], default={"attention": "tiled"})["attention"]
-            report["window"] = run_window(plan, params, best)
+            try:
+                report["window"] = run_window(plan, params, best)
+            except Exception as e:
+                report["window"] = {"attention": best, "failed": failure(e)}
             done("window")
         if "prefill" in sections:
             report["prefill"] = run_prefill(plan, info, params, peak)
@@ -701,9 +747,13 @@ def run(args) -> dict:
             report["train"] = run_train(plan, info, peak)
             done("train")
         if "convert" in sections:
-            report["convert"] = run_convert(plan, args.workdir or tempfile.gettempdir())
+            try:
+                report["convert"] = run_convert(plan, args.workdir or tempfile.gettempdir())
+            except Exception as e:
+                report["convert"] = {"failed": failure(e)}
             done("convert")
         report["targets"] = targets(report)
+        report["failures"] = failures(report)
         report["plots"] = plots(report, tmp)
         with open(os.path.join(tmp, "accelerator.json"), "w") as f:
             json.dump(report, f, indent=1, default=str)
@@ -742,6 +792,10 @@ def main(argv=None) -> int:
         return 2
     print(markdown(report))
     print(f"[accelerator] wrote {report['out']}", file=sys.stderr)
+    if report["failures"]:
+        print("benchmarks.accelerator: error: some entries failed (recorded in the report):\n  "
+              + "\n  ".join(report["failures"]), file=sys.stderr)
+        return 1
     return 0
 
 

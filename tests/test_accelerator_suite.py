@@ -85,3 +85,25 @@ def test_plans_follow_the_device_memory():
     c = acc.model_config(acc.TRAIN_SHAPE)
     dense, tiled = (acc.train_estimate(c, 1, 4096, impl)["total"] for impl in ("dense", "tiled"))
     assert dense - tiled > 32 * 8192 ** 2 * 4 * 3        # 32 heads' f32 [T, T] x 3
+
+
+def test_a_failing_kernel_is_recorded_and_the_run_exits_nonzero(tmp_path, capsys, monkeypatch):
+    """A kernel that fails on the device (e.g. a lowering error) costs its own entries only: the
+    report is still written, the failure is in it, and the exit status is 1."""
+    import benchmarks.window_cost as wc
+
+    def fake_measure(config, params, windows, *a, attention="tiled", **kw):
+        if attention == "tiled":
+            raise RuntimeError("lowering failed\nsecond line")
+        return {w: 1e-3 * w for w in windows}
+    monkeypatch.setattr(wc, "measure", fake_measure)
+    monkeypatch.setattr(acc, "device_params", lambda config, seed=0: None)
+    out = tmp_path / "r"
+    assert acc.main(["--smoke", "--sections", "decode,window", "--out", str(out)]) == 1
+    assert "decode tiled: RuntimeError: lowering failed" in capsys.readouterr().err
+    rep = json.loads((out / "accelerator.json").read_text())
+    assert [r["failed"] for r in rep["decode"] if r["attention"] == "tiled"] == \
+        ["RuntimeError: lowering failed"] * 2
+    assert rep["window"]["attention"] == "dense" and rep["window"]["after"]["2"] == 2.0
+    assert "| tiled | 1 | failed: RuntimeError: lowering failed |" in \
+        (out / "accelerator.md").read_text()
