@@ -113,6 +113,7 @@ class Plan:
     prefill: int = 2048
     train_lengths: tuple = (2048, 4096)
     train_rows: int = 1
+    remat: bool = True
     block_size: int = 32
     copy_bytes: int = 2 * GIB
     matmul_n: int = 8192
@@ -123,7 +124,7 @@ class Plan:
 def smoke_plan() -> Plan:
     return Plan(smoke=True, model="smoke", decode_config=SMOKE_SHAPE, train_config=SMOKE_SHAPE,
                 convert_config=SMOKE_SHAPE, batches=(1, 8), windows=(1, 2), prefix=16,
-                capacity=20, kv_tile=16, prefill=32, train_lengths=(32,), block_size=8,
+                capacity=20, kv_tile=16, prefill=32, train_lengths=(32,), remat=False, block_size=8,
                 copy_bytes=4 * 1024 ** 2, matmul_n=128, repeats=2, inner=2)
 
 
@@ -441,7 +442,7 @@ def run_train(plan: Plan, info: dict, peak: float) -> list[dict]:
                 f"data.seq_len={seq_len}", f"data.global_batch_size={plan.train_rows}",
                 "steps=1000", "optimizer.lr=1e-4", "optimizer.final_lr=1e-5",
                 "optimizer.warmup_steps=10", f"objective.block_size={plan.block_size}",
-                "compute_dtype=bf16", "remat=true", f"attention={impl}"])
+                "compute_dtype=bf16", f"remat={str(plan.remat).lower()}", f"attention={impl}"])
             opt = step_lib.make_optimizer(cfg)
             sh = step_lib.state_shardings(mc, opt, mesh)
             if "params" not in first:
@@ -592,7 +593,7 @@ def markdown(report: dict) -> str:
                              f"{_fmt(r['mfu_nominal'], '.3f')} |")
         lines.append("")
     if report.get("train"):
-        lines += ["## Train step (dual stream, bf16, remat)", "",
+        lines += [f"## Train step (dual stream, bf16{', remat' if p['remat'] else ''})", "",
                   "| attention | L | step s | tokens/s | MFU (probe) | MFU (nominal) |",
                   "|---|---|---|---|---|---|"]
         for r in report["train"]:
