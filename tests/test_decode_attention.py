@@ -51,6 +51,16 @@ CASES = [(3, 1, 4, 4, 40, [0, 17, 39]),
          (2, 8, 4, 1, 33, [25, 3])]
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def kernel(impl, q, k, v, lens):
+    return ca.attend_cache(impl, q, k, v, lens, 0.3, tile=7, interpret=True)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def reference(s, t, q, k, v, lens):
+    return attention.attend(q, k, v, attention.cache_mask(lens, s, t), 0.3)
+
+
 @pytest.mark.parametrize("impl", KERNELS)
 def test_kernel_equals_dense(impl):
     rng = np.random.default_rng(5)
@@ -59,8 +69,7 @@ def test_kernel_equals_dense(impl):
         k = rng.standard_normal((b, t, kvh, 8)).astype(np.float32)
         v = rng.standard_normal((b, t, kvh, 8)).astype(np.float32)
         lens = jnp.asarray(lens, jnp.int32)
-        want = attention.attend(q, k, v, attention.cache_mask(lens, s, t), 0.3)
-        got = ca.attend_cache(impl, q, k, v, lens, 0.3, tile=7, interpret=True)
+        want, got = reference(s, t, q, k, v, lens), kernel(impl, q, k, v, lens)
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-6,
                                    err_msg=f"{impl} S={s} H={h}/{kvh} T={t}")
 
