@@ -172,7 +172,7 @@ def test_bad_tile_and_shapes_are_refused():
     cache = init_kv_cache(CONFIG, 1, 8)
     toks = np.zeros((1, 2), np.int32)
     with pytest.raises(ValueError, match="kv_tile must be an int >= 1, got 0"):
-        Transformer(CONFIG, attention="tiled", kv_tile=0).apply(
+        Transformer(CONFIG, kv_tile=0).apply(                  # checked whatever the backend
             {"params": params}, toks, toks, kv_cache=cache, cache_len=jnp.zeros((1,), jnp.int32))
     with pytest.raises(ValueError, match="9 new slots do not fit a cache of 8 rows"):
         Transformer(CONFIG).apply({"params": params}, np.zeros((1, 9), np.int32),

@@ -341,7 +341,7 @@ def make_context(impl: str, *, q_struct=None, k_struct=None, segment_ids=None, b
         if impl not in ca.IMPLEMENTATIONS:
             raise ValueError(f"cache-mode attention must be one of "
                              f"{', '.join(ca.IMPLEMENTATIONS)}; got {impl!r}")
-        return AttentionContext(None, None, None, None, impl, tile=tile,
+        return AttentionContext(None, None, None, None, impl, tile=ca.check_tile(tile),
                                 cache_len=jnp.asarray(cache_len, jnp.int32), interpret=interpret)
     plan = None
     if impl == "tiled":

@@ -48,7 +48,7 @@ def _check(q, k, v, cache_len):
         raise ValueError(f"{s} new slots do not fit a cache of {k.shape[1]} rows")
 
 
-def _check_tile(tile) -> int:
+def check_tile(tile) -> int:
     if isinstance(tile, bool) or not isinstance(tile, int) or tile < 1:
         raise ValueError(f"kv_tile must be an int >= 1, got {tile!r}")
     return tile
@@ -73,7 +73,7 @@ def attend_cache_tiles(q, k, v, cache_len, scale: float, tile: int):
     _check(q, k, v, cache_len)
     b, s, h, d = q.shape
     t_max, kvh = k.shape[1], k.shape[2]
-    tile = min(_check_tile(tile), t_max)
+    tile = min(check_tile(tile), t_max)
     g = h // kvh
     qr = q.reshape(b, s, kvh, g, d)
     last = cache_last_key(cache_len, s)                                          # [B, S]
@@ -166,7 +166,7 @@ def attend_cache_pallas(q, k, v, cache_len, scale: float, tile: int, *,
     b, s, h, d = q.shape
     t, kvh = k.shape[1], k.shape[2]
     g = h // kvh
-    tile_used = _pow2_at_most(min(_check_tile(tile), t))
+    tile_used = _pow2_at_most(min(check_tile(tile), t))
     rows = s * g
     r_pad = max(16, _pow2_at_least(rows))
     qr = q.reshape(b, s, kvh, g, d).transpose(0, 2, 1, 3, 4).reshape(b, kvh, rows, d)
