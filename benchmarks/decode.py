@@ -72,7 +72,7 @@ def gen_runs(params, config, prompts, dc, repeats, **kw):
 def forward_loop(params, config, window, start, advance, capacity_rows, k, tile=DEFAULT_KV_TILE):
     """A compiled runner of k cache-mode forwards of `window` slots; forward i reads a cache of
     length start + i * advance (the engine's committed length grows like that)."""
-    model = Transformer(config)
+    model = Transformer(config, attention="tiled", kv_tile=tile)
     toks = jnp.full((1, window), config.mask_token_id, jnp.int32)
 
     @jax.jit
@@ -82,8 +82,7 @@ def forward_loop(params, config, window, start, advance, capacity_rows, k, tile=
             n = (start + (i * advance).astype(jnp.int32)).astype(jnp.int32)
             cl = jnp.full((1,), n, jnp.int32)
             pos = n + jnp.arange(window, dtype=jnp.int32)[None]
-            logits, cache = model.apply({"params": params}, toks, pos, kv_cache=cache, cache_len=cl,
-                                        kv_tile=tile)
+            logits, cache = model.apply({"params": params}, toks, pos, kv_cache=cache, cache_len=cl)
             return cache, acc + jnp.max(logits)
         return jax.lax.fori_loop(0, k, body, (cache, jnp.float32(0)))
 

@@ -10,6 +10,8 @@ NAME (or `all`, in this order):
   window        W = 4, 8, 16, 32, 64 (streaming), with the forward cost of each W
   batch         batch 1, 8, 32: streaming vs AR tokens/s
   verified      issue 7: verified streaming (output = AR greedy) beside plain streaming and AR
+  refill        issue 12: refill 'before' (the official order, up to 2W slots a forward) against
+                'after' (W slots) at equal forward size: before at W vs after at 2W
   transformers  transformers `generate` (greedy) on the same HF folder vs our AR and our streaming
   report        print the saved results as the Markdown tables of BENCHMARKS.md
 
@@ -67,9 +69,10 @@ class Ctx:
         r["quality"] = float(quality(self.params, self.config, kind, r))
         return r
 
-    def side_by_side(self, kind, methods):
-        """The methods on the regime's items, interleaved (demo_eval.decode_side_by_side)."""
-        dcs = {m: self.config_for(kind, m) for m in methods}
+    def side_by_side(self, kind, methods, dcs=None):
+        """The methods (or named DecodeConfigs `dcs`) on the regime's items, interleaved
+        (demo_eval.decode_side_by_side)."""
+        dcs = dcs or {m: self.config_for(kind, m) for m in methods}
         runs = decode_side_by_side(self.params, self.config, self.tok, self.items[kind], kind, dcs,
                                    repeats=self.args.repeats)
         for r in runs.values():
@@ -177,6 +180,27 @@ def exp_verified(ctx):
             rows[m]["same_as_ar"] = sum(x["ids"] == y["ids"] for x, y in zip(r["rows"], ar["rows"]))
             rows[m]["accepted"], rows[m]["rejected"] = r.get("accepted"), r.get("rejected")
             print(line(kind, rows[m]) + f"  same as AR {rows[m]['same_as_ar']}/{len(ar['rows'])}", flush=True)
+        out[kind] = rows
+    return out
+
+
+REFILL_RUNS = (("ar", "ar", "after", 1), ("after W=8", "streaming", "after", 8),
+               ("before W=4", "streaming", "before", 4), ("after W=16", "streaming", "after", 16),
+               ("before W=8", "streaming", "before", 8))
+
+
+def exp_refill(ctx):
+    """Issue 12: the two refill orders at equal forward size (before at W holds up to 2W slots)."""
+    out = {}
+    for kind in KINDS:
+        dcs = {name: ctx.config_for(kind, m, refill=refill, window=w)
+               for name, m, refill, w in REFILL_RUNS}
+        runs = ctx.side_by_side(kind, None, dcs)
+        ar = runs["ar"]
+        rows = {}
+        for name, _, refill, _ in REFILL_RUNS:
+            rows[name] = dict(brief(runs[name], ar), refill=refill)
+            print(line(kind, rows[name]) + f"  refill {refill}", flush=True)
         out[kind] = rows
     return out
 
@@ -299,7 +323,7 @@ def plot(name, res, path):
     return path
 
 
-EXPERIMENTS = {"regimes": exp_regimes, "tau": exp_tau, "lam": exp_lam, "window": exp_window,
+EXPERIMENTS = {"refill": exp_refill, "regimes": exp_regimes, "tau": exp_tau, "lam": exp_lam, "window": exp_window,
                "batch": exp_batch, "verified": exp_verified, "transformers": exp_transformers}
 
 

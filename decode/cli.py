@@ -19,7 +19,7 @@ import json
 import os
 import sys
 
-from decode.config import METHODS, DecodeConfig, DecodeConfigError
+from decode.config import METHODS, REFILLS, SAMPLING_ORDERS, DecodeConfig, DecodeConfigError
 from wedlm_jax.config import released_mask_token_id
 from decode.text import ChatTemplateError, cut_at_stop_strings, load_tokenizer, split_stop_strings
 
@@ -35,7 +35,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--chat", action="store_true", help="wrap prompts in the tokenizer's chat template")
     p.add_argument("--method", default="streaming", help=f"one of {', '.join(METHODS)}")
     d = DecodeConfig()
-    p.add_argument("--window", type=int, default=d.window)
+    p.add_argument("--window", type=int, default=d.window,
+                   help="W: undecided slots in the window (limited to the budget)")
+    p.add_argument("--refill", default=d.refill,
+                   help=f"one of {', '.join(REFILLS)}: 'before' is the official engine's order "
+                        "(up to 2W slots a forward, up to W tokens a forward), 'after' SPEC's "
+                        "(W slots, up to W/2 tokens)")
+    p.add_argument("--sampling-order", default=d.sampling_order,
+                   help=f"one of {', '.join(SAMPLING_ORDERS)}: filter_first is the official "
+                        "engine's (top-k, top-p, then temperature), temper_first transformers'")
     p.add_argument("--tau", type=float, default=d.tau)
     p.add_argument("--lam", type=float, default=d.lam)
     p.add_argument("--temperature", type=float, default=d.temperature)
@@ -50,6 +58,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="do not add eos / <|im_end|> from the tokenizer and generation_config.json")
     p.add_argument("--capacity", type=int, default=None, help="cache capacity (prompt + new tokens)")
     p.add_argument("--mask-token-id", type=int, default=None, help="override the config's mask id")
+    p.add_argument("--allow-long", action="store_true",
+                   help="allow a capacity past the model's max_position_embeddings")
     p.add_argument("--json", action="store_true", help="print ids, text and statistics as JSON")
     p.add_argument("--stream", action="store_true", help="print text as it is committed")
     p.add_argument("--trace", default=None, metavar="FILE.html|FILE.png",
@@ -132,7 +142,8 @@ def run(args) -> dict:
     tokenizer = load_tokenizer(args.checkpoint)
     dc_kw = dict(method=args.method, window=args.window, tau=args.tau, lam=args.lam,
                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                 max_new_tokens=args.max_new_tokens, seed=args.seed, prefill_chunk=args.prefill_chunk)
+                 max_new_tokens=args.max_new_tokens, seed=args.seed, prefill_chunk=args.prefill_chunk,
+                 refill=args.refill, sampling_order=args.sampling_order)
     DecodeConfig(**dc_kw)  # every setting checked before the checkpoint is read
     stop_ids, cut_strings = split_stop_strings(tokenizer, args.stop)
     prompts = _read_prompts(args, tokenizer)
@@ -163,7 +174,8 @@ def run(args) -> dict:
                 sys.stderr.flush()
 
     res = generate(params, config, [ids for _, ids in prompts], dc, capacity=args.capacity,
-                   mask_token_id=args.mask_token_id, on_commit=on_commit)
+                   mask_token_id=args.mask_token_id, on_commit=on_commit,
+                   allow_long=args.allow_long)
     if args.stream:
         sys.stderr.write("\n")
     rows = []
@@ -176,9 +188,10 @@ def run(args) -> dict:
     total = dict(method=res.method, steps=res.steps, n_gen=res.n_gen, n_fwd=res.n_fwd,
                  tokens_per_forward=res.tokens_per_forward, p_cache=res.p_cache,
                  loop_iterations=res.loop_iterations, wall_s=res.wall_s,
-                 tokens_per_s=res.tokens_per_s, compile_s=res.compile_s, stop_token_ids=stop_ids)
+                 tokens_per_s=res.tokens_per_s, compile_s=res.compile_s, stop_token_ids=stop_ids,
+                 interrupted=res.interrupted)
     out = dict(results=rows, total=total)
-    if args.trace is not None:
+    if args.trace is not None and not res.interrupted:
         out["trace"] = _write_trace(args, tokenizer, prompts, config, params, dc, res)
     return out
 
@@ -226,6 +239,10 @@ def main(argv=None) -> int:
         print(f"[{t['method']}] {t['n_gen']} tokens, {t['steps']} forwards, "
               f"{t['tokens_per_forward']:.2f} tokens/forward, p_cache {t['p_cache']:.3f}, "
               f"{t['tokens_per_s']:.1f} tokens/s (compile {t['compile_s']:.1f} s)", file=sys.stderr)
+    if out["total"]["interrupted"]:
+        print("wedlm-decode: interrupted (Ctrl-C): the text above is what was decoded so far",
+              file=sys.stderr)
+        return 130
     return 0
 
 

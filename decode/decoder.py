@@ -76,6 +76,7 @@ class Static:
     kv_tile: int
     prefill_chunk: int
     keep_q: bool               # verified with sampling carries the drafts' distributions
+    attention: str = "tiled"   # the cache-attention backend (wedlm_jax.attention_backends)
     mesh: Any = None           # a hashable key of the mesh (or None)
 
     @property
@@ -104,17 +105,14 @@ def _is_num(x) -> bool:
 STEPS = {"streaming": window_step, "block": window_step, "ar": ar_step, "verified": verified_step}
 
 
-def _model(static: Static):
-    return model_lib.Transformer(static.config, dtype=jnp.dtype(static.dtype))
-
-
 def _forward(static: Static):
-    """The network in cache mode: (params, tokens, positions, cache layers, n) -> (logits, layers)."""
-    model = _model(static)
+    """The network in cache mode: (params, tokens, positions, cache layers, n) -> (logits, layers).
+    Cache attention reads only the cache tiles holding live keys (`kv_tile` rows each)."""
+    model = model_lib.Transformer(static.config, dtype=jnp.dtype(static.dtype),
+                                  attention=static.attention, kv_tile=static.kv_tile)
 
     def forward(params, tokens, positions, layers, n):
-        return model.apply({"params": params}, tokens, positions, kv_cache=layers, cache_len=n,
-                           kv_tile=static.kv_tile)
+        return model.apply({"params": params}, tokens, positions, kv_cache=layers, cache_len=n)
     return forward
 
 
@@ -233,7 +231,9 @@ class Decoder:
     generated) a slot holds; steps_per_call: k of `generate`; sampling: whether sampled requests
     (temperature > 0) are accepted (method verified then carries [slots, S, V] draft
     distributions); mesh: a ('data', 'fsdp', 'tensor') mesh, slots over data/fsdp, heads over
-    tensor; allow_long: capacity past the model's max_position_embeddings; memory_limit_bytes:
+    tensor; attention: the cache-attention backend (tiled, dense, pallas, cudnn, auto; see
+    wedlm_jax.attention_backends); allow_long: capacity past the model's max_position_embeddings;
+    memory_limit_bytes:
     the budget the cache and logits estimate is checked against (default: what the device
     reports, or the host's available memory on CPU)."""
 
@@ -242,7 +242,7 @@ class Decoder:
                  steps_per_call: int = 16, dtype=jnp.float32, mesh=None,
                  mask_token_id: int | None = None, kv_tile: int = DEFAULT_KV_TILE,
                  prefill_chunk: int = 128, sampling: bool = True, allow_long: bool = False,
-                 memory_limit_bytes: int | None = None):
+                 memory_limit_bytes: int | None = None, attention: str = "tiled"):
         if method not in METHODS:
             raise DecodeConfigError(f"method {method!r} is unknown; allowed: {', '.join(METHODS)}")
         if refill not in REFILLS:
@@ -277,6 +277,7 @@ class Decoder:
             config=shape_config, dtype=jnp.dtype(dtype).name, spec=spec, slots=slots,
             capacity=capacity, rows=rows, kv_tile=min(kv_tile, rows),
             prefill_chunk=min(prefill_chunk, rows), keep_q=(method == "verified" and sampling),
+            attention=attention,
             mesh=None if mesh is None else (tuple(mesh.axis_names), tuple(mesh.devices.shape),
                                              tuple(d.id for d in mesh.devices.flat)))
         self.memory_estimate = estimate_memory(self.static)

@@ -46,6 +46,13 @@ def check_request(path: str, method: str, num_prompts: int) -> str:
         raise TraceError(f"trace file {path!r}: unknown extension {ext or '(none)'!r}; "
                          f"use .html or .png")
     kind = "png" if ext == ".png" else "html"
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise TraceError(f"trace file {path!r}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise TraceError(f"trace file {path!r}: the folder {folder} is not writable")
+    if os.path.isdir(path):
+        raise TraceError(f"trace file {path!r} is a folder")
     if method not in DRAWN_METHODS:
         raise TraceError(f"the trace draws methods {', '.join(DRAWN_METHODS)}, not {method!r}")
     limit = MAX_PNG_PROMPTS if kind == "png" else MAX_HTML_PROMPTS

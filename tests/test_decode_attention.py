@@ -1,7 +1,7 @@
-"""Cache-mode attention that follows the work (issue 4 item 5): `kv_tile` reads only the cache tiles
-up to the longest live length in the batch (online softmax, dynamic trip count). Checked against
-the dense cache-mode path of the same model, and by poisoning every row past the live tiles with
-NaN: a read of any of them would turn the output into NaN."""
+"""Cache-mode attention (wedlm_jax.cache_attention): every implementation equals the dense
+reference on CPU (the accelerator kernels in their CPU-checkable form: Pallas interpret mode,
+the cuDNN argument set through implementation='xla'), directly and through the model; the live-tile
+paths never read a row past their tiles (poisoned with NaN); bad choices fail naming what runs."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from wedlm_jax import attention
+from wedlm_jax import attention, attention_backends as ab, cache_attention as ca
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.model import Transformer, init_kv_cache, param_shapes
 
 CONFIG = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,
                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True)
+KERNELS = ("tiled", "pallas", "cudnn")
 
 
 def _params(seed=0):
@@ -26,11 +27,10 @@ def _params(seed=0):
                         .astype(np.float32), param_shapes(CONFIG))
 
 
-@functools.partial(jax.jit, static_argnums=5)
-def forward(params, toks, pos, cache, lens, tile=None):
-    """Cache-mode forward: dense over the whole capacity (tile None) or tiled."""
-    return Transformer(CONFIG).apply({"params": params}, toks, pos, kv_cache=cache, cache_len=lens,
-                                     kv_tile=tile)
+@functools.partial(jax.jit, static_argnums=(5, 6))
+def forward(params, toks, pos, cache, lens, impl="dense", tile=256):
+    model = Transformer(CONFIG, attention=impl, kv_tile=tile, attention_interpret=True)
+    return model.apply({"params": params}, toks, pos, kv_cache=cache, cache_len=lens)
 
 
 def _filled_cache(params, lens, capacity):
@@ -42,51 +42,142 @@ def _filled_cache(params, lens, capacity):
     return cache
 
 
-@pytest.mark.parametrize("tile", [7, 200])
-def test_tiled_equals_dense(tile):
+# ---------------------------------------------------------------------------- the kernels
+
+# (batch, new slots S, query heads, KV heads, capacity T, cache lengths): GQA ratios 1, 3, 4;
+# ragged lengths, an empty row, and rows whose last tile is pulled back (n + S == T).
+CASES = [(3, 1, 4, 4, 40, [0, 17, 39]),
+         (3, 5, 6, 2, 50, [0, 20, 45]),
+         (2, 8, 4, 1, 33, [25, 3])]
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def kernel(impl, q, k, v, lens):
+    return ca.attend_cache(impl, q, k, v, lens, 0.3, tile=7, interpret=True)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def reference(s, t, q, k, v, lens):
+    return attention.attend(q, k, v, attention.cache_mask(lens, s, t), 0.3)
+
+
+@pytest.mark.parametrize("impl", KERNELS)
+def test_kernel_equals_dense(impl):
+    rng = np.random.default_rng(5)
+    for b, s, h, kvh, t, lens in CASES:
+        q = rng.standard_normal((b, s, h, 8)).astype(np.float32)
+        k = rng.standard_normal((b, t, kvh, 8)).astype(np.float32)
+        v = rng.standard_normal((b, t, kvh, 8)).astype(np.float32)
+        lens = jnp.asarray(lens, jnp.int32)
+        want, got = reference(s, t, q, k, v, lens), kernel(impl, q, k, v, lens)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-6,
+                                   err_msg=f"{impl} S={s} H={h}/{kvh} T={t}")
+
+
+def test_cudnn_argument_set_is_the_cache_rule():
+    """What the cuDNN call receives: key lengths cache_len + S (clipped to T) and the mask."""
+    lens = jnp.asarray([0, 6, 9], jnp.int32)
+    args = ca.cudnn_arguments(lens, 3, 12)
+    np.testing.assert_array_equal(args["key_value_seq_lengths"], [3, 9, 12])
+    np.testing.assert_array_equal(args["query_seq_lengths"], [3, 3, 3])
+    np.testing.assert_array_equal(args["mask"][:, 0], attention.cache_mask(lens, 3, 12))
+    assert bool(args["mask"][1, 0, 2, 8]) and not bool(args["mask"][1, 0, 1, 8])
+
+
+def test_pallas_lowers_for_the_gpu():
+    """The Pallas kernel lowers through Triton for CUDA (cross-lowered here; the compiled kernel
+    runs only on a GPU), bf16, a Qwen3-8B-like head layout, capacity not a power of two."""
+    q = jax.ShapeDtypeStruct((2, 16, 32, 128), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((2, 300, 8, 128), jnp.bfloat16)
+    lens = jax.ShapeDtypeStruct((2,), jnp.int32)
+    fn = jax.jit(lambda q, k, v, n: ca.attend_cache_pallas(q, k, v, n, 0.1, 128))
+    text = fn.trace(q, kv, kv, lens).lower(lowering_platforms=("cuda",)).as_text()
+    assert "__gpu$xla.gpu.triton" in text and "wedlm_cache_attention" in text
+
+
+# ----------------------------------------------------------------------------- the model
+
+def test_model_cache_forward_is_the_same_on_every_backend():
     params = _params()
     lens = jnp.array([0, 17, 40, 5], jnp.int32)
     cache = _filled_cache(params, [0, 17, 40, 5], 96)
     toks = np.random.default_rng(2).integers(0, 64, (4, 6))
     pos = np.asarray(lens)[:, None] + np.array([3, 0, 1, 5, 2, 4])[None]   # reordered logical positions
     dense, dcache = forward(params, toks, pos, cache, lens)
-    tiled, tcache = forward(params, toks, pos, cache, lens, tile)
     assert np.abs(np.asarray(dense)).max() > 1e-2
-    np.testing.assert_allclose(np.asarray(tiled), np.asarray(dense), atol=1e-5)
-    for a, b in zip(jax.tree.leaves(dcache), jax.tree.leaves(tcache)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+    for impl, tile in [("tiled", 7), ("tiled", 200), ("pallas", 16), ("cudnn", 256), ("auto", 8)]:
+        got, gcache = forward(params, toks, pos, cache, lens, impl, tile)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(dense), atol=1e-5, err_msg=impl)
+        for a, b in zip(jax.tree.leaves(dcache), jax.tree.leaves(gcache)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, err_msg=impl)
 
 
 def test_rows_past_the_live_tiles_are_never_read():
+    """tiled reads the tiles up to the longest row of the batch; pallas only each row's own."""
     params = _params(3)
     lens = jnp.array([9, 30], jnp.int32)
     s, tile, capacity = 4, 8, 128
     cache = _filled_cache(params, [9, 30], capacity)
-    live = -(-(30 + s) // tile) * tile                  # rows the tiled path may read: 0..39
-    poisoned = jax.tree.map(lambda x: x.at[:, live:].set(jnp.nan), cache)
     toks = np.random.default_rng(4).integers(0, 64, (2, s))
     pos = np.asarray(lens)[:, None] + np.arange(s)[None]
-    tiled, _ = forward(params, toks, pos, poisoned, lens, tile)
     dense, _ = forward(params, toks, pos, cache, lens)
-    assert np.isfinite(np.asarray(tiled)).all()
-    np.testing.assert_allclose(np.asarray(tiled), np.asarray(dense), atol=1e-5)
+    live_batch = -(-(30 + s) // tile) * tile                      # rows 0..39 for every row
+    live_row = [-(-(9 + s) // tile) * tile, live_batch]           # 16 for row 0, 40 for row 1
+
+    def poison(rows_per_row):
+        return jax.tree.map(lambda x: jnp.stack([x[b].at[r:].set(jnp.nan)
+                                                 for b, r in enumerate(rows_per_row)]), cache)
+
+    for impl, live in [("tiled", [live_batch] * 2), ("pallas", live_row)]:
+        got, _ = forward(params, toks, pos, poison(live), lens, impl, tile)
+        assert np.isfinite(np.asarray(got)).all(), impl
+        np.testing.assert_allclose(np.asarray(got), np.asarray(dense), atol=1e-5, err_msg=impl)
     # the dense path reads the whole capacity: the same poison reaches its output
-    dense_poisoned, _ = forward(params, toks, pos, poisoned, lens)
+    dense_poisoned, _ = forward(params, toks, pos, poison([live_batch] * 2), lens)
     assert np.isnan(np.asarray(dense_poisoned)).any()
 
 
-def test_attend_cache_tiles_matches_attend_directly():
-    rng = np.random.default_rng(5)
-    b, s, h, kvh, d, t = 3, 5, 4, 2, 8, 50
-    q = rng.standard_normal((b, s, h, d)).astype(np.float32)
-    k = rng.standard_normal((b, t, kvh, d)).astype(np.float32)
-    v = rng.standard_normal((b, t, kvh, d)).astype(np.float32)
-    lens = jnp.array([0, 20, 45], jnp.int32)                 # 45 + 5 = 50: the last tile is pulled back
-    mask = attention.cache_mask(lens, s, t)
-    want = attention.attend(q, k, v, mask, 0.3)
-    tiles = jax.jit(attention.attend_cache_tiles, static_argnums=(4, 5))
-    for tile in (3, 16, 64):
-        got = tiles(q, k, v, lens, 0.3, tile)
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, err_msg=str(tile))
-    with pytest.raises(ValueError, match="kv_tile must be >= 1, got 0"):
-        attention.attend_cache_tiles(q, k, v, lens, 0.3, 0)
+# ---------------------------------------------------------------------------- bad input
+
+def test_missing_backends_are_named_with_the_available_ones():
+    assert jax.default_backend() == "cpu"
+    assert ab.available("cache") == ["dense", "tiled"]
+    assert ab.available("cache", backend="gpu", dtype=jnp.bfloat16) == ["dense", "tiled", "cudnn",
+                                                                         "pallas"]
+    assert ab.available("cache", interpret=True) == ["dense", "tiled", "cudnn", "pallas"]
+    assert ab.resolve("pallas", "cache", backend="gpu") == "pallas"
+    assert ab.resolve("cudnn", "cache", backend="gpu", dtype=jnp.bfloat16) == "cudnn"
+    with pytest.raises(ab.AttentionUnavailable,
+                       match=r"'pallas'.*GPU.*'cpu' backend, where 'cache' attention can use: "
+                             r"dense, tiled$"):
+        ab.resolve("pallas", "cache")
+    with pytest.raises(ab.AttentionUnavailable, match=r"'cudnn'.*GPU.*can use: dense, tiled$"):
+        ab.resolve("cudnn", "cache", dtype=jnp.bfloat16)
+    with pytest.raises(ab.AttentionUnavailable,
+                       match=r"'splash' handles training layouts.*'tpu' can use: dense, tiled"):
+        ab.resolve("splash", "cache", backend="tpu")
+    with pytest.raises(ab.AttentionUnavailable, match=r"'pallas' handles cache-mode decoding only"):
+        ab.resolve("pallas", "structure", backend="gpu")
+    with pytest.raises(ab.AttentionUnavailable, match=r"bf16/fp16.*float32.*dense, tiled, pallas"):
+        ab.resolve("cudnn", "cache", backend="gpu", dtype=jnp.float32)
+    params = _params()
+    model = Transformer(CONFIG, attention="pallas")
+    with pytest.raises(ab.AttentionUnavailable, match="can use: dense, tiled"):
+        model.apply({"params": params}, np.zeros((1, 2), np.int32), np.zeros((1, 2), np.int32),
+                    kv_cache=init_kv_cache(CONFIG, 1, 8), cache_len=jnp.zeros((1,), jnp.int32))
+
+
+def test_bad_tile_and_shapes_are_refused():
+    params = _params()
+    cache = init_kv_cache(CONFIG, 1, 8)
+    toks = np.zeros((1, 2), np.int32)
+    with pytest.raises(ValueError, match="kv_tile must be an int >= 1, got 0"):
+        Transformer(CONFIG, kv_tile=0).apply(                  # checked whatever the backend
+            {"params": params}, toks, toks, kv_cache=cache, cache_len=jnp.zeros((1,), jnp.int32))
+    with pytest.raises(ValueError, match="9 new slots do not fit a cache of 8 rows"):
+        Transformer(CONFIG).apply({"params": params}, np.zeros((1, 9), np.int32),
+                                  np.zeros((1, 9), np.int32), kv_cache=cache,
+                                  cache_len=jnp.zeros((1,), jnp.int32))
+    with pytest.raises(TypeError, match="kv_tile"):   # a model setting, not a call argument
+        Transformer(CONFIG).apply({"params": params}, toks, toks, kv_cache=cache,
+                                  cache_len=jnp.zeros((1,), jnp.int32), kv_tile=4)

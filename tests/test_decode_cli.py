@@ -122,3 +122,66 @@ def test_cli_bad_input(ckpt, capsys, tmp_path):
     assert code == 2 and "no tokenizer.json" in err
     code, _, err = _cli(capsys, "--checkpoint", path, "--prompt", "")
     assert code == 2 and "prompt 0 is empty" in err
+
+
+# ------------------------------------------------------------------ bounds (issue 15 item 6)
+
+def test_decode_bounds_refused_or_limited_before_compiling(ckpt, capsys, tmp_path):
+    """A window far past the budget runs at the budget's width; a budget past the model's
+    positions, or past memory, is refused before anything compiles; a trace into a missing folder
+    is refused before decoding."""
+    from decode.decoder import compiled_count
+    from decode.engine import static_decoder
+    path, config, params = ckpt
+    dc = DecodeConfig(window=100000, max_new_tokens=6, tau=2.0)
+    assert static_decoder(params, config, 1, dc, 10, 6).window == 6
+    res = generate(params, config, [[3, 4, 5, 6]], dc)
+    assert len(res.tokens[0]) == 6
+    before = compiled_count()
+    code, out, err = _cli(capsys, "--checkpoint", path, "--prompt", "one two",
+                          "--max-new-tokens", "1000000000")
+    assert code == 2 and "max_position_embeddings" in err and "--allow-long" in err, err
+    code, out, err = _cli(capsys, "--checkpoint", path, "--prompt", "one two", "--allow-long",
+                          "--max-new-tokens", "1000000000")
+    assert code == 2 and "decoding needs ~" in err and "GiB" in err, err
+    code, out, err = _cli(capsys, "--checkpoint", path, "--prompt", "one two",
+                          "--trace", str(tmp_path / "missing" / "t.html"))
+    assert code == 2 and "does not exist" in err, err
+    code, out, err = _cli(capsys, "--checkpoint", path, "--prompt", "one two", "--refill", "x")
+    assert code == 2 and "refill 'x' is unknown; allowed: before, after" in err, err
+    assert compiled_count() == before
+
+
+def test_interrupt_stops_within_a_chunk_and_keeps_the_text(ckpt, monkeypatch, capsys):
+    """Ctrl-C (a KeyboardInterrupt between chunks) ends the decode with what it has: the CLI
+    prints the text and the summary and exits 130."""
+    from decode import engine
+    path, config, params = ckpt
+    calls = []
+
+    def interrupt(row, ids):
+        calls.append(ids)
+        raise KeyboardInterrupt
+
+    res = generate(params, config, [[3, 4, 5]], DecodeConfig(method="ar", max_new_tokens=200),
+                   capacity=256, on_commit=interrupt)
+    assert res.interrupted and 0 < len(res.tokens[0]) < 200
+    assert res.tokens[0] == calls[0]
+    monkeypatch.setattr(engine, "STATIC_STEPS_PER_CALL", 4)
+    code, out, err = _cli(capsys, "--checkpoint", path, "--prompt", "one two", "--method", "ar",
+                          "--max-new-tokens", "100", "--stream", "--no-default-stops")
+    assert code == 0
+    real_generate = engine.generate
+
+    def ctrl_c_after_first_chunk(*a, **kw):
+        inner = kw["on_commit"]
+
+        def cb(row, ids):
+            inner(row, ids)
+            raise KeyboardInterrupt
+        return real_generate(*a, **dict(kw, on_commit=cb))
+    monkeypatch.setattr(engine, "generate", ctrl_c_after_first_chunk)
+    code, out, err = _cli(capsys, "--checkpoint", path, "--prompt", "one two", "--method", "ar",
+                          "--max-new-tokens", "100", "--stream", "--no-default-stops")
+    assert code == 130 and "interrupted" in err and "tokens" in err, err
+    assert out.strip()          # the text decoded before the interrupt is printed

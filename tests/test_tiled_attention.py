@@ -102,12 +102,6 @@ def test_pair_mask_is_the_structure_mask(data, layout, length, block_size):
                                       attention.segment_mask(jnp.asarray(seg), 2, length))
 
 
-def test_cache_structures_are_the_cache_mask():
-    cache_len = jnp.asarray([0, 5, 17], jnp.int32)
-    qs, ks = ta.cache_structures(cache_len, 4, 24)
-    np.testing.assert_array_equal(ta.pair_mask(qs, ks), attention.cache_mask(cache_len, 4, 24))
-
-
 # ------------------------------------------------------------------- values and gradients
 
 @settings(max_examples=10, **SETTINGS)
@@ -130,11 +124,20 @@ def test_forward_and_gradients_equal_dense(data, layout, block_size):
 
 @settings(max_examples=4, **SETTINGS)
 @given(lens=st.lists(st.integers(0, 40), min_size=2, max_size=2), new=st.sampled_from([1, 5]))
-def test_cache_mode_equals_dense(lens, new):
-    """Cache mode with 3 query heads on 1 KV head; capacity 49 is not a multiple of the tile."""
+def test_query_window_structures_equal_dense(lens, new):
+    """Queries and keys with different structures (a query window over a cache: query i of row b
+    has index cache_len[b] + i, cache row t has index t), 3 query heads on 1 KV head; capacity 49
+    is not a multiple of the tile. The kernel is generic; cache-mode decoding itself runs
+    `cache_attention` (tests/test_decode_attention.py)."""
     capacity, tk = 49, 8
     cache_len = jnp.asarray(lens, jnp.int32)
-    qs, ks = ta.cache_structures(cache_len, new, capacity)
+    ones = lambda n: jnp.ones((2, n), jnp.int32)
+    qs = {"segment": ones(new), "stream": 0 * ones(new), "block": 0 * ones(new),
+          "index": attention.cache_last_key(cache_len, new)}
+    ks = {"segment": ones(capacity), "stream": 0 * ones(capacity), "block": 0 * ones(capacity),
+          "index": jnp.broadcast_to(jnp.arange(capacity, dtype=jnp.int32), (2, capacity))}
+    np.testing.assert_array_equal(ta.pair_mask(qs, ks),
+                                  attention.cache_mask(cache_len, new, capacity))
     q, k, v, w = qkv(1, 2, new, capacity, 3, 1, 8)
     mask = attention.cache_mask(cache_len, new, capacity)
     ref, got = dense_and_tiled(q, k, v, w, qs, ks, mask, scale=0.5, tq=8, tk=tk)
@@ -335,7 +338,7 @@ def test_selection_by_backend_and_layout():
         ab.resolve("cudnn", "structure", backend="gpu")
     with pytest.raises(ab.AttentionUnavailable, match="explicit dense mask"):
         ab.resolve("tiled", "mask")
-    with pytest.raises(ConfigError, match="dense, tiled, splash, cudnn, auto"):
+    with pytest.raises(ConfigError, match="dense, tiled, splash, cudnn, pallas, auto"):
         ab.resolve("flash", "causal")
 
 

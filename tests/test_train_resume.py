@@ -1,8 +1,9 @@
 """Exact resume: a wedlm-train run SIGKILLed right after its step-3 checkpoint and restarted
 reproduces steps 4-6 of an uninterrupted run (losses within 1e-6, data order included); a
-half-written (or unreadable) newer checkpoint is skipped in favour of the previous complete one;
-the final params export to a Hugging Face folder that a new run can start from (adaptation)."""
+half-written newer checkpoint is set aside in favour of the previous complete one, while a
+complete but unreadable one stops the run untouched; the final params export to a Hugging Face folder that a new run can start from (adaptation)."""
 
+import json
 import os
 import shutil
 import signal
@@ -38,11 +39,29 @@ def _table(records):
     return {r["step"]: [r[k] for k in KEYS] for r in records}
 
 
+# wedlm-train with checkpoint saving wrapped (from outside the package) to block once step 3 is
+# committed, so the test can SIGKILL it at a known point
+HANG_AT_3 = """
+import sys, time
+from train import checkpoint as ckpt, main
+save = ckpt.save
+def save_then_hang(mgr, step, *args, **kw):
+    out = save(mgr, step, *args, **kw)
+    if step == 3:
+        mgr.wait_until_finished()
+        print("checkpoint 3 committed", flush=True)
+        while True:
+            time.sleep(60)
+    return out
+ckpt.save = save_then_hang
+sys.exit(main.main(sys.argv[1:]))
+"""
+
+
 def _killed_run(config, ck_dir, timeout=180):
     """wedlm-train in a subprocess that blocks once checkpoint 3 is committed; SIGKILL it then."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=CACHE,
-               **{main_lib.HANG_ENV: "3"})
-    proc = subprocess.Popen([sys.executable, "-m", "train.main", "--config", config,
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=CACHE)
+    proc = subprocess.Popen([sys.executable, "-c", HANG_AT_3, "--config", config,
                              f"checkpoint.dir={ck_dir}"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + timeout
@@ -103,8 +122,9 @@ def test_sigkill_resume_and_half_written(setup, tmp_path):
     for a, b in zip(jax.tree.leaves(async3), jax.tree.leaves(waited3)):
         np.testing.assert_array_equal(a, b)
 
-    # A half-written step 9 (no commit markers, part of the state missing) and an unreadable
-    # step 12 (markers present, array data gone) are skipped: resume picks step 6.
+    # An unreadable step 12 (commit markers present, array data gone) is an error that names it
+    # and renames nothing; a half-written step 9 (no commit markers, part of the state missing)
+    # is set aside: with 12 moved away by the user, resume picks step 6.
     shutil.copytree(os.path.join(ck, "6"), os.path.join(ck, "9"))
     os.remove(os.path.join(ck, "9", "commit_success.txt"))
     shutil.rmtree(os.path.join(ck, "9", "state", "d"), ignore_errors=True)
@@ -114,12 +134,22 @@ def test_sigkill_resume_and_half_written(setup, tmp_path):
             shutil.rmtree(os.path.join(ck, "12", "state", sub))
     assert ckpt.complete_steps(ck) == [12, 6, 3]
     mgr = ckpt.make_manager(ck, every=3, keep=3)
+    before = sorted(os.listdir(ck))
+    with pytest.raises(ckpt.ResumeError, match=r"12 is complete but cannot be restored"):
+        ckpt.restore_latest(mgr, abstract)
+    assert sorted(os.listdir(ck)) == before
+    shutil.move(os.path.join(ck, "12"), str(tmp_path / "12-moved-away"))
+    mgr.reload()
     step, state, data_state = ckpt.restore_latest(mgr, abstract)
     assert step == 6 and int(state["step"]) == 6
     assert data_state["grain"] == {"next_index": 6}
     for a, b in zip(jax.tree.leaves(jax.device_get(state["params"])), jax.tree.leaves(final)):
         np.testing.assert_array_equal(a, b)
-    assert sorted(os.listdir(ck)) == ["12.incomplete", "3", "6", "9.incomplete", "metrics.jsonl"]
+    assert sorted(os.listdir(ck)) == [".wedlm-train.lock", "3", "6", "9.incomplete",
+                                      "metrics.jsonl"]
+    # metrics.jsonl: the killed run logged 1-3 (maybe more), the resumed one 4-6, once each
+    rows = [json.loads(l)["step"] for l in open(os.path.join(ck, "metrics.jsonl"))]
+    assert rows == [1, 2, 3, 4, 5, 6]
     assert ckpt.read_config(ck, 6)["steps"] == 6 and ckpt.read_config(ck, 6)["checkpoint"]["every"] == 3
 
 

@@ -89,6 +89,7 @@ class CheckpointSection:
     async_save: bool = True
     resume: bool = True
     export_hf: str | None = None  # write the final params here in Hugging Face format
+    export_force: bool = False  # replace an existing checkpoint at export_hf (wedlm-train --force)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,6 +264,7 @@ def load_config(path: str | None, overrides: Sequence[str] = ()) -> TrainConfig:
     for item in overrides:
         key = item.split("=", 1)[0].strip()
         _check_key(key, f"override {item!r}")
+        _check_override_value(item)
     raw = parse_overrides(raw, overrides)
     cfg = _build(TrainConfig, raw, "", where)
     validate(cfg, where)
@@ -280,6 +282,25 @@ def _check_key(key: str, where: str):
             raise _unknown(key, where)
     elif len(parts) != 1 or parts[0] not in {f.name for f in dataclasses.fields(TrainConfig)}:
         raise _unknown(key, where)
+
+
+def _check_override_value(item: str) -> None:
+    """An override's value against its field's type, so a bad value is blamed on the override."""
+    if "=" not in item:
+        return
+    key, text = item.split("=", 1)
+    parts = key.strip().split(".")
+    if parts[0] in SECTIONS and len(parts) == 2:
+        hints = typing.get_type_hints(SECTIONS[parts[0]])
+    elif len(parts) == 1 and parts[0] not in SECTIONS:
+        hints = typing.get_type_hints(TrainConfig)
+    else:
+        return
+    try:
+        value = yaml.safe_load(text) if text else None
+    except yaml.YAMLError:
+        raise TrainConfigError(f"override {item!r}: the value is not valid YAML") from None
+    _coerce(value, hints[parts[-1]], key.strip(), f"override {item!r}")
 
 
 def validate(cfg: TrainConfig, where: str = "config") -> None:
@@ -327,6 +348,9 @@ def validate(cfg: TrainConfig, where: str = "config") -> None:
             bad(f"optimizer.{name}", f"must be in [0, 1), got {getattr(o, name)}")
     if d.seq_len < 2:
         bad("data.seq_len", f"must be >= 2, got {d.seq_len}")
+    if ob.kind != "ar_only" and ob.block_size > d.seq_len:
+        bad("objective.block_size", f"({ob.block_size}) exceeds data.seq_len ({d.seq_len}): a "
+                                    f"block must fit in a packed row")
     if d.global_batch_size < 1:
         bad("data.global_batch_size", f"must be >= 1, got {d.global_batch_size}")
     if d.global_batch_size % o.grad_accum:

@@ -26,8 +26,6 @@ import time
 
 log = logging.getLogger("wedlm-train")
 
-HANG_ENV = "WEDLM_TRAIN_HANG_AFTER_CHECKPOINT"  # tests: block forever once step N is committed
-
 
 # ---------------------------------------------------------------------------- setup (no JAX)
 
@@ -41,6 +39,8 @@ def parse_args(argv=None):
     p.add_argument("--num-processes", type=int)
     p.add_argument("--process-id", type=int)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing checkpoint at checkpoint.export_hf")
     return p.parse_args(argv)
 
 
@@ -52,6 +52,8 @@ def config_from_args(args):
         overrides.append("data.skip_bad_lines=true")
     if args.no_progress:
         overrides.append("progress=false")
+    if getattr(args, "force", False):
+        overrides.append("checkpoint.export_force=true")
     return load_config(args.config, overrides)
 
 
@@ -157,10 +159,53 @@ class MetricsWriter:
             self.tb.close()
 
 
+def check_outputs(cfg) -> None:
+    """Every output folder, before any work: `checkpoint.dir` is a folder (or absent);
+    `checkpoint.export_hf` is local, does not hold (or is not) one of the run's inputs or its
+    checkpoint.dir, and passes wedlm-convert's --out guard: not a non-empty folder without a
+    checkpoint, an existing checkpoint only with --force (checkpoint.export_force=true)."""
+    from train.config import TrainConfigError
+    c = cfg.checkpoint
+    if c.dir and "://" not in c.dir and os.path.lexists(c.dir) and not os.path.isdir(c.dir):
+        raise TrainConfigError(f"checkpoint.dir {c.dir}: exists and is not a folder")
+    if not c.export_hf:
+        return
+    if "://" in c.export_hf:
+        raise TrainConfigError(f"checkpoint.export_hf {c.export_hf}: must be a local folder")
+    out = os.path.realpath(c.export_hf)
+    inputs = {"model.from_hf": cfg.model.from_hf, "data.tokenizer": cfg.data.tokenizer,
+              "data.packed_dir": cfg.data.packed_dir, "checkpoint.dir": c.dir,
+              **{f"data.train_files[{i}]": f for i, f in enumerate(cfg.data.train_files)}}
+    for key, path in inputs.items():
+        if path and "://" not in path and os.path.commonpath([out, os.path.realpath(path)]) == out:
+            what = "is" if os.path.realpath(path) == out else "contains"
+            raise TrainConfigError(f"checkpoint.export_hf {c.export_hf} {what} {key} ({path}); "
+                                   f"exporting there would replace it. Choose another folder")
+    from wedlm_jax.convert import check_out_dir
+    check_out_dir(out, c.export_force, force_hint="--force (checkpoint.export_force=true)")
+
+
 def run(cfg, progress: bool = True) -> dict:
+    """Train according to `cfg` (see `_run`), holding the lock of `checkpoint.dir` throughout:
+    outputs are checked and the folder locked before anything else."""
+    import jax
+    from train import checkpoint as ckpt
+    check_outputs(cfg)
+    lock = None
+    if cfg.checkpoint.dir and "://" not in cfg.checkpoint.dir and jax.process_index() == 0:
+        lock = ckpt.lock_run_dir(cfg.checkpoint.dir)
+    try:
+        return _run(cfg, progress)
+    finally:
+        if lock is not None:
+            lock.close()
+
+
+def _run(cfg, progress: bool = True) -> dict:
     """Train according to `cfg`. Returns {'records': per-step metric dicts of this invocation,
     'state': the final train state, 'model_config': the ModelConfig, 'start_step': the step it
-    resumed from (0 when fresh), 'skipped_lines': malformed lines skipped}."""
+    resumed from (0 when fresh), 'skipped_lines': malformed lines skipped, 'already_done': the
+    final checkpoint was there already (nothing trained)}."""
     import jax
     from jax.experimental import multihost_utils
 
@@ -169,6 +214,12 @@ def run(cfg, progress: bool = True) -> dict:
     from train import step as step_lib
     from wedlm_jax.sharding import make_mesh
 
+    if cfg.checkpoint.dir and cfg.checkpoint.resume:
+        # the saved config against this one, before any data is read or any folder touched
+        latest = ckpt.check_resume(cfg.checkpoint.dir, cfg.to_dict())
+        if latest == cfg.steps and not cfg.checkpoint.export_hf:
+            return {"records": [], "state": None, "model_config": None, "start_step": latest,
+                    "skipped_lines": [], "already_done": True}
     prep = prepare(cfg)
     mc = prep["model_config"]
     primary = jax.process_index() == 0
@@ -181,6 +232,9 @@ def run(cfg, progress: bool = True) -> dict:
     shardings = step_lib.state_shardings(mc, opt, mesh)
     state, data_state, start = None, None, 0
     mgr = None
+    if cfg.checkpoint.dir and not cfg.checkpoint.resume and primary \
+            and "://" not in cfg.checkpoint.dir:
+        ckpt.move_previous(cfg.checkpoint.dir)  # start fresh: nothing deleted
     if cfg.checkpoint.dir:
         mgr = ckpt.make_manager(cfg.checkpoint.dir, every=cfg.checkpoint.every,
                                 keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
@@ -224,12 +278,13 @@ def run(cfg, progress: bool = True) -> dict:
     metrics_path = cfg.metrics_file
     if metrics_path is None and cfg.checkpoint.dir and "://" not in cfg.checkpoint.dir:
         metrics_path = os.path.join(cfg.checkpoint.dir, "metrics.jsonl")
+    if primary and metrics_path:
+        ckpt.truncate_metrics(metrics_path, start)  # rows past the restored step are redone
     writer = MetricsWriter(metrics_path, primary)
     bar = None
     if progress and cfg.progress and primary:
         from tqdm import tqdm
         bar = tqdm(total=cfg.steps, initial=start, desc="train", dynamic_ncols=True)
-    hang_after = int(os.environ.get(HANG_ENV, "0") or 0)
     records = []
     config_dict = cfg.to_dict()
     t_prev = time.perf_counter()
@@ -255,11 +310,6 @@ def run(cfg, progress: bool = True) -> dict:
                 ckpt.save(mgr, step + 1, state, {"grain": it.get_state(),
                                                  "rows": len(prep["rows"]["tokens"])},
                           config_dict, force=True)
-                if hang_after and step + 1 == hang_after:
-                    mgr.wait_until_finished()
-                    print(f"checkpoint {step + 1} committed", flush=True)
-                    while True:
-                        time.sleep(60)
     finally:
         if bar is not None:
             bar.close()
@@ -267,12 +317,13 @@ def run(cfg, progress: bool = True) -> dict:
         if mgr is not None:
             mgr.wait_until_finished()
     if cfg.checkpoint.export_hf:
-        export_hf(mc, state["params"], cfg.checkpoint.export_hf, prep["tokenizer_dir"], primary)
+        export_hf(mc, state["params"], cfg.checkpoint.export_hf, prep["tokenizer_dir"], primary,
+                  force=cfg.checkpoint.export_force)
     return {"records": records, "state": state, "model_config": mc, "start_step": start,
-            "skipped_lines": prep["docs"].skipped}
+            "skipped_lines": prep["docs"].skipped, "already_done": False}
 
 
-def export_hf(mc, params, out_dir, tokenizer_dir, primary: bool) -> None:
+def export_hf(mc, params, out_dir, tokenizer_dir, primary: bool, force: bool = False) -> None:
     """The final params as a Hugging Face folder (gathered to process 0 when multi-host)."""
     import jax
     from jax.experimental import multihost_utils
@@ -280,12 +331,13 @@ def export_hf(mc, params, out_dir, tokenizer_dir, primary: bool) -> None:
     if jax.process_count() > 1:
         params = multihost_utils.process_allgather(params, tiled=True)
     if primary:
-        save_hf_checkpoint(mc, params, out_dir, tokenizer_from=tokenizer_dir, force=True,
+        save_hf_checkpoint(mc, params, out_dir, tokenizer_from=tokenizer_dir, force=force,
                            progress=False)
         log.info("exported Hugging Face checkpoint to %s", out_dir)
 
 
 def main(argv=None) -> int:
+    from train.checkpoint import ResumeError
     from train.config import TrainConfigError
     from train.data import DataError
     from wedlm_jax.config import ConfigError
@@ -297,9 +349,14 @@ def main(argv=None) -> int:
         init_distributed(args, cfg)
         result = run(cfg, progress=cfg.progress)
         records = result["records"]
-    except (TrainConfigError, DataError, ConfigError, CheckpointError) as e:
+    except (TrainConfigError, DataError, ConfigError, CheckpointError, ResumeError) as e:
         print(f"wedlm-train: error: {e}", file=sys.stderr)
         return 2
+    if result.get("already_done"):
+        print(f"wedlm-train: {cfg.checkpoint.dir} already holds the final checkpoint (step "
+              f"{cfg.steps}) of this run; nothing to train (raise steps to train further)",
+              flush=True)
+        return 0
     if result["skipped_lines"]:
         print(f"wedlm-train: skipped {len(result['skipped_lines'])} malformed line(s)", flush=True)
     if records:

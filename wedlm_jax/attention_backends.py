@@ -9,19 +9,29 @@
             structure, under `jax.shard_map` on the mesh (`splash_attention`)
     cudnn   GPU only: cuDNN flash attention via `jax.nn.dot_product_attention(
             implementation='cudnn')`, for plain causal / segment-causal layouts (`cudnn_attention`)
+    pallas  GPU only (Triton): cache-mode decoding, a ragged per-row kernel
+            (`cache_attention.attend_cache_pallas`)
     auto    per backend and layout (`resolve`): TPU -> splash for causal and structured
             training layouts, tiled for cache mode; GPU -> cudnn for causal / segment-causal in
-            bf16/fp16, tiled otherwise; CPU -> tiled. An explicit dense mask always means dense.
+            bf16/fp16, tiled otherwise (cache mode included, until a kernel is measured faster);
+            CPU -> tiled. An explicit dense mask always means dense.
+
+Cache mode (layout "cache") has one path whatever the implementation:
+`cache_attention.attend_cache(impl, ...)` with impl dense | tiled | pallas | cudnn, reached through
+an `AttentionContext` carrying cache_len and the KV tile (`Transformer.kv_tile`). Splash does not
+express it (its block mask is static; the cache rule's offset cache_len[b] is per row at runtime).
 
 Layouts (what the caller has): "causal" (causal over physical order, optionally packed by segment
 ids), "structure" (a training arrangement: dual-stream, section-4.1 reorder, AR), "cache"
 (cache-mode decoding), "mask" (an arbitrary explicit boolean mask).
 
-An implementation that cannot run here (splash off TPU, cudnn off GPU, a layout a kernel does not
-express) raises `AttentionUnavailable` naming the backend, before anything is compiled.
-
-The splash and cudnn paths are written against the documented JAX APIs; this repository's CI runs
-on CPU, where they can only be selected to check the error.
+An implementation that cannot run here (splash off TPU, cudnn / pallas off GPU, a layout a
+kernel does not express) raises `AttentionUnavailable` naming the backend and the implementations
+that do run here (`available`), before anything is compiled. With `interpret=True` (the model's
+`attention_interpret`) the accelerator kernels run anywhere in a CPU-checkable form: Pallas in
+interpret mode, the cuDNN call through `implementation='xla'` with the same arguments. This is how
+the CI (CPU only) checks them against the dense reference; the compiled GPU/TPU paths are not run
+in CI.
 """
 
 from __future__ import annotations
@@ -32,12 +42,28 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from wedlm_jax import cache_attention as ca
 from wedlm_jax import tiled_attention as ta
 from wedlm_jax.config import ConfigError
 
-IMPLEMENTATIONS = ("dense", "tiled", "splash", "cudnn", "auto")
+IMPLEMENTATIONS = ("dense", "tiled", "splash", "cudnn", "pallas", "auto")
 LAYOUTS = ("causal", "structure", "cache", "mask")
 SPLASH_BLOCK = 128
+
+# implementation -> (platforms it runs on, None = any; layouts it handles)
+SUPPORT = {
+    "dense": (None, LAYOUTS),
+    "tiled": (None, ("causal", "structure", "cache")),
+    "splash": (("tpu",), ("causal", "structure")),
+    "cudnn": (("gpu",), ("causal", "cache")),
+    "pallas": (("gpu",), ("cache",)),
+}
+_KERNEL_NAMES = {
+    "splash": "the Pallas TPU splash-attention kernel",
+    "cudnn": "cuDNN flash attention via jax.nn.dot_product_attention",
+    "pallas": "the Pallas (Triton) cache-decoding kernel",
+}
+_PLATFORM_NAMES = {"tpu": "TPU", "gpu": "GPU (CUDA)"}
 
 
 class AttentionUnavailable(ConfigError):
@@ -54,51 +80,71 @@ def _platform(backend: str | None) -> str:
     return "gpu" if b in ("gpu", "cuda", "rocm") else b
 
 
-def resolve(name: str, layout: str, *, backend: str | None = None, dtype=None) -> str:
-    """The concrete implementation ("dense" | "tiled" | "splash" | "cudnn") for `name` on
-    `backend` (default: jax's default backend) and `layout`. Raises `AttentionUnavailable`."""
+def _half(dtype) -> bool:
+    return dtype is not None and jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16),
+                                                      jnp.dtype(jnp.float16))
+
+
+def _runs(name: str, layout: str, platform: str, dtype, interpret: bool) -> bool:
+    platforms, layouts = SUPPORT[name]
+    if layout not in layouts:
+        return False
+    if platforms is not None and platform not in platforms and not interpret:
+        return False
+    return not (name == "cudnn" and dtype is not None and not _half(dtype) and not interpret)
+
+
+def available(layout: str, *, backend: str | None = None, dtype=None,
+              interpret: bool = False) -> list[str]:
+    """The concrete implementations that run for `layout` on `backend` (default: jax's default
+    backend) in `dtype`. `interpret=True` counts the accelerator kernels as runnable anywhere
+    (Pallas interpret mode, cuDNN's argument set through XLA): for checking them on CPU."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}; got {layout!r}")
+    platform = _platform(backend)
+    return [n for n in SUPPORT if _runs(n, layout, platform, dtype, interpret)]
+
+
+def resolve(name: str, layout: str, *, backend: str | None = None, dtype=None,
+            interpret: bool = False) -> str:
+    """The concrete implementation ("dense" | "tiled" | "splash" | "cudnn" | "pallas") for
+    `name` on `backend` (default: jax's default backend) and `layout`. Raises
+    `AttentionUnavailable` naming the implementations that do run here."""
     validate(name)
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}; got {layout!r}")
     platform = _platform(backend)
-    half = dtype is not None and jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16),
-                                                       jnp.dtype(jnp.float16))
     if name == "auto":
         if layout == "mask":
             return "dense"
         if platform == "tpu" and layout in ("causal", "structure"):
             return "splash"
-        if platform == "gpu" and layout == "causal" and half:
+        if platform == "gpu" and layout == "causal" and _half(dtype):
             return "cudnn"
-        return "tiled"
-    if name == "dense":
-        return "dense"
+        return "tiled"   # cache mode too, until a kernel is measured faster on the hardware
+    if _runs(name, layout, platform, dtype, interpret):
+        return name
+    here = ", ".join(available(layout, backend=platform, dtype=dtype, interpret=interpret))
+    platforms, layouts = SUPPORT[name]
     if layout == "mask":
         raise AttentionUnavailable(
             f"attention={name!r} needs a structure (segment ids, a training arrangement or cache "
             f"lengths), not an explicit dense mask; use attention='dense' for explicit masks")
-    if name == "splash":
-        if platform != "tpu":
-            raise AttentionUnavailable(
-                f"attention='splash' (the Pallas TPU splash-attention kernel) needs the TPU "
-                f"backend; this process runs on the {platform!r} backend")
-        if layout == "cache":
-            raise AttentionUnavailable("attention='splash' (TPU) does not handle cache-mode "
-                                       "decoding; use 'tiled' or 'auto'")
-    if name == "cudnn":
-        if platform != "gpu":
-            raise AttentionUnavailable(
-                f"attention='cudnn' (cuDNN flash attention via jax.nn.dot_product_attention) "
-                f"needs the GPU (CUDA) backend; this process runs on the {platform!r} backend")
-        if layout != "causal":
-            raise AttentionUnavailable(
-                f"attention='cudnn' (GPU) handles plain causal / segment-causal layouts only, "
-                f"not {layout!r}; use 'tiled' or 'auto'")
-        if dtype is not None and not half:
-            raise AttentionUnavailable(
-                f"attention='cudnn' (GPU cuDNN flash attention) takes bf16/fp16 inputs; got "
-                f"{jnp.dtype(dtype).name} (use compute dtype bf16, or 'tiled')")
-    return name
+    if platforms is not None and platform not in platforms:
+        raise AttentionUnavailable(
+            f"attention={name!r} ({_KERNEL_NAMES[name]}) needs the "
+            f"{' or '.join(_PLATFORM_NAMES[p] for p in platforms)} backend; this process runs on "
+            f"the {platform!r} backend, where {layout!r} attention can use: {here}")
+    if layout not in layouts:
+        what = {"splash": "training layouts (causal, structure)",
+                "cudnn": "plain causal / segment-causal and cache layouts",
+                "pallas": "cache-mode decoding"}.get(name, ", ".join(layouts))
+        raise AttentionUnavailable(
+            f"attention={name!r} handles {what} only, not {layout!r}; {layout!r} attention on "
+            f"{platform!r} can use: {here} (or 'auto')")
+    raise AttentionUnavailable(
+        f"attention={name!r} (GPU cuDNN flash attention) takes bf16/fp16 inputs; got "
+        f"{jnp.dtype(dtype).name} (use compute dtype bf16, or one of: {here})")
 
 
 # ----------------------------------------------------------------------------------- cuDNN
@@ -260,15 +306,19 @@ def splash_attention(q, k, v, structure, scale: float, *, layout: str, block_siz
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class AttentionContext:
-    """What every layer needs to run a non-dense implementation (built once per forward by
-    `make_context` and passed to the layers in place of the dense mask).
+    """What every layer needs to run a non-dense implementation, or any cache-mode one (built
+    once per forward by `make_context` and passed to the layers in place of the dense mask).
 
-    impl        "tiled" | "splash" | "cudnn" (static)
+    impl        "dense" (cache mode only) | "tiled" | "splash" | "cudnn" | "pallas" (static)
     q_struct    structure of the queries [B, S] (tiled, splash)
     k_struct    structure of the keys [B, T] (tiled)
     plan        `tiled_attention.TilePlan` (tiled), shared by all layers
     segment_ids [B, S] or None (cudnn)
     template    splash template "dual" | "causal" (static); block_size its block (static)
+    tile        the tile (static): tiled's tile plan, or the KV tile of cache mode
+    cache_len   [B] in cache mode (then `cache_attention.attend_cache(impl, ...)` runs), else None
+    interpret   (static) run the accelerator kernels in their CPU-checkable form: Pallas
+                interpret mode, cuDNN's argument set through XLA
     """
     q_struct: dict | None
     k_struct: dict | None
@@ -278,11 +328,21 @@ class AttentionContext:
     template: str = dataclasses.field(default="causal", metadata=dict(static=True))
     block_size: int = dataclasses.field(default=32, metadata=dict(static=True))
     tile: int = dataclasses.field(default=128, metadata=dict(static=True))
+    cache_len: jnp.ndarray | None = None
+    interpret: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
 
 def make_context(impl: str, *, q_struct=None, k_struct=None, segment_ids=None, batch: int,
-                 tile: int = 128, template: str = "causal", block_size: int = 32):
-    """The `AttentionContext` of a resolved non-dense implementation."""
+                 tile: int = 128, template: str = "causal", block_size: int = 32,
+                 cache_len=None, interpret: bool = False):
+    """The `AttentionContext` of a resolved implementation: cache mode when `cache_len` [B] is
+    given (any of `cache_attention.IMPLEMENTATIONS`, `tile` its KV tile), else a non-dense one."""
+    if cache_len is not None:
+        if impl not in ca.IMPLEMENTATIONS:
+            raise ValueError(f"cache-mode attention must be one of "
+                             f"{', '.join(ca.IMPLEMENTATIONS)}; got {impl!r}")
+        return AttentionContext(None, None, None, None, impl, tile=ca.check_tile(tile),
+                                cache_len=jnp.asarray(cache_len, jnp.int32), interpret=interpret)
     plan = None
     if impl == "tiled":
         q_struct, k_struct = ta.as_structure(q_struct, batch), ta.as_structure(k_struct, batch)
@@ -295,16 +355,21 @@ def make_context(impl: str, *, q_struct=None, k_struct=None, segment_ids=None, b
     else:
         raise ValueError(f"no attention context for implementation {impl!r}")
     return AttentionContext(q_struct, k_struct, plan, segment_ids, impl, template, block_size,
-                            tile)
+                            tile, interpret=interpret)
 
 
 def apply(ctx: AttentionContext, q, k, v, scale: float):
     """Run the context's implementation: q [B, S, H, D], k/v [B, T, KVH, D] -> [B, S, H, D]."""
+    if ctx.cache_len is not None:
+        return ca.attend_cache(ctx.impl, q, k, v, ctx.cache_len, scale, tile=ctx.tile,
+                               interpret=ctx.interpret)
     if ctx.impl == "tiled":
         return ta.tiled_attention(q, k, v, ctx.q_struct, ctx.k_struct, scale, plan=ctx.plan)
     if ctx.impl == "splash":
         return splash_attention(q, k, v, ctx.q_struct, scale, layout=ctx.template,
-                                block_size=ctx.block_size, tile=ctx.tile)
+                                block_size=ctx.block_size, tile=ctx.tile,
+                                interpret=ctx.interpret)
     if ctx.impl == "cudnn":
-        return cudnn_attention(q, k, v, ctx.segment_ids, scale)
+        return cudnn_attention(q, k, v, ctx.segment_ids, scale,
+                               implementation="xla" if ctx.interpret else "cudnn")
     raise ValueError(f"unknown attention implementation {ctx.impl!r}")

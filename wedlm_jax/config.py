@@ -212,10 +212,8 @@ _ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
 def _read_rope(d: Mapping[str, Any], source: str) -> tuple[float, tuple]:
     """RoPE theta and scaling from either the transformers-5 `rope_parameters` or the older
     top-level `rope_theta` + `rope_scaling`."""
-    params = dict(d.get("rope_parameters") or {})
-    legacy = dict(d.get("rope_scaling") or {})
-    merged = {**legacy, **params}
-    theta = merged.pop("rope_theta", d.get("rope_theta", 10000.0))
+    merged = resolve_rope_keys(d, source)
+    theta = merged.pop("rope_theta")
     rope_type = merged.pop("rope_type", None) or merged.pop("type", None) or "default"
     merged.pop("type", None)
     if rope_type not in SUPPORTED_ROPE_TYPES:
@@ -229,6 +227,39 @@ def _read_rope(d: Mapping[str, Any], source: str) -> tuple[float, tuple]:
         if omax is not None:
             merged["original_max_position_embeddings"] = omax
     return float(theta), tuple(sorted((k, _freeze(v)) for k, v in merged.items()))
+
+
+def resolve_rope_keys(d: Mapping[str, Any], source: str = "config.json") -> dict:
+    """The one RoPE dict (with `rope_theta`) that transformers (>= 5) builds from a config.json:
+    a non-empty `rope_scaling` replaces `rope_parameters` whole (not key by key), and `rope_theta`
+    comes from that dict, else the top-level `rope_theta`, else 10000 (`convert_rope_params_to_dict`
+    in transformers' modeling_rope_utils). When both keys are set, a `rope_theta` in
+    `rope_parameters` that transformers would silently drop for another value is refused; other
+    keys of `rope_parameters` that rope_scaling overrides are reported with a warning."""
+    params, legacy = d.get("rope_parameters") or {}, d.get("rope_scaling") or {}
+    for key, value in (("rope_parameters", params), ("rope_scaling", legacy)):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{source}: {key} must be a JSON object, got {value!r}")
+    chosen = dict(legacy) if legacy else dict(params)
+    theta = chosen.get("rope_theta", d.get("rope_theta", 10000.0))
+    if legacy and params:
+        if "rope_theta" in params and float(params["rope_theta"]) != float(theta):
+            origin = ("rope_scaling" if "rope_theta" in legacy else
+                      "the top-level rope_theta" if "rope_theta" in d else "the default")
+            raise ConfigError(
+                f"{source}: rope_parameters and rope_scaling are both set and contradict: "
+                f"transformers uses rope_scaling alone, which gives rope_theta {theta} (from "
+                f"{origin}), while rope_parameters says rope_theta {params['rope_theta']}. Keep "
+                f"one of them: move every RoPE setting (rope_type, factor, rope_theta, ...) into "
+                f"rope_parameters and delete rope_scaling")
+        ignored = sorted(k for k, v in params.items() if k != "rope_theta" and chosen.get(k) != v)
+        if ignored:
+            import warnings
+            warnings.warn(f"{source}: both rope_parameters and rope_scaling are set; as in "
+                          f"transformers, rope_scaling is used whole and rope_parameters' "
+                          f"{', '.join(ignored)} ignored", stacklevel=3)
+    chosen["rope_theta"] = theta
+    return chosen
 
 
 def _freeze(v):

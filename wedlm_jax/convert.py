@@ -7,14 +7,18 @@
 
     wedlm-convert hf-to-orbax --hf DIR --out DIR [--dtype bf16|f32] [--allow-extra] [--force]
     wedlm-convert orbax-to-hf --orbax DIR --out DIR [--dtype bf16|f32] [--max-shard-size 5GB] [--force]
+    (both: [--allow-nonfinite] to convert weights holding NaN/Inf)
 
 Loading checks every tensor name and shape against the config before reading any data, then
 reads one tensor at a time (largest first, so the transient copies never sit on top of a nearly
 full tree) and places it straight into its target sharding: on a mesh each device receives only
 its slice. Every writer builds the output in a hidden sibling folder
-(`.NAME.partial-*`), writes `config.json` last, and renames the folder into place only when it is
-complete; an existing checkpoint at the destination is replaced only with `force=True`, and only
-after the new one is complete.
+(`.NAME.partial-HOST-PID-*`), writes `config.json` last, and renames the folder into place only
+when it is complete; an existing checkpoint at the destination is replaced only with `force=True`,
+and only after the new one is complete. A writer killed outright leaves its partial folder behind;
+the next writer into the same parent folder removes the partial folders of processes of this host
+that are no longer alive (never a live one's). The command cleans up and exits with one line on
+SIGINT / SIGTERM and on a full disk; loaded weights must be finite unless `--allow-nonfinite`.
 
 An Orbax folder is `DIR/config.json` + `DIR/params/` (an Orbax PyTree checkpoint, uncompressed) +
 the tokenizer files.
@@ -24,10 +28,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import re
 import shutil
+import signal
+import socket
 import sys
 import tempfile
 from typing import Iterator
@@ -146,7 +153,7 @@ def _looks_like_checkpoint(folder: str) -> bool:
 
 
 def check_out_dir(out_dir: str, force: bool, is_complete=_looks_like_checkpoint,
-                  what: str = "a checkpoint") -> None:
+                  what: str = "a checkpoint", force_hint: str = "--force (force=True)") -> None:
     """Refuse, before any work, an output folder we must not replace: a file or symlink, a
     non-empty folder that `is_complete` does not recognise (even with force), or one holding
     `what` without force."""
@@ -161,8 +168,7 @@ def check_out_dir(out_dir: str, force: bool, is_complete=_looks_like_checkpoint,
         raise CheckpointError(f"{out_dir}: exists, is not empty and holds no {what.split(' ', 1)[-1]}; "
                               f"refusing to replace it (even with --force); choose another output folder")
     if not force:
-        raise CheckpointError(f"{out_dir}: already holds {what}; pass --force (force=True) to "
-                              f"replace it")
+        raise CheckpointError(f"{out_dir}: already holds {what}; pass {force_hint} to replace it")
 
 
 @contextlib.contextmanager
@@ -175,12 +181,13 @@ def atomic_output_dir(out_dir, force: bool = False, is_complete=_looks_like_chec
     check_out_dir(out_dir, force, is_complete, what)
     parent, name = os.path.split(out_dir)
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{name}.partial-", dir=parent)
+    remove_dead_partials(parent)
+    tmp = tempfile.mkdtemp(prefix=f".{name}.partial-{_owner_tag()}-", dir=parent)
     try:
         yield tmp
         check_out_dir(out_dir, force, is_complete, what)
         if os.path.lexists(out_dir):
-            old = tempfile.mkdtemp(prefix=f".{name}.old-", dir=parent)
+            old = tempfile.mkdtemp(prefix=f".{name}.old-{_owner_tag()}-", dir=parent)
             os.rename(out_dir, os.path.join(old, name))
             os.rename(tmp, out_dir)
             shutil.rmtree(old, ignore_errors=True)
@@ -189,6 +196,135 @@ def atomic_output_dir(out_dir, force: bool = False, is_complete=_looks_like_chec
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+# --------------------------------------------------------------------------- leftovers, signals
+
+# `.NAME.partial-HOST-PID-xxxx` (being written) and `.NAME.old-HOST-PID-xxxx` (a replaced output,
+# deleted once the new one is in place); HOST is sanitised to [A-Za-z0-9_] so the name parses.
+_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>partial|old)-(?P<host>\w+)-(?P<pid>\d+)-[^/]+$")
+
+
+def _host() -> str:
+    return re.sub(r"\W", "_", socket.gethostname()) or "host"
+
+
+def _owner_tag(pid: int | None = None) -> str:
+    return f"{_host()}-{os.getpid() if pid is None else pid}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_dead_partials(parent: str, pid: int | None = None) -> list[str]:
+    """Remove what killed writers left in `parent`: partial folders of processes of this host
+    that are gone (or, with `pid`, that process's own), and `.old-` folders of replaced outputs,
+    which go back into place when the new output never arrived. Returns the names handled."""
+    done = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return done
+    for n in sorted(names):
+        m = _LEFTOVER.match(n)
+        if not m or m["host"] != _host():
+            continue
+        owner = int(m["pid"])
+        if pid is not None and owner != pid:
+            continue
+        if pid is None and (owner == os.getpid() or _pid_alive(owner)):
+            continue
+        path = os.path.join(parent, n)
+        target = os.path.join(parent, m["name"])
+        inner = os.path.join(path, m["name"])
+        if m["kind"] == "old" and os.path.isdir(inner) and not os.path.lexists(target):
+            os.rename(inner, target)  # killed between the two renames: put the old one back
+        shutil.rmtree(path, ignore_errors=True)
+        done.append(n)
+    return done
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived during a conversion (raised from the signal handler)."""
+
+
+def _raise_interrupted(signum, frame):
+    for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal must not cut the cleanup short
+        signal.signal(sig, signal.SIG_IGN)
+    raise Interrupted(signal.Signals(signum).name)
+
+
+def _mount_point(path: str) -> str:
+    path = os.path.realpath(path)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    dev = os.stat(path).st_dev
+    while path != os.path.dirname(path) and os.stat(os.path.dirname(path)).st_dev == dev:
+        path = os.path.dirname(path)
+    return path
+
+
+def _is_disk_full(e: BaseException) -> bool:
+    return (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) or \
+        "No space left on device" in str(e)
+
+
+def _human(n: int) -> str:
+    for unit, k in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= k:
+            return f"{n / k:.1f} {unit}"
+    return f"{n} B"
+
+
+def params_nbytes(params, dtype=None) -> int:
+    """Bytes the params take at `dtype` (None: as they are)."""
+    target = parse_dtype(dtype)
+    return sum(int(np.prod(x.shape)) * np.dtype(target or x.dtype).itemsize
+               for x in jax.tree.leaves(params))
+
+
+def check_space(out_dir: str, needed: int) -> None:
+    """Refuse before writing when the output's file system has less than `needed` bytes free."""
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    while not os.path.isdir(parent):
+        parent = os.path.dirname(parent)
+    free = shutil.disk_usage(parent).free
+    if free < needed:
+        raise CheckpointError(f"no space left on {_mount_point(parent)}, needed ~{_human(needed)} "
+                              f"({_human(free)} free)")
+
+
+_EXPONENT = {2: (np.uint16, None), 4: (np.uint32, 0x7F800000), 8: (np.uint64, 0x7FF0000000000000)}
+
+
+def count_nonfinite(arr) -> int:
+    """NaN/Inf entries of a host float array: those whose exponent bits are all ones, counted on
+    the integer view 16M elements at a time (fast for bfloat16 too; no full-size temporary)."""
+    flat = np.asarray(arr).reshape(-1)
+    if flat.dtype == np.dtype(jnp.bfloat16):
+        utype, mask = np.uint16, 0x7F80
+    elif np.issubdtype(flat.dtype, np.floating) and flat.dtype.itemsize in (2, 4, 8):
+        utype, mask = _EXPONENT[flat.dtype.itemsize]
+        mask = 0x7C00 if mask is None else mask  # float16
+    else:
+        return 0
+    bits = flat.view(utype)
+    step = 1 << 24
+    return sum(int(np.count_nonzero((bits[i:i + step] & utype(mask)) == utype(mask)))
+               for i in range(0, bits.size, step))
+
+
+def _nonfinite_error(where: str, name: str, count: int) -> CheckpointError:
+    return CheckpointError(f"{where}: tensor {name!r} has {count} non-finite value(s) (NaN/Inf); "
+                           f"refusing to convert it (pass --allow-nonfinite / "
+                           f"allow_nonfinite=True to keep them)")
 
 
 # --------------------------------------------------------------------------- HF -> JAX
@@ -223,7 +359,8 @@ def plan_hf_load(config: ModelConfig, tensors: dict[str, st.TensorInfo], allow_e
 
 
 def load_hf_checkpoint(path, mesh=None, dtype=None, allow_extra: bool = False,
-                       progress: bool = True) -> tuple[ModelConfig, dict]:
+                       progress: bool = True, allow_nonfinite: bool = False
+                       ) -> tuple[ModelConfig, dict]:
     """Read a Hugging Face safetensors checkpoint folder into (config, params).
 
     `dtype`: None keeps each tensor's stored dtype, else 'bf16' / 'f32' (or a dtype). With a
@@ -244,6 +381,8 @@ def load_hf_checkpoint(path, mesh=None, dtype=None, allow_extra: bool = False,
                    progress) as bar:
         for info, ppath, kind, jshape in plan:
             raw = st.read_tensor(info)
+            if not allow_nonfinite and (bad := count_nonfinite(raw)):
+                raise _nonfinite_error(info.file, info.name, bad)
             arr = np.asarray(hf_mapping.to_jax(kind, raw, jshape), dtype=target or raw.dtype,
                              order="C")
             del raw
@@ -369,7 +508,8 @@ def _orbax_metadata(ckptr, params_dir: str):
     return getattr(meta, "tree", meta)
 
 
-def load_orbax(path, mesh=None, dtype=None) -> tuple[ModelConfig, dict]:
+def load_orbax(path, mesh=None, dtype=None, allow_nonfinite: bool = False
+               ) -> tuple[ModelConfig, dict]:
     """Restore an Orbax folder written by `save_orbax` onto `mesh` (or the default device).
 
     Restores one top-level entry (embedding, head, one layer, ...) at a time, largest first, so
@@ -383,7 +523,8 @@ def load_orbax(path, mesh=None, dtype=None) -> tuple[ModelConfig, dict]:
         raise CheckpointError(f"{path}: no {PARAMS_DIR}/ folder (not an Orbax checkpoint of this "
                               f"project)")
     ckptr = _orbax_checkpointer()
-    stored = _orbax_metadata(ckptr, params_dir)
+    with _orbax_read_errors(params_dir):
+        stored = _orbax_metadata(ckptr, params_dir)
     _check_params(config, stored, source=params_dir)
     shardings = _target_shardings(config, mesh, model.param_shapes(config))
     abstract = jax.tree.map(lambda m, s: jax.ShapeDtypeStruct(m.shape, target or m.dtype, sharding=s),
@@ -392,14 +533,43 @@ def load_orbax(path, mesh=None, dtype=None) -> tuple[ModelConfig, dict]:
     nbytes = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
     for key in sorted(abstract, key=lambda k: -nbytes(abstract[k])):  # largest first
         part = {key: abstract[key]}
-        restored = ckptr.restore(params_dir, args=ocp.args.PyTreeRestore(
-            part, restore_args=ocp.checkpoint_utils.construct_restore_args(part),
-            partial_restore=True))
+        with _orbax_read_errors(params_dir):
+            restored = ckptr.restore(params_dir, args=ocp.args.PyTreeRestore(
+                part, restore_args=ocp.checkpoint_utils.construct_restore_args(part),
+                partial_restore=True))
+        if not allow_nonfinite:
+            for kpath, leaf in jax.tree_util.tree_leaves_with_path(restored[key]):
+                if not bool(jnp.isfinite(leaf).all()):
+                    bad = int(jnp.size(leaf) - jnp.count_nonzero(jnp.isfinite(leaf)))
+                    raise _nonfinite_error(params_dir, f"{key}{jax.tree_util.keystr(kpath)}", bad)
         params[key] = restored[key]
         del restored
         _release_host_memory()
     ckptr.close()
     return config, {key: params[key] for key in abstract}
+
+
+@contextlib.contextmanager
+def _orbax_read_errors(params_dir: str):
+    """Any failure to read an Orbax checkpoint (truncated or missing data files, bad metadata) as
+    one CheckpointError naming the file when the error does, else the folder."""
+    try:
+        yield
+    except (CheckpointError, Interrupted, KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as e:
+        chain, x = [], e
+        while x is not None and len(chain) < 8:
+            chain.append(x)
+            x = x.__cause__ or x.__context__
+        texts = [str(c) for c in chain]
+        # tensorstore's own status line (OUT_OF_RANGE, DATA_LOSS, NOT_FOUND, ...) is the useful one
+        detail = next((t for t in reversed(texts) if re.search(r"^[A-Z_]{5,}: ", t)), texts[0])
+        first = next((l.strip() for l in detail.splitlines() if l.strip()), type(e).__name__)
+        array = re.search(r'Error reading "([^"/]+)', detail)
+        what = f"array {array.group(1)} of " if array else ""
+        raise CheckpointError(f"{params_dir}: cannot read {what}the Orbax checkpoint (truncated "
+                              f"or damaged): {first[:300]}") from None
 
 
 def checkpoint_kind(path) -> str:
@@ -415,7 +585,8 @@ def checkpoint_kind(path) -> str:
 def load_checkpoint(path, mesh=None, dtype=None, **kw) -> tuple[ModelConfig, dict]:
     """Load an Orbax folder (config.json + params/) or a Hugging Face safetensors folder."""
     if checkpoint_kind(path) == "orbax":
-        return load_orbax(path, mesh=mesh, dtype=dtype)
+        return load_orbax(path, mesh=mesh, dtype=dtype,
+                          allow_nonfinite=kw.get("allow_nonfinite", False))
     return load_hf_checkpoint(path, mesh=mesh, dtype=dtype, **kw)
 
 
@@ -438,12 +609,49 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--dtype", choices=("bf16", "f32"), default=None,
                        help="parameter dtype of the output (default: as stored)")
         s.add_argument("--force", action="store_true", help="replace an existing checkpoint at --out")
+        s.add_argument("--allow-nonfinite", action="store_true",
+                       help="convert weights that hold NaN/Inf instead of refusing")
         s.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
 
 def main(argv=None) -> int:
+    """The command: `_convert` with SIGINT/SIGTERM and a full disk turned into one line each, the
+    partial output removed first; exit 130 / 143 (signals) or 2 (errors)."""
+    import threading
     args = _parser().parse_args(argv)
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, _raise_interrupted)
+                    for sig in (signal.SIGINT, signal.SIGTERM)}
+    needed = [0]
+    try:
+        return _convert(args, needed)
+    except Interrupted as e:
+        # end the process at once after the cleanup: no Orbax / tensorstore writer thread may
+        # outlive it (atomic_output_dir removed the partial folder already; this is a second pass)
+        _cleanup_line(args.out, f"interrupted by {e}")
+        os._exit(130 if str(e) == "SIGINT" else 143)
+    except Exception as e:
+        if not _is_disk_full(e):
+            raise
+        need = f", needed ~{_human(needed[0])}" if needed[0] else ""
+        _cleanup_line(args.out, f"error: no space left on "
+                                f"{_mount_point(os.path.abspath(args.out))}{need}")
+        return 2
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _cleanup_line(out: str, message: str) -> None:
+    """Remove this process's partial output and print the one-line outcome."""
+    remove_dead_partials(os.path.dirname(os.path.abspath(out)), pid=os.getpid())
+    print(f"wedlm-convert: {message}; {out} was not changed (partial output removed)",
+          file=sys.stderr, flush=True)
+
+
+def _convert(args, needed: list) -> int:
     src = args.hf if args.command == "hf-to-orbax" else args.orbax
     try:
         if os.path.realpath(src) == os.path.realpath(args.out):
@@ -453,12 +661,18 @@ def main(argv=None) -> int:
             check_out_dir(os.path.abspath(args.out), args.force)
             config, params = load_hf_checkpoint(args.hf, dtype=args.dtype,
                                                 allow_extra=args.allow_extra,
-                                                progress=not args.no_progress)
+                                                progress=not args.no_progress,
+                                                allow_nonfinite=args.allow_nonfinite)
+            needed[0] = params_nbytes(params)
+            check_space(args.out, needed[0])
             out = save_orbax(config, params, args.out, tokenizer_from=args.hf, force=args.force)
         else:
             check_out_dir(os.path.abspath(args.out), args.force)
             parse_size(args.max_shard_size)
-            config, params = load_orbax(args.orbax, dtype=args.dtype)
+            config, params = load_orbax(args.orbax, dtype=args.dtype,
+                                        allow_nonfinite=args.allow_nonfinite)
+            needed[0] = params_nbytes(params)
+            check_space(args.out, needed[0])
             out = save_hf_checkpoint(config, params, args.out, max_shard_size=args.max_shard_size,
                                      tokenizer_from=args.orbax, force=args.force,
                                      progress=not args.no_progress)

@@ -126,23 +126,34 @@ def _memory_structure(segment_ids, block_size):
 
 # ------------------------------------------------------------------------------ attention mask
 
+def pair_mask(q_struct, k_struct):
+    """THE attention rule, bool [..., S, T]: may query s (structure `q_struct`, arrays [..., S])
+    see key t (`k_struct`, arrays [..., T])? Same document (query segment != 0) and one of
+        memory -> memory          key index <= query index
+        prediction -> memory      key block < query block
+        prediction -> prediction  same block and key index <= query index
+    (memory -> prediction never). The dense masks (`structure_mask`), the tile-skipping kernel
+    (`tiled_attention`) and the splash templates all evaluate this one function. JAX arrays
+    (traced or not) give a JAX array; NumPy arrays give a NumPy array (host side)."""
+    arr = lambda a: a if isinstance(a, jax.Array) else np.asarray(a)
+    q = lambda name: arr(q_struct[name])[..., :, None]
+    k = lambda name: arr(k_struct[name])[..., None, :]
+    same_doc = (q("segment") == k("segment")) & (q("segment") != 0)
+    causal = k("index") <= q("index")
+    q_mem, k_mem = q("stream") == MEMORY, k("stream") == MEMORY
+    mem_mem = q_mem & k_mem & causal
+    pred_mem = ~q_mem & k_mem & (k("block") < q("block"))
+    pred_pred = ~q_mem & ~k_mem & (k("block") == q("block")) & causal
+    return same_doc & (mem_mem | pred_mem | pred_pred)
+
+
 def structure_mask(structure) -> jnp.ndarray:
     """Dense boolean attention mask [..., T, T] (query, key) of a structure: any mapping with the
     int arrays `segment`, `stream`, `block`, `index` of shape [..., T] (an arrangement works
-    as is; leading batch dims broadcast). Rules: see the module docstring / SPEC.md 2.4.
-    JAX arrays give a JAX array (jittable); NumPy arrays give a NumPy array (host side)."""
-    seg, stream, block, index = (
-        a if isinstance(a, jax.Array) else np.asarray(a)
-        for a in (structure[k] for k in STRUCTURE_KEYS))
-    q = lambda a: a[..., :, None]
-    k = lambda a: a[..., None, :]
-    same_doc = (q(seg) == k(seg)) & (q(seg) != 0)
-    causal = k(index) <= q(index)
-    q_mem, k_mem = q(stream) == MEMORY, k(stream) == MEMORY
-    mem_mem = q_mem & k_mem & causal
-    pred_mem = ~q_mem & k_mem & (k(block) < q(block))
-    pred_pred = ~q_mem & ~k_mem & (k(block) == q(block)) & causal
-    return same_doc & (mem_mem | pred_mem | pred_pred)
+    as is; leading batch dims broadcast): `pair_mask(structure, structure)`. Rules: see the
+    module docstring / SPEC.md 2.4. JAX arrays give a JAX array (jittable); NumPy arrays give a
+    NumPy array (host side)."""
+    return pair_mask(structure, structure)
 
 
 def dual_stream_structure(segment_ids: jnp.ndarray, block_size: int) -> dict:

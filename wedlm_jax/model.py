@@ -6,15 +6,17 @@
     logits = model.apply({'params': params}, tokens, positions, mask=mask)           # (b) explicit
     logits, cache = model.apply({'params': params}, tokens, positions,
                                 kv_cache=cache, cache_len=cache_len)                 # (c) cache
-    logits, cache = model.apply(..., kv_cache=cache, cache_len=cache_len, kv_tile=256)  # (c) tiled
 
 Training arrangements pass their structure: `model.apply(..., structure=arrangement,
 objective="dual")` (dense: `masking.structure_mask`). `Transformer(attention=...)` picks the
 implementation (dense | tiled | splash | cudnn | auto, see `attention_backends`; dense is the
 default); non-dense paths get one shared `AttentionContext` (e.g. the tile plan) per forward.
 
-With `kv_tile`, cache-mode attention reads only the cache tiles up to the longest live length in
-the batch (`attention.attend_cache_tiles`, dynamic trip count) instead of the whole capacity.
+Cache mode (c): the query at physical index j of the forward attends cache rows 0..n-1 and the
+forward's own rows n..n+j (its K/V are written at rows n + physical index first; n = cache_len[b]).
+Whatever `attention` resolves to, it runs `cache_attention.attend_cache` (dense reference, tiled:
+the live tiles of `kv_tile` rows, pallas, cudnn); `kv_tile` is a model setting, e.g.
+`Transformer(config, dtype=jnp.bfloat16, attention="tiled", kv_tile=256)`.
 
 RoPE uses the given logical `positions`; causality follows physical order. Nothing here knows
 about diffusion: reordering, streams and masks are arrangements of these inputs.
@@ -100,7 +102,7 @@ class Attention(nn.Module):
     param_dtype: Dtype
 
     @nn.compact
-    def __call__(self, x, cos, sin, mask, kv_cache=None, cache_len=None, kv_tile=None):
+    def __call__(self, x, cos, sin, mask, kv_cache=None, cache_len=None):
         c = self.config
         proj = lambda name, out_axes, out_shape, bias, in_axes=("embed",): Projection(
             in_axes, out_axes, out_shape, bias, self.dtype, self.param_dtype, name=name)
@@ -117,10 +119,8 @@ class Attention(nn.Module):
             cv = attn_lib.cache_write(kv_cache["v"], v, cache_len)
             new_cache = {"k": ck, "v": cv}
             k, v = ck.astype(self.dtype), cv.astype(self.dtype)
-        if isinstance(mask, attn_backends.AttentionContext):
+        if isinstance(mask, attn_backends.AttentionContext):   # every cache-mode forward too
             out = attn_backends.apply(mask, q, k, v, c.head_dim ** -0.5)
-        elif kv_tile is not None and kv_cache is not None:
-            out = attn_lib.attend_cache_tiles(q, k, v, cache_len, c.head_dim ** -0.5, kv_tile)
         else:
             out = attn_lib.attend(q, k, v, mask, c.head_dim ** -0.5)
         out = _constrain(out, ("batch", "length", "heads", "head_dim"))
@@ -150,11 +150,11 @@ class Block(nn.Module):
     param_dtype: Dtype
 
     @nn.compact
-    def __call__(self, x, cos, sin, mask, kv_cache=None, cache_len=None, kv_tile=None):
+    def __call__(self, x, cos, sin, mask, kv_cache=None, cache_len=None):
         c = self.config
         h = RMSNorm(c.rms_norm_eps, "norm", self.param_dtype, name="input_norm")(x)
         h, new_cache = Attention(c, self.dtype, self.param_dtype, name="attn")(
-            h, cos, sin, mask, kv_cache, cache_len, kv_tile)
+            h, cos, sin, mask, kv_cache, cache_len)
         x = x + h
         h = RMSNorm(c.rms_norm_eps, "norm", self.param_dtype, name="post_attn_norm")(x)
         x = x + MLP(c, self.dtype, self.param_dtype, name="mlp")(h)
@@ -171,17 +171,19 @@ class Transformer(nn.Module):
     attention: str = "dense"          # dense | tiled | splash | cudnn | auto (attention_backends)
     attention_tile: int = 128         # tile size of the tiled path
     attention_block_size: int = 32    # the dual-stream block size (splash mask template)
+    kv_tile: int = 256                # cache mode: KV rows per tile (tiled, pallas)
+    attention_interpret: bool = False  # accelerator kernels in CPU-checkable form (tests)
 
     @nn.compact
     def __call__(self, tokens, positions, *, segment_ids=None, mask=None,
-                 kv_cache: KVCache | None = None, cache_len=None, kv_tile: int | None = None,
+                 kv_cache: KVCache | None = None, cache_len=None,
                  structure=None, objective: str = "dual"):
         c = self.config
         mask = attention_input(
             c, tokens.shape, self.attention, dtype=self.dtype, tile=self.attention_tile,
             block_size=self.attention_block_size, segment_ids=segment_ids, mask=mask,
-            kv_cache=kv_cache, cache_len=cache_len, kv_tile=kv_tile, structure=structure,
-            objective=objective)
+            kv_cache=kv_cache, cache_len=cache_len, kv_tile=self.kv_tile,
+            interpret=self.attention_interpret, structure=structure, objective=objective)
 
         embedding = _param(self, "embedding", (c.vocab_size, c.hidden_size), ("vocab", "embed"),
                            dtype=self.param_dtype)
@@ -195,7 +197,7 @@ class Transformer(nn.Module):
         for i in range(c.num_layers):
             layer_cache = None if kv_cache is None else kv_cache[i]
             x, lc = block_cls(c, self.dtype, self.param_dtype, name=f"layers_{i}")(
-                x, cos, sin, mask, layer_cache, cache_len, kv_tile)
+                x, cos, sin, mask, layer_cache, cache_len)
             new_cache.append(lc)
         x = RMSNorm(c.rms_norm_eps, "norm", self.param_dtype, name="final_norm")(x)
         if c.tie_word_embeddings:
@@ -212,36 +214,30 @@ class Transformer(nn.Module):
 
 
 def attention_input(c: ModelConfig, shape, attention: str, *, dtype, tile: int, block_size: int,
-                    segment_ids=None, mask=None, kv_cache=None, cache_len=None, kv_tile=None,
-                    structure=None, objective: str = "dual"):
-    """What every layer's attention receives: a dense boolean mask [B, S, T] (dense path), an
-    `AttentionContext` (tiled / splash / cudnn: built once per forward, shared by the layers), or
-    None with `kv_tile` (cache tiles read up to the longest live length). Checks that the entry
-    point's arguments are consistent."""
+                    kv_tile: int = 256, interpret: bool = False, segment_ids=None, mask=None,
+                    kv_cache=None, cache_len=None, structure=None, objective: str = "dual"):
+    """What every layer's attention receives: a dense boolean mask [B, S, T] (dense path outside
+    cache mode) or an `AttentionContext` (tiled / splash / cudnn, and every cache-mode
+    implementation: built once per forward, shared by the layers). Checks that the entry point's
+    arguments are consistent."""
     b, s = shape
     if structure is not None and (mask is not None or segment_ids is not None
                                   or kv_cache is not None):
         raise ValueError("pass a structure alone (no mask, segment_ids or kv_cache)")
     layout = ("structure" if structure is not None else "cache" if kv_cache is not None
               else "mask" if mask is not None else "causal")
-    impl = attn_backends.resolve(attention, layout, dtype=dtype)
-    if kv_tile is not None and impl != "dense":
-        raise ValueError(f"kv_tile is the dense path's cache tiling; attention={impl!r} "
-                         f"tiles with attention_tile")
+    impl = attn_backends.resolve(attention, layout, dtype=dtype, interpret=interpret)
     ctx = None
     if kv_cache is not None:
         if mask is not None or segment_ids is not None or cache_len is None:
             raise ValueError("cache mode takes kv_cache and cache_len, and no mask/segment_ids")
         if len(kv_cache) != c.num_layers:
             raise ValueError(f"kv_cache has {len(kv_cache)} layers, the model {c.num_layers}")
-        if impl != "dense":
-            qs, ks = tiled_lib.cache_structures(cache_len, s, kv_cache[0]["k"].shape[1])
-            ctx = attn_backends.make_context(impl, q_struct=qs, k_struct=ks, batch=b,
-                                             tile=tile)
-        elif kv_tile is None:
-            mask = attn_lib.cache_mask(cache_len, s, kv_cache[0]["k"].shape[1])
-    elif kv_tile is not None:
-        raise ValueError("kv_tile applies to cache mode only (pass kv_cache and cache_len)")
+        if s > kv_cache[0]["k"].shape[1]:
+            raise ValueError(f"{s} new slots do not fit a cache of {kv_cache[0]['k'].shape[1]} "
+                             f"rows")
+        ctx = attn_backends.make_context(impl, cache_len=cache_len, batch=b, tile=kv_tile,
+                                         interpret=interpret)
     elif structure is not None:
         if impl == "dense":
             mask = masking.structure_mask(tiled_lib.as_structure(structure, b))
@@ -249,7 +245,7 @@ def attention_input(c: ModelConfig, shape, attention: str, *, dtype, tile: int, 
             ctx = attn_backends.make_context(
                 impl, q_struct=structure, k_struct=structure, batch=b,
                 tile=tile, template="dual" if objective == "dual" else "causal",
-                block_size=block_size)
+                block_size=block_size, interpret=interpret)
     elif mask is None:
         if impl == "dense":
             mask = attn_lib.segment_mask(segment_ids, b, s)
@@ -257,7 +253,7 @@ def attention_input(c: ModelConfig, shape, attention: str, *, dtype, tile: int, 
             st = tiled_lib.causal_structure(segment_ids, b, s)
             ctx = attn_backends.make_context(impl, q_struct=st, k_struct=st,
                                              segment_ids=segment_ids, batch=b,
-                                             tile=tile)
+                                             tile=tile, interpret=interpret)
     elif segment_ids is not None:
         raise ValueError("pass either an explicit mask or segment_ids, not both")
     if mask is not None and mask.ndim == 2:

@@ -3,22 +3,15 @@
 The attention pattern is described per slot by a *structure* (as in `wedlm_jax.masking`): int
 arrays `segment` (document, 0 = padding), `stream` (0 memory, 1 prediction), `block` (block index
 within the document) and `index` (physical / causal order), each [B, N]. Queries and keys carry
-their own structure, so the same rule covers self-attention and a query window over a KV cache:
-
-    same document (query segment != 0) and one of
-        memory -> memory          key index <= query index
-        prediction -> memory      key block < query block
-        prediction -> prediction  same block and key index <= query index
-    (memory -> prediction never)
-
-This is exactly `masking.structure_mask` when queries and keys share one structure.
+their own structure (queries and keys may differ). Which query sees which key is the one rule
+`masking.pair_mask` (imported here as `pair_mask`; `masking.structure_mask` is it with queries and
+keys sharing one structure).
 
 Layouts (helpers below build their structures):
     dual-stream (SPEC 2)     `dual_stream_structure` / `arrangement_structure(arrangement)`
     section-4.1 reorder      `arrangement_structure` of an "plain" arrangement (prediction, block 0)
     causal + packing         `causal_structure(segment_ids)` (== `attention.segment_mask`)
-    cache-mode decoding      `cache_structures(cache_len, S, capacity)`: query i of row b has index
-                             cache_len[b] + i, cache row t has index t (== `attention.cache_mask`)
+(Cache-mode decoding is not a structure layout: see `wedlm_jax.cache_attention`.)
 
 Algorithm. Queries and keys are cut into tiles (`tile_q`, `tile_k`; the sequences are padded with
 padding slots to a multiple). `tile_plan` evaluates the rule tile by tile (one query tile against
@@ -54,10 +47,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-STRUCTURE_KEYS = ("segment", "stream", "block", "index")
-MEMORY, PREDICTION = 0, 1
+from wedlm_jax import masking
+from wedlm_jax.attention import NEG_SCORE
+# the rule and its constants are defined once, in masking
+from wedlm_jax.masking import MEMORY, PREDICTION, STRUCTURE_KEYS, pair_mask  # noqa: F401
+
 EMPTY, PARTIAL, FULL = 0, 1, 2
-_NEG = float(np.finfo(np.float32).min)
+_NEG = NEG_SCORE
 
 
 # ------------------------------------------------------------------------------- structures
@@ -89,7 +85,6 @@ def arrangement_structure(arrangement) -> dict:
 def dual_stream_structure(segment_ids, block_size: int) -> dict:
     """Structure of the dual-stream arrangement of rows `segment_ids` [B, L] -> [B, 2L]
     (see `masking.dual_stream_structure`; independent of the masking draw)."""
-    from wedlm_jax import masking
     seg = jnp.asarray(segment_ids, jnp.int32)
     if seg.ndim == 1:
         seg = seg[None]
@@ -106,34 +101,6 @@ def causal_structure(segment_ids, batch: int, length: int) -> dict:
     zeros = jnp.zeros((batch, length), jnp.int32)
     index = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
     return {"segment": seg, "stream": zeros, "block": zeros, "index": index}
-
-
-def cache_structures(cache_len, num_new: int, capacity: int) -> tuple[dict, dict]:
-    """(query structure [B, num_new], key structure [B, capacity]) of cache mode: new slot i of
-    row b (written at cache row cache_len[b] + i) sees cache rows t <= cache_len[b] + i, the rule
-    of `attention.cache_mask`."""
-    cache_len = jnp.asarray(cache_len, jnp.int32)
-    b = cache_len.shape[0]
-    ones_q, zeros_q = jnp.ones((b, num_new), jnp.int32), jnp.zeros((b, num_new), jnp.int32)
-    ones_k, zeros_k = jnp.ones((b, capacity), jnp.int32), jnp.zeros((b, capacity), jnp.int32)
-    q_index = cache_len[:, None] + jnp.arange(num_new, dtype=jnp.int32)[None]
-    k_index = jnp.broadcast_to(jnp.arange(capacity, dtype=jnp.int32), (b, capacity))
-    return ({"segment": ones_q, "stream": zeros_q, "block": zeros_q, "index": q_index},
-            {"segment": ones_k, "stream": zeros_k, "block": zeros_k, "index": k_index})
-
-
-def pair_mask(q_struct, k_struct) -> jnp.ndarray:
-    """bool [..., S, T]: may query s (structure `q_struct`, arrays [..., S]) see key t
-    (`k_struct`, [..., T])? The rule of the module docstring."""
-    q = lambda name: q_struct[name][..., :, None]
-    k = lambda name: k_struct[name][..., None, :]
-    same_doc = (q("segment") == k("segment")) & (q("segment") != 0)
-    causal = k("index") <= q("index")
-    q_mem, k_mem = q("stream") == MEMORY, k("stream") == MEMORY
-    mem_mem = q_mem & k_mem & causal
-    pred_mem = ~q_mem & k_mem & (k("block") < q("block"))
-    pred_pred = ~q_mem & ~k_mem & (k("block") == q("block")) & causal
-    return same_doc & (mem_mem | pred_mem | pred_pred)
 
 
 # ------------------------------------------------------------------------------------- plan

@@ -1,0 +1,115 @@
+"""Continuous vs static batching on the demo model (issue 13).
+
+    python -m benchmarks.batching [--requests 128] [--slots 8] [--repeats 3] [--out FILE.json]
+
+The same requests (held-out demo prompts of mixed lengths, max_new_tokens drawn from 8-256, no stop
+ids so every request runs its whole budget) through the same number of slots, two ways:
+  static      groups of `slots` requests in arrival order, each group run by `generate()` on one
+              Decoder until its slowest row ends (the rows that finished early idle);
+  continuous  `decode.batching.Batcher` on one Decoder: a request takes a slot the moment one
+              frees.
+For streaming and AR. Both are compiled before timing; rounds alternate static / continuous and
+the median wall time is kept. Prints and saves tokens/s and the ratio continuous / static.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import time
+
+import jax
+import numpy as np
+
+from benchmarks.demo_eval import DEMO_MODEL, eval_items, load_model
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def make_requests(tokenizer, n: int, seed: int = 0):
+    from decode.decoder import Request
+    rng = random.Random(seed)
+    prompts = []
+    for kind in ("counting", "arith", "code"):
+        prompts += [tokenizer.encode(it["prompt"]) for it in eval_items(DEMO_MODEL, kind)]
+    return [Request(prompt=tuple(rng.choice(prompts)), max_new_tokens=rng.randint(8, 256),
+                    tau=0.6, lam=0.02) for _ in range(n)]
+
+
+def run_static(decoder, requests):
+    """Groups of `slots` requests in arrival order; a group ends when its slowest row ends."""
+    n = 0
+    t0 = time.perf_counter()
+    for i in range(0, len(requests), decoder.slots):
+        state = decoder.init_state()
+        for slot, r in enumerate(requests[i:i + decoder.slots]):
+            state = decoder.insert(decoder.prefill(r), state, slot)
+        while not bool(np.all(jax.device_get(state.done))):
+            state, res = decoder.generate(state)
+            n += int(res.counts.sum())
+    return n, time.perf_counter() - t0
+
+
+def run_continuous(decoder, requests):
+    from decode.batching import Batcher
+    b = Batcher(decoder)
+    count = [0]
+    for r in requests:
+        b.submit(r, on_finish=lambda f: count.__setitem__(0, count[0] + len(f.tokens)))
+    t0 = time.perf_counter()
+    b.run_until_idle()
+    return count[0], time.perf_counter() - t0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.batching", description=__doc__.split("\n")[0])
+    ap.add_argument("--requests", type=int, default=128)
+    ap.add_argument("--slots", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--window", type=int, default=8)
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "batching.json"))
+    args = ap.parse_args(argv)
+    from decode.decoder import Decoder
+    config, params, tok = load_model(DEMO_MODEL)
+    requests = make_requests(tok, args.requests)
+    capacity = max(len(r.prompt) + r.max_new_tokens for r in requests)
+    out = dict(command=f"python -m benchmarks.batching --requests {args.requests} --slots {args.slots} "
+                       f"--repeats {args.repeats} --window {args.window}",
+               machine=f"{platform.machine()}, {os.cpu_count()} CPUs", loadavg=os.getloadavg(),
+               results={})
+    for method in ("streaming", "ar"):
+        dec = Decoder(params, config, method=method, window=args.window, slots=args.slots,
+                      capacity=capacity, steps_per_call=16, sampling=False)
+        run_continuous(dec, requests[:args.slots])                 # compile every program
+        run_static(dec, requests[:args.slots])
+        walls = {"static": [], "continuous": []}
+        tokens = {}
+        for _ in range(args.repeats):
+            tokens["static"], w = run_static(dec, requests)
+            walls["static"].append(w)
+            tokens["continuous"], w = run_continuous(dec, requests)
+            walls["continuous"].append(w)
+        row = {}
+        for mode in walls:
+            wall = statistics.median(walls[mode])
+            row[mode] = dict(tokens=tokens[mode], wall_s=wall, walls=walls[mode],
+                             tokens_per_s=tokens[mode] / wall)
+        row["ratio"] = row["continuous"]["tokens_per_s"] / row["static"]["tokens_per_s"]
+        out["results"][method] = row
+        print(f"{method:<10} static {row['static']['tokens_per_s']:7.0f} tok/s   continuous "
+              f"{row['continuous']['tokens_per_s']:7.0f} tok/s   continuous / static {row['ratio']:.2f}x"
+              f"   ({tokens['continuous']} tokens, {args.requests} requests, {args.slots} slots)",
+              flush=True)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,162 @@
+"""Continuous batching (issue 13 items 1-3): the Decoder over slots and the host Batcher.
+
+A request's greedy output is the same token for token whether it ran alone (`generate` on one
+prompt), in a static batch, or among others arriving and leaving slots at random times; sampled
+output depends only on the request's own seed; cancelled requests free their slot; no slot leaks
+over 1000 requests; two Decoders in two threads do not interfere.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import numpy as np
+import pytest
+
+from decode.batching import Batcher
+from decode.config import DecodeConfig, DecodeConfigError
+from decode.decoder import Decoder, Request
+from decode.engine import generate
+from tests.synthetic import random_params
+from wedlm_jax.config import ModelConfig
+
+CONFIG = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,
+                     num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True,
+                     mask_token_id=63)
+CAP = 64
+TILE = 16
+
+
+@pytest.fixture(scope="module")
+def params():
+    return random_params(CONFIG, 0, head_scale=30.0)
+
+
+def _requests(n, seed=0, sampled=False):
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        plen = rng.randint(1, 20)
+        out.append(Request(prompt=tuple(rng.randrange(0, 63) for _ in range(plen)),
+                           max_new_tokens=rng.randint(1, 30), tau=rng.choice([0.3, 1.0, 2.5]),
+                           lam=rng.choice([0.0, 0.05]),
+                           temperature=rng.choice([0.0, 0.9]) if sampled else 0.0,
+                           top_k=rng.choice([0, 5]), seed=rng.randrange(1000),
+                           stop_token_ids=(rng.randrange(0, 63),) if rng.random() < 0.5 else ()))
+    return out
+
+
+def _alone(params, r: Request, method, window, refill):
+    dc = DecodeConfig(method=method, window=window, refill=refill, tau=r.tau, lam=r.lam,
+                      max_new_tokens=r.max_new_tokens, stop_token_ids=r.stop_token_ids,
+                      temperature=r.temperature, top_k=r.top_k, seed=r.seed)
+    return generate(params, CONFIG, [list(r.prompt)], dc, capacity=CAP, kv_tile=TILE).tokens[0]
+
+
+def _run_batcher(batcher, requests, rng=None):
+    """Submit in random bursts between steps; returns {index: Finished}."""
+    done, ids = {}, {}
+    pending = list(enumerate(requests))
+    while pending or batcher.num_active or batcher.num_waiting:
+        burst = rng.randint(0, 4) if rng else len(pending)
+        for i, r in pending[:burst]:
+            ids[batcher.submit(r, on_finish=lambda f: done.__setitem__(f.request_id, f))] = i
+        pending = pending[burst:]
+        batcher.step()
+    return {ids[k]: v for k, v in done.items()}
+
+
+@pytest.mark.parametrize("method, refill", [("streaming", "before"), ("streaming", "after"),
+                                            ("verified", "before"), ("ar", "after")])
+def test_greedy_equals_alone_under_random_arrivals(params, method, refill):
+    requests = _requests(14, seed=1)
+    dec = Decoder(params, CONFIG, method=method, window=4, refill=refill, slots=4, capacity=CAP,
+                  steps_per_call=3, kv_tile=TILE, sampling=False)
+    got = _run_batcher(Batcher(dec), requests, random.Random(2))
+    for i, r in enumerate(requests):
+        want = _alone(params, r, method, 4, refill)
+        assert got[i].tokens == want, (i, r, got[i].tokens, want)
+        assert got[i].finish == ("stop" if want and want[-1] in r.stop_token_ids else "length")
+    # the same requests as one static batch on the same Decoder settings
+    batch = _run_batcher(Batcher(dec), requests)
+    assert [batch[i].tokens for i in range(len(requests))] == [got[i].tokens for i in range(len(requests))]
+
+
+def test_sampled_depends_only_on_own_seed(params):
+    requests = _requests(10, seed=3, sampled=True)
+    dec = Decoder(params, CONFIG, window=4, slots=4, capacity=CAP, steps_per_call=2, kv_tile=TILE)
+    a = _run_batcher(Batcher(dec), requests, random.Random(4))
+    b = _run_batcher(Batcher(dec), requests[::-1], random.Random(5))
+    n = len(requests)
+    assert [a[i].tokens for i in range(n)] == [b[n - 1 - i].tokens for i in range(n)]
+    reseeded = [Request(**{**r.__dict__, "seed": r.seed + 1}) for r in requests]
+    c = _run_batcher(Batcher(dec), reseeded)
+    hot = [i for i, r in enumerate(requests) if r.temperature > 0 and r.max_new_tokens > 3]
+    assert any(c[i].tokens != a[i].tokens for i in hot)
+
+
+def test_cancel_frees_the_slot_and_no_slot_leaks(params):
+    dec = Decoder(params, CONFIG, window=4, slots=4, capacity=CAP, steps_per_call=2, kv_tile=TILE,
+                  sampling=False)
+    batcher = Batcher(dec)
+    finished = []
+    long = Request(prompt=(1, 2, 3), max_new_tokens=60, tau=0.0)      # one token a step
+    rid = batcher.submit(long, on_finish=finished.append)
+    batcher.step()
+    assert batcher.num_active == 1
+    batcher.cancel(rid)
+    batcher.step()
+    assert batcher.num_active == 0 and finished[0].finish == "cancelled"
+    assert 0 < len(finished[0].tokens) < 60
+    # 1000 short requests through 4 slots: every one finishes once, nothing stays behind
+    rng = random.Random(9)
+    count = {}
+    for i in range(1000):
+        r = Request(prompt=tuple(rng.randrange(0, 63) for _ in range(rng.randint(1, 6))),
+                    max_new_tokens=rng.randint(1, 3), tau=2.5)
+        batcher.submit(r, on_finish=lambda f: count.__setitem__(f.request_id,
+                                                                 count.get(f.request_id, 0) + 1))
+    batcher.run_until_idle()
+    assert len(count) == 1000 and set(count.values()) == {1}
+    assert batcher.num_active == 0 and batcher.num_waiting == 0
+    assert bool(np.all(np.asarray(batcher.state.done)))
+
+
+def test_two_decoders_in_two_threads(params):
+    requests = _requests(6, seed=6)
+    results = {}
+
+    def work(name, method):
+        dec = Decoder(params, CONFIG, method=method, window=4, slots=2, capacity=CAP,
+                      steps_per_call=2, kv_tile=TILE, sampling=False)
+        results[name] = _run_batcher(Batcher(dec), requests)
+
+    threads = [threading.Thread(target=work, args=(m, m)) for m in ("streaming", "ar")]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    for method in ("streaming", "ar"):
+        for i, r in enumerate(requests):
+            assert results[method][i].tokens == _alone(params, r, method, 4, "before")
+
+
+def test_bad_requests_and_settings_named(params):
+    dec = Decoder(params, CONFIG, window=4, slots=2, capacity=CAP, kv_tile=TILE, sampling=False)
+    cases = [(Request(prompt=()), "prompt"), (Request(prompt=(1, 99)), "token id 99"),
+             (Request(prompt=(1,) * 65), "longer than the capacity 64"),
+             (Request(prompt=(1,), max_new_tokens=0), "max_new_tokens"),
+             (Request(prompt=(1,), tau=-1.0), "tau"), (Request(prompt=(1,), top_p=0.0), "top_p"),
+             (Request(prompt=(1,), stop_token_ids=tuple(range(17))), "at most 16"),
+             (Request(prompt=(1,), sampling_order="random"), "sampling_order"),
+             (Request(prompt=(1,), temperature=1.0), "sampling=True")]
+    batcher = Batcher(dec)
+    for req, words in cases:
+        with pytest.raises(DecodeConfigError, match=words.replace("(", r"\(")):
+            batcher.submit(req)
+    assert batcher.num_waiting == 0
+    for kw, words in [(dict(refill="middle"), "refill 'middle' is unknown; allowed: before, after"),
+                      (dict(window=100), "window 100 is larger than the capacity"),
+                      (dict(capacity=4096), "max_position_embeddings"),
+                      (dict(method="beam"), "method 'beam' is unknown")]:
+        with pytest.raises(DecodeConfigError, match=words):
+            Decoder(params, CONFIG.replace(max_position_embeddings=2048), **{"capacity": CAP, **kw})

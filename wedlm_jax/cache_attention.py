@@ -1,0 +1,236 @@
+"""Cache-mode attention: the S new slots of a decoding forward against the KV cache.
+
+One rule (`attention.cache_last_key`): the query at physical index i of the forward (its K/V
+already written at cache row cache_len[b] + i by `attention.cache_write`) sees cache rows
+0 .. cache_len[b] + i. Every implementation below computes exactly that, with float32 scores and
+softmax, and returns [B, S, H, D] in q's dtype:
+
+    dense   `attention.attend` over `attention.cache_mask` [B, S, capacity]: the reference; reads
+            the whole capacity.
+    tiled   `attend_cache_tiles`: an online softmax over tiles of `tile` cache rows whose trip
+            count is a runtime value, ceil((max_b cache_len[b] + S) / tile): it reads the tiles up
+            to the longest live row of the batch, not the capacity (pure JAX, any platform).
+    pallas  `attend_cache_pallas`: a Pallas kernel, one program per (row, KV head), whose loop
+            runs over that row's own live tiles, ceil((cache_len[b] + S) / tile) (ragged: a short
+            row stops early). The cache is read in place in its [B, T, KVH, D] layout. GPU
+            (Triton lowering); anywhere with `interpret=True` (how CPU tests check it).
+    cudnn   `attend_cache_cudnn`: cuDNN flash attention through `jax.nn.dot_product_attention`
+            with per-row key lengths (cache_len + S: the rows past them are padding to cuDNN) and
+            the in-window causality as a [B, 1, S, T] boolean mask. GPU, bf16/fp16; the same
+            argument set runs through `implementation='xla'` anywhere (how CPU tests check it).
+
+`attend_cache(impl, ...)` dispatches; `attention_backends.resolve(name, "cache")` picks `impl`
+for the platform (and names the available ones when asked for one the platform lacks).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from wedlm_jax.attention import NEG_SCORE, attend, cache_last_key, cache_mask
+
+IMPLEMENTATIONS = ("dense", "tiled", "pallas", "cudnn")
+
+
+def _check(q, k, v, cache_len):
+    b, s, h, d = q.shape
+    if k.ndim != 4 or k.shape[0] != b or k.shape[3] != d or v.shape != k.shape:
+        raise ValueError(f"k and v must be the cache [B, T, KVH, D] matching q {q.shape}; got "
+                         f"{k.shape}, {v.shape}")
+    if h % k.shape[2]:
+        raise ValueError(f"query heads ({h}) must be a multiple of KV heads ({k.shape[2]})")
+    if jnp.shape(cache_len) != (b,):
+        raise ValueError(f"cache_len must be [B] = [{b}]; got shape {jnp.shape(cache_len)}")
+    if s > k.shape[1]:
+        raise ValueError(f"{s} new slots do not fit a cache of {k.shape[1]} rows")
+
+
+def check_tile(tile) -> int:
+    if isinstance(tile, bool) or not isinstance(tile, int) or tile < 1:
+        raise ValueError(f"kv_tile must be an int >= 1, got {tile!r}")
+    return tile
+
+
+# ------------------------------------------------------------------------------------- dense
+
+def attend_cache_dense(q, k, v, cache_len, scale: float):
+    """The reference: `attend` over the dense cache mask (reads every row of the capacity)."""
+    _check(q, k, v, cache_len)
+    return attend(q, k, v, cache_mask(cache_len, q.shape[1], k.shape[1]), scale)
+
+
+# ------------------------------------------------------------------------------------- tiled
+
+def attend_cache_tiles(q, k, v, cache_len, scale: float, tile: int):
+    """Cache-mode attention reading only the cache tiles that hold live keys of some row.
+
+    Tiles of `tile` rows are visited with an online (running max / sum) softmax; the loop runs
+    ceil((max_b cache_len[b] + S) / tile) times, a runtime value. When T is not a multiple of the
+    tile, the last tile's start is pulled back to T - tile and rows already visited are masked."""
+    _check(q, k, v, cache_len)
+    b, s, h, d = q.shape
+    t_max, kvh = k.shape[1], k.shape[2]
+    tile = min(check_tile(tile), t_max)
+    g = h // kvh
+    qr = q.reshape(b, s, kvh, g, d)
+    last = cache_last_key(cache_len, s)                                          # [B, S]
+    need = jnp.minimum(jnp.max(last) + 1, t_max)
+    n_tiles = (need + tile - 1) // tile
+
+    def body(t, carry):
+        m, l, acc = carry
+        nominal = t * tile
+        start = jnp.minimum(nominal, t_max - tile)
+        kt = jax.lax.dynamic_slice_in_dim(k, start, tile, axis=1)
+        vt = jax.lax.dynamic_slice_in_dim(v, start, tile, axis=1)
+        idx = start + jnp.arange(tile, dtype=jnp.int32)
+        allowed = (idx[None, None, :] <= last[:, :, None]) & (idx >= nominal)[None, None, :]
+        allowed = allowed[:, None, None, :, :]                                   # [B,1,1,S,tile]
+        sc = jnp.einsum("bskgd,btkd->bkgst", qr, kt.astype(q.dtype),
+                        preferred_element_type=jnp.float32) * scale
+        sc = jnp.where(allowed, sc, NEG_SCORE)
+        m_new = jnp.maximum(m, jnp.max(sc, axis=-1))
+        p = jnp.where(allowed, jnp.exp(sc - m_new[..., None]), 0.0)
+        corr = jnp.exp(m - m_new)
+        l = l * corr + jnp.sum(p, axis=-1)
+        acc = acc * corr[..., None] + jnp.einsum(
+            "bkgst,btkd->bkgsd", p.astype(v.dtype), vt, preferred_element_type=jnp.float32)
+        return m_new, l, acc
+
+    init = (jnp.full((b, kvh, g, s), NEG_SCORE, jnp.float32),
+            jnp.zeros((b, kvh, g, s), jnp.float32), jnp.zeros((b, kvh, g, s, d), jnp.float32))
+    _, l, acc = jax.lax.fori_loop(0, n_tiles, body, init)
+    out = jnp.where(l[..., None] > 0, acc / jnp.maximum(l, 1e-30)[..., None], 0.0)
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, s, h, d).astype(q.dtype)
+
+
+# ------------------------------------------------------------------------------------ pallas
+
+def _pow2_at_most(n: int) -> int:
+    return 1 << (max(int(n), 1).bit_length() - 1)
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << (max(int(n), 1) - 1).bit_length()
+
+
+def _pallas_kernel(len_ref, q_ref, k_ref, v_ref, o_ref, *, scale, tile, groups, width, capacity):
+    """One (row b, KV head) program. q_ref [R, D]: the row's S x G query heads of this KV head,
+    row r = slot r // G (padded to R rows); k_ref / v_ref [T, D]: the cache of this row and head,
+    read tile by tile; len_ref [1]: cache_len[b]."""
+    from jax.experimental import pallas as pl
+    n = len_ref[0]
+    r_pad = q_ref.shape[0]
+    q = q_ref[...]
+    slot = jax.lax.broadcasted_iota(jnp.int32, (r_pad, 1), 0) // groups
+    last = n + jnp.minimum(slot, width - 1)                                      # [R, 1]
+    n_tiles = (jnp.minimum(n + width, capacity) + tile - 1) // tile
+
+    def body(i, carry):
+        m, l, acc = carry
+        nominal = i * tile
+        start = jnp.minimum(nominal, capacity - tile)
+        kt = k_ref[pl.ds(start, tile), :]
+        vt = v_ref[pl.ds(start, tile), :]
+        sc = jax.lax.dot_general(q, kt, (((1,), (1,)), ((), ())),
+                                 preferred_element_type=jnp.float32) * scale     # [R, tile]
+        col = start + jax.lax.broadcasted_iota(jnp.int32, (1, tile), 1)
+        ok = (col <= last) & (col >= nominal)
+        sc = jnp.where(ok, sc, NEG_SCORE)
+        m_new = jnp.maximum(m, jnp.max(sc, axis=1, keepdims=True))
+        p = jnp.where(ok, jnp.exp(sc - m_new), 0.0)
+        corr = jnp.exp(m - m_new)
+        l = l * corr + jnp.sum(p, axis=1, keepdims=True)
+        acc = acc * corr + jnp.dot(p.astype(vt.dtype), vt, preferred_element_type=jnp.float32)
+        return m_new, l, acc
+
+    d = q_ref.shape[1]
+    init = (jnp.full((r_pad, 1), NEG_SCORE, jnp.float32), jnp.zeros((r_pad, 1), jnp.float32),
+            jnp.zeros((r_pad, d), jnp.float32))
+    _, l, acc = jax.lax.fori_loop(0, n_tiles, body, init)
+    o_ref[...] = jnp.where(l > 0, acc / jnp.maximum(l, 1e-30), 0.0).astype(o_ref.dtype)
+
+
+def attend_cache_pallas(q, k, v, cache_len, scale: float, tile: int, *,
+                        interpret: bool = False):
+    """Cache-mode attention as a Pallas kernel: grid (B, KVH), each program walks its own row's
+    live tiles, ceil((cache_len[b] + S) / tile_used). The tile used is the largest power of two
+    <= min(tile, T) (power-of-two blocks for the Triton lowering); the S x G query heads of a KV
+    head are one block, padded to a power of two >= 16 rows. `interpret=True` runs the kernel in
+    Pallas interpret mode (any platform)."""
+    from jax.experimental import pallas as pl
+    _check(q, k, v, cache_len)
+    b, s, h, d = q.shape
+    t, kvh = k.shape[1], k.shape[2]
+    g = h // kvh
+    tile_used = _pow2_at_most(min(check_tile(tile), t))
+    rows = s * g
+    r_pad = max(16, _pow2_at_least(rows))
+    qr = q.reshape(b, s, kvh, g, d).transpose(0, 2, 1, 3, 4).reshape(b, kvh, rows, d)
+    qr = jnp.pad(qr, ((0, 0), (0, 0), (0, r_pad - rows), (0, 0))).astype(k.dtype)
+    lens = jnp.asarray(cache_len, jnp.int32).reshape(b, 1)
+    kernel = functools.partial(_pallas_kernel, scale=float(scale), tile=tile_used, groups=g,
+                               width=s, capacity=t)
+    params = {}
+    if not interpret:   # Triton parameters select the Triton lowering (not Mosaic GPU)
+        from jax.experimental.pallas import triton as plgpu
+        params["compiler_params"] = plgpu.CompilerParams(num_warps=4, num_stages=2)
+    out = pl.pallas_call(
+        kernel,
+        grid=(b, kvh),
+        in_specs=[pl.BlockSpec((None, 1), lambda i, j: (i, 0)),
+                  pl.BlockSpec((None, None, r_pad, d), lambda i, j: (i, j, 0, 0)),
+                  pl.BlockSpec((None, t, None, d), lambda i, j: (i, 0, j, 0)),
+                  pl.BlockSpec((None, t, None, d), lambda i, j: (i, 0, j, 0))],
+        out_specs=pl.BlockSpec((None, None, r_pad, d), lambda i, j: (i, j, 0, 0)),
+        out_shape=jax.ShapeDtypeStruct((b, kvh, r_pad, d), q.dtype),
+        interpret=interpret, name="wedlm_cache_attention", **params,
+    )(lens, qr, k, v)
+    out = out[:, :, :rows].reshape(b, kvh, s, g, d).transpose(0, 2, 1, 3, 4)
+    return out.reshape(b, s, h, d).astype(q.dtype)
+
+
+# ------------------------------------------------------------------------------------- cuDNN
+
+def cudnn_arguments(cache_len, num_new: int, capacity: int) -> dict:
+    """The keyword arguments of `jax.nn.dot_product_attention` that express the cache rule:
+    per-row key lengths min(cache_len + S, T) and the in-window causality as a mask [B, 1, S, T]
+    (`cache_mask`: key t <= cache_len[b] + i), all query rows valid."""
+    cache_len = jnp.asarray(cache_len, jnp.int32)
+    b = cache_len.shape[0]
+    return {"mask": cache_mask(cache_len, num_new, capacity)[:, None],
+            "query_seq_lengths": jnp.full((b,), num_new, jnp.int32),
+            "key_value_seq_lengths": jnp.minimum(cache_len + num_new, capacity).astype(jnp.int32)}
+
+
+def attend_cache_cudnn(q, k, v, cache_len, scale: float, *, implementation: str = "cudnn"):
+    """Cache-mode attention through `jax.nn.dot_product_attention` (cuDNN flash attention on GPU,
+    bf16/fp16). `implementation="xla"` runs the same call through XLA (any platform)."""
+    _check(q, k, v, cache_len)
+    args = cudnn_arguments(cache_len, q.shape[1], k.shape[1])
+    out = jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), scale=scale,
+                                       implementation=implementation, **args)
+    return out.astype(q.dtype)
+
+
+# ---------------------------------------------------------------------------------- dispatch
+
+def attend_cache(impl: str, q, k, v, cache_len, scale: float, *, tile: int = 256,
+                 interpret: bool = False):
+    """Run cache-mode implementation `impl` (one of IMPLEMENTATIONS). `tile`: the KV tile of
+    "tiled" and "pallas"; `interpret`: Pallas interpret mode / cuDNN's argument set through XLA
+    (for checking the accelerator kernels on CPU)."""
+    if impl == "dense":
+        return attend_cache_dense(q, k, v, cache_len, scale)
+    if impl == "tiled":
+        return attend_cache_tiles(q, k, v, cache_len, scale, tile)
+    if impl == "pallas":
+        return attend_cache_pallas(q, k, v, cache_len, scale, tile, interpret=interpret)
+    if impl == "cudnn":
+        return attend_cache_cudnn(q, k, v, cache_len, scale,
+                                  implementation="xla" if interpret else "cudnn")
+    raise ValueError(f"cache-mode attention must be one of {', '.join(IMPLEMENTATIONS)}; "
+                     f"got {impl!r}")
