@@ -282,7 +282,7 @@ def run_job(args) -> int:
 def _decode_all(batcher, todo, requests, tokenizer, out) -> dict:
     from tqdm import tqdm
     live = {}   # request id -> [item, ids so far, stopped by a stop string]
-    stats = dict(requests=0, tokens=0, steps=0, n_fwd=0, wall_s=0.0)
+    stats = dict(requests=0, tokens=0, steps=0, n_fwd=0, tokens_counted=0, wall_s=0.0)
     bar = tqdm(total=len(todo), unit="req", desc="wedlm-decode", file=sys.stderr, dynamic_ncols=True)
 
     def on_tokens(rid, new):
@@ -309,8 +309,10 @@ def _decode_all(batcher, todo, requests, tokenizer, out) -> dict:
                           steps=fin.steps, n_fwd=fin.n_fwd))
         stats["requests"] += 1
         stats["tokens"] += len(ids)
-        stats["steps"] += fin.steps
-        stats["n_fwd"] += fin.n_fwd
+        if fin.steps:   # a slot cancelled at a stop string may come back without its counts
+            stats["steps"] += fin.steps
+            stats["n_fwd"] += fin.n_fwd
+            stats["tokens_counted"] += len(fin.tokens)
         bar.update(1)
         bar.set_postfix_str(f"{stats['tokens'] / max(time.perf_counter() - t0, 1e-9):.0f} tok/s")
 
@@ -331,8 +333,9 @@ def _decode_all(batcher, todo, requests, tokenizer, out) -> dict:
 
 def _summary(stats: dict, args, skipped: int) -> None:
     n, tok, wall = stats["requests"], stats["tokens"], stats["wall_s"]
-    tpf = tok / stats["steps"] if stats["steps"] else 0.0
-    pc = tok / stats["n_fwd"] if stats["n_fwd"] else 0.0
+    counted = stats["tokens_counted"]   # the tokens of the requests whose forwards are known
+    tpf = counted / stats["steps"] if stats["steps"] else 0.0
+    pc = counted / stats["n_fwd"] if stats["n_fwd"] else 0.0
     print(f"[{args.method}] {n} requests ({skipped} skipped), {tok} tokens in {wall:.1f} s (compile "
           f"included): {tok / max(wall, 1e-9):.1f} tokens/s, {tpf:.2f} tokens/forward, p_cache {pc:.3f} "
           f"-> {args.output}", file=sys.stderr)
