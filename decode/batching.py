@@ -99,6 +99,11 @@ class Batcher:
             self._waiting = kept
         return cancelled, dropped
 
+    def _counts(self):
+        """Host copies of the per-slot (steps, n_fwd, accepted, rejected)."""
+        st = self.state
+        return jax.device_get((st.steps, st.n_fwd, st.accepted, st.rejected))
+
     def step(self) -> bool:
         """Free cancelled slots, insert waiting requests, run one generate chunk, hand out the
         new ids and finish the requests that are done. Returns True while work remains."""
@@ -106,11 +111,15 @@ class Batcher:
         cancelled, dropped = self._take_cancelled()
         for live in dropped:
             self._finish(live, "cancelled")
-        for slot, live in enumerate(self._slots):
-            if live is not None and live.request_id in cancelled:
+        hit = [s for s, live in enumerate(self._slots)
+               if live is not None and live.request_id in cancelled]
+        if hit:
+            counts = self._counts()
+            for slot in hit:
+                live = self._slots[slot]
                 self.state = dec.free(self.state, slot)
                 self._slots[slot] = None
-                self._finish(live, "cancelled")
+                self._finish(live, "cancelled", tuple(int(c[slot]) for c in counts))
         for slot in range(dec.slots):
             if self._slots[slot] is not None:
                 continue
@@ -132,16 +141,14 @@ class Batcher:
                 live.tokens.extend(new)
                 if live.on_tokens is not None:
                     live.on_tokens(live.request_id, new)
-        done, steps, n_fwd, acc, rej = jax.device_get(
-            (self.state.done, self.state.steps, self.state.n_fwd, self.state.accepted,
-             self.state.rejected))
+        done = jax.device_get(self.state.done)
+        counts = self._counts()
         for slot, live in enumerate(self._slots):
             if live is not None and bool(done[slot]):
                 stops = set(live.request.stop_token_ids)
                 finish = "stop" if live.tokens and live.tokens[-1] in stops else "length"
                 self._slots[slot] = None
-                self._finish(live, finish, (int(steps[slot]), int(n_fwd[slot]), int(acc[slot]),
-                                            int(rej[slot])))
+                self._finish(live, finish, tuple(int(c[slot]) for c in counts))
         return self.num_active > 0 or self.num_waiting > 0
 
     def run_until_idle(self) -> None:

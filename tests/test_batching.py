@@ -109,6 +109,8 @@ def test_cancel_frees_the_slot_and_no_slot_leaks(params):
     batcher.step()
     assert batcher.num_active == 0 and finished[0].finish == "cancelled"
     assert 0 < len(finished[0].tokens) < 60
+    assert finished[0].steps == len(finished[0].tokens) + 1    # the first forward commits nothing
+    assert finished[0].n_fwd >= finished[0].steps
     # 1000 short requests through 4 slots: every one finishes once, nothing stays behind
     rng = random.Random(9)
     count = {}
