@@ -84,8 +84,9 @@ def main(argv=None) -> int:
     for method in ("streaming", "ar"):
         dec = Decoder(params, config, method=method, window=args.window, slots=args.slots,
                       capacity=capacity, steps_per_call=16, sampling=False)
-        run_continuous(dec, requests[:args.slots])                 # compile every program
-        run_static(dec, requests[:args.slots])
+        buckets = {dec.prompt_bucket(len(r.prompt)): r for r in requests}
+        run_continuous(dec, list(buckets.values()))              # compile every program and bucket
+        run_static(dec, list(buckets.values())[:args.slots])
         walls = {"static": [], "continuous": []}
         tokens = {}
         for _ in range(args.repeats):

@@ -33,6 +33,23 @@ SCRIPT = textwrap.dedent('''
         sharded = generate(params, cfg, prompts, dc, capacity=40, kv_tile=16, mesh=mesh)
         out[method] = dict(one=one.tokens, sharded=sharded.tokens, one_steps=one.steps,
                            sharded_steps=sharded.steps, tpf=one.tokens_per_forward)
+    # continuous batching on the mesh: 6 requests through 2 slots (one per data shard), inserted
+    # into the sharded state as slots free; every request equals its own one-device decode
+    from decode.batching import Batcher
+    from decode.decoder import Decoder, Request
+    reqs = [Request(prompt=tuple(p), max_new_tokens=n, tau=2.5, lam=0.05)
+            for p, n in zip(prompts + prompts[:2], (12, 3, 9, 5, 7, 1))]
+    got = {}
+    dec = Decoder(params, cfg, window=4, slots=2, capacity=40, kv_tile=16, steps_per_call=3,
+                  mesh=mesh, sampling=False)
+    b = Batcher(dec)
+    for r in reqs:
+        b.submit(r, on_finish=lambda f: got.__setitem__(f.request_id, f.tokens))
+    b.run_until_idle()
+    alone = [generate(params, cfg, [list(r.prompt)],
+                      DecodeConfig(window=4, tau=2.5, lam=0.05, max_new_tokens=r.max_new_tokens),
+                      capacity=40, kv_tile=16).tokens[0] for r in reqs]
+    out["batcher"] = dict(sharded=[got[i] for i in range(len(reqs))], one=alone)
     print("RESULT " + json.dumps(out))
 ''')
 
@@ -45,6 +62,8 @@ def test_mesh_data2_tensor2_same_tokens_as_one_device():
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
     out = json.loads(line[len("RESULT "):])
+    batcher = out.pop("batcher")
+    assert batcher["sharded"] == batcher["one"]
     for method, r in out.items():
         assert r["sharded"] == r["one"], method
         assert r["sharded_steps"] == r["one_steps"], method
