@@ -18,7 +18,7 @@ import pytest
 from train import checkpoint as ckpt
 from train import fixtures, main as main_lib
 from train.config import TrainConfigError, load_config
-from train.fixtures import enable_compilation_cache
+from synthetic.train_data import enable_compilation_cache
 
 CACHE = enable_compilation_cache()
 

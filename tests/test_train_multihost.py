@@ -17,7 +17,7 @@ import numpy as np
 from train import checkpoint as ckpt
 from train import fixtures, main as main_lib
 from train.config import load_config
-from train.fixtures import enable_compilation_cache
+from synthetic.train_data import enable_compilation_cache
 
 CACHE = enable_compilation_cache()
 KEYS = ("loss", "mlm_loss", "ar_loss", "grad_norm", "masked_count", "tokens")

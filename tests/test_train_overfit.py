@@ -6,7 +6,7 @@ import numpy as np
 
 from train import fixtures, main as main_lib
 from train.config import load_config
-from train.fixtures import enable_compilation_cache
+from synthetic.train_data import enable_compilation_cache
 
 enable_compilation_cache()
 

@@ -15,7 +15,7 @@ from train import data as data_lib
 from train import fixtures, main as main_lib
 from train import pretokenize as pt
 from train.config import TrainConfigError, load_config
-from train.fixtures import enable_compilation_cache
+from synthetic.train_data import enable_compilation_cache
 
 enable_compilation_cache()
 COMPILES = []

@@ -19,7 +19,7 @@ from train import checkpoint as ckpt
 from train import fixtures, main as main_lib
 from train import step as step_lib
 from train.config import load_config
-from train.fixtures import enable_compilation_cache
+from synthetic.train_data import enable_compilation_cache
 
 CACHE = enable_compilation_cache()
 

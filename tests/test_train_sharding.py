@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 HERE = os.path.abspath(__file__)
-CACHE = os.path.join(tempfile.gettempdir(),  # as train.fixtures.enable_compilation_cache
+CACHE = os.path.join(tempfile.gettempdir(),  # as synthetic.train_data.enable_compilation_cache
                      f"wedlm-train-jax-cache-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}")
 
 

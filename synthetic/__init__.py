@@ -1,4 +1,14 @@
-"""Synthetic weights for decoding tests and benchmarks (no trained model needed)."""
+"""Self-made inputs that tests and benchmarks share (no trained model, no downloads); not part of
+the installed packages (pyproject.toml installs wedlm_jax, train, decode, demo), imported from the
+checkout root:
+
+    random_params(config, ...)          synthetic weights for any ModelConfig (below)
+    tiny_bpe_tokenizer(corpus, ...)     a byte-level BPE tokenizer trained on a few strings (below)
+    synthetic.hf                        tiny random Hugging Face models (torch + transformers: the
+                                        `test` extra, imported inside its functions only)
+    synthetic.train_data                tiny tokenizer + JSONL training inputs and configs
+                                        (python -m synthetic.train_data data/tiny)
+"""
 
 from __future__ import annotations
 

@@ -27,12 +27,12 @@ import statistics
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEMO_MODEL = os.path.join(HERE, "demo_model")
+DEMO_MODEL = os.path.join(HERE, "model")
 MANIFEST = "MANIFEST.sha256"
 REQUIRED = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "eval.jsonl")
-REBUILD = ("restore it with `git checkout -- benchmarks/demo_model`, or rebuild it (hours on a CPU): "
-           "`python -m benchmarks.demo_data --out data/demo && benchmarks/demo_pipeline.sh && "
-           "python -m benchmarks.demo_ship`")
+REBUILD = ("restore it with `git checkout -- demo/model`, or rebuild it (hours on a CPU): "
+           "`python -m demo.data --out data/demo && demo/pipeline.sh && "
+           "python -m demo.ship`")
 
 
 class DemoModelError(RuntimeError):
@@ -110,7 +110,7 @@ def load_model(folder: str = DEMO_MODEL, check: bool = True):
 
 
 def eval_items(path: str, kind: str, n: int | None = None) -> list[dict]:
-    """The first n held-out items of one kind from an eval.jsonl (benchmarks.demo_data's format)."""
+    """The first n held-out items of one kind from an eval.jsonl (demo.data's format)."""
     if os.path.isdir(path):
         path = os.path.join(path, "eval.jsonl")
     items = []

@@ -1,4 +1,5 @@
-"""Tiny random Hugging Face models for tests, built offline with transformers + torch."""
+"""Tiny random Hugging Face models for tests and benchmarks, built offline with transformers + torch
+(the `test` extra: imported inside the functions only)."""
 
 from __future__ import annotations
 
