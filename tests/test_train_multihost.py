@@ -15,7 +15,8 @@ import jax
 import numpy as np
 
 from train import checkpoint as ckpt
-from train import fixtures, main as main_lib
+from synthetic import train_data as fixtures
+from train import main as main_lib
 from train.config import load_config
 from synthetic.train_data import enable_compilation_cache
 

@@ -4,7 +4,8 @@ below 1.0 over steps 51-60 (AR loss below 0.3, masked-slot accuracy above 0.5)."
 
 import numpy as np
 
-from train import fixtures, main as main_lib
+from synthetic import train_data as fixtures
+from train import main as main_lib
 from train.config import load_config
 from synthetic.train_data import enable_compilation_cache
 

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from train import data as data_lib
-from train import fixtures, main as main_lib
+from synthetic import train_data as fixtures
+from train import main as main_lib
 from train import pretokenize as pt
 from train.config import TrainConfigError, load_config
 from synthetic.train_data import enable_compilation_cache

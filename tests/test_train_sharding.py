@@ -26,7 +26,8 @@ def _worker(root: str, out: str) -> None:
 
     from train import checkpoint as ckpt
     from train import data as data_lib
-    from train import fixtures, main as main_lib
+    from synthetic import train_data as fixtures
+    from train import main as main_lib
     from train import step as step_lib
     from train.config import load_config
     from wedlm_jax import model as model_lib
