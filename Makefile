@@ -1,25 +1,32 @@
 # `make demo` and `make test` set everything up on a fresh machine (idempotently) and run.
+# `make demo` installs the package only (no torch, no transformers: those are the `test` extra);
+# `make test` (and `make setup`) add the `test` extra, torch pinned first.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed-stamp
+DEMO_STAMP := $(VENV)/.installed-demo-stamp
+TEST_STAMP := $(VENV)/.installed-test-stamp
 
 .PHONY: setup test demo clean
 
-$(STAMP): pyproject.toml
+$(DEMO_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $(DEMO_STAMP)
+
+$(TEST_STAMP): $(DEMO_STAMP)
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test]'
-	touch $(STAMP)
+	touch $(TEST_STAMP)
 
-setup: $(STAMP)
+setup: $(TEST_STAMP)
 
-test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --durations=15 tests
+test: $(TEST_STAMP)
+	$(PY) -m pytest -q -n 2 --durations=15 tests benchmarks/tests
 
-demo: $(STAMP)
-	$(PY) -m benchmarks.demo
+demo: $(DEMO_STAMP)
+	$(PY) -m demo
 
 clean:
 	rm -rf $(VENV)

@@ -25,7 +25,7 @@ import time
 import jax
 import numpy as np
 
-from benchmarks.demo_eval import DEMO_MODEL, eval_items, load_model
+from demo.eval import DEMO_MODEL, eval_items, load_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

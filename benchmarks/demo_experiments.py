@@ -32,9 +32,9 @@ import time
 
 import numpy as np
 
-from benchmarks.demo import LAM, TAU, WINDOW
-from benchmarks.demo_eval import (DEMO_MODEL, REGIMES, decode_items, decode_side_by_side, eval_items,
-                                  load_model, quality)
+from demo.run import LAM, TAU, WINDOW
+from demo.eval import (DEMO_MODEL, REGIMES, decode_items, decode_side_by_side, eval_items,
+                       load_model, quality)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
@@ -71,7 +71,7 @@ class Ctx:
 
     def side_by_side(self, kind, methods, dcs=None):
         """The methods (or named DecodeConfigs `dcs`) on the regime's items, interleaved
-        (demo_eval.decode_side_by_side)."""
+        (demo.eval.decode_side_by_side)."""
         dcs = dcs or {m: self.config_for(kind, m) for m in methods}
         runs = decode_side_by_side(self.params, self.config, self.tok, self.items[kind], kind, dcs,
                                    repeats=self.args.repeats)

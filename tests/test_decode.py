@@ -351,14 +351,3 @@ def test_sampler_frequencies_follow_temperature_top_k_top_p(order):
         live = want > 0
         chi2 = (((counts[live] - rows * want[live]) ** 2) / (rows * want[live])).sum()
         assert chi2 < 20.0, (t, k, p, counts, want)   # df <= 4: p-value ~5e-4
-
-
-def test_window_cost_measures_each_window_in_a_loop():
-    """benchmarks.window_cost.measure (the per-forward cost beside every speed-up in BENCHMARKS.md):
-    one positive time per W, and the forward it times is the engine's: a donated cache carried
-    through the loop, so a wrong donation or a changed model signature fails here, not in a benchmark."""
-    from benchmarks.window_cost import measure
-    params = random_params(CONFIG, seed=0)
-    times = measure(CONFIG, params, [1, 4], prefix=8, capacity=32, kv_tile=16, repeats=2, inner=3)
-    assert sorted(times) == [1, 4]
-    assert all(0.0 < t < 1.0 for t in times.values()), times

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from benchmarks import demo_data as dd
+from demo import data as dd
 from train.config import load_config, model_config
 
 CODE = '''"""Module {i}."""

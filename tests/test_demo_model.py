@@ -1,4 +1,4 @@
-"""The shipped demo model (benchmarks/demo_model, issue 5) and what it must do: its files are checked,
+"""The shipped demo model (demo/model, issue 5) and what it must do: its files are checked,
 a missing or damaged file is named with the fix, the network agrees with transformers on the trained
 weights, streaming decoding counts right, and verified streaming (issue 7) reproduces AR greedy
 decoding token for token on it."""
@@ -13,8 +13,8 @@ import sys
 import numpy as np
 import pytest
 
-from benchmarks.demo_eval import (DEMO_MODEL, DemoModelError, REGIMES, check_model, decode_items,
-                                  eval_items, load_model, stop_ids)
+from demo.eval import (DEMO_MODEL, DemoModelError, REGIMES, check_model, decode_items,
+                       eval_items, load_model, stop_ids)
 from decode.config import DecodeConfig
 from decode.engine import generate
 
@@ -46,17 +46,17 @@ def test_missing_or_corrupt_file_is_named_with_the_fix(tmp_path):
     data = bytearray(weights.read_bytes())
     data[len(data) // 2] ^= 0xFF
     weights.write_bytes(bytes(data))
-    with pytest.raises(DemoModelError, match=f"{weights}: corrupt.*git checkout -- benchmarks/demo_model"):
+    with pytest.raises(DemoModelError, match=f"{weights}: corrupt.*git checkout -- demo/model"):
         check_model(str(dst))
     shutil.copyfile(os.path.join(DEMO_MODEL, "model.safetensors"), weights)
     (dst / "tokenizer.json").unlink()
     with pytest.raises(DemoModelError, match=f"{dst / 'tokenizer.json'}: missing"):
         check_model(str(dst))
     # `make demo` itself: exit 2 and the same message, before jax is imported or anything compiled
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.demo", "--model", str(dst)], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "demo", "--model", str(dst)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
-    assert f"{dst / 'tokenizer.json'}: missing" in proc.stderr and "demo_pipeline.sh" in proc.stderr
+    assert f"{dst / 'tokenizer.json'}: missing" in proc.stderr and "demo/pipeline.sh" in proc.stderr
     shutil.rmtree(dst)
     with pytest.raises(DemoModelError, match="demo model folder is missing"):
         check_model(str(dst))
@@ -81,8 +81,8 @@ def test_shipped_weights_are_trained_and_decode_in_parallel(demo):
     """The weights learned the held-out data (AR-reading NLL of the true continuations far below
     the uniform log V), and streaming decoding at the demo defaults commits more than one token per
     forward on counting (the count is deterministic: greedy, float32)."""
-    from benchmarks.demo import LAM, TAU, WINDOW
-    from benchmarks.demo_eval import ar_nll
+    from demo.run import LAM, TAU, WINDOW
+    from demo.eval import ar_nll
     config, params, tok = demo
     for kind, bound in (("counting", 1.0), ("code", 4.5)):
         items = eval_items(DEMO_MODEL, kind, 4)

@@ -1,4 +1,4 @@
-"""benchmarks.demo_ship: the shipped folder is built from the runs (continued adaptation runs
+"""demo.ship: the shipped folder is built from the runs (continued adaptation runs
 included, their steps chained after the first adaptation run) and swapped in whole."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from benchmarks import demo_ship
-from benchmarks.demo_eval import check_model
+from demo import ship as demo_ship
+from demo.eval import check_model
 
 
 def _metrics(path, steps, loss):

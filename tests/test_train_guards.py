@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 
 from train import checkpoint as ckpt
-from train import fixtures, main as main_lib
+from synthetic import train_data as fixtures
+from train import main as main_lib
 from train.config import TrainConfigError, load_config
-from train.fixtures import enable_compilation_cache
+from synthetic.train_data import enable_compilation_cache
 
 CACHE = enable_compilation_cache()
 

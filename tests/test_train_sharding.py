@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 HERE = os.path.abspath(__file__)
-CACHE = os.path.join(tempfile.gettempdir(),  # as train.fixtures.enable_compilation_cache
+CACHE = os.path.join(tempfile.gettempdir(),  # as synthetic.train_data.enable_compilation_cache
                      f"wedlm-train-jax-cache-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}")
 
 
@@ -26,7 +26,8 @@ def _worker(root: str, out: str) -> None:
 
     from train import checkpoint as ckpt
     from train import data as data_lib
-    from train import fixtures, main as main_lib
+    from synthetic import train_data as fixtures
+    from train import main as main_lib
     from train import step as step_lib
     from train.config import load_config
     from wedlm_jax import model as model_lib

@@ -131,7 +131,7 @@ def read_config(directory, step: int) -> dict:
 # Keys that do not change what a run computes: output plumbing, logging, the device layout (a run
 # may resume on another mesh) and the attention kernel choice. Every other key must match the
 # checkpoint's saved config to resume; `steps` may grow (it extends the run).
-NON_MEANING = ("checkpoint.", "mesh.", "log_every", "metrics_file", "peak_flops", "progress",
+NON_MEANING = ("checkpoint.", "mesh.", "log_every", "metrics_file", "peak_flops", "log_mfu", "progress",
                "distributed", "attention", "attention_tile", "remat", "data.skip_bad_lines",
                "steps")
 

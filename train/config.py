@@ -109,7 +109,8 @@ class TrainConfig:
     attention_tile: int = 128  # tile size of the tiled / splash paths
     log_every: int = 1
     metrics_file: str | None = None  # JSONL; default <checkpoint.dir>/metrics.jsonl when that is set
-    peak_flops: float | None = None  # per-device FLOP/s for MFU; default: measured f32 matmul rate
+    peak_flops: float | None = None  # per-device FLOP/s for MFU (given: "mfu" is logged)
+    log_mfu: bool = False  # log "mfu" per step; without peak_flops, measures the f32 matmul rate first
     progress: bool = True
     distributed: bool = False  # call jax.distributed.initialize (also when the env asks for it)
 

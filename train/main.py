@@ -271,7 +271,9 @@ def _run(cfg, progress: bool = True) -> dict:
         it.set_state(data_state["grain"])
     step_fn = step_lib.make_train_step(cfg, mc, opt, mesh, shardings, prep["mask_token_id"])
 
-    peak = cfg.peak_flops or step_lib.measure_matmul_flops()
+    # MFU only when asked for (log_mfu, or a given peak_flops): the matmul-rate probe would
+    # otherwise cost seconds at the start of every run
+    peak = cfg.peak_flops or (step_lib.measure_matmul_flops() if cfg.log_mfu else None)
     flops_row = step_lib.model_flops_per_row(mc, cfg.data.seq_len, cfg.objective.kind,
                                              cfg.objective.block_size)
     flops_step = flops_row * cfg.data.global_batch_size
@@ -297,8 +299,9 @@ def _run(cfg, progress: bool = True) -> dict:
             dt, t_prev = now - t_prev, now
             rec = {"step": step + 1, **metrics, "step_time_s": dt,
                    "tokens_per_s": metrics["tokens"] / dt,
-                   "mfu": flops_step / dt / (peak * jax.device_count()),
                    "includes_compile": step == start}
+            if peak is not None:
+                rec["mfu"] = flops_step / dt / (peak * jax.device_count())
             records.append(rec)
             if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
                 writer.write(rec)

@@ -1,6 +1,6 @@
 """Data for the demo model (issue 5 item 1), made here from real text; nothing is downloaded.
 
-    python -m benchmarks.demo_data --out data/demo [--force] [--vocab-size 6144] [--code-mb 2]
+    python -m demo.data --out data/demo [--force] [--vocab-size 6144] [--code-mb 2]
 
 Sources
   code      the Python standard library of the running interpreter (`sysconfig` "stdlib"), without
@@ -466,7 +466,7 @@ def summary(stats: dict, out: str) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.demo_data", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m demo.data", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="data/demo", help="output folder (default data/demo)")
     p.add_argument("--force", action="store_true", help="replace an existing output folder")
     p.add_argument("--stdlib", default=None, help="code corpus folder (default: this Python's stdlib)")

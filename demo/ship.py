@@ -1,6 +1,6 @@
 """Ship the trained demo model into the repository (issue 5, step iv).
 
-    python -m benchmarks.demo_ship [--runs runs/demo] [--data data/demo] [--out benchmarks/demo_model]
+    python -m demo.ship [--runs runs/demo] [--data data/demo] [--out demo/model]
                                    [--continued DIR [DIR ...]]
 
 Copies the adapted model's HF export (config.json, model.safetensors, tokenizer files) and the
@@ -25,7 +25,7 @@ import shutil
 import sys
 import tempfile
 
-from benchmarks.demo_eval import DEMO_MODEL, write_manifest
+from demo.eval import DEMO_MODEL, write_manifest
 
 COPY = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
         "generation_config.json")
@@ -33,7 +33,7 @@ COPY = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.
 
 def read_metrics(path: str) -> list[dict]:
     if not os.path.exists(path):
-        raise SystemExit(f"demo_ship: {path} is missing (run benchmarks/demo_pipeline.sh first)")
+        raise SystemExit(f"demo_ship: {path} is missing (run demo/pipeline.sh first)")
     return [json.loads(line) for line in open(path) if line.strip()]
 
 
@@ -107,7 +107,7 @@ def summary(rows: list[dict], seconds: float | None) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.demo_ship", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m demo.ship", description=__doc__.split("\n")[0])
     ap.add_argument("--runs", default="runs/demo")
     ap.add_argument("--data", default="data/demo")
     ap.add_argument("--out", default=DEMO_MODEL)
@@ -118,10 +118,10 @@ def main(argv=None) -> int:
     for name in COPY[:4]:
         if not os.path.exists(os.path.join(hf, name)):
             raise SystemExit(f"demo_ship: {os.path.join(hf, name)} is missing (the adapt stage of "
-                             "benchmarks/demo_pipeline.sh writes it)")
+                             "demo/pipeline.sh writes it)")
     eval_path = os.path.join(args.data, "eval.jsonl")
     if not os.path.exists(eval_path):
-        raise SystemExit(f"demo_ship: {eval_path} is missing (python -m benchmarks.demo_data --out {args.data})")
+        raise SystemExit(f"demo_ship: {eval_path} is missing (python -m demo.data --out {args.data})")
     pre = read_metrics(os.path.join(args.runs, "pretrain", "metrics.jsonl"))
     ada = read_metrics(os.path.join(args.runs, "adapt", "metrics.jsonl"))
     more = [read_metrics(os.path.join(d, "metrics.jsonl")) for d in args.continued]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The demo model's whole pipeline (issue 5), one stage after another, with each stage's wall time:
 #
-#   1 data      python -m benchmarks.demo_data          stdlib code + generated text, tokenizer, eval set
+#   1 data      python -m demo.data                     stdlib code + generated text, tokenizer, eval set
 #   2 pretrain  wedlm-train configs/demo_pretrain.yaml  AR-only from scratch, exported to HF
 #   3 convert   wedlm-convert hf-to-orbax, orbax-to-hf  the trained model through the converter and
 #               back; the round trip must give the same tensors and config (checked here)
@@ -11,9 +11,9 @@
 #               set; a decoding trace (HTML, and PNG with matplotlib)
 #
 # Usage (from the repository root, with the venv active or .venv present):
-#   benchmarks/demo_pipeline.sh                    the real run (hours on a CPU; see the configs)
-#   benchmarks/demo_pipeline.sh --smoke            every command on a small data subset, 20 steps
-#   benchmarks/demo_pipeline.sh --measure          step times of the real configs (a few steps each;
+#   demo/pipeline.sh                               the real run (hours on a CPU; see the configs)
+#   demo/pipeline.sh --smoke                       every command on a small data subset, 20 steps
+#   demo/pipeline.sh --measure                     step times of the real configs (a few steps each;
 #                                                  needs a pretrained HF folder: run --smoke first)
 # Options: --runs DIR (default runs/demo, or runs/demo_smoke with --smoke), --data DIR (default
 # data/demo, or data/demo_smoke), --rebuild-data, --from STAGE (skip the stages before it), any
@@ -34,12 +34,12 @@ while [ $# -gt 0 ]; do
     --rebuild-data) REBUILD=1 ;;
     --from) FROM="$2"; shift ;;
     *=*) EXTRA+=("$1") ;;
-    *) echo "demo_pipeline.sh: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
+    *) echo "demo/pipeline.sh: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
   shift
 done
 case "$FROM" in data|pretrain|convert|adapt|decode) ;;
-  *) echo "demo_pipeline.sh: --from takes data, pretrain, convert, adapt or decode, not $FROM" >&2; exit 2 ;;
+  *) echo "demo/pipeline.sh: --from takes data, pretrain, convert, adapt or decode, not $FROM" >&2; exit 2 ;;
 esac
 if [ "$MODE" = smoke ]; then
   RUNS=${RUNS:-runs/demo_smoke}; DATA=${DATA:-data/demo_smoke}
@@ -91,8 +91,8 @@ TRAIN_DATA=(data.train_files="[$DATA/train.jsonl]" data.tokenizer="$DATA/tokeniz
 if [ "$MODE" = measure ]; then
   HF="$RUNS/pretrain/hf"
   [ -f "$HF/config.json" ] || HF=runs/demo_smoke/pretrain/hf
-  [ -f "$HF/config.json" ] || { echo "demo_pipeline.sh --measure: no pretrained HF folder ($RUNS/pretrain/hf or runs/demo_smoke/pretrain/hf); run --smoke first" >&2; exit 2; }
-  [ -f "$DATA/train.jsonl" ] || { echo "demo_pipeline.sh --measure: no data in $DATA; run python -m benchmarks.demo_data --out $DATA" >&2; exit 2; }
+  [ -f "$HF/config.json" ] || { echo "demo/pipeline.sh --measure: no pretrained HF folder ($RUNS/pretrain/hf or runs/demo_smoke/pretrain/hf); run --smoke first" >&2; exit 2; }
+  [ -f "$DATA/train.jsonl" ] || { echo "demo/pipeline.sh --measure: no data in $DATA; run python -m demo.data --out $DATA" >&2; exit 2; }
   rm -rf "$RUNS/measure_pretrain" "$RUNS/measure_adapt"
   stage measure_pretrain wedlm-train --config configs/demo_pretrain.yaml --no-progress "${TRAIN_DATA[@]}" steps=12 \
     optimizer.warmup_steps=2 log_every=1 checkpoint.dir="$RUNS/measure_pretrain" checkpoint.export_hf=null \
@@ -110,7 +110,7 @@ if run_from data; then
   if [ -f "$DATA/stats.json" ] && [ $REBUILD = 0 ]; then
     echo "=== data: reusing $DATA (--rebuild-data to build it again)" >&2
   else
-    stage data python -m benchmarks.demo_data --out "$DATA" --force "${DATA_ARGS[@]}"
+    stage data python -m demo.data --out "$DATA" --force "${DATA_ARGS[@]}"
   fi
 fi
 

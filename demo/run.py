@@ -1,9 +1,9 @@
-"""`make demo`: the shipped WeDLM demo model (benchmarks/demo_model, trained here: see its README.md)
+"""`make demo`: the shipped WeDLM demo model (demo/model, trained here: see its README.md)
 decodes held-out counting, arithmetic and code prompts with streaming parallel decoding, then the
 same prompts are decoded by streaming, verified streaming (output = AR greedy's), block and AR
 decoding on the same weights, side by side.
 
-    python -m benchmarks.demo [--items N] [--repeats R] [--window W] [--tau T] [--lam L] [--model DIR]
+    python -m demo [--items N] [--repeats R] [--window W] [--tau T] [--lam L] [--model DIR]
 
 Prints each regime's first continuation (streaming) and a table: tokens per forward, p_cache,
 tokens/s, wall-clock ratio over AR, and the regime's quality (counting exact, arithmetic accuracy,
@@ -16,8 +16,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from benchmarks.demo_eval import (DEMO_MODEL, DemoModelError, REGIMES, check_model, decode_side_by_side,
-                                  quality)
+from demo.eval import (DEMO_MODEL, DemoModelError, REGIMES, check_model, decode_side_by_side,
+                       quality)
 
 # The demo's decoding defaults, picked from the measurements in BENCHMARKS.md (issue 5).
 WINDOW, TAU, LAM = 8, 0.6, 0.02
@@ -30,7 +30,7 @@ def quality_text(kind, params, config, res) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.demo", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m demo", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=DEMO_MODEL)
     ap.add_argument("--items", type=int, default=4, help="held-out prompts per regime (default 4)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per method; median (default 3)")
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
         return 2
 
     from decode.config import DecodeConfig
-    from benchmarks.demo_eval import eval_items, load_model
+    from demo.eval import eval_items, load_model
     config, params, tok = load_model(args.model, check=False)
     print(f"wedlm-jax demo: {args.model}\n  {config.model_type}, {config.num_params():,} parameters, "
           f"{config.num_layers} layers, vocab {config.vocab_size}; trained on this project's own data "
