@@ -177,7 +177,9 @@ def lock_case(root, work):
 ROPE_SNIPPET = r"""
 import json, os, sys, numpy as np
 import importlib.util
-spec = importlib.util.spec_from_file_location('hf_models', 'tests_root/tests/hf_models.py')
+_hf = 'tests_root/synthetic/hf.py'  # tests/hf_models.py in trees before the synthetic package
+_hf = _hf if os.path.exists(_hf) else 'tests_root/tests/hf_models.py'
+spec = importlib.util.spec_from_file_location('hf_models', _hf)
 hm = importlib.util.module_from_spec(spec); spec.loader.exec_module(hm)
 make_hf_model, hf_logits = hm.make_hf_model, hm.hf_logits
 path = make_hf_model('qwen3', 'hf_rope', rope='default', max_position_embeddings=64)

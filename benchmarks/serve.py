@@ -135,7 +135,7 @@ def _pct(xs, q):
 
 
 def _items(model, n_per_kind=None):
-    from benchmarks.demo_eval import REGIMES, eval_items
+    from demo.eval import REGIMES, eval_items
     per = [eval_items(model, k, n_per_kind) for k in KINDS]
     out = []
     for group in zip(*per):   # counting, arith, code, counting, ...
@@ -147,7 +147,7 @@ def _items(model, n_per_kind=None):
 def overhead(model, url, items, window, tau, capacity, reps=5) -> dict:
     """Median over prompts of server latency (one request, non-streamed) / generate() wall - 1."""
     import httpx
-    from benchmarks.demo_eval import load_model
+    from demo.eval import load_model
     from decode.config import DecodeConfig
     from decode.engine import generate
     config, params, tok = load_model(model, check=False)
@@ -179,7 +179,7 @@ def overhead(model, url, items, window, tau, capacity, reps=5) -> dict:
 
 
 def main(argv=None) -> int:
-    from benchmarks.demo_eval import DEMO_MODEL
+    from demo.eval import DEMO_MODEL
     ap = argparse.ArgumentParser(prog="python -m benchmarks.serve", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=DEMO_MODEL)
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])

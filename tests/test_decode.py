@@ -24,7 +24,7 @@ from decode.state import Settings
 from decode.engine import generate, trace_steps
 from decode.reference import _FullForward, reference_generate
 from wedlm_jax.config import ModelConfig
-from tests.synthetic import random_params
+from synthetic import random_params
 
 CONFIG = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,
                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True,

@@ -14,7 +14,7 @@ from decode.engine import generate
 from decode.text import cut_at_stop_strings, load_tokenizer, split_stop_strings
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.convert import save_hf_checkpoint
-from tests.synthetic import random_params, tiny_bpe_tokenizer
+from synthetic import random_params, tiny_bpe_tokenizer
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

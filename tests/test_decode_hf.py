@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from decode.config import DecodeConfig, DecodeConfigError
 from decode.engine import generate
-from tests.hf_models import make_hf_model
+from synthetic.hf import make_hf_model
 from wedlm_jax.convert import load_hf_checkpoint
 
 

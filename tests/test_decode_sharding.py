@@ -16,7 +16,7 @@ SCRIPT = textwrap.dedent('''
     from decode.config import DecodeConfig
     from decode.engine import generate
     from wedlm_jax.config import ModelConfig
-    from tests.synthetic import random_params
+    from synthetic import random_params
     from wedlm_jax.sharding import make_mesh
 
     assert len(jax.devices()) == 4, jax.devices()

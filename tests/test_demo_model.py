@@ -64,7 +64,7 @@ def test_missing_or_corrupt_file_is_named_with_the_fix(tmp_path):
 
 def test_trained_network_matches_transformers(demo):
     """Parity on trained (not random) weights: our forward vs transformers' on held-out text."""
-    from tests.hf_models import hf_logits
+    from synthetic.hf import hf_logits
     from wedlm_jax.model import Transformer
     config, params, tok = demo
     texts = [it["prompt"] + it["target"] for k in ("counting", "code") for it in eval_items(DEMO_MODEL, k, 1)]

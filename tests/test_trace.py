@@ -17,7 +17,7 @@ from decode.trace import (STATES, TraceError, check_request, committed_ids, rend
                           trace_view, write_trace)
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.convert import save_hf_checkpoint
-from tests.synthetic import random_params, tiny_bpe_tokenizer
+from synthetic import random_params, tiny_bpe_tokenizer
 
 CORPUS = ["one two three four five six seven eight nine ten", "the cat sat on the mat",
           "count with me: one, two, three", "hello world, hello there"] * 5

@@ -24,7 +24,7 @@ from decode.decoder import compiled_count
 from decode.engine import generate, trace_steps
 from decode.verified_reference import reference_verified
 from wedlm_jax.config import ModelConfig
-from tests.synthetic import random_params as make_params
+from synthetic import random_params as make_params
 from wedlm_jax.model import Transformer, init_kv_cache
 
 CONFIG = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,

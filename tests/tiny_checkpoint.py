@@ -1,12 +1,12 @@
 """A tiny Hugging Face checkpoint folder for the serving and batch-job tests: a random 2-layer model
-(tests.synthetic), a byte-level BPE tokenizer trained here, a chat template and generation eos ids."""
+(the synthetic package), a byte-level BPE tokenizer trained here, a chat template and generation eos ids."""
 
 from __future__ import annotations
 
 import json
 import os
 
-from tests.synthetic import random_params, tiny_bpe_tokenizer
+from synthetic import random_params, tiny_bpe_tokenizer
 from wedlm_jax.config import ModelConfig
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
