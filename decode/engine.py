@@ -466,9 +466,8 @@ def _shardings(mesh, static: Static, config: ModelConfig, params, rules=DEFAULT_
         return None
     shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
     p_sh = tree_shardings(model_lib.param_logical_axes(config), shapes, mesh, rules)
-    cache_shape = (static.batch, static.rows, config.num_kv_heads, config.head_dim)
-    c_spec = NamedSharding(mesh, spec_for(("batch", "cache_length", "kv_heads", "head_dim"),
-                                          cache_shape, mesh, rules))
+    cache_shapes = jax.eval_shape(lambda: model_lib.init_kv_cache(config, static.batch, static.rows))
+    c_spec = tree_shardings(model_lib.kv_cache_logical_axes(config), cache_shapes, mesh, rules)
     row2 = NamedSharding(mesh, spec_for(("batch", None), (static.batch, 2), mesh, rules))
     row1 = NamedSharding(mesh, spec_for(("batch",), (static.batch,), mesh, rules))
     rep = NamedSharding(mesh, P())
@@ -568,7 +567,7 @@ def generate(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]]
 def _place(args, sh, static):
     params, cache, toks, prefill_len, state0, knobs = args
     params = jax.device_put(params, sh["params"])
-    cache = jax.device_put(cache, jax.tree.map(lambda _: sh["cache"], cache))
+    cache = jax.device_put(cache, sh["cache"])
 
     def row(x):
         x = np.asarray(x)
