@@ -1,6 +1,7 @@
 """Dry-run figures of the paper-scale train steps, compiled ahead of time on this CPU.
 
     python -m benchmarks.dry_run_table table --models 8b,7b --out benchmarks/results/dry_run_table.json
+    python -m benchmarks.dry_run_table layers --out benchmarks/results/dry_run_layers.json
     python -m benchmarks.dry_run_table compile-time --before-root /tmp/main_tree --reps 2 \\
         --out benchmarks/results/compile_time_8b.json
 
@@ -10,8 +11,9 @@ configs/wedlm_7b_from_qwen25.yaml with the architecture-only configs/arch/*), ea
 step of seq_len 4096 is compiled from abstract shapes (`train.dry_run.compile_step`, the program
 `wedlm-train --dry-run` compiles) with `rows` rows per device per microbatch (global batch =
 rows x fsdp x grad_accum, grad_accum as in the config: 4), and XLA's per-device memory analysis is
-recorded. The largest rows that fit each budget (--budgets GiB) are found by a search seeded with
-the linear fit of rows 1 and 2 and checked by compiling at the boundary (r fits, r + 1 does not).
+recorded. The largest rows that fit each budget (--budgets GiB): for the policies of
+--search-remat, a search seeded with the linear fit of rows 1 and 2 and checked by compiling at
+the boundary (r fits, r + 1 does not); for the others, the linear fit of rows 1 and 2.
 
 `compile-time`: the lowering + compile time of the 8B step at fsdp=8 (1 row per device, remat on),
 for the tree under --before-root (e.g. `git archive main`: the Python-loop model) and this tree,
@@ -110,10 +112,17 @@ def table(args) -> None:
                 one = measure(model, fsdp, remat, 1, args.seq_len, cache)
                 cell = {"model": model, "fsdp": fsdp, "remat": remat, "rows1": one,
                         "max_rows": {}}
-                if remat in args.search_remat.split(","):
-                    for b in args.budgets:
+                two = measure(model, fsdp, remat, 2, args.seq_len, cache)
+                cell["per_row_bytes"] = two["total_bytes"] - one["total_bytes"]
+                for b in args.budgets:
+                    if remat in args.search_remat.split(","):
                         cell["max_rows"][str(b)] = largest_rows(model, fsdp, remat, args.seq_len,
                                                                 b, cache)
+                    else:  # the linear fit of rows 1 and 2, not checked at the boundary
+                        free = b * GIB - one["total_bytes"]
+                        cell["max_rows"][str(b)] = (0 if free < 0 else
+                                                    1 + int(free // cell["per_row_bytes"]))
+                        cell["max_rows_from"] = "linear fit of rows 1 and 2"
                 out["cells"].append(cell)
                 out["measurements"] = list(cache.values())
                 out["elapsed_s"] = time.time() - t0
@@ -121,6 +130,37 @@ def table(args) -> None:
                     with open(args.out, "w") as f:
                         json.dump(out, f, indent=1)
                 print(json.dumps({k: v for k, v in cell.items() if k != "rows1"}), flush=True)
+
+
+def layers_scaling(args) -> None:
+    """Temporaries of the 8B step (fsdp 8, remat full) at 1 and 2 rows for several layer counts:
+    with the layer scan they grow with the rows and barely with the layers."""
+    import dataclasses
+
+    import jax
+    from train import dry_run
+    from train.config import load_config
+    from wedlm_jax.config import ModelConfig
+    path, arch = MODELS["8b"]
+    base = ModelConfig.from_hf(os.path.join(ROOT, arch))
+    out = {"machine": _machine(), "command": " ".join(sys.argv), "runs": []}
+    for layers in args.layers:
+        fields = dataclasses.asdict(base.replace(num_layers=layers))
+        fields = {k: (list(v) if isinstance(v, tuple) else v) for k, v in fields.items()}
+        for rows in (1, 2):
+            cfg = load_config(os.path.join(ROOT, path), [
+                "model.from_hf=null", "model.config=" + json.dumps(fields),
+                f"data.seq_len={args.seq_len}", f"data.global_batch_size={rows * 8 * 4}",
+                "mesh.data=1", "mesh.fsdp=8", "remat=full"])
+            compiled, lower_s, compile_s, _ = dry_run.compile_step(
+                cfg, dry_run.model_config_for(cfg), jax.devices()[:8])
+            r = {"num_layers": layers, "rows": rows, "compile_s": compile_s,
+                 **{f"{k}_bytes": v for k, v in dry_run.memory_figures(compiled).items()}}
+            out["runs"].append(r)
+            print(json.dumps(r), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
 
 
 # -------------------------------------------------------------------------------- compile time
@@ -200,25 +240,30 @@ def main(argv=None):
     t.add_argument("--models", default="8b,7b")
     t.add_argument("--fsdp", type=int, nargs="+", default=[8, 16, 64])
     t.add_argument("--remat", default="full,save_dots,none")
-    t.add_argument("--search-remat", default="full,save_dots,none",
-                   help="remat policies whose largest batch is searched")
+    t.add_argument("--search-remat", default="full",
+                   help="remat policies whose largest batch is searched and checked at the "
+                        "boundary (the others: linear fit of rows 1 and 2)")
     t.add_argument("--budgets", type=float, nargs="+", default=[80.0, 95.0])
     t.add_argument("--seq-len", type=int, default=4096)
     t.add_argument("--out")
+    lay = sub.add_parser("layers")
+    lay.add_argument("--layers", type=int, nargs="+", default=[9, 18, 36])
+    lay.add_argument("--seq-len", type=int, default=4096)
+    lay.add_argument("--out")
     c = sub.add_parser("compile-time")
     c.add_argument("--before-root", required=True, help="a tree with the old model (git archive)")
     c.add_argument("--reps", type=int, default=2)
     c.add_argument("--fsdp-compile", type=int, default=8)
     c.add_argument("--out")
     args = p.parse_args(argv)
-    if args.cmd == "table":
-        n = max(args.fsdp)
+    if args.cmd in ("table", "layers"):
+        n = max(args.fsdp) if args.cmd == "table" else 8
         flag = f"--xla_force_host_platform_device_count={n}"
         if flag not in os.environ.get("XLA_FLAGS", ""):  # before JAX starts: re-exec with n devices
             env = dict(os.environ, XLA_FLAGS=flag, JAX_PLATFORMS="cpu")
             os.execve(sys.executable, [sys.executable, "-m", "benchmarks.dry_run_table",
                                        *sys.argv[1:]], env)
-        table(args)
+        table(args) if args.cmd == "table" else layers_scaling(args)
     else:
         compile_time(args)
 
