@@ -22,8 +22,10 @@ CONFIG = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermed
 
 def _params(seed=0):
     rng = np.random.default_rng(seed)
-    return jax.tree.map(lambda s: (0.05 * rng.standard_normal(s.shape) + (1.0 if len(s.shape) == 1 else 0.0))
-                        .astype(np.float32), param_shapes(CONFIG))
+    return jax.tree_util.tree_map_with_path(
+        lambda path, s: (0.05 * rng.standard_normal(s.shape)
+                         + (1.0 if "scale" in jax.tree_util.keystr(path) else 0.0)).astype(np.float32),
+        param_shapes(CONFIG))
 
 
 @functools.partial(jax.jit, static_argnums=5)
@@ -63,7 +65,7 @@ def test_rows_past_the_live_tiles_are_never_read():
     s, tile, capacity = 4, 8, 128
     cache = _filled_cache(params, [9, 30], capacity)
     live = -(-(30 + s) // tile) * tile                  # rows the tiled path may read: 0..39
-    poisoned = jax.tree.map(lambda x: x.at[:, live:].set(jnp.nan), cache)
+    poisoned = jax.tree.map(lambda x: x.at[:, :, live:].set(jnp.nan), cache)  # [layers, B, rows, ...]
     toks = np.random.default_rng(4).integers(0, 64, (2, s))
     pos = np.asarray(lens)[:, None] + np.arange(s)[None]
     tiled, _ = forward(params, toks, pos, poisoned, lens, tile)
