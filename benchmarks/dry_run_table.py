@@ -133,7 +133,7 @@ def table(args) -> None:
 
 
 def layers_scaling(args) -> None:
-    """Temporaries of the 8B step (fsdp 8, remat full) at 1 and 2 rows for several layer counts:
+    """Temporaries of the 8B step (fsdp 8, remat full) at --rows rows for several layer counts:
     with the layer scan they grow with the rows and barely with the layers."""
     import dataclasses
 
@@ -147,7 +147,7 @@ def layers_scaling(args) -> None:
     for layers in args.layers:
         fields = dataclasses.asdict(base.replace(num_layers=layers))
         fields = {k: (list(v) if isinstance(v, tuple) else v) for k, v in fields.items()}
-        for rows in (1, 2):
+        for rows in args.rows:
             cfg = load_config(os.path.join(ROOT, path), [
                 "model.from_hf=null", "model.config=" + json.dumps(fields),
                 f"data.seq_len={args.seq_len}", f"data.global_batch_size={rows * 8 * 4}",
@@ -248,6 +248,7 @@ def main(argv=None):
     t.add_argument("--out")
     lay = sub.add_parser("layers")
     lay.add_argument("--layers", type=int, nargs="+", default=[9, 18, 36])
+    lay.add_argument("--rows", type=int, nargs="+", default=[1, 2])
     lay.add_argument("--seq-len", type=int, default=4096)
     lay.add_argument("--out")
     c = sub.add_parser("compile-time")
