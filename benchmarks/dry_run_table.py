@@ -233,6 +233,24 @@ def compile_time(args) -> None:
             json.dump(out, f, indent=1)
 
 
+def markdown(args) -> None:
+    """The BENCHMARKS.md table of a `table` JSON."""
+    t = json.load(open(args.table))
+    budgets = [str(b) for b in t["budgets_gib"]]
+    print(f"| model | fsdp | remat | arguments | temporaries | total (1 row) | + per row | "
+          + " | ".join(f"max rows <= {float(b):g} GiB" for b in budgets) + " | compile |")
+    print("|---|---|---|---|---|---|---|" + "---|" * len(budgets) + "---|")
+    for c in t["cells"]:
+        one = c["rows1"]
+        per = c.get("per_row_bytes")
+        fits = [str(c["max_rows"].get(b, "")) + ("" if c["remat"] == "full" else "*")
+                for b in budgets]
+        print(f"| {c['model']} | {c['fsdp']} | {c['remat']} | {one['argument_bytes'] / GIB:.2f} | "
+              f"{one['temp_bytes'] / GIB:.2f} | {one['total_bytes'] / GIB:.2f} | "
+              f"{'' if per is None else f'{per / GIB:.2f}'} | " + " | ".join(fits)
+              + f" | {one['lower_s'] + one['compile_s']:.0f} s |")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -251,6 +269,8 @@ def main(argv=None):
     lay.add_argument("--rows", type=int, nargs="+", default=[1, 2])
     lay.add_argument("--seq-len", type=int, default=4096)
     lay.add_argument("--out")
+    md = sub.add_parser("markdown")
+    md.add_argument("table")
     c = sub.add_parser("compile-time")
     c.add_argument("--before-root", required=True, help="a tree with the old model (git archive)")
     c.add_argument("--reps", type=int, default=2)
@@ -265,6 +285,8 @@ def main(argv=None):
             os.execve(sys.executable, [sys.executable, "-m", "benchmarks.dry_run_table",
                                        *sys.argv[1:]], env)
         table(args) if args.cmd == "table" else layers_scaling(args)
+    elif args.cmd == "markdown":
+        markdown(args)
     else:
         compile_time(args)
 

@@ -9,9 +9,10 @@
     wedlm-convert orbax-to-hf --orbax DIR --out DIR [--dtype bf16|f32] [--max-shard-size 5GB] [--force]
 
 Loading checks every tensor name and shape against the config before reading any data, then
-reads one tensor at a time (largest first, so the transient copies never sit on top of a nearly
-full tree) and places it straight into its target sharding: on a mesh each device receives only
-its slice. Every writer builds the output in a hidden sibling folder
+assembles one parameter at a time (a stacked layer parameter from its layers' tensors, read one by
+one; largest first, so the transient host copy never sits on top of a nearly full tree) and places
+it straight into its target sharding: on a mesh each device receives only its slice. Saving
+gathers one tensor (one layer's slice) at a time. Every writer builds the output in a hidden sibling folder
 (`.NAME.partial-*`), writes `config.json` last, and renames the folder into place only when it is
 complete; an existing checkpoint at the destination is replaced only with `force=True`, and only
 after the new one is complete.
