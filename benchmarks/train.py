@@ -31,6 +31,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 import types
 
@@ -161,6 +162,7 @@ def load_baseline_model(root: str):
     spec = importlib.util.spec_from_file_location("wedlm_baseline_model",
                                                   os.path.join(root, "wedlm_jax", "model.py"))
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # flax's dataclass transform looks the module up
     spec.loader.exec_module(mod)
     return types.SimpleNamespace(
         Transformer=lambda config, remat="none", **kw: mod.Transformer(
