@@ -138,6 +138,7 @@ def layers_scaling(args) -> None:
     import dataclasses
 
     import jax
+    import yaml
     from train import dry_run
     from train.config import load_config
     from wedlm_jax.config import ModelConfig
@@ -149,7 +150,9 @@ def layers_scaling(args) -> None:
         fields = {k: (list(v) if isinstance(v, tuple) else v) for k, v in fields.items()}
         for rows in args.rows:
             cfg = load_config(os.path.join(ROOT, path), [
-                "model.from_hf=null", "model.config=" + json.dumps(fields),
+                # YAML flow style: 1e-06 in JSON would read back as a string in YAML
+                "model.from_hf=null",
+                "model.config=" + yaml.safe_dump(fields, default_flow_style=True).strip(),
                 f"data.seq_len={args.seq_len}", f"data.global_batch_size={rows * 8 * 4}",
                 "mesh.data=1", "mesh.fsdp=8", "remat=full"])
             compiled, lower_s, compile_s, _ = dry_run.compile_step(
