@@ -3,6 +3,7 @@
     python -m benchmarks.train                       # tiny and ~100M configs, seq len 1024
     python -m benchmarks.train --models tiny --steps 5 --seq-len 256
     python -m benchmarks.train --attention dense     # the dense-mask reference path
+    python -m benchmarks.train --baseline-root DIR --steps 7  # vs the model of another tree, interleaved
 
 For each model: the dual-stream train step (the same `train.step.make_train_step` the program
 runs: on-device masking, attention over the arrangement's structure (tiled by default on CPU, or
@@ -24,11 +25,15 @@ the dense mask), loss, backward, AdamW) on one device, rows of `seq_len` tokens
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import json
 import os
 import platform
 import statistics
+import sys
 import time
+import types
 
 import jax
 import jax.numpy as jnp
@@ -151,6 +156,85 @@ def bench_model(name: str, rows: int, seq_len: int, steps: int, remat: bool, att
     }
 
 
+def load_baseline_model(root: str):
+    """`wedlm_jax/model.py` of another tree (e.g. `git archive main` before the layer scan) as a
+    module of its own, wrapped so `train.step` can build its step: its `remat` was a bool."""
+    spec = importlib.util.spec_from_file_location("wedlm_baseline_model",
+                                                  os.path.join(root, "wedlm_jax", "model.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # flax's dataclass transform looks the module up
+    spec.loader.exec_module(mod)
+    return types.SimpleNamespace(
+        Transformer=lambda config, remat="none", **kw: mod.Transformer(
+            config, remat=remat not in ("none", False), **kw),
+        param_shapes=mod.param_shapes, param_logical_axes=mod.param_logical_axes,
+        init_params=mod.init_params)
+
+
+@contextlib.contextmanager
+def _model_module(module):
+    """Build (and compile) a step with `module` in place of `wedlm_jax.model` inside train.step."""
+    saved = step_lib.model_lib
+    step_lib.model_lib = module
+    try:
+        yield
+    finally:
+        step_lib.model_lib = saved
+
+
+def _step_thunk(mc, cfg, rows, seq_len):
+    mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    opt = step_lib.make_optimizer(cfg)
+    sh = step_lib.state_shardings(mc, opt, mesh)
+    state = step_lib.init_state(step_lib.init_params_sharded(mc, 0, sh), opt, sh)
+    fn = step_lib.make_train_step(cfg, mc, opt, mesh, sh, mc.mask_token_id)
+    rng = np.random.default_rng(0)
+    bsh = step_lib.batch_shardings(mesh)
+    batch = {"tokens": rng.integers(0, mc.vocab_size - 1, (rows, seq_len)).astype(np.int32),
+             "segment_ids": np.ones((rows, seq_len), np.int32),
+             "maskable": np.ones((rows, seq_len), bool),
+             "index": np.arange(rows, dtype=np.int32)}
+    batch = {k: jax.device_put(v, bsh[k]) for k, v in batch.items()}
+    holder = {"state": state}
+
+    def one():
+        holder["state"], m = fn(holder["state"], batch)
+        return m["loss"]
+    return one
+
+
+def compare_baseline(name: str, rows: int, seq_len: int, steps: int, remat: bool, attention: str,
+                     tile: int, baseline_root: str) -> dict:
+    """Step time of this tree's model vs the baseline tree's, same step program otherwise, in one
+    process, timed alternately (baseline, current, baseline, ...); medians and their ratio."""
+    fields = MODELS[name]
+    cfg = load_config(None, [
+        "model.config=" + json.dumps(fields), "data.train_files=[unused.jsonl]",
+        f"data.seq_len={seq_len}", f"data.global_batch_size={rows}", "steps=1000",
+        "optimizer.lr=1e-4", "optimizer.final_lr=1e-5", "optimizer.warmup_steps=10",
+        "objective.block_size=32", "compute_dtype=f32", f"remat={str(remat).lower()}",
+        f"attention={attention}", f"attention_tile={tile}"])
+    mc = ModelConfig(**fields)
+    base_mod = load_baseline_model(baseline_root)
+    thunks, compile_s = {}, {}
+    for variant in ("baseline", "current"):
+        with _model_module(base_mod) if variant == "baseline" else contextlib.nullcontext():
+            thunks[variant] = _step_thunk(mc, cfg, rows, seq_len)
+            t0 = time.perf_counter()
+            jax.block_until_ready(thunks[variant]())
+            compile_s[variant] = time.perf_counter() - t0
+    times = {"baseline": [], "current": []}
+    for _ in range(steps):
+        for variant in ("baseline", "current"):
+            times[variant] += _time(thunks[variant], 1)
+    med = {v: statistics.median(t) for v, t in times.items()}
+    return {"model": name, "params": mc.num_params(), "rows": rows, "seq_len": seq_len,
+            "remat": remat, "attention": step_lib.attention_impl(cfg), "baseline_root": baseline_root,
+            "compile_and_first_step_s": compile_s, "step_times_s": times, "median_step_s": med,
+            "tokens_per_s": {v: rows * seq_len / t for v, t in med.items()},
+            "current_over_baseline_time": med["current"] / med["baseline"]}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="tiny,100m")
@@ -161,7 +245,25 @@ def main(argv=None):
     p.add_argument("--attention", default="auto", help="dense | tiled | auto (tiled on CPU)")
     p.add_argument("--tile", type=int, default=128, help="attention tile (tiled path)")
     p.add_argument("--out", help="write the results as JSON here")
+    p.add_argument("--baseline-root", help="also time the model of this tree (e.g. `git archive "
+                                           "main`), interleaved with this tree's, same step")
     args = p.parse_args(argv)
+    if args.baseline_root:
+        info = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+                           f"jax {jax.__version__} on {jax.devices()[0].platform}",
+                "loadavg_at_start": os.getloadavg()}
+        print(json.dumps(info), flush=True)
+        results = []
+        for name in args.models.split(","):
+            r = compare_baseline(name, args.rows, args.seq_len, args.steps, args.remat,
+                                 args.attention, args.tile, args.baseline_root)
+            results.append(r)
+            print(json.dumps(r), flush=True)
+        info["loadavg_at_end"] = os.getloadavg()
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"info": info, "results": results}, f, indent=1)
+        return
     peak = step_lib.measure_matmul_flops(n=2048, repeats=5)
     info = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
                        f"jax {jax.__version__} on {jax.devices()[0].platform}",

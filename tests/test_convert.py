@@ -544,4 +544,6 @@ def test_load_onto_mesh_8_devices(hf_models, tmp_path):
                        timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     n_split = int(r.stdout.split("SPLIT")[-1])
-    assert n_split >= 20  # most params really are split across devices (10+ per loader)
+    # every matrix really is split across devices: embedding, head, q/k/v/o and gate/up/down
+    # (stacked over the layers), 9 per loader
+    assert n_split >= 18

@@ -23,8 +23,10 @@ KERNELS = ("tiled", "pallas", "cudnn")
 
 def _params(seed=0):
     rng = np.random.default_rng(seed)
-    return jax.tree.map(lambda s: (0.05 * rng.standard_normal(s.shape) + (1.0 if len(s.shape) == 1 else 0.0))
-                        .astype(np.float32), param_shapes(CONFIG))
+    return jax.tree_util.tree_map_with_path(
+        lambda path, s: (0.05 * rng.standard_normal(s.shape)
+                         + (1.0 if "scale" in jax.tree_util.keystr(path) else 0.0)).astype(np.float32),
+        param_shapes(CONFIG))
 
 
 @functools.partial(jax.jit, static_argnums=(5, 6))
@@ -125,8 +127,8 @@ def test_rows_past_the_live_tiles_are_never_read():
     live_row = [-(-(9 + s) // tile) * tile, live_batch]           # 16 for row 0, 40 for row 1
 
     def poison(rows_per_row):
-        return jax.tree.map(lambda x: jnp.stack([x[b].at[r:].set(jnp.nan)
-                                                 for b, r in enumerate(rows_per_row)]), cache)
+        return jax.tree.map(lambda x: jnp.stack([x[:, b].at[:, r:].set(jnp.nan)   # [layers, B, rows, ..]
+                                                 for b, r in enumerate(rows_per_row)], axis=1), cache)
 
     for impl, live in [("tiled", [live_batch] * 2), ("pallas", live_row)]:
         got, _ = forward(params, toks, pos, poison(live), lens, impl, tile)

@@ -69,7 +69,7 @@ def test_cache_rows_written_at_cache_len(params):
     cache = init_kv_cache(CFG, 2, 16)
     n = np.array([2, 5], np.int32)
     _, new = _apply(params, np.ones((2, 3), np.int32), n[:, None] + np.arange(3), kv_cache=cache, cache_len=n)
-    k = np.asarray(new[0]["k"])
+    k = np.asarray(new["k"][0])
     for b in range(2):
         written = np.abs(k[b]).sum(axis=(1, 2)) > 0
         assert written.tolist() == [n[b] <= r < n[b] + 3 for r in range(16)]
@@ -125,9 +125,13 @@ def test_dtype_policy_and_remat(params):
         out = Transformer(CFG, remat=remat).apply({"params": p}, tokens, pos)
         return jnp.mean(jax.nn.logsumexp(out, -1))
     g0 = jax.jit(jax.grad(loss), static_argnums=1)(params, False)
-    g1 = jax.jit(jax.grad(loss), static_argnums=1)(params, True)
+    g1 = jax.jit(jax.grad(loss), static_argnums=1)(params, True)  # the old switch: full remat
     for x, y in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6)
+    from wedlm_jax.model import remat_policy  # every policy vs a looped model: test_scanned_equals_looped
+    assert [remat_policy(p) for p in (True, False, "save_dots")] == ["full", "none", "save_dots"]
+    with pytest.raises(ValueError, match="remat policy 'dots'.*allowed: full, save_dots, none"):
+        Transformer(CFG, remat="dots").apply({"params": params}, tokens, pos)
 
 
 SHARDED = textwrap.dedent("""
@@ -149,8 +153,9 @@ SHARDED = textwrap.dedent("""
     shard = sharding.tree_shardings(param_logical_axes(cfg), param_shapes(cfg), mesh)
     sp = jax.device_put(params, shard)
     # Sharded over something: the q projection splits heads over 'tensor', embed over 'fsdp'.
-    assert sp["layers_0"]["attn"]["q_proj"]["kernel"].sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor", None), \\
-        sp["layers_0"]["attn"]["q_proj"]["kernel"].sharding.spec
+    # (the leading 'layers' axis of the stacked kernel is never split)
+    assert sp["layers"]["attn"]["q_proj"]["kernel"].sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor", None), \\
+        sp["layers"]["attn"]["q_proj"]["kernel"].sharding.spec
     batch = jax.sharding.NamedSharding(mesh, sharding.spec_for(("batch", "length"), tokens.shape, mesh))
     with jax.set_mesh(mesh):
         import flax.linen as nn
@@ -168,3 +173,54 @@ def test_sharded_logits_equal_unsharded():
     assert res.returncode == 0, res.stderr[-3000:]
     diff = float(res.stdout.split("MAXDIFF")[1])
     assert diff <= 1e-5
+
+
+def test_scanned_equals_looped(params):
+    """The layer scan (with each remat policy) equals a Python loop over the layers
+    (tests/looped_model): logits and gradients of a loss, and cache-mode logits and cache, 1e-5."""
+    from tests.looped_model import looped_apply
+    config = CFG
+    rng = np.random.default_rng(4)
+    tokens = rng.integers(0, 64, (2, 9)).astype(np.int32)
+    pos = np.stack([rng.permutation(9) for _ in range(2)]).astype(np.int32)
+    seg = np.array([[1] * 5 + [2] * 4, [1] * 9], np.int32)
+    loss = lambda logits: jnp.mean(jax.nn.logsumexp(logits, -1) - logits[..., 3])
+
+    def both(forward):  # logits and gradients of one forward
+        return jax.jit(lambda p: (forward(p), jax.grad(lambda q: loss(forward(q)))(p)))(params)
+
+    ref_logits, ref_grads = both(lambda p: looped_apply(config, p, tokens, pos, segment_ids=seg))
+    for policy in ("none", "full", "save_dots"):
+        model = Transformer(config, remat=policy)
+        logits, grads = both(lambda p: model.apply({"params": p}, tokens, pos, segment_ids=seg))
+        np.testing.assert_allclose(np.asarray(logits), np.asarray(ref_logits), atol=1e-5)
+        assert jax.tree.structure(grads) == jax.tree.structure(ref_grads)
+        for (path, g), r in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(ref_grads)):
+            assert float(jnp.abs(r).max()) > 0, jax.tree_util.keystr(path)
+            np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=1e-5,
+                                       err_msg=f"{policy} {jax.tree_util.keystr(path)}")
+    cache = init_kv_cache(config, 2, 16)
+    n = np.array([0, 4], np.int32)
+    cpos = n[:, None] + np.arange(9)
+    got, got_cache = jax.jit(Transformer(config).apply)({"params": params}, tokens, cpos,
+                                                        kv_cache=cache, cache_len=n)
+    ref, ref_cache = jax.jit(lambda p: looped_apply(config, p, tokens, cpos, kv_cache=cache,
+                                                    cache_len=n))(params)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(ref), atol=1e-5)
+    for key in ("k", "v"):
+        assert got_cache[key].shape == (config.num_layers, 2, 16, config.num_kv_heads, config.head_dim)
+        np.testing.assert_allclose(np.asarray(got_cache[key]), np.asarray(ref_cache[key]), atol=1e-5)
+
+
+def test_kv_cache_constructor_and_axes(params):
+    from wedlm_jax.model import kv_cache_logical_axes
+    cache = init_kv_cache(CFG, 3, 8, jnp.bfloat16)
+    axes = kv_cache_logical_axes(CFG)
+    assert jax.tree.structure(cache) == jax.tree.structure(axes, is_leaf=lambda x: isinstance(x, tuple))
+    for key in ("k", "v"):
+        assert cache[key].shape == (2, 3, 8, 2, 16) and cache[key].dtype == jnp.bfloat16
+        assert len(axes[key]) == cache[key].ndim and axes[key][0] == "layers"
+    with pytest.raises(ValueError, match=r"kv_cache\['k'\] has shape \(3, 3, 8, 2, 16\)"):
+        Transformer(CFG).apply({"params": params}, np.ones((3, 2), np.int32), np.zeros((3, 2), np.int32),
+                               kv_cache=init_kv_cache(CFG.replace(num_layers=3), 3, 8),
+                               cache_len=np.zeros(3, np.int32))

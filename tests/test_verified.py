@@ -151,19 +151,19 @@ def test_committed_kv_rows_are_final(agree):
     toks = np.zeros((4, length), np.int32)
     for r, s in enumerate(seqs):
         toks[r, :len(s)] = s
-    rows = final["cache"][0]["k"].shape[1]
+    rows = final["cache"]["k"].shape[2]  # [layers, batch, rows, kv_heads, head_dim]
     model = Transformer(CONFIG)
     _, ref_cache = jax.jit(lambda p, t: model.apply(
         {"params": p}, t, jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), t.shape),
         kv_cache=init_kv_cache(CONFIG, 4, rows), cache_len=jnp.zeros((4,), jnp.int32)))(agree, toks)
     worst, checked = 0.0, 0
-    for got_l, want_l in zip(final["cache"], ref_cache):
+    for layer in range(CONFIG.num_layers):
         for key in ("k", "v"):
+            got_l, want_l = np.asarray(final["cache"][key][layer]), np.asarray(ref_cache[key][layer])
             for r, s in enumerate(seqs):
                 m = min(int(n[r]), len(s))
                 checked += m
-                worst = max(worst, float(np.abs(np.asarray(got_l[key][r, :m]) -
-                                                np.asarray(want_l[key][r, :m])).max()))
+                worst = max(worst, float(np.abs(got_l[r, :m] - want_l[r, :m]).max()))
     assert checked > 4 * 4 * 20 and worst <= 1e-5, (checked, worst)
 
 

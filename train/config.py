@@ -21,6 +21,8 @@ OBJECTIVES = ("dual_stream", "plain", "ar_only")
 COMPUTE_DTYPES = ("bfloat16", "float32")
 PARAM_DTYPES = ("float32",)
 ATTENTION = ("dense", "tiled", "splash", "cudnn", "auto")
+REMAT = ("full", "save_dots", "none")  # the layer scan's remat policy (wedlm_jax.model.REMAT_POLICIES)
+REMAT_ALIASES = {True: "full", False: "none"}  # the old boolean switch
 DTYPE_ALIASES = {"bf16": "bfloat16", "f32": "float32", "fp32": "float32", "bfloat16": "bfloat16",
                  "float32": "float32"}
 
@@ -104,7 +106,7 @@ class TrainConfig:
     seed: int = 0
     compute_dtype: str = "bfloat16"
     param_dtype: str = "float32"
-    remat: bool = False
+    remat: str = "none"  # full | save_dots | none (true / false: full / none)
     attention: str = "auto"  # dense | tiled | splash | cudnn | auto (wedlm_jax.attention_backends)
     attention_tile: int = 128  # tile size of the tiled / splash paths
     log_every: int = 1
@@ -217,6 +219,8 @@ def _build(cls, raw: Mapping, prefix: str, where: str):
             if not isinstance(v, Mapping):
                 raise TrainConfigError(f"{where}: {full} must be a mapping of keys, got {v!r}")
             kw[k] = _build(SECTIONS[k], v, f"{k}.", where)
+        elif cls is TrainConfig and k == "remat" and isinstance(v, bool):
+            kw[k] = REMAT_ALIASES[v]
         else:
             kw[k] = _coerce(v, hints[k], full, where)
     return cls(**kw)
@@ -373,6 +377,9 @@ def validate(cfg: TrainConfig, where: str = "config") -> None:
         bad("param_dtype", f"must be f32 (float32: master weights), got {cfg.param_dtype!r}")
     if cfg.attention not in ATTENTION:
         bad("attention", f"must be one of {', '.join(ATTENTION)}, got {cfg.attention!r}")
+    if cfg.remat not in REMAT:
+        bad("remat", f"must be one of {', '.join(REMAT)} (or true / false: full / none), got "
+                     f"{cfg.remat!r}")
     if cfg.attention_tile < 8:
         bad("attention_tile", f"must be >= 8, got {cfg.attention_tile}")
     if c.every < 1 or c.keep < 1:

@@ -41,7 +41,37 @@ def parse_args(argv=None):
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--force", action="store_true",
                    help="replace an existing checkpoint at checkpoint.export_hf")
+    d = p.add_argument_group("dry run (train/dry_run.py): compile the step from abstract shapes, "
+                                "read no weights and no data")
+    d.add_argument("--dry-run", action="store_true",
+                   help="print per-device memory, FLOPs and compile time of the train step, and "
+                        "whether it fits --device-memory; exit 1 when it does not")
+    d.add_argument("--device-memory", type=float, help="GiB of memory per device (e.g. 80)")
+    d.add_argument("--devices", type=int,
+                   help="forced CPU devices (default: data x fsdp x tensor of the mesh)")
+    d.add_argument("--topology", help="an accelerator topology jax can describe without the "
+                                      "hardware, e.g. tpu:v5e:4x4 (needs libtpu)")
+    d.add_argument("--json", dest="json_out", help="also write the figures as JSON here")
     return p.parse_args(argv)
+
+
+def dry_run_main(args) -> int:
+    """`--dry-run`: everything checkable is checked before JAX starts (config, remat, device
+    memory, device count), then the devices are forced and the step compiled."""
+    from train import dry_run
+    from train.config import TrainConfigError
+    from wedlm_jax.config import ConfigError
+    try:
+        if args.device_memory is None or args.device_memory <= 0:
+            raise TrainConfigError("--dry-run needs --device-memory GiB (> 0), e.g. 80")
+        cfg = config_from_args(args)
+        if args.topology is None:
+            dry_run.force_host_devices(dry_run.devices_needed(cfg, args.devices))
+        return dry_run.run(cfg, args.device_memory, args.devices, args.topology, args.json_out,
+                           source=args.config or "the defaults")
+    except (TrainConfigError, ConfigError) as e:
+        print(f"wedlm-train: error: {e}", file=sys.stderr)
+        return 2
 
 
 def config_from_args(args):
@@ -341,12 +371,14 @@ def export_hf(mc, params, out_dir, tokenizer_dir, primary: bool, force: bool = F
 
 def main(argv=None) -> int:
     from train.checkpoint import ResumeError
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    if args.dry_run:
+        return dry_run_main(args)
     from train.config import TrainConfigError
     from train.data import DataError
     from wedlm_jax.config import ConfigError
     from wedlm_jax.convert import CheckpointError
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    args = parse_args(argv)
     try:
         cfg = config_from_args(args)
         init_distributed(args, cfg)

@@ -10,9 +10,10 @@
     (both: [--allow-nonfinite] to convert weights holding NaN/Inf)
 
 Loading checks every tensor name and shape against the config before reading any data, then
-reads one tensor at a time (largest first, so the transient copies never sit on top of a nearly
-full tree) and places it straight into its target sharding: on a mesh each device receives only
-its slice. Every writer builds the output in a hidden sibling folder
+assembles one parameter at a time (a stacked layer parameter from its layers' tensors, read one by
+one; largest first, so the transient host copy never sits on top of a nearly full tree) and places
+it straight into its target sharding: on a mesh each device receives only its slice. Saving
+gathers one tensor (one layer's slice) at a time. Every writer builds the output in a hidden sibling folder
 (`.NAME.partial-HOST-PID-*`), writes `config.json` last, and renames the folder into place only
 when it is complete; an existing checkpoint at the destination is replaced only with `force=True`,
 and only after the new one is complete. A writer killed outright leaves its partial folder behind;
@@ -330,10 +331,11 @@ def _nonfinite_error(where: str, name: str, count: int) -> CheckpointError:
 # --------------------------------------------------------------------------- HF -> JAX
 
 def plan_hf_load(config: ModelConfig, tensors: dict[str, st.TensorInfo], allow_extra: bool = False,
-                 source: str = "checkpoint") -> list[tuple[st.TensorInfo, tuple, str, tuple]]:
+                 source: str = "checkpoint") -> list[tuple[st.TensorInfo, tuple, str, tuple, int | None]]:
     """Match a checkpoint's tensors (headers only) against `config`: [(info, param path,
-    transform, JAX shape)], or a CheckpointError naming every missing, unexpected or misshapen
-    tensor."""
+    transform, JAX shape, layer)], or a CheckpointError naming every missing, unexpected or
+    misshapen tensor. A layer tensor is slice `layer` of the stacked parameter at `param path`
+    (its JAX shape is the slice's)."""
     expected = hf_mapping.expected_tensors(config, model.param_shapes(config))
     present = {n: i for n, i in tensors.items() if not any(rx.match(n) for rx in hf_mapping.IGNORED)}
     if config.tie_word_embeddings:
@@ -349,13 +351,25 @@ def plan_hf_load(config: ModelConfig, tensors: dict[str, st.TensorInfo], allow_e
                               f"{config.model_type} model: {_names(extra)} (pass --allow-extra / "
                               f"allow_extra=True to skip them)")
     bad = [f"{n} has shape {list(present[n].shape)} in {os.path.basename(present[n].file)}, the "
-           f"config needs {list(hf)}" for n, (_, _, _, hf) in expected.items()
+           f"config needs {list(hf)}" for n, (_, _, _, hf, _) in expected.items()
            if tuple(present[n].shape) != tuple(hf)]
     if bad:
         raise CheckpointError(f"{source}: shape mismatch: " + "; ".join(bad[:_LIST_LIMIT]) +
                               (f" ... and {len(bad) - _LIST_LIMIT} more" if len(bad) > _LIST_LIMIT
                                else ""))
-    return [(present[n], path, kind, jshape) for n, (path, kind, jshape, _) in expected.items()]
+    return [(present[n], path, kind, jshape, layer)
+            for n, (path, kind, jshape, _, layer) in expected.items()]
+
+
+def _group_by_param(plan) -> list[tuple[tuple, list]]:
+    """The plan grouped by target parameter (a stacked layer parameter gathers its layers' tensors
+    in layer order), largest parameter first."""
+    groups: dict[tuple, list] = {}
+    for item in plan:
+        groups.setdefault(item[1], []).append(item)
+    out = [(path, sorted(items, key=lambda it: -1 if it[4] is None else it[4]))
+           for path, items in groups.items()]
+    return sorted(out, key=lambda g: -sum(it[0].nbytes for it in g[1]))
 
 
 def load_hf_checkpoint(path, mesh=None, dtype=None, allow_extra: bool = False,
@@ -365,7 +379,8 @@ def load_hf_checkpoint(path, mesh=None, dtype=None, allow_extra: bool = False,
 
     `dtype`: None keeps each tensor's stored dtype, else 'bf16' / 'f32' (or a dtype). With a
     `mesh`, every param lands in the sharding `sharding.tree_shardings` gives it; without, on the
-    default device."""
+    default device. One parameter is assembled on the host at a time (a stacked layer parameter
+    from its layers' tensors, read one by one), largest first, and placed before the next."""
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise CheckpointError(f"{path}: not a folder")
@@ -375,21 +390,26 @@ def load_hf_checkpoint(path, mesh=None, dtype=None, allow_extra: bool = False,
     config = settle_qk_norm(config, path, tensors)  # released-checkpoint convention, from headers
     plan = plan_hf_load(config, tensors, allow_extra, source=path)
     shardings = _target_shardings(config, mesh, model.param_shapes(config))
-    plan.sort(key=lambda item: -item[0].nbytes)
     params: dict = {}
     with _progress(sum(i.nbytes for i, *_ in plan), "load " + os.path.basename(path.rstrip("/")),
                    progress) as bar:
-        for info, ppath, kind, jshape in plan:
-            raw = st.read_tensor(info)
-            if not allow_nonfinite and (bad := count_nonfinite(raw)):
-                raise _nonfinite_error(info.file, info.name, bad)
-            arr = np.asarray(hf_mapping.to_jax(kind, raw, jshape), dtype=target or raw.dtype,
-                             order="C")
-            del raw
+        for ppath, items in _group_by_param(plan):
+            stacked = items[0][4] is not None
+            dt = target or np.result_type(*(st.DTYPES[it[0].dtype] for it in items))
+            arr = np.empty(((len(items),) if stacked else ()) + items[0][3], dt)
+            for info, _, kind, jshape, layer in items:
+                raw = st.read_tensor(info)
+                if not allow_nonfinite and (bad := count_nonfinite(raw)):
+                    raise _nonfinite_error(info.file, info.name, bad)
+                if stacked:
+                    arr[layer] = hf_mapping.to_jax(kind, raw, jshape)
+                else:
+                    arr[...] = hf_mapping.to_jax(kind, raw, jshape)
+                del raw
+                bar.update(info.nbytes)
             hf_mapping.set_path(params, ppath, _place(arr, hf_mapping.get_path(shardings, ppath)))
             del arr
-            bar.update(info.nbytes)
-    _release_host_memory()
+            _release_host_memory()
     return config, params
 
 
@@ -431,15 +451,16 @@ def save_hf_checkpoint(config: ModelConfig, params, out_dir, *, dtype=None,
     check_out_dir(os.path.abspath(os.fspath(out_dir)), force)
     expected = hf_mapping.expected_tensors(config, model.param_shapes(config))
     specs, kinds = [], {}
-    for name, (ppath, kind, _, hf_shape) in expected.items():
+    for name, (ppath, kind, _, hf_shape, layer) in expected.items():
         leaf = hf_mapping.get_path(params, ppath)
         specs.append((name, st.dtype_name(target or leaf.dtype), hf_shape))
-        kinds[name] = (ppath, kind)
+        kinds[name] = (ppath, kind, layer)
     sizes = [int(np.prod(s)) * st.DTYPES[d].itemsize for _, d, s in specs]
 
-    def fetch(name):
-        ppath, kind = kinds[name]
-        return hf_mapping.to_hf(kind, _to_host(hf_mapping.get_path(params, ppath)))
+    def fetch(name):  # one tensor (one layer's slice of a stacked parameter) to the host
+        ppath, kind, layer = kinds[name]
+        leaf = hf_mapping.get_path(params, ppath)
+        return hf_mapping.to_hf(kind, _to_host(leaf if layer is None else leaf[layer]))
 
     shards = st.plan_shards(sizes, limit)
     with atomic_output_dir(out_dir, force) as tmp, _progress(sum(sizes), "save", progress) as bar:
@@ -512,8 +533,9 @@ def load_orbax(path, mesh=None, dtype=None, allow_nonfinite: bool = False
                ) -> tuple[ModelConfig, dict]:
     """Restore an Orbax folder written by `save_orbax` onto `mesh` (or the default device).
 
-    Restores one top-level entry (embedding, head, one layer, ...) at a time, largest first, so
-    the transient host buffers never exceed one entry and never sit on top of a nearly full tree."""
+    Restores one parameter (embedding, head, one stacked layer parameter, ...) at a time, largest
+    first, so the transient host buffers never exceed one parameter and never sit on top of a
+    nearly full tree."""
     ocp = _orbax()
     path = os.fspath(path)
     params_dir = os.path.join(os.path.abspath(path), PARAMS_DIR)
@@ -529,24 +551,25 @@ def load_orbax(path, mesh=None, dtype=None, allow_nonfinite: bool = False
     shardings = _target_shardings(config, mesh, model.param_shapes(config))
     abstract = jax.tree.map(lambda m, s: jax.ShapeDtypeStruct(m.shape, target or m.dtype, sharding=s),
                             stored, shardings)
-    params = {}
-    nbytes = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
-    for key in sorted(abstract, key=lambda k: -nbytes(abstract[k])):  # largest first
-        part = {key: abstract[key]}
+    params: dict = {}
+    leaves = [(tuple(str(getattr(k, "key", k)) for k in kp), leaf)
+              for kp, leaf in jax.tree_util.tree_leaves_with_path(abstract)]
+    for ppath, leaf in sorted(leaves, key=lambda kl: -kl[1].size * kl[1].dtype.itemsize):
+        part: dict = {}
+        hf_mapping.set_path(part, ppath, leaf)
         with _orbax_read_errors(params_dir):
             restored = ckptr.restore(params_dir, args=ocp.args.PyTreeRestore(
                 part, restore_args=ocp.checkpoint_utils.construct_restore_args(part),
                 partial_restore=True))
-        if not allow_nonfinite:
-            for kpath, leaf in jax.tree_util.tree_leaves_with_path(restored[key]):
-                if not bool(jnp.isfinite(leaf).all()):
-                    bad = int(jnp.size(leaf) - jnp.count_nonzero(jnp.isfinite(leaf)))
-                    raise _nonfinite_error(params_dir, f"{key}{jax.tree_util.keystr(kpath)}", bad)
-        params[key] = restored[key]
+        leaf = hf_mapping.get_path(restored, ppath)
+        if not allow_nonfinite and not bool(jnp.isfinite(leaf).all()):
+            bad = int(jnp.size(leaf) - jnp.count_nonzero(jnp.isfinite(leaf)))
+            raise _nonfinite_error(params_dir, "/".join(ppath), bad)
+        hf_mapping.set_path(params, ppath, leaf)
         del restored
         _release_host_memory()
     ckptr.close()
-    return config, {key: params[key] for key in abstract}
+    return config, jax.tree.map(lambda _, p: p, abstract, params)  # the config's key order
 
 
 @contextlib.contextmanager

@@ -2,9 +2,10 @@
 
 Each rule maps an HF name pattern to a parameter path template and a layout transform. HF stores
 `nn.Linear` weights as [out, in]; we store kernels as [in..., out...] with the head dimension split
-out ([embed, heads, head_dim] for q/k/v, [heads, head_dim, embed] for o). `expected_tensors(config)`
-lists every HF tensor a checkpoint of `config` must hold with its HF shape, so a converter can
-check names and shapes before reading any data.
+out ([embed, heads, head_dim] for q/k/v, [heads, head_dim, embed] for o). The layers are stacked:
+HF's `model.layers.{i}.X` is slice `i` of the leading 'layers' axis of parameter `layers/X`.
+`expected_tensors(config)` lists every HF tensor a checkpoint of `config` must hold with its HF
+shape and its layer, so a converter can check names and shapes before reading any data.
 """
 
 from __future__ import annotations
@@ -16,20 +17,21 @@ import numpy as np
 from wedlm_jax.config import ModelConfig
 
 _L = r"model\.layers\.(\d+)\."
-# (HF regex, param path template, transform). Templates use the regex groups.
+# (HF regex, param path template, transform). Templates use the regex groups; a template under
+# "layers" names a stacked parameter whose slice is the layer index (the first group).
 RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     (r"model\.embed_tokens\.weight", ("embedding",), "copy"),
     (r"lm_head\.weight", ("lm_head",), "transpose"),
     (r"model\.norm\.weight", ("final_norm", "scale"), "copy"),
-    (_L + r"input_layernorm\.weight", ("layers_{0}", "input_norm", "scale"), "copy"),
-    (_L + r"post_attention_layernorm\.weight", ("layers_{0}", "post_attn_norm", "scale"), "copy"),
-    (_L + r"self_attn\.([qkv])_proj\.weight", ("layers_{0}", "attn", "{1}_proj", "kernel"), "heads_in"),
-    (_L + r"self_attn\.([qkv])_proj\.bias", ("layers_{0}", "attn", "{1}_proj", "bias"), "heads_bias"),
-    (_L + r"self_attn\.o_proj\.weight", ("layers_{0}", "attn", "o_proj", "kernel"), "heads_out"),
-    (_L + r"self_attn\.o_proj\.bias", ("layers_{0}", "attn", "o_proj", "bias"), "copy"),
-    (_L + r"self_attn\.([qk])_norm\.weight", ("layers_{0}", "attn", "{1}_norm", "scale"), "copy"),
-    (_L + r"mlp\.(gate|up|down)_proj\.weight", ("layers_{0}", "mlp", "{1}_proj", "kernel"), "transpose"),
-    (_L + r"mlp\.(gate|up|down)_proj\.bias", ("layers_{0}", "mlp", "{1}_proj", "bias"), "copy"),
+    (_L + r"input_layernorm\.weight", ("layers", "input_norm", "scale"), "copy"),
+    (_L + r"post_attention_layernorm\.weight", ("layers", "post_attn_norm", "scale"), "copy"),
+    (_L + r"self_attn\.([qkv])_proj\.weight", ("layers", "attn", "{1}_proj", "kernel"), "heads_in"),
+    (_L + r"self_attn\.([qkv])_proj\.bias", ("layers", "attn", "{1}_proj", "bias"), "heads_bias"),
+    (_L + r"self_attn\.o_proj\.weight", ("layers", "attn", "o_proj", "kernel"), "heads_out"),
+    (_L + r"self_attn\.o_proj\.bias", ("layers", "attn", "o_proj", "bias"), "copy"),
+    (_L + r"self_attn\.([qk])_norm\.weight", ("layers", "attn", "{1}_norm", "scale"), "copy"),
+    (_L + r"mlp\.(gate|up|down)_proj\.weight", ("layers", "mlp", "{1}_proj", "kernel"), "transpose"),
+    (_L + r"mlp\.(gate|up|down)_proj\.bias", ("layers", "mlp", "{1}_proj", "bias"), "copy"),
 )
 _COMPILED = tuple((re.compile(p + r"\Z"), t, k) for p, t, k in RULES)
 
@@ -37,12 +39,14 @@ _COMPILED = tuple((re.compile(p + r"\Z"), t, k) for p, t, k in RULES)
 IGNORED = (re.compile(r".*rotary_emb\.inv_freq\Z"),)
 
 
-def hf_name_to_path(name: str) -> tuple[tuple[str, ...], str] | None:
-    """(param path, transform) for an HF tensor name, or None if no rule matches."""
+def hf_name_to_path(name: str) -> tuple[tuple[str, ...], str, int | None] | None:
+    """(param path, transform, layer index or None) for an HF tensor name, or None if no rule
+    matches. A layer tensor is slice `layer` of the stacked parameter at `path`."""
     for rx, template, kind in _COMPILED:
         m = rx.match(name)
         if m:
-            return tuple(part.format(*m.groups()) for part in template), kind
+            layer = int(m.group(1)) if template[0] == "layers" else None
+            return tuple(part.format(*m.groups()) for part in template), kind, layer
     return None
 
 
@@ -102,18 +106,20 @@ def _hf_names_for(config: ModelConfig) -> list[str]:
 
 
 def expected_tensors(config: ModelConfig, shapes) -> dict[str, tuple[tuple[str, ...], str,
-                                                                      tuple[int, ...], tuple[int, ...]]]:
-    """HF name -> (param path, transform, JAX shape, HF shape) for every tensor of `config`.
+                                                                      tuple[int, ...], tuple[int, ...],
+                                                                      int | None]]:
+    """HF name -> (param path, transform, JAX shape, HF shape, layer) for every tensor of
+    `config`. For a layer tensor the JAX shape is that of its slice (the stacked parameter without
+    the leading 'layers' axis) and `layer` its index; otherwise `layer` is None.
 
     `shapes` is the params shape tree (`model.param_shapes(config)`)."""
     out = {}
     for name in _hf_names_for(config):
-        path, kind = hf_name_to_path(name)
-        node = shapes
-        for part in path:
-            node = node[part]
-        jshape = tuple(node.shape)
-        out[name] = (path, kind, jshape, hf_shape(kind, jshape))
+        path, kind, layer = hf_name_to_path(name)
+        jshape = tuple(get_path(shapes, path).shape)
+        if layer is not None:
+            jshape = jshape[1:]
+        out[name] = (path, kind, jshape, hf_shape(kind, jshape), layer)
     return out
 
 

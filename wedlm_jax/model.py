@@ -21,9 +21,14 @@ the live tiles of `kv_tile` rows, pallas, cudnn); `kv_tile` is a model setting, 
 RoPE uses the given logical `positions`; causality follows physical order. Nothing here knows
 about diffusion: reordering, streams and masks are arrangements of these inputs.
 
-Parameter layout (per layer `layers_{i}`): q_proj [embed, heads, head_dim], k_proj/v_proj
-[embed, kv_heads, head_dim], o_proj [heads, head_dim, embed], gate/up [embed, mlp],
-down [mlp, embed]; every parameter carries logical axis names (see `sharding.AxisRules`).
+The decoder layers are one `nn.scan` over `Block` (`layer_stack`), with the remat policy
+`Transformer.remat` (full | save_dots | none): XLA compiles one layer and runs (and, under FSDP,
+gathers) one layer at a time.
+
+Parameter layout: every layer parameter is stacked under `layers` with a leading 'layers' axis
+[num_layers, ...]: q_proj [L, embed, heads, head_dim], k_proj/v_proj [L, embed, kv_heads,
+head_dim], o_proj [L, heads, head_dim, embed], gate/up [L, embed, mlp], down [L, mlp, embed],
+norms [L, dim]; every parameter carries logical axis names (see `sharding.AxisRules`).
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from wedlm_jax.config import ModelConfig
 from wedlm_jax.rope import apply_rope, rope_cos_sin, rope_frequencies
 
 Dtype = Any
-KVCache = tuple  # one {'k': [B, S_max, KVH, D], 'v': [B, S_max, KVH, D]} per layer
+KVCache = dict  # {'k', 'v'}: [layers, B, S_max, KVH, D] each (init_kv_cache)
 
 _INIT = nn.initializers.normal(0.02)
 
@@ -145,6 +150,8 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
+    """One decoder layer; the scan body of `Transformer` (carry x, per-layer K/V as the scanned
+    input and output)."""
     config: ModelConfig
     dtype: Dtype
     param_dtype: Dtype
@@ -161,13 +168,47 @@ class Block(nn.Module):
         return _constrain(x, ("batch", "length", "embed")), new_cache
 
 
+# Remat policies of the layer scan: what the backward pass keeps of each layer's forward.
+# full: only the layer's input (everything else recomputed); save_dots: also the outputs of the
+# matmuls without batch dimensions (the projections; attention scores are recomputed); none: all.
+REMAT_POLICIES = ("full", "save_dots", "none")
+
+
+def remat_policy(name) -> str:
+    """The canonical remat policy name (`True`/`False` are the old switch: full / none); a
+    ValueError naming the allowed values otherwise."""
+    if isinstance(name, bool):
+        return "full" if name else "none"
+    if name not in REMAT_POLICIES:
+        raise ValueError(f"remat policy {name!r} does not exist; allowed: "
+                         f"{', '.join(REMAT_POLICIES)}")
+    return name
+
+
+def layer_stack(config: ModelConfig, dtype, param_dtype, remat="none",
+                name: str = "layers") -> nn.Module:
+    """The decoder layers as one `nn.scan` over `Block`: parameters stacked on a leading
+    'layers' axis, so XLA runs (and FSDP gathers) one layer at a time."""
+    policy = remat_policy(remat)
+    block = Block
+    if policy != "none":
+        saveable = (None if policy == "full"
+                    else jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+        block = nn.remat(Block, policy=saveable, prevent_cse=False)
+    stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
+                    in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0, nn.broadcast),
+                    length=config.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
+    return stack(config, dtype, param_dtype, name=name)
+
+
 class Transformer(nn.Module):
     """Decoder-only LM. `dtype` is the compute dtype, `param_dtype` the storage dtype; scores,
-    softmax and logits are float32. `remat` recomputes each block in the backward pass."""
+    softmax and logits are float32. `remat` is the layer scan's remat policy (`REMAT_POLICIES`;
+    True / False mean full / none)."""
     config: ModelConfig
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
-    remat: bool = False
+    remat: bool | str = "none"
     attention: str = "dense"          # dense | tiled | splash | cudnn | auto (attention_backends)
     attention_tile: int = 128         # tile size of the tiled path
     attention_block_size: int = 32    # the dual-stream block size (splash mask template)
@@ -179,6 +220,7 @@ class Transformer(nn.Module):
                  kv_cache: KVCache | None = None, cache_len=None,
                  structure=None, objective: str = "dual"):
         c = self.config
+        remat_policy(self.remat)
         mask = attention_input(
             c, tokens.shape, self.attention, dtype=self.dtype, tile=self.attention_tile,
             block_size=self.attention_block_size, segment_ids=segment_ids, mask=mask,
@@ -192,13 +234,8 @@ class Transformer(nn.Module):
         inv_freq, scaling = rope_frequencies(c)
         cos, sin = rope_cos_sin(positions, inv_freq, scaling)
 
-        block_cls = nn.remat(Block) if self.remat else Block
-        new_cache = []
-        for i in range(c.num_layers):
-            layer_cache = None if kv_cache is None else kv_cache[i]
-            x, lc = block_cls(c, self.dtype, self.param_dtype, name=f"layers_{i}")(
-                x, cos, sin, mask, layer_cache, cache_len)
-            new_cache.append(lc)
+        x, new_cache = layer_stack(c, self.dtype, self.param_dtype, self.remat)(
+            x, cos, sin, mask, kv_cache, cache_len)
         x = RMSNorm(c.rms_norm_eps, "norm", self.param_dtype, name="final_norm")(x)
         if c.tie_word_embeddings:
             head = embedding.T
@@ -210,7 +247,7 @@ class Transformer(nn.Module):
         logits = _constrain(logits, ("batch", "length", "vocab"))
         if kv_cache is None:
             return logits
-        return logits, tuple(new_cache)
+        return logits, new_cache
 
 
 def attention_input(c: ModelConfig, shape, attention: str, *, dtype, tile: int, block_size: int,
@@ -231,10 +268,9 @@ def attention_input(c: ModelConfig, shape, attention: str, *, dtype, tile: int, 
     if kv_cache is not None:
         if mask is not None or segment_ids is not None or cache_len is None:
             raise ValueError("cache mode takes kv_cache and cache_len, and no mask/segment_ids")
-        if len(kv_cache) != c.num_layers:
-            raise ValueError(f"kv_cache has {len(kv_cache)} layers, the model {c.num_layers}")
-        if s > kv_cache[0]["k"].shape[1]:
-            raise ValueError(f"{s} new slots do not fit a cache of {kv_cache[0]['k'].shape[1]} "
+        check_kv_cache(c, kv_cache)
+        if s > kv_cache["k"].shape[2]:
+            raise ValueError(f"{s} new slots do not fit a cache of {kv_cache['k'].shape[2]} "
                              f"rows")
         ctx = attn_backends.make_context(impl, cache_len=cache_len, batch=b, tile=kv_tile,
                                          interpret=interpret)
@@ -283,13 +319,28 @@ def param_shapes(config: ModelConfig, param_dtype=jnp.float32):
 
 
 def init_kv_cache(config: ModelConfig, batch: int, capacity: int, dtype=jnp.float32) -> KVCache:
-    """Preallocated per-layer K/V buffers [B, capacity, kv_heads, head_dim], zeros."""
-    shape = (batch, capacity, config.num_kv_heads, config.head_dim)
-    return tuple({"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
-                 for _ in range(config.num_layers))
+    """The K/V cache, zeros: {'k', 'v'}, each [layers, B, capacity, kv_heads, head_dim] (the
+    layer scan reads and writes one layer's slice per step). The one constructor of the cache."""
+    shape = (config.num_layers, batch, capacity, config.num_kv_heads, config.head_dim)
+    return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
 
 
 def kv_cache_logical_axes(config: ModelConfig):
-    """Tree (matching `init_kv_cache`) of logical-axis-name tuples for the cache buffers."""
-    axes = ("batch", "cache_length", "kv_heads", "head_dim")
-    return tuple({"k": axes, "v": axes} for _ in range(config.num_layers))
+    """Tree (matching `init_kv_cache`) of logical-axis tuples (see `sharding.AxisRules`)."""
+    axes = ("layers", "batch", "cache_length", "kv_heads", "head_dim")
+    return {"k": axes, "v": axes}
+
+
+def check_kv_cache(config: ModelConfig, kv_cache) -> None:
+    """A ValueError naming what is wrong unless `kv_cache` has `init_kv_cache`'s structure."""
+    if not isinstance(kv_cache, dict) or set(kv_cache) != {"k", "v"}:
+        raise ValueError("kv_cache must be the dict {'k', 'v'} of model.init_kv_cache, got "
+                         f"{type(kv_cache).__name__}")
+    c = config
+    for name, buf in kv_cache.items():
+        if (buf.ndim != 5 or buf.shape[0] != c.num_layers
+                or tuple(buf.shape[3:]) != (c.num_kv_heads, c.head_dim)
+                or buf.shape[1:3] != kv_cache["k"].shape[1:3]):
+            raise ValueError(f"kv_cache[{name!r}] has shape {tuple(buf.shape)}; the model needs "
+                             f"[layers={c.num_layers}, batch, capacity, kv_heads={c.num_kv_heads}, "
+                             f"head_dim={c.head_dim}] (model.init_kv_cache)")

@@ -1,0 +1,39 @@
+"""The decoder as a Python loop over layers (how `model.Transformer` ran before the layer scan),
+for tests only: the scanned model must equal it. It reuses the library's `Block` and norms, and
+takes the stacked params, slicing layer i out of every `layers` parameter."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from wedlm_jax import model as model_lib
+from wedlm_jax.rope import rope_cos_sin, rope_frequencies
+
+
+def looped_apply(config, params, tokens, positions, *, dtype=jnp.float32, mask=None,
+                 segment_ids=None, kv_cache=None, cache_len=None, kv_tile=256):
+    """Logits (and the new stacked cache in cache mode) of a layer-by-layer Python loop."""
+    c = config
+    mask = model_lib.attention_input(c, tokens.shape, "dense", dtype=dtype, tile=128,
+                                     block_size=32, segment_ids=segment_ids, mask=mask,
+                                     kv_cache=kv_cache, cache_len=cache_len, kv_tile=kv_tile)
+    x = jnp.take(params["embedding"], tokens, axis=0).astype(dtype)
+    inv_freq, scaling = rope_frequencies(c)
+    cos, sin = rope_cos_sin(positions, inv_freq, scaling)
+    block = model_lib.Block(c, dtype, jnp.float32)
+    new_k, new_v = [], []
+    for i in range(c.num_layers):
+        layer = jax.tree.map(lambda p: p[i], params["layers"])
+        layer_cache = None if kv_cache is None else {"k": kv_cache["k"][i], "v": kv_cache["v"][i]}
+        x, lc = block.apply({"params": layer}, x, cos, sin, mask, layer_cache, cache_len)
+        if lc is not None:
+            new_k.append(lc["k"])
+            new_v.append(lc["v"])
+    norm = model_lib.RMSNorm(c.rms_norm_eps, "norm", jnp.float32)
+    x = norm.apply({"params": params["final_norm"]}, x)
+    head = params["embedding"].T if c.tie_word_embeddings else params["lm_head"]
+    logits = jnp.einsum("bse,ev->bsv", x, head.astype(dtype), preferred_element_type=jnp.float32)
+    if kv_cache is None:
+        return logits
+    return logits, {"k": jnp.stack(new_k), "v": jnp.stack(new_v)}

@@ -1,0 +1,228 @@
+"""`wedlm-train --config C.yaml --dry-run --device-memory 80 [--devices N] [--topology T]`:
+compile the train step of a config from abstract shapes, before any weight or data is read.
+
+The config's mesh, batch, sequence length, grad_accum, dtypes, attention and remat are taken as
+they are. The model architecture comes from the inline `model.config`, or from `config.json` of
+`model.from_hf` (only that file is read: a folder holding just config.json, e.g.
+`configs/arch/qwen3-8b`, is enough). The state (f32 params, AdamW moments, step) and the batch are
+`jax.ShapeDtypeStruct`s with their shardings; the jitted step (`train.step.make_train_step`, the
+one the program runs) is lowered and compiled on the mesh, and XLA's per-device memory analysis,
+its FLOP count, the compile time and a verdict against `--device-memory` GiB are printed. Exit 0
+when it fits, 1 when it does not (with the numbers), 2 on bad input (named before compiling).
+
+Devices: by default N CPU devices are forced (`--xla_force_host_platform_device_count`, set before
+JAX starts), N = --devices or, by default, data x fsdp x tensor of the mesh (data=-1 counts 1).
+`--topology PLATFORM:NAME` (e.g. `tpu:v5e:4x4`) compiles for a described accelerator topology
+where the installed jax can describe one without the hardware (TPU needs libtpu); otherwise it is
+refused, naming what this installation supports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+
+GIB = 1024 ** 3
+FORCE_FLAG = "--xla_force_host_platform_device_count"
+
+
+# ----------------------------------------------------------------------------- before JAX starts
+
+def devices_needed(cfg, devices: int | None) -> int:
+    """The device count of the dry run: --devices, else the mesh's (data=-1 counts as 1)."""
+    from train.config import TrainConfigError
+    if devices is not None:
+        if devices < 1:
+            raise TrainConfigError(f"--devices must be >= 1, got {devices}")
+        return devices
+    m = cfg.mesh
+    return max(m.data, 1) * m.fsdp * m.tensor
+
+
+def force_host_devices(n: int) -> None:
+    """Make JAX (not yet started) see `n` CPU devices; a TrainConfigError saying how when JAX
+    already runs with fewer."""
+    from train.config import TrainConfigError
+    if "jax" in sys.modules:
+        import jax
+        have = jax.device_count()
+        if have < n:
+            raise TrainConfigError(
+                f"the dry run needs {n} devices and JAX already started with {have}; run it as its "
+                f"own process (python -m train.main ... --dry-run), or start Python with "
+                f"XLA_FLAGS={FORCE_FLAG}={n} JAX_PLATFORMS=cpu")
+        return
+    flags = re.sub(FORCE_FLAG + r"=\d+", "", os.environ.get("XLA_FLAGS", "")).strip()
+    os.environ["XLA_FLAGS"] = f"{flags} {FORCE_FLAG}={n}".strip()
+    os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+def describe_topology(name: str):
+    """The devices of a named accelerator topology ('tpu:v5e:4x4', 'cuda:...'), described by the
+    installed jax without the hardware; a TrainConfigError naming what is supported otherwise."""
+    from train.config import TrainConfigError
+    platform, _, topo = name.partition(":")
+    supported = "cpu (forced host devices: omit --topology, set --devices)"
+    if platform not in ("tpu", "cuda", "gpu") or not topo:
+        raise TrainConfigError(f"--topology {name!r} is not of the form tpu:NAME or cuda:NAME; "
+                               f"this installation supports: {supported}")
+    from jax.experimental import topologies
+    try:
+        desc = topologies.get_topology_desc(topology_name=topo, platform=platform)
+    except Exception as e:  # jax raises RuntimeError/ValueError/... depending on the plugin
+        raise TrainConfigError(
+            f"--topology {name!r}: the installed jax cannot describe it ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else 'no detail'}); this installation supports: "
+            f"{supported}") from None
+    return list(desc.devices)
+
+
+# ----------------------------------------------------------------------------------- the dry run
+
+def model_config_for(cfg):
+    """The ModelConfig without weights: inline fields, or model.from_hf's config.json only."""
+    from train.config import TrainConfigError, model_config
+    if cfg.model.from_hf is not None:
+        path = os.path.join(cfg.model.from_hf, "config.json")
+        if not os.path.isfile(path):
+            raise TrainConfigError(
+                f"model.from_hf: {path} does not exist; the dry run reads only the architecture "
+                f"(config.json), e.g. model.from_hf=configs/arch/qwen3-8b or "
+                f"model.from_hf=configs/arch/qwen2.5-7b")
+    mc = model_config(cfg)
+    if cfg.objective.kind != "ar_only" and mc.mask_token_id is None:
+        mc = mc.replace(mask_token_id=mc.vocab_size - 1)  # a placeholder: shapes do not depend on it
+    return mc
+
+
+def compile_step(cfg, mc, devices):
+    """(compiled, lower_s, compile_s, mesh shape) of the train step over `devices`, from abstract
+    state and batch (ShapeDtypeStructs carrying their shardings)."""
+    import jax
+    import jax.numpy as jnp
+
+    from train import step as step_lib
+    from train.config import mesh_shape
+    from wedlm_jax.sharding import make_mesh
+
+    shape = mesh_shape(cfg, len(devices))
+    step_lib.attention_impl(cfg, backend=devices[0].platform)
+    mesh = make_mesh(*shape, devices=devices)
+    opt = step_lib.make_optimizer(cfg)
+    shardings = step_lib.state_shardings(mc, opt, mesh)
+    state = step_lib.state_shapes(mc, opt, shardings)
+    bsh = step_lib.batch_shardings(mesh)
+    b, length = cfg.data.global_batch_size, cfg.data.seq_len
+    dtypes = {"tokens": jnp.int32, "segment_ids": jnp.int32, "maskable": jnp.bool_,
+              "index": jnp.int32}
+    batch = {k: jax.ShapeDtypeStruct((b,) if k == "index" else (b, length), dtypes[k],
+                                     sharding=bsh[k]) for k in step_lib.BATCH_KEYS}
+    fn = step_lib.make_train_step(cfg, mc, opt, mesh, shardings, mc.mask_token_id)
+    t0 = time.perf_counter()
+    with jax.set_mesh(mesh):
+        lowered = fn.jitted.lower(state, batch)
+    t1 = time.perf_counter()
+    compiled = lowered.compile()
+    t2 = time.perf_counter()
+    return compiled, t1 - t0, t2 - t1, shape
+
+
+def memory_figures(compiled) -> dict:
+    """Per-device bytes from XLA's memory analysis; total = arguments + outputs - aliased (the
+    donated state is updated in place) + temporaries."""
+    m = compiled.memory_analysis()
+    fig = {k: int(getattr(m, f"{k}_size_in_bytes")) for k in
+           ("argument", "output", "alias", "temp", "generated_code")}
+    fig["total"] = fig["argument"] + fig["output"] - fig["alias"] + fig["temp"]
+    return fig
+
+
+def step_flops(compiled) -> float | None:
+    cost = compiled.cost_analysis()
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0] if cost else None
+    return None if not cost or "flops" not in cost else float(cost["flops"])
+
+
+def report(cfg, devices_arg=None, topology=None) -> dict:
+    """Everything the dry run prints, as a dict (bytes, seconds, FLOPs)."""
+    import jax
+
+    from train import step as step_lib
+
+    mc = model_config_for(cfg)
+    if topology:
+        devices = describe_topology(topology)
+        where = f"{len(devices)} {devices[0].platform} devices of topology {topology}"
+    else:
+        n = devices_needed(cfg, devices_arg)
+        devices = jax.devices()[:n]
+        where = f"{n} {devices[0].platform} devices"
+    compiled, lower_s, compile_s, shape = compile_step(cfg, mc, devices)
+    data, fsdp, tensor = shape
+    rows = cfg.data.global_batch_size // cfg.optimizer.grad_accum // (data * fsdp)
+    model_flops = step_lib.model_flops_per_row(mc, cfg.data.seq_len, cfg.objective.kind,
+                                               cfg.objective.block_size) * cfg.data.global_batch_size
+    return {"params": mc.num_params(), "num_layers": mc.num_layers, "seq_len": cfg.data.seq_len,
+            "objective": cfg.objective.kind, "remat": cfg.remat, "compute_dtype": cfg.compute_dtype,
+            "attention": step_lib.attention_impl(cfg, backend=devices[0].platform),
+            "mesh": {"data": data, "fsdp": fsdp, "tensor": tensor}, "devices": where,
+            "global_batch_size": cfg.data.global_batch_size,
+            "grad_accum": cfg.optimizer.grad_accum, "rows_per_device_microbatch": rows,
+            "lower_s": lower_s, "compile_s": compile_s, "memory": memory_figures(compiled),
+            "step_flops_per_device": step_flops(compiled), "model_flops_per_step": model_flops}
+
+
+def _gib(x: int) -> str:
+    return f"{x / GIB:9.2f} GiB  ({x} B)"
+
+
+def format_report(r: dict, device_memory_gib: float, source: str) -> tuple[str, bool]:
+    m = r["memory"]
+    fits = m["total"] <= device_memory_gib * GIB
+    flops = r["step_flops_per_device"]
+    lines = [
+        f"wedlm-train dry run of {source}",
+        f"  model        {r['params'] / 1e9:.2f}B parameters, {r['num_layers']} layers; "
+        f"seq_len {r['seq_len']} ({r['objective']}); remat {r['remat']}; compute "
+        f"{r['compute_dtype']}; attention {r['attention']}",
+        f"  mesh         data={r['mesh']['data']} fsdp={r['mesh']['fsdp']} "
+        f"tensor={r['mesh']['tensor']} on {r['devices']}; global batch {r['global_batch_size']} "
+        f"rows, grad_accum {r['grad_accum']}: {r['rows_per_device_microbatch']} row(s) per device "
+        f"per microbatch",
+        f"  compile      {r['lower_s']:.1f} s lowering + {r['compile_s']:.1f} s compiling",
+        "  memory per device (XLA memory_analysis):",
+        f"    arguments    {_gib(m['argument'])}",
+        f"    outputs      {_gib(m['output'])}",
+        f"    aliased      {_gib(m['alias'])}  (donated state, updated in place)",
+        f"    temporaries  {_gib(m['temp'])}",
+        f"    total        {_gib(m['total'])}  (arguments + outputs - aliased + temporaries)",
+        f"  step FLOPs   {flops:.4g} per device (XLA cost_analysis); model FLOPs "
+        f"{r['model_flops_per_step']:.4g} per step (train.step.model_flops_per_row)"
+        if flops is not None else "  step FLOPs   not reported by XLA for this backend",
+    ]
+    if fits:
+        lines.append(f"  verdict      FITS: {m['total'] / GIB:.2f} GiB <= --device-memory "
+                     f"{device_memory_gib:g} GiB ({device_memory_gib - m['total'] / GIB:.2f} GiB "
+                     f"left)")
+    else:
+        lines.append(f"  verdict      DOES NOT FIT: {m['total'] / GIB:.2f} GiB > --device-memory "
+                     f"{device_memory_gib:g} GiB (arguments {m['argument'] / GIB:.2f} + "
+                     f"temporaries {m['temp'] / GIB:.2f} + unaliased outputs "
+                     f"{(m['output'] - m['alias']) / GIB:.2f} GiB)")
+    return "\n".join(lines), fits
+
+
+def run(cfg, device_memory_gib: float, devices=None, topology=None, json_out=None,
+        source: str = "config") -> int:
+    """Compile, print, write JSON; 0 when the step fits, 1 when it does not."""
+    r = report(cfg, devices, topology)
+    text, fits = format_report(r, device_memory_gib, source)
+    print(text, flush=True)
+    if json_out:
+        with open(json_out, "w") as f:
+            json.dump(dict(r, device_memory_gib=device_memory_gib, fits=fits), f, indent=1)
+    return 0 if fits else 1
