@@ -91,7 +91,7 @@ def test_qk_norm_left_out_is_decided_by_the_tensors(folders, tmp_path, kind, exp
     set_config(path, qk_norm=None)
     config, params = convert.load_hf_checkpoint(path, progress=False)
     assert config.qk_norm is expect
-    assert ("q_norm" in params["layers_0"]["attn"]) is expect
+    assert ("q_norm" in params["layers"]["attn"]) is expect
 
 
 def test_config_contradicting_its_tensors_is_named(folders, tmp_path, capsys):

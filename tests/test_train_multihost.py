@@ -73,5 +73,7 @@ def test_two_processes_match_one(tmp_path):
     from wedlm_jax.convert import load_hf_checkpoint
     _, exported = load_hf_checkpoint(str(tmp_path / "hf"), progress=False)
     final = jax.device_get(one["state"]["params"])
+    # atol 2e-5: gradients agree to ~1e-6 relative, but AdamW's update g / (sqrt(v) + eps) turns
+    # that rounding into ~1e-5 where a gradient is near eps (test_train_sharding measures it)
     for a, b in zip(jax.tree.leaves(exported), jax.tree.leaves(final)):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-5)

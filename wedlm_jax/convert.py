@@ -564,7 +564,8 @@ def load_orbax(path, mesh=None, dtype=None, allow_nonfinite: bool = False
         leaf = hf_mapping.get_path(restored, ppath)
         if not allow_nonfinite and not bool(jnp.isfinite(leaf).all()):
             bad = int(jnp.size(leaf) - jnp.count_nonzero(jnp.isfinite(leaf)))
-            raise _nonfinite_error(params_dir, "/".join(ppath), bad)
+            raise _nonfinite_error(params_dir, ppath[0] + "".join(f"[{k!r}]" for k in ppath[1:]),
+                                   bad)
         hf_mapping.set_path(params, ppath, leaf)
         del restored
         _release_host_memory()
