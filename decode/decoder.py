@@ -149,6 +149,27 @@ def _prefill(static: Static, params, tokens, prefill_len):
     return jax.lax.fori_loop(0, (prefill_len[0] + chunk - 1) // chunk, body, kv)
 
 
+@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
+def _prefill_into(static: Static, params, state: DecodeState, tokens, prefill_len):
+    """Every slot's prompt K/V (rows 0..prefill_len[b]-1, tokens [B, Pb]) written straight into
+    the state's cache in chunks: the static-batch prefill (`Decoder.start`)."""
+    pb = tokens.shape[1]
+    chunk = min(static.prefill_chunk, pb)
+    forward = _forward(static)
+    b = tokens.shape[0]
+
+    def body(k, layers):
+        start = jnp.minimum(k * chunk, pb - chunk)
+        toks = jax.lax.dynamic_slice_in_dim(tokens, start, chunk, axis=1)
+        pos = jnp.broadcast_to(start + jnp.arange(chunk, dtype=jnp.int32), (b, chunk))
+        _, layers = forward(params, toks, pos, layers, jnp.full((b,), start, jnp.int32))
+        return layers
+
+    n = (jnp.max(prefill_len) + chunk - 1) // chunk
+    layers = jax.lax.fori_loop(0, n, body, state.cache.layers)
+    return _constrain_state(static, state.replace(cache=state.cache.replace(layers=layers)))
+
+
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(1,))
 def _insert(static: Static, state: DecodeState, prefix: Prefix, slot):
     """Write a prefilled request into `slot`: its K/V rows 0..Pb-1 and its row of every field."""
@@ -173,15 +194,16 @@ def _free(static: Static, state: DecodeState, slot):
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))
-def _generate(static: Static, k: int, params, state: DecodeState, mask_id):
-    """Up to k steps of every slot. Returns (state, tokens [B, k, E], counts [B, k], steps run)."""
+def _generate(static: Static, k: int, params, state: DecodeState, mask_id, run):
+    """Up to `run` (a runtime value <= k) steps of every slot. Returns (state, tokens [B, k, E],
+    counts [B, k], steps run)."""
     step = STEPS[static.spec.method]
     forward = _forward(static)
     b, e = static.slots, static.spec.emit_width
 
     def cond(carry):
         i, st, _, _ = carry
-        return (i < k) & ~jnp.all(st.done)
+        return (i < jnp.minimum(run, k)) & ~jnp.all(st.done)
 
     def body(carry):
         i, st, toks, counts = carry
@@ -205,7 +227,8 @@ def _one_step(static: Static, params, state: DecodeState, mask_id):
 
 def compiled_count() -> int:
     """How many programs the decoder's jitted functions hold (jax's cache; a compile-once check)."""
-    return sum(f._cache_size() for f in (_prefill, _insert, _free, _generate, _one_step))
+    return sum(f._cache_size() for f in (_prefill, _prefill_into, _insert, _free, _generate,
+                                         _one_step))
 
 
 # ----------------------------------------------------------------------------- the Decoder
@@ -380,35 +403,38 @@ class Decoder:
         return min(pow2_at_least(prompt_len, MIN_PROMPT_BUCKET), self.static.rows)
 
     # -- the JetStream-shaped API
-    def init_state(self) -> DecodeState:
-        """A state with every slot free (done)."""
+    def _host_free(self) -> DecodeState:
+        """Every slot free, as NumPy arrays, without cache layers."""
         st = self.static
         b, s = st.slots, st.span
-        layers = model_lib.init_kv_cache(st.config, b, st.rows, jnp.dtype(st.dtype))
         zeros = np.zeros((b,), np.int32)
         settings = Settings(
             tau=np.zeros((b,), np.float32), lam=np.zeros((b,), np.float32),
             temperature=np.zeros((b,), np.float32), top_k=zeros.copy(),
             top_p=np.ones((b,), np.float32), temper_first=np.zeros((b,), bool),
             stop_ids=np.full((b, MAX_STOP_IDS), -1, np.int32), seed=np.zeros((b,), np.uint32))
-        state = DecodeState(
-            cache=KVCache(layers=layers, length=zeros.copy()),
+        return DecodeState(
+            cache=KVCache(layers=None, length=zeros.copy()),
             tok=np.full((b, s), self.mask_id, np.int32), filled=np.zeros((b, s), bool),
             end=zeros.copy(), done=np.ones((b,), bool), steps=zeros.copy(), n_fwd=zeros.copy(),
             count=zeros.copy(), accepted=zeros.copy(), rejected=zeros.copy(), settings=settings,
             q=(np.zeros((b, s, st.config.vocab_size), np.float32) if st.keep_q else None))
+
+    def init_state(self) -> DecodeState:
+        """A state with every slot free (done)."""
+        st = self.static
+        host = self._host_free()
+        layers = model_lib.init_kv_cache(st.config, st.slots, st.rows, jnp.dtype(st.dtype))
+        state = host.replace(cache=host.cache.replace(layers=layers))
         if self.mesh is None:
             return jax.tree.map(jnp.asarray, state)
         return self._place(state, self._state_shardings(state))
 
-    def prefill(self, request: Request) -> Prefix:
-        """Validate and prefill one request (batch 1): its prompt K/V and first window."""
-        r = self.check_request(request)
+    def _host_row(self, r: Request):
+        """(prompt ids to prefill, prefill length, the request's first row as a batch-1
+        DecodeState of NumPy arrays without cache layers); `r` already checked."""
         st = self.static
         plen = len(r.prompt)
-        pb = self.prompt_bucket(plen)
-        tokens = np.zeros((1, pb), np.int32)
-        tokens[0, :plen] = r.prompt
         end = min(plen + r.max_new_tokens, self.capacity)
         s = st.span
         tok = np.full((1, s), self.mask_id, np.int32)
@@ -434,8 +460,41 @@ class Decoder:
             end=one(end, np.int32), done=one(done, bool), steps=zero, n_fwd=zero, count=zero,
             accepted=zero, rejected=zero, settings=settings,
             q=(np.zeros((1, s, st.config.vocab_size), np.float32) if st.keep_q else None))
-        kv = self._call(_prefill, st, self.params, tokens, one(n0, np.int32))
+        return r.prompt, n0, row
+
+    def prefill(self, request: Request) -> Prefix:
+        """Validate and prefill one request (batch 1): its prompt K/V and first window."""
+        prompt, n0, row = self._host_row(self.check_request(request))
+        pb = self.prompt_bucket(len(prompt))
+        tokens = np.zeros((1, pb), np.int32)
+        tokens[0, :len(prompt)] = prompt
+        kv = self._call(_prefill, self.static, self.params, tokens, np.asarray([n0], np.int32))
         return Prefix(kv=kv, row=jax.tree.map(jnp.asarray, row))
+
+    def start(self, requests) -> DecodeState:
+        """A fresh state holding requests[i] in slot i (None, or slots past the list: free), every
+        prompt prefilled in ONE batched call: the static-batch path (`generate`), which would
+        otherwise pay a prefill and an insert per request."""
+        if len(requests) > self.slots:
+            raise DecodeConfigError(f"{len(requests)} requests do not fit {self.slots} slots")
+        host = jax.tree.map(np.array, self._host_free())
+        longest = max([len(r.prompt) for r in requests if r is not None], default=1)
+        pb = self.prompt_bucket(longest)
+        tokens = np.zeros((self.slots, pb), np.int32)
+        plen = np.zeros((self.slots,), np.int32)
+        for i, r in enumerate(requests):
+            if r is None:
+                continue
+            prompt, plen[i], row = self._host_row(self.check_request(r))
+            tokens[i, :len(prompt)] = prompt
+            for dst, src in zip(jax.tree.leaves(host), jax.tree.leaves(row)):
+                dst[i] = src[0]
+        layers = model_lib.init_kv_cache(self.static.config, self.slots, self.static.rows,
+                                         jnp.dtype(self.static.dtype))
+        state = host.replace(cache=host.cache.replace(layers=layers))
+        state = (jax.tree.map(jnp.asarray, state) if self.mesh is None
+                 else self._place(state, self._state_shardings(state)))
+        return self._call(_prefill_into, self.static, self.params, state, tokens, plen)
 
     def insert(self, prefix: Prefix, state: DecodeState, slot: int) -> DecodeState:
         """Place a prefilled request in `slot` (the state is donated)."""
@@ -448,11 +507,14 @@ class Decoder:
         return self._call(_free, self.static, state, jnp.int32(slot))
 
     def generate(self, state: DecodeState, k: int | None = None):
-        """Run up to k (default steps_per_call) steps of every live slot in one jitted call.
-        Returns (state, ResultTokens)."""
+        """Run up to k (default and at most steps_per_call; 0 compiles and runs nothing) steps of
+        every live slot in one jitted call. Returns (state, ResultTokens)."""
         k = self.steps_per_call if k is None else k
-        state, toks, counts, steps = self._call(_generate, self.static, k, self.params, state,
-                                                jnp.int32(self.mask_id))
+        if not _is_int(k) or not 0 <= k <= self.steps_per_call:
+            raise DecodeConfigError(f"k must be an int in [0, {self.steps_per_call}], got {k!r}")
+        state, toks, counts, steps = self._call(_generate, self.static, self.steps_per_call,
+                                                self.params, state, jnp.int32(self.mask_id),
+                                                jnp.int32(k))
         toks, counts, steps = jax.device_get((toks, counts, steps))
         return state, ResultTokens(tokens=toks, counts=counts, steps=int(steps))
 

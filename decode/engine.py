@@ -193,10 +193,9 @@ def generate(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]]
     if len(prompts) > decoder.slots:
         raise DecodeConfigError(f"{len(prompts)} prompts do not fit the decoder's {decoder.slots} slots")
     t_setup, programs = time.perf_counter(), compiled_count()
-    state, _ = decoder.generate(decoder.init_state())   # every slot free: compiles, runs no step
+    state = decoder.start(requests)       # every prompt prefilled in one batched call
+    state, _ = decoder.generate(state, 0)  # compiles the step program; runs no step
     live = [i for i, r in enumerate(requests) if r is not None]
-    for i in live:
-        state = decoder.insert(decoder.prefill(requests[i]), state, i)
     jax.block_until_ready(state)
     # setup time (prefill included) when this call compiled anything, else 0
     setup_s = time.perf_counter() - t_setup if compiled_count() > programs else 0.0
@@ -262,10 +261,7 @@ def trace_steps(params, model_config: ModelConfig, prompts, decode_config: Decod
     (out [B, L] emitted ids, count, n, tok, done, cache layers)."""
     decoder, prompts, requests = _setup(params, model_config, prompts, decode_config, capacity,
                                         None, mask_token_id, kv_tile, dtype)
-    state = decoder.init_state()
-    for i, r in enumerate(requests):
-        if r is not None:
-            state = decoder.insert(decoder.prefill(r), state, i)
+    state = decoder.start(requests)
     trace, out = [], [[] for _ in range(decoder.slots)]
     while not bool(np.all(np.asarray(state.done))) and len(trace) < max_steps:
         state, aux = decoder.step_with_aux(state)
