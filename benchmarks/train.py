@@ -109,23 +109,7 @@ def bench_model(name: str, rows: int, seq_len: int, steps: int, remat: bool, att
         f"attention={attention}", f"attention_tile={tile}"])
     impl = step_lib.attention_impl(cfg)
     mc = ModelConfig(**fields)
-    mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
-    opt = step_lib.make_optimizer(cfg)
-    sh = step_lib.state_shardings(mc, opt, mesh)
-    state = step_lib.init_state(step_lib.init_params_sharded(mc, 0, sh), opt, sh)
-    fn = step_lib.make_train_step(cfg, mc, opt, mesh, sh, mc.mask_token_id)
-    rng = np.random.default_rng(0)
-    bsh = step_lib.batch_shardings(mesh)
-    batch = {"tokens": rng.integers(0, mc.vocab_size - 1, (rows, seq_len)).astype(np.int32),
-             "segment_ids": np.ones((rows, seq_len), np.int32),
-             "maskable": np.ones((rows, seq_len), bool),
-             "index": np.arange(rows, dtype=np.int32)}
-    batch = {k: jax.device_put(v, bsh[k]) for k, v in batch.items()}
-    holder = {"state": state}
-
-    def one():
-        holder["state"], m = fn(holder["state"], batch)
-        return m["loss"]
+    one = _step_thunk(mc, cfg, rows, seq_len)
 
     t0 = time.perf_counter()
     jax.block_until_ready(one())
