@@ -98,15 +98,20 @@ def attention_fn(mc: ModelConfig, rows: int, seq_len: int, block: int, dtype, im
     return lambda: f(q, kk, v)
 
 
-def bench_model(name: str, rows: int, seq_len: int, steps: int, remat: bool, attention: str,
-                tile: int) -> dict:
-    fields = MODELS[name]
-    cfg = load_config(None, [
+def _bench_config(fields, rows, seq_len, remat, attention, tile):
+    """The train config both measurements run (no data is read)."""
+    return load_config(None, [
         "model.config=" + json.dumps(fields), "data.train_files=[unused.jsonl]",
         f"data.seq_len={seq_len}", f"data.global_batch_size={rows}", "steps=1000",
         "optimizer.lr=1e-4", "optimizer.final_lr=1e-5", "optimizer.warmup_steps=10",
         "objective.block_size=32", "compute_dtype=f32", f"remat={str(remat).lower()}",
         f"attention={attention}", f"attention_tile={tile}"])
+
+
+def bench_model(name: str, rows: int, seq_len: int, steps: int, remat: bool, attention: str,
+                tile: int) -> dict:
+    fields = MODELS[name]
+    cfg = _bench_config(fields, rows, seq_len, remat, attention, tile)
     impl = step_lib.attention_impl(cfg)
     mc = ModelConfig(**fields)
     one = _step_thunk(mc, cfg, rows, seq_len)
@@ -192,12 +197,7 @@ def compare_baseline(name: str, rows: int, seq_len: int, steps: int, remat: bool
     """Step time of this tree's model vs the baseline tree's, same step program otherwise, in one
     process, timed alternately (baseline, current, baseline, ...); medians and their ratio."""
     fields = MODELS[name]
-    cfg = load_config(None, [
-        "model.config=" + json.dumps(fields), "data.train_files=[unused.jsonl]",
-        f"data.seq_len={seq_len}", f"data.global_batch_size={rows}", "steps=1000",
-        "optimizer.lr=1e-4", "optimizer.final_lr=1e-5", "optimizer.warmup_steps=10",
-        "objective.block_size=32", "compute_dtype=f32", f"remat={str(remat).lower()}",
-        f"attention={attention}", f"attention_tile={tile}"])
+    cfg = _bench_config(fields, rows, seq_len, remat, attention, tile)
     mc = ModelConfig(**fields)
     base_mod = load_baseline_model(baseline_root)
     thunks, compile_s = {}, {}

@@ -141,14 +141,15 @@ class Batcher:
                 live.tokens.extend(new)
                 if live.on_tokens is not None:
                     live.on_tokens(live.request_id, new)
-        done = jax.device_get(self.state.done)
-        counts = self._counts()
-        for slot, live in enumerate(self._slots):
-            if live is not None and bool(done[slot]):
-                stops = set(live.request.stop_token_ids)
-                finish = "stop" if live.tokens and live.tokens[-1] in stops else "length"
-                self._slots[slot] = None
-                self._finish(live, finish, tuple(int(c[slot]) for c in counts))
+        finished = [slot for slot, live in enumerate(self._slots)
+                    if live is not None and bool(result.done[slot])]
+        counts = self._counts() if finished else None
+        for slot in finished:
+            live = self._slots[slot]
+            stops = set(live.request.stop_token_ids)
+            finish = "stop" if live.tokens and live.tokens[-1] in stops else "length"
+            self._slots[slot] = None
+            self._finish(live, finish, tuple(int(c[slot]) for c in counts))
         return self.num_active > 0 or self.num_waiting > 0
 
     def run_until_idle(self) -> None:

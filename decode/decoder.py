@@ -42,7 +42,7 @@ from decode.steps import REFILLS, StepSpec, ar_step, window_step
 from decode.verified import verified_step
 from wedlm_jax import model as model_lib
 from wedlm_jax.config import ModelConfig
-from wedlm_jax.sharding import DEFAULT_RULES, spec_for, tree_shardings
+from wedlm_jax.sharding import DEFAULT_RULES, is_axes, spec_for, tree_shardings
 
 ROW_ALIGN = 64
 DEFAULT_KV_TILE = 256
@@ -121,7 +121,6 @@ def _constrain_state(static: Static, st):
     if static.mesh is None:
         return st
     axes = model_lib.kv_cache_logical_axes(static.config)
-    is_axes = lambda x: isinstance(x, tuple) and all(isinstance(a, (str, type(None))) for a in x)
     layers = jax.tree.map(lambda ax, x: nn.with_logical_constraint(x, ax), axes, st.cache.layers,
                           is_leaf=is_axes)
     rest = jax.tree.map(lambda x: nn.with_logical_constraint(x, ("batch",) + (None,) * (x.ndim - 1)),
@@ -174,7 +173,6 @@ def _prefill_into(static: Static, params, state: DecodeState, tokens, prefill_le
 def _insert(static: Static, state: DecodeState, prefix: Prefix, slot):
     """Write a prefilled request into `slot`: its K/V rows 0..Pb-1 and its row of every field."""
     axes = model_lib.kv_cache_logical_axes(static.config)
-    is_axes = lambda x: isinstance(x, tuple) and all(isinstance(a, (str, type(None))) for a in x)
 
     def put_kv(ax, full, part):
         starts = [slot if a == "batch" else 0 for a in ax]
@@ -236,10 +234,12 @@ def compiled_count() -> int:
 @dataclasses.dataclass
 class ResultTokens:
     """What one `generate` call produced: tokens [B, k, E] with counts [B, k] (slot b emitted
-    tokens[b, i, :counts[b, i]] at its i-th step of the call), `steps` loop iterations run."""
+    tokens[b, i, :counts[b, i]] at its i-th step of the call), `steps` loop iterations run, and
+    `done` [B] the slots finished (or free) after the call, fetched with the tokens."""
     tokens: np.ndarray
     counts: np.ndarray
     steps: int
+    done: np.ndarray
 
     def new_ids(self, slot: int) -> list[int]:
         return [int(t) for i in range(self.steps)
@@ -343,7 +343,6 @@ class Decoder:
     def _state_shardings(self, state):
         mesh = self.mesh
         axes = model_lib.kv_cache_logical_axes(self.model_config)
-        is_axes = lambda x: isinstance(x, tuple) and all(isinstance(a, (str, type(None))) for a in x)
         layers = jax.tree.map(lambda ax, x: NamedSharding(mesh, spec_for(ax, x.shape, mesh)),
                               axes, state.cache.layers, is_leaf=is_axes)
         bare = state.replace(cache=state.cache.replace(layers=None))
@@ -515,8 +514,8 @@ class Decoder:
         state, toks, counts, steps = self._call(_generate, self.static, self.steps_per_call,
                                                 self.params, state, jnp.int32(self.mask_id),
                                                 jnp.int32(k))
-        toks, counts, steps = jax.device_get((toks, counts, steps))
-        return state, ResultTokens(tokens=toks, counts=counts, steps=int(steps))
+        toks, counts, steps, done = jax.device_get((toks, counts, steps, state.done))
+        return state, ResultTokens(tokens=toks, counts=counts, steps=int(steps), done=done)
 
     def step_with_aux(self, state: DecodeState):
         """One step (not donated) with its aux dict: for traces and checks."""

@@ -203,11 +203,13 @@ def generate(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]]
     iterations, interrupted = 0, False
     max_chunks = (2 * (dc.max_new_tokens + 2 * decoder.window) + 8) // decoder.steps_per_call + 2
     t0 = time.perf_counter()
+    done = np.asarray([r is None for r in requests])
     try:
         for _ in range(max_chunks):
-            if bool(np.all(jax.device_get(state.done))):
+            if done.all():
                 break
             state, res = decoder.generate(state)
+            done = res.done[:len(requests)]
             iterations += res.steps
             for i in live:
                 new = res.new_ids(i)

@@ -80,8 +80,12 @@ def spec_for(logical_axes: Sequence[str | None], shape: Sequence[int], mesh: Mes
     return P(*out)
 
 
+def is_axes(x) -> bool:
+    """A leaf of a logical-axes tree: a tuple of axis names (or None)."""
+    return isinstance(x, tuple) and all(isinstance(a, (str, type(None))) for a in x)
+
+
 def tree_shardings(logical_tree, shape_tree, mesh: Mesh, rules: AxisRules = DEFAULT_RULES):
     """Map a tree of logical-axis tuples and a matching tree of shapes to NamedShardings."""
-    is_leaf = lambda x: isinstance(x, tuple) and all(isinstance(a, (str, type(None))) for a in x)
     return jax.tree.map(lambda axes, s: NamedSharding(mesh, spec_for(axes, s.shape, mesh, rules)),
-                        logical_tree, shape_tree, is_leaf=is_leaf)
+                        logical_tree, shape_tree, is_leaf=is_axes)
