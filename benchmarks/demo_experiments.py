@@ -1,9 +1,13 @@
-"""The paper's speed experiments at small scale, on the shipped demo model (issue 5).
+"""The paper's speed experiments at small scale, on the shipped demo model (issues 5, 20).
 
     python -m benchmarks.demo_experiments NAME [--items N] [--repeats R] [--model DIR]
 
 NAME (or `all`, in this order):
-  regimes       counting / arithmetic / code: streaming vs block vs AR at the demo defaults, and the
+  accuracy      issue 20's targets: every held-out counting and arithmetic prompt (fresh numbers),
+                AR greedy and streaming at the defaults side by side (batch 16): exact accuracy,
+                tokens per forward against the cap W
+  mixed         a static batch of 16 mixed prompts (4 per regime): streaming vs AR tokens/s
+  regimes       counting / arithmetic / records / code: streaming vs block vs AR at the demo defaults, and the
                 cost of one forward at W = 1, 4, 8, 16, 32 beside them        (paper Figures 6-8)
   tau           tau sweep, streaming and block at each tau: quality vs speed  (Figures 4a, 4c)
   lam           lambda sweep at the default tau                               (Figure 5a)
@@ -39,7 +43,7 @@ from demo.eval import (DEMO_MODEL, REGIMES, decode_items, decode_side_by_side, e
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
 FIGURES = os.path.join(HERE, "figures")
-KINDS = ("counting", "arith", "code")
+KINDS = ("counting", "arith", "records", "code")
 TAUS = (0.1, 0.3, 0.6, 0.9, 1.5, 2.5)
 LAMS = (0.0, 0.02, 0.1, 0.3)
 WINDOWS = (4, 8, 16, 32, 64)
@@ -102,6 +106,53 @@ def line(kind, r):
 
 
 # ----------------------------------------------------------------------------- experiments
+
+def exp_accuracy(ctx):
+    """AR greedy and streaming (defaults) on every held-out counting and arithmetic prompt, 16
+    rows per call (rows decode independently: a batch gives each row the tokens it gets alone)."""
+    out = {}
+    for kind in ("counting", "arith"):
+        items = eval_items(ctx.args.model, kind)
+        rows = {}
+        for m in ("ar", "streaming"):
+            r = ctx.run(kind, m, items=items, batch=16)
+            rows[m] = dict(brief(r), right=sum(bool(x["correct"]) for x in r["rows"]),
+                           cap_fraction=r["tokens_per_forward"] / (1 if m == "ar" else WINDOW))
+            print(line(kind, rows[m]) + f"  {rows[m]['right']}/{len(items)} right", flush=True)
+        rows["examples"] = [dict(prompt=x["prompt"], text=x["text"], correct=x["correct"])
+                            for x in r["rows"][:3]]
+        out[kind] = rows
+    return out
+
+
+def exp_mixed(ctx):
+    """A static batch of 16 mixed prompts, 4 per regime, one generate call per method."""
+    from decode.config import DecodeConfig
+    from demo.eval import stop_ids
+    from decode.engine import generate
+    items = [(k, it) for k in KINDS for it in eval_items(ctx.args.model, k, 4)]
+    prompts = [ctx.tok.encode(it["prompt"]) for _, it in items]
+    budget = max(REGIMES[k].max_new_tokens for k in KINDS)
+    stops = tuple(dict.fromkeys(i for k in KINDS for i in stop_ids(ctx.tok, ctx.config, REGIMES[k])))
+    out = {}
+    dcs = {m: DecodeConfig(method=m, window=WINDOW, tau=TAU, lam=LAM, max_new_tokens=budget,
+                           stop_token_ids=stops) for m in ("ar", "streaming")}
+    walls = {m: [] for m in dcs}
+    for m, dc in dcs.items():
+        generate(ctx.params, ctx.config, prompts, dc, capacity=512)          # compile
+    for _ in range(max(1, ctx.args.repeats)):
+        for m, dc in dcs.items():
+            res = generate(ctx.params, ctx.config, prompts, dc, capacity=512)
+            walls[m].append(res.wall_s)
+            out[m] = dict(n_gen=res.n_gen, steps=res.steps)
+    for m in dcs:
+        wall = float(np.median(walls[m]))
+        out[m].update(wall_s=wall, tokens_per_s=out[m]["n_gen"] / wall, walls=walls[m])
+    out["streaming_vs_ar"] = out["streaming"]["tokens_per_s"] / out["ar"]["tokens_per_s"]
+    print(f"  16 mixed prompts, one batch: AR {out['ar']['tokens_per_s']:.0f} tok/s, streaming "
+          f"{out['streaming']['tokens_per_s']:.0f} tok/s ({out['streaming_vs_ar']:.2f}x)", flush=True)
+    return out
+
 
 def exp_regimes(ctx):
     from benchmarks.window_cost import measure
@@ -323,7 +374,7 @@ def plot(name, res, path):
     return path
 
 
-EXPERIMENTS = {"refill": exp_refill, "regimes": exp_regimes, "tau": exp_tau, "lam": exp_lam, "window": exp_window,
+EXPERIMENTS = {"accuracy": exp_accuracy, "mixed": exp_mixed, "refill": exp_refill, "regimes": exp_regimes, "tau": exp_tau, "lam": exp_lam, "window": exp_window,
                "batch": exp_batch, "verified": exp_verified, "transformers": exp_transformers}
 
 
@@ -365,11 +416,14 @@ def step_ms(r) -> str:
     return f"{1e3 * r['wall_s'] / r['steps']:.2f}" if r["batch"] == 1 and r["steps"] else ""
 
 
-def ceiling(forward_ms: dict, w) -> float:
-    """The best wall-clock ratio over AR that streaming at window W can reach on this machine: at
-    most W/2 tokens per forward (a token spends one forward as a mask and one as a filled slot),
-    each forward costing forward_ms[W] against AR's forward_ms[1] per token."""
-    return (int(w) / 2) * forward_ms["1"] / forward_ms[str(w)]
+def ceiling(forward_ms: dict, w) -> float | None:
+    """The best wall-clock ratio over AR that streaming at window W (refill 'before') can reach on
+    this machine: W tokens per forward over the cost of its forward of 2W slots (decode.cost);
+    None when that forward was not timed."""
+    from decode.cost import ceiling as cost_ceiling, forward_slots
+    if str(forward_slots(int(w), "before")) not in forward_ms:
+        return None
+    return cost_ceiling(int(w), "before", {int(k): v for k, v in forward_ms.items()})
 
 
 def report(results_dir: str = RESULTS) -> str:
@@ -386,6 +440,22 @@ def report(results_dir: str = RESULTS) -> str:
         out.append(f"### {name}: `{m['command']}`\n\n({m['machine']}, load {m['loadavg'][0]:.1f}, "
                    f"{m['seconds']} s)\n")
         res = d["results"]
+        if name == "accuracy":
+            out.append("| regime | method | right | tok/fwd | of the cap W |\n|---|---|---|---|---|")
+            for k, rows in res.items():
+                for m in ("ar", "streaming"):
+                    r = rows[m]
+                    out.append(f"| {k} | {m} | {r['right']}/{r['n_items']} ({100 * r['quality']:.1f}%) | "
+                               f"{r['tokens_per_forward']:.2f} | {100 * r['cap_fraction']:.0f}% |")
+            out.append("")
+            continue
+        if name == "mixed":
+            out.append("| method | tokens | forwards | tok/s |\n|---|---|---|---|")
+            for m in ("ar", "streaming"):
+                r = res[m]
+                out.append(f"| {m} | {r['n_gen']} | {r['steps']} | {r['tokens_per_s']:.0f} |")
+            out.append(f"\nstreaming / AR: {res['streaming_vs_ar']:.2f}x\n")
+            continue
         if name == "transformers":
             out.append("| regime | transformers tok/s | our AR tok/s | AR same tokens | our streaming tok/s | AR / transformers | streaming / transformers |\n|" + "---|" * 7)
             for k in KINDS:
@@ -413,9 +483,9 @@ def report(results_dir: str = RESULTS) -> str:
             fm = res["forward_ms"]
             out.append("\nOne forward in the decode loop (ms): "
                        + ", ".join(f"W={w} {v:.2f} ({v / fm['1']:.2f}x)" for w, v in fm.items())
-                       + ". Ceiling over AR of a perfect mask reading (W/2 tokens per forward, the "
-                       "fill-after-forward cap): "
-                       + ", ".join(f"W={w} {ceiling(fm, w):.2f}x" for w in fm if w != "1"))
+                       + ". Ceiling over AR at refill 'before' (W tokens per forward of 2W slots): "
+                       + ", ".join(f"W={w} {ceiling(fm, w):.2f}x" for w in fm
+                                   if w != "1" and ceiling(fm, w) is not None))
         out.append("")
     return "\n".join(out)
 

@@ -1,27 +1,25 @@
-"""Data for the demo model (issue 5 item 1), made here from real text; nothing is downloaded.
+"""Data for the demo model (issue 20), made here; nothing is downloaded.
 
-    python -m demo.data --out data/demo [--force] [--vocab-size 6144] [--code-mb 2]
+    python -m demo.data --out data/demo [--force] [--vocab-size 512] [--train-mb 10]
+                        [--mix counting=0.36,arith=0.36,lists=0.1,records=0.1,code=0.08]
 
 Sources
+  counting, arith, lists, records   generated (demo/tasks.py says what each looks like): document i
+            of the training split is drawn from seed i, held-out problems from HELDOUT_SEED + i, and
+            a training document holding a held-out prompt is skipped.
   code      the Python standard library of the running interpreter (`sysconfig` "stdlib"), without
             site-packages, test/tests folders, idlelib, turtledemo and files that are not UTF-8;
-            split by file: sha256 of the relative path, `--heldout-percent` of the files held out.
-  counting  counting in several formats ("1, 2, 3", one per line, "1 2 3", words, steps, backwards).
-  patterns  repeated patterns (a short word or letter group repeated, the alphabet, cycles).
-  arith     multi-digit addition / subtraction / multiplication with worked steps and a final
-            "a op b = answer" line.
-  sort      "sort [5, 2, 9] -> [2, 5, 9]".
-  The generated kinds draw document i from seed i (train) or HELDOUT_SEED + i (held out); any
-  held-out problem that the training generator happens to draw is skipped.
+            split by file: sha256 of the relative path, `--heldout-percent` of the files held out;
+            the training share is filled with files in path-hash order.
 
-Mixing: `--mix code=0.7,counting=0.1,...` are shares of the training characters; the code share is
-fixed by the stdlib (or `--code-mb`), the generated kinds are drawn until they reach theirs.
+Mixing: `--mix` gives each kind's share of the `--train-mb` training characters (shares are
+normalised; a kind with share 0 is left out, but the training split must not be empty).
 
-Output folder (refused when it exists, unless `--force`):
+Output folder (refused when it exists, unless `--force`; built beside it and swapped in whole):
   train.jsonl      {"text": ...} training documents, shuffled
   heldout.jsonl    {"text": ..., "kind": ...} held-out documents (held-out files, held-out seeds)
   eval.jsonl       {"kind", "prompt", "target", "answer"?}: counting prompts with their exact
-                   continuation, arithmetic and sorting problems with answers, code prompts
+                   continuation, arithmetic / list / record problems with answers, code prompts
                    (function header + first lines of held-out stdlib functions) with the true next lines
   tokenizer/       tokenizer.json (byte-level BPE, digits split) + tokenizer_config.json:
                    eos <|endoftext|>, pad <|pad|>, mask <|mask|> (special tokens)
@@ -41,13 +39,16 @@ import sys
 import sysconfig
 import time
 
+from demo import tasks
+
 EOS, PAD, MASK = "<|endoftext|>", "<|pad|>", "<|mask|>"
 SPECIAL_TOKENS = [EOS, PAD, MASK]
 HELDOUT_SEED = 1_000_000_000
 SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idlelib", "turtledemo",
              "__pycache__"}
-DEFAULT_MIX = {"code": 0.70, "counting": 0.12, "patterns": 0.03, "arith": 0.10, "sort": 0.05}
-GENERATED = ("counting", "patterns", "arith", "sort")
+DEFAULT_MIX = {"counting": 0.36, "arith": 0.36, "lists": 0.10, "records": 0.10, "code": 0.08}
+GENERATED = ("counting", "arith", "lists", "records")
+EVAL_KINDS = ("counting", "arith", "lists", "records", "code")
 
 
 class DemoDataError(ValueError):
@@ -120,180 +121,6 @@ def code_prompts(files: list[tuple[str, str]], n: int, seed: int, head_lines: in
     return cands[:n]
 
 
-# ----------------------------------------------------------------------------------- generated text
-
-ONES = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen " \
-       "fifteen sixteen seventeen eighteen nineteen".split()
-TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
-
-
-def number_words(n: int) -> str:
-    """English words for 0 <= n < 1,000,000."""
-    if n < 20:
-        return ONES[n]
-    if n < 100:
-        return TENS[n // 10] + ("" if n % 10 == 0 else "-" + ONES[n % 10])
-    if n < 1000:
-        return ONES[n // 100] + " hundred" + ("" if n % 100 == 0 else " " + number_words(n % 100))
-    return number_words(n // 1000) + " thousand" + ("" if n % 1000 == 0 else " " + number_words(n % 1000))
-
-
-COUNT_FORMATS = ("comma", "lines", "spaces", "words", "step", "down")
-
-
-def counting_parts(rng: random.Random) -> tuple[str, list[str], str]:
-    """(header, items, separator): the document is header + sep.join(items)."""
-    fmt = rng.choice(COUNT_FORMATS)
-    length = rng.randint(20, 120)
-    start = 1 if rng.random() < 0.4 else rng.randint(1, 2000)
-    if fmt == "step":
-        k = rng.randint(2, 12)
-        nums = [start + k * i for i in range(length)]
-        return f"Count by {k} from {nums[0]} to {nums[-1]}:\n", [str(x) for x in nums], ", "
-    if fmt == "down":
-        top = rng.randint(length, length + 2000)
-        nums = list(range(top, top - length, -1))
-        return f"Count down from {nums[0]} to {nums[-1]}:\n", [str(x) for x in nums], ", "
-    nums = list(range(start, start + length))
-    if fmt == "words":
-        start = rng.randint(1, 900)
-        nums = list(range(start, start + min(length, 60)))
-        return (f"Count in words from {number_words(nums[0])} to {number_words(nums[-1])}:\n",
-                [number_words(x) for x in nums], ", ")
-    sep = {"comma": ", ", "lines": "\n", "spaces": " "}[fmt]
-    return f"Count from {nums[0]} to {nums[-1]}:\n", [str(x) for x in nums], sep
-
-
-def counting_doc(seed: int) -> str:
-    header, items, sep = counting_parts(random.Random(seed))
-    return header + sep.join(items)
-
-
-WORDS = ("red blue green cat dog sun moon tree star fish bird rain snow wind fire stone "
-         "apple river cloud light").split()
-
-
-def patterns_doc(seed: int) -> str:
-    rng = random.Random(seed)
-    kind = rng.randrange(4)
-    if kind == 0:   # a word group repeated
-        unit = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 4)))
-        return "Repeat: " + " | ".join([unit] * rng.randint(8, 40))
-    if kind == 1:   # a letter group repeated
-        unit = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 6)))
-        return "Pattern: " + " ".join([unit] * rng.randint(10, 60))
-    if kind == 2:   # the alphabet, some times, upper or lower case
-        abc = "abcdefghijklmnopqrstuvwxyz"
-        if rng.random() < 0.5:
-            abc = abc.upper()
-        return "Alphabet:\n" + "\n".join(" ".join(abc) for _ in range(rng.randint(1, 4)))
-    # a cycle of symbols with increasing index
-    sym = rng.choice(["x", "item", "row", "node", "step"])
-    return "List:\n" + "\n".join(f"{sym}_{i} = {i * rng.choice([1, 2, 10])}"
-                                 for i in range(rng.randint(10, 40)))
-
-
-def _digits(x: int) -> list[int]:
-    return [int(c) for c in str(x)][::-1]
-
-
-def add_steps(a: int, b: int) -> list[str]:
-    da, db = _digits(a), _digits(b)
-    carry, steps = 0, []
-    for i in range(max(len(da), len(db))):
-        x, y = (da[i] if i < len(da) else 0), (db[i] if i < len(db) else 0)
-        s = x + y + carry
-        steps.append(f"{x} + {y} + {carry} = {s}, write {s % 10}, carry {s // 10}")
-        carry = s // 10
-    if carry:
-        steps.append(f"write carry {carry}")
-    return steps
-
-
-def sub_steps(a: int, b: int) -> list[str]:
-    """a >= b."""
-    da, db = _digits(a), _digits(b)
-    borrow, steps = 0, []
-    for i in range(len(da)):
-        x, y = da[i], (db[i] if i < len(db) else 0)
-        d = x - borrow - y
-        nb = 1 if d < 0 else 0
-        steps.append(f"{x} - {borrow} - {y} = {d + 10 * nb}" + (", borrow 1" if nb else ", borrow 0"))
-        borrow = nb
-    return steps
-
-
-def mul_steps(a: int, b: int) -> list[str]:
-    steps, partial = [], []
-    for i, y in enumerate(_digits(b)):
-        p = a * y * 10 ** i
-        partial.append(p)
-        steps.append(f"{a} * {y * 10 ** i} = {p}")
-    if len(partial) > 1:
-        steps.append(" + ".join(str(p) for p in partial) + f" = {sum(partial)}")
-    return steps
-
-
-def arith_problem(rng: random.Random) -> tuple[str, str, str]:
-    """(question line, worked steps + final line, answer)."""
-    op = rng.choice("+-*")
-    if op == "*":
-        a, b = rng.randint(10, 9999), rng.randint(2, 99)
-    else:
-        a, b = rng.randint(10, 99999), rng.randint(10, 99999)
-        if op == "-" and b > a:
-            a, b = b, a
-    ans = {"+": a + b, "-": a - b, "*": a * b}[op]
-    steps = {"+": add_steps, "-": sub_steps, "*": mul_steps}[op](a, b)
-    return f"Q: {a} {op} {b}\n", "\n".join(steps) + f"\n{a} {op} {b} = {ans}\n", str(ans)
-
-
-def sort_problem(rng: random.Random) -> tuple[str, str]:
-    xs = [rng.randint(0, 99 if rng.random() < 0.7 else 999) for _ in range(rng.randint(3, 10))]
-    return f"sort {xs} -> ", str(sorted(xs))
-
-
-def arith_doc(seed: int, skip: set | None = None) -> str:
-    rng = random.Random(seed)
-    parts = []
-    for _ in range(rng.randint(1, 3)):
-        q, work, _ = arith_problem(rng)
-        if skip and q in skip:
-            continue
-        parts.append(q + work)
-    return "\n".join(parts)
-
-
-def sort_doc(seed: int, skip: set | None = None) -> str:
-    rng = random.Random(seed)
-    lines = []
-    for _ in range(rng.randint(2, 8)):
-        p, a = sort_problem(rng)
-        if skip and p in skip:
-            continue
-        lines.append(p + a)
-    return "\n".join(lines)
-
-
-def eval_items(n_count: int, n_arith: int, n_sort: int) -> list[dict]:
-    """Held-out problems with exact targets (seeds HELDOUT_SEED + i)."""
-    items = []
-    for i in range(n_count):
-        header, xs, sep = counting_parts(random.Random(HELDOUT_SEED + i))
-        k = 4 if len(xs) > 12 else 2
-        items.append({"kind": "counting", "prompt": header + sep.join(xs[:k]) + sep,
-                      "target": sep.join(xs[k:]), "seed": HELDOUT_SEED + i})
-    for i in range(n_arith):
-        q, work, ans = arith_problem(random.Random(HELDOUT_SEED + i))
-        items.append({"kind": "arith", "prompt": q, "target": work, "answer": ans,
-                      "seed": HELDOUT_SEED + i})
-    for i in range(n_sort):
-        p, ans = sort_problem(random.Random(HELDOUT_SEED + i))
-        items.append({"kind": "sort", "prompt": p, "target": ans, "answer": ans,
-                      "seed": HELDOUT_SEED + i})
-    return items
-
-
 # ----------------------------------------------------------------------------------- tokenizer
 
 def train_tokenizer(texts, folder: str, vocab_size: int) -> str:
@@ -322,6 +149,7 @@ def train_tokenizer(texts, folder: str, vocab_size: int) -> str:
 # ----------------------------------------------------------------------------------- build
 
 def parse_mix(spec: str | None) -> dict:
+    """`kind=share,...` -> {kind: share}, normalised to sum 1; kinds not named get 0."""
     mix = dict(DEFAULT_MIX)
     if spec:
         mix = {k: 0.0 for k in DEFAULT_MIX}
@@ -336,11 +164,12 @@ def parse_mix(spec: str | None) -> dict:
                 mix[k] = float(v)
             except ValueError:
                 raise DemoDataError(f"--mix: share of {k} is not a number: {v!r}") from None
-            if mix[k] < 0:
+            if not mix[k] >= 0:
                 raise DemoDataError(f"--mix: share of {k} must be >= 0, got {v}")
-    if mix["code"] <= 0:
-        raise DemoDataError("--mix: the code share must be > 0 (it fixes the corpus size)")
-    return mix
+    total = sum(mix.values())
+    if total <= 0:
+        raise DemoDataError("--mix: every share is 0; the training split would be empty")
+    return {k: v / total for k, v in mix.items()}
 
 
 def _write_jsonl(path: str, records) -> None:
@@ -349,22 +178,22 @@ def _write_jsonl(path: str, records) -> None:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
 
 
-def build(out: str, *, stdlib: str | None = None, force: bool = False, vocab_size: int = 6144,
-          heldout_percent: float = 5.0, code_mb: float | None = None, mix: dict | None = None,
-          eval_count: int = 64, eval_arith: int = 64, eval_sort: int = 32, eval_code: int = 48,
-          seed: int = 0, log=print) -> dict:
+def build(out: str, *, stdlib: str | None = None, force: bool = False, vocab_size: int = 512,
+          heldout_percent: float = 5.0, train_mb: float = 10.0, mix: dict | None = None,
+          eval_count: int = 64, eval_arith: int = 64, eval_lists: int = 32, eval_records: int = 32,
+          eval_code: int = 48, seed: int = 0, log=print) -> dict:
     """Build the whole data folder (see the module docstring); returns the stats dict."""
     t_start = time.perf_counter()
     out = os.path.abspath(out)
-    mix = dict(DEFAULT_MIX if mix is None else mix)
+    mix = parse_mix(None) if mix is None else dict(mix)
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)) and not force:
         raise DemoDataError(f"output folder {out} already exists; pass --force to replace it")
     if not 256 + len(SPECIAL_TOKENS) < vocab_size <= 65536:
         raise DemoDataError(f"vocab size must be in ({256 + len(SPECIAL_TOKENS)}, 65536], got {vocab_size}")
     if not 0 < heldout_percent < 100:
         raise DemoDataError(f"held-out percent must be in (0, 100), got {heldout_percent}")
-    if code_mb is not None and code_mb <= 0:
-        raise DemoDataError(f"--code-mb must be > 0, got {code_mb}")
+    if not train_mb > 0:
+        raise DemoDataError(f"--train-mb must be > 0, got {train_mb}")
     root = stdlib or stdlib_dir()
     files = list_code_files(root)
     train_files = [(r, t) for r, t in files if not heldout_file(r, heldout_percent)]
@@ -373,42 +202,45 @@ def build(out: str, *, stdlib: str | None = None, force: bool = False, vocab_siz
         raise DemoDataError(f"{root}: {len(files)} files give an empty "
                             f"{'training' if not train_files else 'held-out'} split at "
                             f"{heldout_percent}% held out; the corpus is too small")
-    if code_mb is not None:  # a deterministic subset (by path hash order) of about code_mb MB
-        ranked = sorted(train_files, key=lambda rt: hashlib.sha256(rt[0].encode()).hexdigest())
-        chosen, size = [], 0
-        for r, t in ranked:
-            if size >= code_mb * 1e6:
-                break
-            chosen.append((r, t))
-            size += len(t.encode())
-        train_files = sorted(chosen)
+    want = {k: train_mb * 1e6 * mix.get(k, 0.0) for k in DEFAULT_MIX}
+    ranked = sorted(train_files, key=lambda rt: hashlib.sha256(rt[0].encode()).hexdigest())
+    chosen, size = [], 0
+    for r, t in ranked:           # the code share: whole files in path-hash order
+        if size >= want["code"]:
+            break
+        chosen.append((r, t))
+        size += len(t)
+    train_files = sorted(chosen)
     log(f"code: {len(files)} files under {root}: {len(train_files)} train, {len(held_files)} held out")
 
-    evals = eval_items(eval_count, eval_arith, eval_sort)
+    evals = tasks.heldout_items(HELDOUT_SEED, eval_count, eval_arith, eval_lists, eval_records)
     evals += code_prompts(held_files, eval_code, seed)
-    skip = {e["prompt"] for e in evals if e["kind"] in ("arith", "sort")}
-    skip_arith = {p for p in skip if p.startswith("Q: ")}
+    skip = {e["prompt"] for e in evals}
+    skip_headers = {e["prompt"].split("\n", 1)[0] for e in evals if e["kind"] == "counting"}
 
+    def counting(rng):
+        doc = tasks.counting_doc(rng)
+        return "" if doc.split("\n", 1)[0] in skip_headers else doc
+
+    gens = {"counting": counting, "arith": lambda r: tasks.arith_doc(r, skip),
+            "lists": lambda r: tasks.lists_doc(r, skip), "records": lambda r: tasks.records_doc(r, skip)}
     train = [{"text": t, "kind": "code"} for _, t in train_files]
-    code_chars = sum(len(t) for _, t in train_files)
-    gens = {"counting": counting_doc, "patterns": patterns_doc,
-            "arith": lambda s: arith_doc(s, skip_arith), "sort": lambda s: sort_doc(s, skip)}
     for kind in GENERATED:
-        want = code_chars * mix[kind] / mix["code"]
         got, i = 0, 0
-        while got < want:
-            doc = gens[kind](i)
+        while got < want[kind]:
+            doc = gens[kind](random.Random(i))
             i += 1
             if doc:
                 train.append({"text": doc, "kind": kind})
                 got += len(doc)
+    if not train:
+        raise DemoDataError("the training split is empty (every --mix share that has data is 0)")
     random.Random(seed).shuffle(train)
 
     held = [{"text": t, "kind": "code"} for _, t in held_files]
     for kind in GENERATED:
-        fn = {"counting": counting_doc, "patterns": patterns_doc, "arith": arith_doc,
-              "sort": sort_doc}[kind]
-        held += [{"text": fn(HELDOUT_SEED + 100_000 + i), "kind": kind} for i in range(50)]
+        held += [{"text": d, "kind": kind} for i in range(50)
+                 if (d := gens[kind](random.Random(HELDOUT_SEED + 100_000 + i)))]
 
     tmp = out + f".partial-{os.getpid()}"
     if os.path.exists(tmp):
@@ -423,7 +255,7 @@ def build(out: str, *, stdlib: str | None = None, force: bool = False, vocab_siz
         tok = Tokenizer.from_file(os.path.join(tok_dir, "tokenizer.json"))
         stats = {"train": {}, "heldout": {}}
         for name, docs in (("train", train), ("heldout", held)):
-            for kind in ("code",) + GENERATED:
+            for kind in GENERATED + ("code",):
                 texts = [d["text"] for d in docs if d["kind"] == kind]
                 n_tok = sum(len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=False))
                 stats[name][kind] = {"documents": len(texts), "mb": sum(len(t.encode()) for t in texts) / 1e6,
@@ -433,8 +265,8 @@ def build(out: str, *, stdlib: str | None = None, force: bool = False, vocab_siz
         _write_jsonl(os.path.join(tmp, "eval.jsonl"), evals)
         stats.update(
             vocab_size=tok.get_vocab_size(), special_tokens={t: tok.token_to_id(t) for t in SPECIAL_TOKENS},
-            eval={k: sum(1 for e in evals if e["kind"] == k) for k in ("counting", "arith", "sort", "code")},
-            settings=dict(stdlib=root, heldout_percent=heldout_percent, code_mb=code_mb, mix=mix,
+            eval={k: sum(1 for e in evals if e["kind"] == k) for k in EVAL_KINDS},
+            settings=dict(stdlib=root, heldout_percent=heldout_percent, train_mb=train_mb, mix=mix,
                           requested_vocab_size=vocab_size, seed=seed, heldout_seed=HELDOUT_SEED,
                           python=sys.version.split()[0]),
             tokenizer_s=t_tok)
@@ -470,21 +302,23 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="data/demo", help="output folder (default data/demo)")
     p.add_argument("--force", action="store_true", help="replace an existing output folder")
     p.add_argument("--stdlib", default=None, help="code corpus folder (default: this Python's stdlib)")
-    p.add_argument("--vocab-size", type=int, default=6144)
+    p.add_argument("--vocab-size", type=int, default=512)
     p.add_argument("--heldout-percent", type=float, default=5.0)
-    p.add_argument("--code-mb", type=float, default=None, help="use about this many MB of training code")
-    p.add_argument("--mix", default=None, help="shares, e.g. code=0.7,counting=0.12,patterns=0.03,arith=0.1,sort=0.05")
+    p.add_argument("--train-mb", type=float, default=10.0, help="training characters, in millions")
+    p.add_argument("--mix", default=None,
+                   help="shares, e.g. " + ",".join(f"{k}={v}" for k, v in DEFAULT_MIX.items()))
     p.add_argument("--eval-count", type=int, default=64)
     p.add_argument("--eval-arith", type=int, default=64)
-    p.add_argument("--eval-sort", type=int, default=32)
+    p.add_argument("--eval-lists", type=int, default=32)
+    p.add_argument("--eval-records", type=int, default=32)
     p.add_argument("--eval-code", type=int, default=48)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     try:
         stats = build(a.out, stdlib=a.stdlib, force=a.force, vocab_size=a.vocab_size,
-                      heldout_percent=a.heldout_percent, code_mb=a.code_mb, mix=parse_mix(a.mix),
-                      eval_count=a.eval_count, eval_arith=a.eval_arith, eval_sort=a.eval_sort,
-                      eval_code=a.eval_code, seed=a.seed)
+                      heldout_percent=a.heldout_percent, train_mb=a.train_mb, mix=parse_mix(a.mix),
+                      eval_count=a.eval_count, eval_arith=a.eval_arith, eval_lists=a.eval_lists,
+                      eval_records=a.eval_records, eval_code=a.eval_code, seed=a.seed)
     except DemoDataError as e:
         print(f"demo_data: error: {e}", file=sys.stderr)
         return 2

@@ -3,7 +3,7 @@
 
     check_model(folder)            every file the demo needs, verified (sha256 manifest) before use
     load_model(folder)             (config, params, tokenizer)
-    eval_items(folder, kind, n)    held-out prompts of one regime (counting | arith | code | sort)
+    eval_items(folder, kind, n)    held-out prompts of one regime (counting | arith | lists | records | code)
     REGIMES                        per regime: new-token budget, extra stop strings, how it is scored
     decode_items(...)              decode every item (one row each, or a batch), timed, scored
     ar_nll(...)                    the AR reading's negative log-likelihood per token of continuations
@@ -11,7 +11,8 @@
 Quality, per regime (what the issue asks for):
   counting  exact: the continuation is a prefix of the true count (or all of it, ending in eos);
   arith     the final line "<question> = <answer>" of the worked steps is present and right;
-  sort      the sorted list is right;
+  lists     the copied / sorted list is right;
+  records   the JSON lines are right;
   code      not right/wrong: the AR-reading NLL per token of the generated continuation, reported
             beside AR greedy's own.
 """
@@ -47,9 +48,10 @@ class Regime:
 
 REGIMES = {
     "counting": Regime(max_new_tokens=128),
-    "arith": Regime(max_new_tokens=96, stop_strings=("\n\n",)),
+    "arith": Regime(max_new_tokens=160, stop_strings=("\n\n",)),
     "code": Regime(max_new_tokens=64),
-    "sort": Regime(max_new_tokens=48, stop_strings=("\n",)),
+    "lists": Regime(max_new_tokens=48, stop_strings=("\n",)),
+    "records": Regime(max_new_tokens=128, stop_strings=("\n\n",)),
 }
 
 
@@ -139,7 +141,7 @@ def score(kind: str, item: dict, text: str, finished_by_stop: bool) -> bool | No
         question = question[2:].strip() if question.startswith("Q:") else question
         lines = [ln.strip() for ln in text.strip().splitlines()]
         return bool(lines) and lines[-1] == f"{question} = {item['answer']}"
-    if kind == "sort":
+    if kind in ("lists", "records"):
         return text.strip() == item["answer"]
     return None
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The demo model's whole pipeline (issue 5), one stage after another, with each stage's wall time:
+# The demo model's whole pipeline (issues 5, 20), one stage after another, with each stage's wall time
+# (about 55 minutes on the 2-core development CPU; demo/model/README.md has the figures):
 #
-#   1 data      python -m demo.data                     stdlib code + generated text, tokenizer, eval set
+#   1 data      python -m demo.data                     generated tasks + some stdlib code, tokenizer, eval set
 #   2 pretrain  wedlm-train configs/demo_pretrain.yaml  AR-only from scratch, exported to HF
 #   3 convert   wedlm-convert hf-to-orbax, orbax-to-hf  the trained model through the converter and
 #               back; the round trip must give the same tensors and config (checked here)
@@ -11,7 +12,7 @@
 #               set; a decoding trace (HTML, and PNG with matplotlib)
 #
 # Usage (from the repository root, with the venv active or .venv present):
-#   demo/pipeline.sh                               the real run (hours on a CPU; see the configs)
+#   demo/pipeline.sh                               the real run (~55 min on a 2-core CPU)
 #   demo/pipeline.sh --smoke                       every command on a small data subset, 20 steps
 #   demo/pipeline.sh --measure                     step times of the real configs (a few steps each;
 #                                                  needs a pretrained HF folder: run --smoke first)
@@ -19,6 +20,8 @@
 # data/demo, or data/demo_smoke), --rebuild-data, --from STAGE (skip the stages before it), any
 # further KEY=VALUE arguments go to both wedlm-train calls (e.g. mesh.data=1).
 # Stage times are appended to RUNS/stages.tsv; decode results are RUNS/decode_<method>.json.
+# A --runs folder that exists, is not empty and was not made by this script (no .demo-pipeline file
+# in it) is refused, never overwritten; so is a --data folder that demo.data did not build.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -43,7 +46,7 @@ case "$FROM" in data|pretrain|convert|adapt|decode) ;;
 esac
 if [ "$MODE" = smoke ]; then
   RUNS=${RUNS:-runs/demo_smoke}; DATA=${DATA:-data/demo_smoke}
-  DATA_ARGS=(--code-mb 0.4 --vocab-size 2048 --eval-count 8 --eval-arith 8 --eval-sort 4 --eval-code 4)
+  DATA_ARGS=(--train-mb 0.3 --eval-count 8 --eval-arith 8 --eval-lists 4 --eval-records 4 --eval-code 4)
   TRAIN_ARGS=(steps=20 optimizer.warmup_steps=4 data.seq_len=128 data.global_batch_size=8 log_every=5
               checkpoint.every=10)
   MAX_NEW=32
@@ -51,7 +54,19 @@ else
   RUNS=${RUNS:-runs/demo}; DATA=${DATA:-data/demo}
   DATA_ARGS=(); TRAIN_ARGS=(); MAX_NEW=64
 fi
+OWNED="$RUNS/.demo-pipeline"
+if [ -e "$RUNS" ] && { [ ! -d "$RUNS" ] || [ -n "$(ls -A "$RUNS")" ]; } && [ ! -f "$OWNED" ]; then
+  echo "demo/pipeline.sh: $RUNS exists and was not made by this pipeline (no $OWNED); refusing to" \
+       "overwrite it: move it away or pass another --runs" >&2
+  exit 2
+fi
+if [ -e "$DATA" ] && [ ! -f "$DATA/stats.json" ] && { [ ! -d "$DATA" ] || [ -n "$(ls -A "$DATA")" ]; }; then
+  echo "demo/pipeline.sh: $DATA exists and was not built by python -m demo.data (no stats.json);" \
+       "refusing to overwrite it: move it away or pass another --data" >&2
+  exit 2
+fi
 mkdir -p "$RUNS"
+touch "$OWNED"
 STAGES="$RUNS/stages.tsv"
 ORDER=(data pretrain convert adapt decode)
 run_from() {  # run_from STAGE: true when STAGE is at or after --from
@@ -159,7 +174,7 @@ if run_from decode; then
   python - "$DATA/eval.jsonl" "$RUNS/prompts.jsonl" <<'EOF'
 import json, sys
 items = [json.loads(l) for l in open(sys.argv[1])]
-picked = [next(e for e in items if e["kind"] == k) for k in ("counting", "arith", "code")]
+picked = [next(e for e in items if e["kind"] == k) for k in ("counting", "arith", "records", "code")]
 with open(sys.argv[2], "w") as f:
     for e in picked:
         f.write(json.dumps({"prompt": e["prompt"]}) + "\n")

@@ -1,4 +1,4 @@
-"""The demo data builder (issue 5 item 1) on a small self-made code folder, and the demo configs."""
+"""The demo data builder (issues 5 and 20) on a small self-made code folder, and the demo configs."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import re
 import pytest
 
 from demo import data as dd
+from demo import tasks
 from train.config import load_config, model_config
 
 CODE = '''"""Module {i}."""
@@ -57,8 +58,9 @@ def _read(path):
 def built(tmp_path_factory):
     root = _corpus(tmp_path_factory.mktemp("stdlib"))
     out = tmp_path_factory.mktemp("out") / "demo"
-    stats = dd.build(str(out), stdlib=str(root), vocab_size=600, heldout_percent=20, eval_count=12,
-                     eval_arith=12, eval_sort=6, eval_code=5, log=lambda *a: None)
+    stats = dd.build(str(out), stdlib=str(root), vocab_size=500, heldout_percent=20, train_mb=0.4,
+                     eval_count=12, eval_arith=12, eval_lists=6, eval_records=4, eval_code=5,
+                     log=lambda *a: None)
     return root, out, stats
 
 
@@ -78,7 +80,7 @@ def test_files_split_and_skips(built):
         i = int(re.search(r"mod_(\d+)", r).group(1))
         assert f"def function_{i}(" not in train_text
         assert any(f"def function_{i}(" in d["text"] for d in held_docs if d["kind"] == "code")
-    assert stats["train"]["code"]["documents"] == 40 - len(held)
+    assert 0 < stats["train"]["code"]["documents"] < 40 - len(held)   # only the code share is used
     assert stats["heldout"]["code"]["documents"] == len(held)
     for kind in dd.GENERATED:
         assert stats["train"][kind]["documents"] > 0
@@ -117,47 +119,86 @@ def test_eval_set(built):
     root, out, stats = built
     items = _read(out / "eval.jsonl")
     kinds = [e["kind"] for e in items]
-    assert (kinds.count("counting"), kinds.count("arith"), kinds.count("sort"), kinds.count("code")) == (12, 12, 6, 5)
-    train_text = "\n".join(d["text"] for d in _read(out / "train.jsonl"))
+    assert [kinds.count(k) for k in dd.EVAL_KINDS] == [12, 12, 6, 4, 5]
+    train_docs = [d["text"] for d in _read(out / "train.jsonl")]
+    train_text = "\n".join(train_docs)
     held_code = "\n".join(d["text"] for d in _read(out / "heldout.jsonl") if d["kind"] == "code")
     for e in items:
         if e["kind"] == "counting":  # the prompt and its exact continuation are the whole count
-            assert e["prompt"] + e["target"] == dd.counting_doc(e["seed"])
-            nums = re.split(r", |\n| ", e["prompt"].split(":\n", 1)[1] + e["target"])
-            assert len(nums) >= 10
+            assert e["prompt"] + e["target"] == tasks.counting_doc(random.Random(e["seed"]))
+            header, body = e["prompt"].split(":\n", 1)
+            assert not any(d.startswith(header + ":\n") for d in train_docs)    # fresh numbers
+            if "words" in header:
+                continue
+            nums = [int(x) for x in re.split(r", |\n", body + e["target"])]
+            k = int(m.group(1)) if (m := re.search(r" by (\d+) ", header)) else 1
+            step = -k if "down" in header else k
+            assert nums == list(range(nums[0], nums[0] + step * len(nums), step))
+            assert header.endswith(f"from {nums[0]} to {nums[-1]}") or \
+                header.endswith(f"from {nums[0]} to {nums[-1]}, one per line")
         elif e["kind"] == "arith":
-            a, op, b = re.match(r"Q: (\d+) ([-+*]) (\d+)\n", e["prompt"]).groups()
-            assert int(e["answer"]) == {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op]
+            a, op, b = re.match(r"Q: (\d+) ([-+]) (\d+)\n", e["prompt"]).groups()
+            assert int(e["answer"]) == (int(a) + int(b) if op == "+" else int(a) - int(b)) >= 0
             assert e["target"].rstrip("\n").endswith(f"{a} {op} {b} = {e['answer']}")
-            assert e["prompt"] not in train_text  # held-out seeds are not trained on
-        elif e["kind"] == "sort":
-            xs = json.loads(re.match(r"sort (\[.*\]) -> ", e["prompt"]).group(1))
-            assert json.loads(e["answer"]) == sorted(xs)
+            assert len(a) >= 2 and len(b) >= 2
+            assert e["prompt"] not in train_text  # held-out problems are not trained on
+        elif e["kind"] == "lists":
+            op, xs = re.match(r"(copy|sort) (\[.*\]) -> ", e["prompt"]).groups()
+            xs = json.loads(xs)
+            assert json.loads(e["answer"]) == (sorted(xs) if op == "sort" else xs)
             assert e["prompt"] not in train_text
+        elif e["kind"] == "records":
+            rows = [r.split(" | ") for r in e["prompt"].split("\n")[1:-2]]
+            got = [json.loads(line) for line in e["answer"].split("\n")]
+            assert [[str(v) for v in g.values()] for g in got] == rows[1:]
+            assert all(list(g) == rows[0] for g in got)
         else:
             assert e["prompt"].lstrip().startswith("def ") and (e["prompt"] + e["target"]) in held_code
 
 
-def test_worked_arithmetic_is_right():
-    for seed in range(300):
-        rng = random.Random(seed)
-        q, work, ans = dd.arith_problem(rng)
-        a, op, b = re.match(r"Q: (\d+) ([-+*]) (\d+)", q).groups()
-        a, b = int(a), int(b)
-        lines = work.strip().split("\n")
+def _check_work(q: str, work: str, ans: str):
+    """Every line of the worked steps checked on its own: its operands are what the line above left
+    (the last digit taken off), its column sum / difference, carry or borrow and result so far are
+    right, and the last line is the answer."""
+    a, op, b = re.match(r"Q: (\d+) ([-+]) (\d+)", q).groups()
+    lines = work.strip().split("\n")
+    ra, rb, c, so_far = a, b, 0, ""
+    for line in lines[:-1]:
         if op == "+":
-            digits = [int(re.search(r"write (\d)", l).group(1)) for l in lines if "write" in l and "carry" in l and "write carry" not in l]
-            carry = [int(l.split()[-1]) for l in lines if l.startswith("write carry")]
-            assert int("".join(map(str, (carry + digits[::-1])))) == a + b
-        elif op == "-":
-            digits = [int(re.search(r"= (\d+)", l).group(1)) for l in lines[:-1]]
-            assert int("".join(map(str, digits[::-1]))) == a - b
+            m = re.fullmatch(r"(\d+)\+(\d+) c(\d): (\d)\+(\d)\+(\d)=(\d+) -> (\d+)", line)
+            xa, xb, cin, x, y, cc, s, sf = m.groups()
+            assert (xa, xb) == (ra or "0", rb or "0") and int(cin) == int(cc) == c
+            assert (int(x), int(y)) == (int(ra[-1]) if ra else 0, int(rb[-1]) if rb else 0)
+            assert int(s) == int(x) + int(y) + c
+            c, so_far = int(s) // 10, str(int(s) % 10) + so_far
         else:
-            parts = [int(l.split(" = ")[1]) for l in lines[:-1] if " * " in l]
-            assert sum(parts) == a * b
-        assert lines[-1] == f"{a} {op} {b} = {ans}"
-    assert dd.number_words(0) == "zero" and dd.number_words(42) == "forty-two"
-    assert dd.number_words(1305) == "one thousand three hundred five"
+            m = re.fullmatch(r"(\d+)-(\d+) b(\d): (\d)-(\d)-(\d)=(\d) b(\d) -> (\d+)", line)
+            xa, xb, bin_, x, y, bb, d, bout, sf = m.groups()
+            assert (xa, xb) == (ra, rb or "0") and int(bin_) == int(bb) == c
+            assert (int(x), int(y)) == (int(ra[-1]), int(rb[-1]) if rb else 0)
+            raw = int(x) - int(y) - c
+            assert (int(d), int(bout)) == (raw % 10, int(raw < 0))
+            c, so_far = int(bout), d + so_far
+        assert sf == so_far
+        ra, rb = ra[:-1], rb[:-1]
+    assert not ra and not rb and c == 0
+    assert int(so_far) == int(ans) == (int(a) + int(b) if op == "+" else int(a) - int(b))
+    assert lines[-1] == f"{a} {op} {b} = {ans}"
+
+
+def test_worked_arithmetic_is_right():
+    ops = set()
+    for seed in range(2000):
+        q, work, ans = tasks.arith_problem(random.Random(seed))
+        _check_work(q, work, ans)
+        ops.add(q.split()[2])
+    assert ops == {"+", "-"}
+    for a, b in ((999, 1), (1000, 1), (5, 5), (9999, 9999), (10, 0)):
+        for op, work in (("+", tasks.add_work(a, b)), ("-", tasks.sub_work(a, b))):
+            ans = str(a + b if op == "+" else a - b)
+            _check_work(f"Q: {a} {op} {b}", "\n".join(work) + f"\n{a} {op} {b} = {ans}", ans)
+    assert tasks.number_words(0) == "zero" and tasks.number_words(42) == "forty-two"
+    assert tasks.number_words(1305) == "one thousand three hundred five"
 
 
 def test_bad_inputs(tmp_path, built):
@@ -176,10 +217,14 @@ def test_bad_inputs(tmp_path, built):
     assert (out / "train.jsonl").read_bytes() == before
     with pytest.raises(dd.DemoDataError, match="unknown kind 'poetry'"):
         dd.parse_mix("code=0.5,poetry=0.5")
-    with pytest.raises(dd.DemoDataError, match="code share must be > 0"):
-        dd.parse_mix("counting=1")
-    assert dd.parse_mix("code=1,arith=0.5") == {"code": 1.0, "counting": 0.0, "patterns": 0.0,
-                                                "arith": 0.5, "sort": 0.0}
+    with pytest.raises(dd.DemoDataError, match="every share is 0"):
+        dd.parse_mix("counting=0,code=0")
+    with pytest.raises(dd.DemoDataError, match="share of arith must be >= 0"):
+        dd.parse_mix("arith=-1")
+    assert dd.parse_mix("code=1,arith=3") == {"counting": 0.0, "arith": 0.75, "lists": 0.0,
+                                              "records": 0.0, "code": 0.25}
+    with pytest.raises(dd.DemoDataError, match="--train-mb must be > 0"):
+        dd.build(str(tmp_path / "o4"), stdlib=str(root), train_mb=0)
     # the CLI: the error names the folder, exit code 2, nothing written
     assert dd.main(["--out", str(tmp_path / "o3"), "--stdlib", str(empty)]) == 2
     assert not (tmp_path / "o3").exists()
@@ -190,8 +235,9 @@ def test_force_replaces(tmp_path, built):
     out = tmp_path / "demo"
     os.makedirs(out)
     (out / "old.txt").write_text("old")
-    stats = dd.build(str(out), stdlib=str(root), force=True, vocab_size=400, mix=dd.parse_mix("code=1,counting=0.5"),
-                     eval_count=2, eval_arith=0, eval_sort=0, eval_code=1, log=lambda *a: None)
+    stats = dd.build(str(out), stdlib=str(root), force=True, vocab_size=400, train_mb=0.1,
+                     mix=dd.parse_mix("code=1,counting=0.5"), eval_count=2, eval_arith=0, eval_lists=0,
+                     eval_records=0, eval_code=1, log=lambda *a: None)
     assert not (out / "old.txt").exists() and (out / "tokenizer" / "tokenizer.json").exists()
     assert stats["train"]["arith"]["documents"] == 0 and stats["train"]["counting"]["documents"] > 0
     assert not [p for p in os.listdir(tmp_path) if ".partial-" in p]
@@ -208,10 +254,10 @@ def test_demo_configs(built):
     assert ada.optimizer.lr < pre.optimizer.lr and ada.steps < pre.steps
     assert 256 <= pre.data.seq_len <= 512
     mc = model_config(pre)
-    assert 2e6 <= mc.num_params() <= 10e6 and mc.tie_word_embeddings
-    assert (mc.model_type, mc.num_heads, mc.num_kv_heads, mc.head_dim, mc.qk_norm) == ("qwen3", 4, 2, 64, True)
+    assert 1e6 <= mc.num_params() <= 10e6 and mc.tie_word_embeddings
+    assert (mc.model_type, mc.num_heads, mc.num_kv_heads, mc.head_dim, mc.qk_norm) == ("qwen3", 3, 1, 64, True)
     import inspect
-    assert mc.vocab_size == inspect.signature(dd.build).parameters["vocab_size"].default == 6144
+    assert mc.vocab_size == inspect.signature(dd.build).parameters["vocab_size"].default == 512
     assert pre.data.tokenizer == "data/demo/tokenizer" and pre.data.train_files == ("data/demo/train.jsonl",)
     # the pretraining config reads the built data (tokenizer, documents, packing) before any compile
     small = load_config("configs/demo_pretrain.yaml", [f"data.train_files=[{out}/train.jsonl]",
@@ -219,3 +265,24 @@ def test_demo_configs(built):
     prep = prepare(small)
     assert prep["mask_token_id"] is None and prep["rows"]["tokens"].shape[1] == pre.data.seq_len
     assert prep["rows"]["tokens"].max() < stats["vocab_size"]
+
+
+def test_pipeline_refuses_folders_it_did_not_make(tmp_path):
+    """demo/pipeline.sh stops (exit 2, one line naming the folder) before any stage when --runs or
+    --data is someone else's folder, and leaves it as it was."""
+    import subprocess
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    foreign = tmp_path / "runs"
+    foreign.mkdir()
+    (foreign / "keep.txt").write_text("mine")
+    r = subprocess.run(["bash", "demo/pipeline.sh", "--smoke", "--runs", str(foreign), "--data",
+                        str(tmp_path / "data")], cwd=repo, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and f"{foreign} exists and was not made by this pipeline" in r.stderr
+    assert os.listdir(foreign) == ["keep.txt"] and not (tmp_path / "data").exists()
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "notes.txt").write_text("mine")
+    r = subprocess.run(["bash", "demo/pipeline.sh", "--smoke", "--runs", str(tmp_path / "r2"), "--data",
+                        str(data)], cwd=repo, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and f"{data} exists and was not built by python -m demo.data" in r.stderr
+    assert os.listdir(data) == ["notes.txt"] and not (tmp_path / "r2").exists()

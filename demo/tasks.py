@@ -1,0 +1,202 @@
+"""The demo's generated tasks (issue 20): text a small model can master and that can be checked
+exactly, centred on what shows WeDLM's parallelism.
+
+Every task draws one document (training) or one problem (held out) from a seed, so the training
+split (seeds 0, 1, ...) and the held-out split (HELDOUT_SEED + i) never share a draw, and a
+held-out prompt that the training generator happens to produce as well is skipped by the builder.
+
+  counting  "Count by k from a to b:" then the numbers: strides 1-25, starts up to ~10^4, also
+            down ("Count down by k from a to b:"), one per line ("..., one per line:") and in words
+            ("Count in words from ... to ...:"); a document ends at b.
+  arith     "Q: a + b" / "Q: a - b" (1-4 digit operands, a >= b for -), then worked columns from
+            the right: each line restates what is left of the operands and the carry (borrow),
+            adds one column and the result so far, so every step reads only the line above it;
+            the last line is "a op b = c".
+  lists     "copy [..] -> [..]" and "sort [..] -> [..]" (3-8 numbers under 100).
+  records   a small table ("name | age | city" rows) rendered as JSON lines.
+
+Each `*_problem(rng)` returns (prompt, target): the document is prompt + target, and the held-out
+eval item asks for the target given the prompt.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+        "fifteen sixteen seventeen eighteen nineteen").split()
+TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
+
+
+def number_words(n: int) -> str:
+    """English words for 0 <= n < 1,000,000."""
+    if n < 20:
+        return ONES[n]
+    if n < 100:
+        return TENS[n // 10] + ("" if n % 10 == 0 else "-" + ONES[n % 10])
+    if n < 1000:
+        return ONES[n // 100] + " hundred" + ("" if n % 100 == 0 else " " + number_words(n % 100))
+    return number_words(n // 1000) + " thousand" + ("" if n % 1000 == 0 else " " + number_words(n % 1000))
+
+
+# ----------------------------------------------------------------------------------- counting
+
+COUNT_FORMATS = ("by", "by", "by", "from", "down", "lines", "words")
+
+
+def _start(rng: random.Random) -> int:
+    """Starts spread over magnitudes: 1-99, 100-999, 1000-9999 (a third each, roughly)."""
+    return rng.randint(1, 10 ** rng.randint(2, 4) - 1)
+
+
+def counting_parts(rng: random.Random) -> tuple[str, list[str], str]:
+    """(header, items, separator): the document is header + sep.join(items)."""
+    fmt = rng.choice(COUNT_FORMATS)
+    k = rng.randint(1, 25) if rng.random() < 0.85 else rng.randint(1, 5)
+    if fmt == "words":
+        a = rng.randint(1, 9999)
+        nums = list(range(a, a + rng.randint(6, 14)))
+        return (f"Count in words from {number_words(nums[0])} to {number_words(nums[-1])}:\n",
+                [number_words(x) for x in nums], ", ")
+    a = _start(rng)
+    digits = len(str(a + 25 * 40))
+    n = rng.randint(6, max(8, min(40, 220 // (digits + 2))))
+    if fmt == "down":
+        a = max(a, k * n)
+        nums = [a - k * i for i in range(n)]
+        return f"Count down by {k} from {nums[0]} to {nums[-1]}:\n", [str(x) for x in nums], ", "
+    nums = [a + k * i for i in range(n)]
+    if fmt == "from":
+        nums = list(range(a, a + n))
+        return f"Count from {nums[0]} to {nums[-1]}:\n", [str(x) for x in nums], ", "
+    if fmt == "lines":
+        return (f"Count by {k} from {nums[0]} to {nums[-1]}, one per line:\n",
+                [str(x) for x in nums], "\n")
+    return f"Count by {k} from {nums[0]} to {nums[-1]}:\n", [str(x) for x in nums], ", "
+
+
+def counting_problem(rng: random.Random) -> tuple[str, str]:
+    """The header and the first few numbers as the prompt; the rest of the count as the target."""
+    header, xs, sep = counting_parts(rng)
+    shown = 3 if len(xs) > 10 else 2
+    return header + sep.join(xs[:shown]) + sep, sep.join(xs[shown:])
+
+
+def counting_doc(rng: random.Random) -> str:
+    header, xs, sep = counting_parts(rng)
+    return header + sep.join(xs)
+
+
+# ----------------------------------------------------------------------------------- arithmetic
+
+def add_work(a: int, b: int) -> list[str]:
+    """One line per column from the right: "rest_a+rest_b cC: x+y+C=s -> so_far"."""
+    lines, ra, rb, carry, so_far = [], str(a), str(b), 0, ""
+    while ra or rb or carry:
+        x, y = int(ra[-1]) if ra else 0, int(rb[-1]) if rb else 0
+        s = x + y + carry
+        so_far = str(s % 10) + so_far
+        lines.append(f"{ra or 0}+{rb or 0} c{carry}: {x}+{y}+{carry}={s} -> {so_far}")
+        ra, rb, carry = ra[:-1], rb[:-1], s // 10
+    return lines
+
+
+def sub_work(a: int, b: int) -> list[str]:
+    """a >= b. One line per column from the right: "rest_a-rest_b bB: x-y-B=d bB' -> so_far"."""
+    lines, ra, rb, borrow, so_far = [], str(a), str(b), 0, ""
+    while ra:
+        x, y = int(ra[-1]), int(rb[-1]) if rb else 0
+        d = x - y - borrow
+        nb = int(d < 0)
+        so_far = str(d + 10 * nb) + so_far
+        lines.append(f"{ra}-{rb or 0} b{borrow}: {x}-{y}-{borrow}={d + 10 * nb} b{nb} -> {so_far}")
+        ra, rb, borrow = ra[:-1], rb[:-1], nb
+    return lines
+
+
+def _operand(rng: random.Random, lo_digits: int, hi_digits: int) -> int:
+    d = rng.randint(lo_digits, hi_digits)
+    return rng.randint(10 ** (d - 1) if d > 1 else 0, 10 ** d - 1)
+
+
+def arith_problem(rng: random.Random, lo_digits: int = 1, hi_digits: int = 4) -> tuple[str, str, str]:
+    """(question line, worked lines + final line, answer) for + or -."""
+    op = rng.choice("+-")
+    a, b = _operand(rng, lo_digits, hi_digits), _operand(rng, lo_digits, hi_digits)
+    if op == "-" and b > a:
+        a, b = b, a
+    ans = a + b if op == "+" else a - b
+    work = add_work(a, b) if op == "+" else sub_work(a, b)
+    return f"Q: {a} {op} {b}\n", "\n".join(work) + f"\n{a} {op} {b} = {ans}\n", str(ans)
+
+
+def arith_doc(rng: random.Random, skip=frozenset()) -> str:
+    parts = []
+    for _ in range(rng.randint(1, 2)):
+        q, work, _ = arith_problem(rng)
+        if q not in skip:
+            parts.append(q + work)
+    return "\n".join(parts)
+
+
+# ----------------------------------------------------------------------------------- lists
+
+def list_problem(rng: random.Random) -> tuple[str, str]:
+    xs = [rng.randint(0, 99) for _ in range(rng.randint(3, 8))]
+    op = rng.choice(("copy", "sort"))
+    out = sorted(xs) if op == "sort" else xs
+    return f"{op} {xs} -> ", str(out)
+
+
+def lists_doc(rng: random.Random, skip=frozenset()) -> str:
+    lines = []
+    for _ in range(rng.randint(3, 8)):
+        p, a = list_problem(rng)
+        if p not in skip:
+            lines.append(p + a)
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------- records
+
+NAMES = ("Alice Bob Carol Dan Eve Frank Grace Heidi Ivan Judy Ken Laura Mike Nina Oscar Peggy "
+         "Quinn Rita Sam Tina Uma Victor Wendy Xena Yuri Zoe").split()
+CITIES = "Paris Rome Oslo Lima Cairo Tokyo Delhi Berlin Madrid Vienna Dublin Quito".split()
+COLORS = "red blue green black white yellow orange purple".split()
+FIELDS = {"name": lambda r: r.choice(NAMES), "age": lambda r: r.randint(18, 90),
+          "city": lambda r: r.choice(CITIES), "color": lambda r: r.choice(COLORS),
+          "id": lambda r: r.randint(100, 999), "score": lambda r: r.randint(0, 100)}
+
+
+def records_problem(rng: random.Random) -> tuple[str, str]:
+    cols = ["name"] + rng.sample([f for f in FIELDS if f != "name"], rng.randint(1, 3))
+    rows = [{c: FIELDS[c](rng) for c in cols} for _ in range(rng.randint(2, 5))]
+    table = "\n".join([" | ".join(cols)] + [" | ".join(str(r[c]) for c in cols) for r in rows])
+    return f"Table:\n{table}\nJSON lines:\n", "\n".join(json.dumps(r) for r in rows)
+
+
+def records_doc(rng: random.Random, skip=frozenset()) -> str:
+    p, a = records_problem(rng)
+    return "" if p in skip else p + a
+
+
+# ----------------------------------------------------------------------------------- held out
+
+def heldout_items(seed0: int, n_count: int, n_arith: int, n_lists: int, n_records: int) -> list[dict]:
+    """Held-out problems with exact targets, each from its own seed (seed0 + i): counting (prompt =
+    header + first numbers), arithmetic with 2-4 digit operands, lists, records."""
+    items = []
+    for i in range(n_count):
+        p, t = counting_problem(random.Random(seed0 + i))
+        items.append({"kind": "counting", "prompt": p, "target": t, "seed": seed0 + i})
+    for i in range(n_arith):
+        q, work, ans = arith_problem(random.Random(seed0 + i), lo_digits=2)
+        items.append({"kind": "arith", "prompt": q, "target": work, "answer": ans, "seed": seed0 + i})
+    for i in range(n_lists):
+        p, a = list_problem(random.Random(seed0 + i))
+        items.append({"kind": "lists", "prompt": p, "target": a, "answer": a, "seed": seed0 + i})
+    for i in range(n_records):
+        p, a = records_problem(random.Random(seed0 + i))
+        items.append({"kind": "records", "prompt": p, "target": a, "answer": a, "seed": seed0 + i})
+    return items
