@@ -11,7 +11,10 @@ checkpoint is read; a bad line is named by its line number and field.
 
 Output: one JSON line per request, written (flushed and fsynced) as the request finishes, in finish
 order: id, text, token_ids, finish_reason ('stop' | 'length'), prompt_tokens, completion_tokens,
-steps (forwards while the request was live), n_fwd (token slots those forwards processed). A stop
+steps (forwards while the request was live), n_fwd (token slots those forwards processed). A
+request the engine fails on is written with finish_reason 'error' and the error, the job goes on
+with the others and exits 1 at the end naming how many failed (a rerun does not retry them:
+delete their lines to). A stop
 string ends the request (host-side: its text is cut before the string, its token_ids end with the
 token that completed it, finish_reason 'stop'), as in the OpenAI API.
 
@@ -60,11 +63,16 @@ def read_input(path: str, tokenizer, defaults: dict, base_stop_ids: list, base_s
     if not os.path.isfile(path):
         raise DecodeConfigError(f"--input {path}: no such file")
     items, seen = [], {}
-    with open(path, encoding="utf-8") as f:
-        for lineno, raw in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for lineno, raw_bytes in enumerate(f, 1):
+            where = f"{path}:{lineno}"
+            try:
+                raw = raw_bytes.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DecodeConfigError(f"{where}: not UTF-8 ({e.reason} at byte {e.start + 1} of "
+                                        f"the line)") from None
             if not raw.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
                 obj = json.loads(raw)
             except json.JSONDecodeError as e:
@@ -276,13 +284,17 @@ def run_job(args) -> int:
     with open(args.output, "a", encoding="utf-8") as out:
         stats = _decode_all(Batcher(decoder), todo, requests, tokenizer, out)
     _summary(stats, args, skipped)
+    if stats["errors"]:
+        print(f"wedlm-decode: {stats['errors']} request(s) failed in the engine (finish_reason "
+              f"'error' in {args.output}); the others were written", file=sys.stderr)
+        return 1
     return 0
 
 
 def _decode_all(batcher, todo, requests, tokenizer, out) -> dict:
     from tqdm import tqdm
     live = {}   # request id -> [item, ids so far, stopped by a stop string]
-    stats = dict(requests=0, tokens=0, steps=0, n_fwd=0, tokens_counted=0, wall_s=0.0)
+    stats = dict(requests=0, tokens=0, steps=0, n_fwd=0, tokens_counted=0, wall_s=0.0, errors=0)
     bar = tqdm(total=len(todo), unit="req", desc="wedlm-decode", file=sys.stderr, dynamic_ncols=True)
 
     def on_tokens(rid, new):
@@ -295,6 +307,13 @@ def _decode_all(batcher, todo, requests, tokenizer, out) -> dict:
 
     def on_finish(fin):
         item, ids, stopped = live.pop(fin.request_id)
+        if fin.finish == "error":       # this request alone; the job goes on
+            _append(out, dict(id=item.id, text="", token_ids=[], finish_reason="error",
+                              error=fin.error, prompt_tokens=len(item.prompt_ids),
+                              completion_tokens=0, steps=fin.steps, n_fwd=fin.n_fwd))
+            stats["errors"] += 1
+            bar.update(1)
+            return
         ids = list(fin.tokens)
         finish = fin.finish
         text = tokenizer.decode(ids)

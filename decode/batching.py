@@ -28,12 +28,13 @@ from decode.decoder import Decoder, Request
 class Finished:
     request_id: int
     tokens: list          # every generated id
-    finish: str           # 'stop' | 'length' | 'cancelled'
+    finish: str           # 'stop' | 'length' | 'cancelled' | 'error'
     steps: int            # forwards while the request was live
     n_fwd: int            # token slots processed for it (p_cache = len(tokens) / n_fwd)
     accepted: int = 0     # verified: drafts accepted
     rejected: int = 0     # verified: drafts rejected
     wall_s: float = 0.0   # submit to finish
+    error: str | None = None   # finish 'error': what failed (the other requests go on)
 
 
 @dataclasses.dataclass
@@ -58,6 +59,7 @@ class Batcher:
         self._next_id = 0
         self.state = decoder.init_state()
         self.loop_iterations = 0
+        self.resets = 0             # device state rebuilt after a failed call
 
     @property
     def num_waiting(self) -> int:
@@ -83,11 +85,25 @@ class Batcher:
         with self._lock:
             self._cancelled.add(request_id)
 
-    def _finish(self, live: _Live, finish: str, stats=(0, 0, 0, 0)) -> None:
+    def _finish(self, live: _Live, finish: str, stats=(0, 0, 0, 0), error: str | None = None) -> None:
         steps, n_fwd, acc, rej = stats
         if live.on_finish is not None:
             live.on_finish(Finished(live.request_id, live.tokens, finish, steps, n_fwd, acc, rej,
-                                    time.perf_counter() - live.submitted))
+                                    time.perf_counter() - live.submitted, error))
+
+    def _state_lost(self) -> bool:
+        """Was the (donated) state consumed by a call that then failed?"""
+        return any(getattr(x, "is_deleted", lambda: False)() for x in jax.tree.leaves(self.state))
+
+    def _reset(self, error: str) -> None:
+        """After a failed device call: every live request ends with 'error', the state is built
+        anew, the queue is kept; the next `step` goes on with the waiting requests."""
+        for slot, live in enumerate(self._slots):
+            if live is not None:
+                self._slots[slot] = None
+                self._finish(live, "error", error=error)
+        self.state = self.decoder.init_state()
+        self.resets += 1
 
     def _take_cancelled(self):
         with self._lock:
@@ -127,11 +143,24 @@ class Batcher:
                 live = self._waiting.popleft() if self._waiting else None
             if live is None:
                 break
-            self.state = dec.insert(dec.prefill(live.request), self.state, slot)
+            try:
+                self.state = dec.insert(dec.prefill(live.request), self.state, slot)
+            except Exception as e:  # noqa: BLE001 - this request fails alone
+                error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+                self._finish(live, "error", error=error)
+                if self._state_lost():
+                    self._reset(f"the decoding state was lost while admitting request "
+                                f"{live.request_id} ({error})")
+                continue
             self._slots[slot] = live
         if self.num_active == 0:
             return self.num_waiting > 0
-        self.state, result = dec.generate(self.state)
+        try:
+            self.state, result = dec.generate(self.state)
+        except Exception as e:  # noqa: BLE001 - the device call failed: its requests end, we go on
+            self._reset(f"the decoding step failed ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0][:300] if str(e) else ''})")
+            return self.num_waiting > 0
         self.loop_iterations += result.steps
         for slot, live in enumerate(self._slots):
             if live is None:

@@ -20,6 +20,8 @@ METHODS = ("streaming", "block", "ar", "verified")
 REFILLS = ("before", "after")               # decode.steps: when the window's masks are refilled
 SAMPLING_ORDERS = ("filter_first", "temper_first")   # decode.sampling: filter vs temperature
 MAX_STOP_IDS = 16  # stop ids travel as a fixed-size runtime array (padded with -1): no recompile per set
+INT32_MAX = 2**31 - 1   # integer settings travel as int32 on the device
+SEED_MAX = 2**32 - 1    # a request's seed is a uint32
 
 
 class DecodeConfigError(ValueError):
@@ -59,15 +61,14 @@ class DecodeConfig:
             raise DecodeConfigError(f"top_p must be in (0, 1], got {self.top_p!r}")
         _int_at_least("max_new_tokens", self.max_new_tokens, 1)
         _int_at_least("prefill_chunk", self.prefill_chunk, 1)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise DecodeConfigError(f"seed must be an int, got {self.seed!r}")
+        _int_at_least("seed", self.seed, 0, SEED_MAX)
         stops = self.stop_token_ids
         if isinstance(stops, int):
             stops = (stops,)
         stops = tuple(stops)
         for s in stops:
-            if isinstance(s, bool) or not isinstance(s, int) or s < 0:
-                raise DecodeConfigError(f"stop_token_ids must be non-negative ints, got {s!r}")
+            if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s <= INT32_MAX:
+                raise DecodeConfigError(f"stop_token_ids must be ints in [0, {INT32_MAX}], got {s!r}")
         stops = tuple(dict.fromkeys(stops))
         if len(stops) > MAX_STOP_IDS:
             raise DecodeConfigError(f"at most {MAX_STOP_IDS} stop_token_ids, got {len(stops)}")
@@ -86,13 +87,13 @@ def _is_number(x) -> bool:
 
 
 def _num_at_least(name, value, low):
-    if not _is_number(value) or float(value) < low:
-        raise DecodeConfigError(f"{name} must be a number >= {low}, got {value!r}")
+    if not _is_number(value) or float(value) < low or float(value) == float("inf"):
+        raise DecodeConfigError(f"{name} must be a finite number >= {low}, got {value!r}")
 
 
-def _int_at_least(name, value, low):
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise DecodeConfigError(f"{name} must be an int >= {low}, got {value!r}")
+def _int_at_least(name, value, low, high=INT32_MAX):
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise DecodeConfigError(f"{name} must be an int in [{low}, {high}], got {value!r}")
 
 
 def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int, capacity: int | None) -> list[list[int]]:

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from decode.config import MAX_STOP_IDS, METHODS, DecodeConfigError
+from decode.config import INT32_MAX, MAX_STOP_IDS, METHODS, SEED_MAX, DecodeConfigError
 from decode.sampling import SAMPLING_ORDERS
 from decode.state import DecodeState, KVCache, Prefix, Settings
 from decode.steps import REFILLS, StepSpec, ar_step, window_step
@@ -372,18 +372,19 @@ class Decoder:
         if len(prompt) > self.capacity:
             raise DecodeConfigError(f"prompt: {len(prompt)} tokens, longer than the capacity "
                                     f"{self.capacity}")
-        if not _is_int(r.max_new_tokens) or r.max_new_tokens < 1:
-            raise DecodeConfigError(f"max_new_tokens must be an int >= 1, got {r.max_new_tokens!r}")
+        if not _is_int(r.max_new_tokens) or not 1 <= r.max_new_tokens <= INT32_MAX:
+            raise DecodeConfigError(f"max_new_tokens must be an int in [1, {INT32_MAX}], got "
+                                    f"{r.max_new_tokens!r}")
         for name in ("tau", "lam", "temperature"):
             v = getattr(r, name)
-            if not _is_num(v) or v < 0:
-                raise DecodeConfigError(f"{name} must be a number >= 0, got {v!r}")
-        if not _is_int(r.top_k) or r.top_k < 0:
-            raise DecodeConfigError(f"top_k must be an int >= 0, got {r.top_k!r}")
+            if not _is_num(v) or v < 0 or v == float("inf"):
+                raise DecodeConfigError(f"{name} must be a finite number >= 0, got {v!r}")
+        if not _is_int(r.top_k) or not 0 <= r.top_k <= INT32_MAX:
+            raise DecodeConfigError(f"top_k must be an int in [0, {INT32_MAX}], got {r.top_k!r}")
         if not _is_num(r.top_p) or not 0 < r.top_p <= 1:
             raise DecodeConfigError(f"top_p must be in (0, 1], got {r.top_p!r}")
-        if not _is_int(r.seed):
-            raise DecodeConfigError(f"seed must be an int, got {r.seed!r}")
+        if not _is_int(r.seed) or not 0 <= r.seed <= SEED_MAX:
+            raise DecodeConfigError(f"seed must be an int in [0, {SEED_MAX}], got {r.seed!r}")
         if r.sampling_order not in SAMPLING_ORDERS:
             raise DecodeConfigError(f"sampling_order {r.sampling_order!r} is unknown; allowed: "
                                     f"{', '.join(SAMPLING_ORDERS)}")

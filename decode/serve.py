@@ -81,6 +81,7 @@ class Settings:
     stop: list
     stream: bool
     include_usage: bool
+    max_tokens_given: bool = False   # the client named max_tokens (else the server's default)
 
 
 def _number(body, name, default, low=None, high=None, low_open=False):
@@ -129,10 +130,10 @@ def parse_settings(body: dict, default_max_tokens: int, max_tokens_names=("max_t
             raise bad(name, f"'{name}' is not supported by this server", "unsupported_value")
     if _bool(body, "echo"):
         raise bad("echo", "'echo' is not supported by this server", "unsupported_value")
-    max_tokens = default_max_tokens
+    max_tokens, given = default_max_tokens, False
     for name in max_tokens_names:
         if body.get(name) is not None:
-            max_tokens = _int(body, name, None, 1)
+            max_tokens, given = _int(body, name, None, 1), True
     stop = body.get("stop")
     if stop is None:
         stop = []
@@ -157,7 +158,8 @@ def parse_settings(body: dict, default_max_tokens: int, max_tokens_names=("max_t
                     top_k=max(0, _int(body, "top_k", 0, -1)), seed=seed,   # -1: off (vLLM's)
                     tau=_number(body, "tau", None, 0.0), lam=_number(body, "lam", None, 0.0),
                     stop=stop, stream=_bool(body, "stream"),
-                    include_usage=bool(opts and _bool(opts, "include_usage")))
+                    include_usage=bool(opts and _bool(opts, "include_usage")),
+                    max_tokens_given=given)
 
 
 def parse_prompt(body: dict, tokenizer, vocab_size: int) -> list:
@@ -400,6 +402,7 @@ class ServerConfig:
     slots: int = 0
     method: str = ""
     window: int = 0
+    max_body_bytes: int = 8 << 20   # larger bodies are refused with 413 before they are read
 
 
 def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
@@ -426,10 +429,29 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
                            type="authentication_error", code="invalid_api_key")
 
     async def read_body(http: HTTPRequest) -> dict:
+        """The JSON object of the request: refused with 413 past `max_body_bytes` (by its
+        Content-Length before reading, else while reading), parsed off the event loop (a large
+        body never stalls /health), nesting beyond what the parser takes a 400."""
+        limit = cfg.max_body_bytes
+        declared = http.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise APIError(413, f"the request body is {int(declared)} bytes, more than the server's "
+                                f"limit of {limit} bytes (--max-body-bytes)", type="invalid_request_error",
+                           code="request_too_large")
+        chunks, size = [], 0
+        async for chunk in http.stream():
+            size += len(chunk)
+            if size > limit:
+                raise APIError(413, f"the request body is more than the server's limit of {limit} "
+                                    "bytes (--max-body-bytes)", type="invalid_request_error",
+                               code="request_too_large")
+            chunks.append(chunk)
         try:
-            body = await http.json()
+            body = await asyncio.to_thread(json.loads, b"".join(chunks))
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise bad(None, "the request body is not valid JSON", "invalid_json") from None
+        except RecursionError:
+            raise bad(None, "the request body's JSON is nested too deeply", "invalid_json") from None
         if not isinstance(body, dict):
             raise bad(None, "the request body must be a JSON object", "invalid_type")
         model = body.get("model")
@@ -441,9 +463,21 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
         return body
 
     def make_request(ids: list, s: Settings, param: str):
-        if len(ids) > cfg.capacity:
-            raise bad(param, f"the prompt has {len(ids)} tokens, more than the server's capacity "
-                             f"{cfg.capacity}", "context_length_exceeded")
+        """OpenAI's / vLLM's lengths: a prompt that leaves no room, or a named max_tokens that does
+        not fit beside it, is a 400 context_length_exceeded; the server's default max_tokens is
+        cut to the room left."""
+        if len(ids) >= cfg.capacity:
+            raise bad(param, f"the prompt has {len(ids)} tokens; this server's context is "
+                             f"{cfg.capacity} tokens, which leaves no room to generate",
+                      "context_length_exceeded")
+        room = cfg.capacity - len(ids)
+        if s.max_tokens > room:
+            if s.max_tokens_given:
+                raise bad("max_tokens", f"this server's context is {cfg.capacity} tokens; the prompt "
+                                        f"has {len(ids)} and max_tokens asks for {s.max_tokens} more "
+                                        f"({len(ids) + s.max_tokens}); at most {room}",
+                          "context_length_exceeded")
+            s = dataclasses.replace(s, max_tokens=room)
         try:
             one_token, _ = split_stop_strings(tokenizer, s.stop)
         except DecodeConfigError as e:
@@ -511,6 +545,9 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
                     if text.stopped:
                         engine.cancel(rid)
                         reason = "stop"
+                elif kind == "finish" and val.finish == "error":
+                    raise APIError(500, f"request {rid} failed in the engine ({val.error}); the "
+                                   "server goes on", type="server_error", code="request_failed")
                 elif kind == "finish":
                     fin = val
                     if not text.stopped and len(text.ids) < len(fin.tokens):  # tokens not yet handed out
@@ -554,6 +591,10 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
                     if text.stopped:
                         engine.cancel(rid)
                         reason = "stop"
+                elif kind == "finish" and val.finish == "error":
+                    msg = f"request {rid} failed in the engine ({val.error}); the server goes on"
+                    yield "data: " + json.dumps(APIError(500, msg, type="server_error").body()) + "\n\n"
+                    reason = "error"
                 elif kind == "finish":
                     fin = val
                     if not text.stopped and len(text.ids) < len(fin.tokens):
@@ -581,7 +622,7 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
         check_auth(http)
         body = await read_body(http)
         s = parse_settings(body, cfg.default_max_tokens)
-        ids = parse_prompt(body, tokenizer, cfg.vocab_size)
+        ids = await asyncio.to_thread(parse_prompt, body, tokenizer, cfg.vocab_size)   # off the loop
         return await run(http, ids, s, chat=False, param="prompt")
 
     @app.post("/v1/chat/completions")
@@ -589,7 +630,7 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
         check_auth(http)
         body = await read_body(http)
         s = parse_settings(body, cfg.default_max_tokens, ("max_tokens", "max_completion_tokens"))
-        ids = parse_messages(body, tokenizer)
+        ids = await asyncio.to_thread(parse_messages, body, tokenizer)                # off the loop
         return await run(http, ids, s, chat=True, param="messages")
 
     @app.get("/v1/models")
@@ -649,6 +690,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="on SIGTERM, seconds in-flight requests may take before they are cancelled")
     p.add_argument("--lazy-compile", action="store_true",
                    help="compile prompt buckets on first use instead of before serving (faster start)")
+    p.add_argument("--max-body-bytes", type=int, default=8 << 20,
+                   help="largest request body accepted (413 beyond it; default 8 MiB)")
     p.add_argument("--log-level", default="info")
     return p
 
@@ -660,6 +703,8 @@ def _check_args(args):
     for name in ("slots", "capacity", "steps_per_call"):
         if getattr(args, name) < 1:
             raise DecodeConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.max_body_bytes < 1:
+        raise DecodeConfigError(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
     if args.max_queue < 0:
         raise DecodeConfigError(f"--max-queue must be >= 0, got {args.max_queue}")
     if not 0 <= args.port <= 65535:
@@ -690,7 +735,7 @@ def load_decoder(args):
     cfg = ServerConfig(model_name=name, capacity=decoder.capacity, vocab_size=config.vocab_size,
                        default_stop_ids=stops, default_max_tokens=args.max_tokens, default_tau=args.tau,
                        default_lam=args.lam, api_key=args.api_key, slots=args.slots, method=args.method,
-                       window=args.window)
+                       window=args.window, max_body_bytes=args.max_body_bytes)
     return decoder, tokenizer, cfg
 
 

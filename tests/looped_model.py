@@ -22,18 +22,15 @@ def looped_apply(config, params, tokens, positions, *, dtype=jnp.float32, mask=N
     inv_freq, scaling = rope_frequencies(c)
     cos, sin = rope_cos_sin(positions, inv_freq, scaling)
     block = model_lib.Block(c, dtype, jnp.float32)
-    new_k, new_v = [], []
+    cache = kv_cache
     for i in range(c.num_layers):
         layer = jax.tree.map(lambda p: p[i], params["layers"])
-        layer_cache = None if kv_cache is None else {"k": kv_cache["k"][i], "v": kv_cache["v"][i]}
-        x, lc = block.apply({"params": layer}, x, cos, sin, mask, layer_cache, cache_len)
-        if lc is not None:
-            new_k.append(lc["k"])
-            new_v.append(lc["v"])
+        (x, cache, _), _ = block.apply({"params": layer}, (x, cache, jnp.int32(i)), cos, sin, mask,
+                                       cache_len)
     norm = model_lib.RMSNorm(c.rms_norm_eps, "norm", jnp.float32)
     x = norm.apply({"params": params["final_norm"]}, x)
     head = params["embedding"].T if c.tie_word_embeddings else params["lm_head"]
     logits = jnp.einsum("bse,ev->bsv", x, head.astype(dtype), preferred_element_type=jnp.float32)
     if kv_cache is None:
         return logits
-    return logits, {"k": jnp.stack(new_k), "v": jnp.stack(new_v)}
+    return logits, cache

@@ -223,17 +223,14 @@ def iter_documents(files: Sequence[str], info: TokenizerInfo, *, vocab_size: int
     counts = {} if counts is None else counts
     counts.setdefault("lines", 0)
     for path in files:
-        with open(path, encoding="utf-8", errors="strict") as f:
-            lineno = 0
-            while True:
-                lineno += 1
+        with open(path, "rb") as f:          # bytes, decoded line by line: a bad byte costs
+            for lineno, raw in enumerate(f, 1):    # exactly its own line, named file:line
                 try:
-                    line = f.readline()
+                    line = raw.decode("utf-8")
                 except UnicodeDecodeError as e:
-                    _bad(skipped, skip_bad_lines, f"{path}:{lineno}", f"not UTF-8 ({e.reason})")
-                    break
-                if not line:
-                    break
+                    _bad(skipped, skip_bad_lines, f"{path}:{lineno}",
+                         f"not UTF-8 ({e.reason} at byte {e.start + 1} of the line)")
+                    continue
                 if not line.strip():
                     continue
                 counts["lines"] += 1

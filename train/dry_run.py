@@ -46,7 +46,7 @@ def force_host_devices(n: int) -> None:
     """Make JAX (not yet started) see `n` CPU devices; a TrainConfigError saying how when JAX
     already runs with fewer."""
     from train.config import TrainConfigError
-    if "jax" in sys.modules:
+    if "jax" in sys.modules and _backends_started():
         import jax
         have = jax.device_count()
         if have < n:
@@ -58,6 +58,16 @@ def force_host_devices(n: int) -> None:
     flags = re.sub(FORCE_FLAG + r"=\d+", "", os.environ.get("XLA_FLAGS", "")).strip()
     os.environ["XLA_FLAGS"] = f"{flags} {FORCE_FLAG}={n}".strip()
     os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+def _backends_started() -> bool:
+    """Has JAX created its device clients (after which XLA_FLAGS no longer applies)? Importing jax
+    alone does not: the flags are read when the first backend starts."""
+    try:
+        from jax._src import xla_bridge
+        return bool(xla_bridge.backends_are_initialized())
+    except (ImportError, AttributeError):
+        return True
 
 
 def describe_topology(name: str):
@@ -120,7 +130,8 @@ def compile_step(cfg, mc, devices):
               "index": jnp.int32}
     batch = {k: jax.ShapeDtypeStruct((b,) if k == "index" else (b, length), dtypes[k],
                                      sharding=bsh[k]) for k in step_lib.BATCH_KEYS}
-    fn = step_lib.make_train_step(cfg, mc, opt, mesh, shardings, mc.mask_token_id)
+    fn = step_lib.make_train_step(cfg, mc, opt, mesh, shardings, mc.mask_token_id,
+                                  platform=devices[0].platform)
     t0 = time.perf_counter()
     with jax.set_mesh(mesh):
         lowered = fn.jitted.lower(state, batch)
@@ -216,10 +227,39 @@ def format_report(r: dict, device_memory_gib: float, source: str) -> tuple[str, 
     return "\n".join(lines), fits
 
 
+OOM_MARKERS = ("exceeds available hbm", "resource_exhausted", "out of memory",
+               "exceeds the memory", "ran out of memory")
+
+
+def out_of_memory(error: BaseException) -> str | None:
+    """The compiler's one-line reason when `error` is an out-of-memory compile (libtpu: "HLO
+    temporaries (27.67G) exceeds available HBM (15.75G)"; XLA GPU: RESOURCE_EXHAUSTED), else None."""
+    text = str(error)
+    if not any(m in text.lower() for m in OOM_MARKERS):
+        return None
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    hit = next((ln for ln in lines if any(m in ln.lower() for m in OOM_MARKERS)), lines[0])
+    return hit[:400]
+
+
 def run(cfg, device_memory_gib: float, devices=None, topology=None, json_out=None,
         source: str = "config") -> int:
-    """Compile, print, write JSON; 0 when the step fits, 1 when it does not."""
-    r = report(cfg, devices, topology)
+    """Compile, print, write JSON; 0 when the step fits, 1 when it does not (including a compile
+    the target's compiler refuses for want of memory: that is the verdict, with its figures)."""
+    try:
+        r = report(cfg, devices, topology)
+    except Exception as e:   # noqa: BLE001 (only an out-of-memory compile is a verdict)
+        reason = out_of_memory(e)
+        if reason is None:
+            raise
+        where = topology or f"{devices_needed(cfg, devices)} forced CPU devices"
+        print(f"wedlm-train dry run of {source}\n  devices      {where}\n  verdict      DOES NOT FIT: "
+              f"the compiler ran out of device memory: {reason}", flush=True)
+        if json_out:
+            with open(json_out, "w") as f:
+                json.dump(dict(source=source, devices=where, device_memory_gib=device_memory_gib,
+                               fits=False, compiler_out_of_memory=reason), f, indent=1)
+        return 1
     text, fits = format_report(r, device_memory_gib, source)
     print(text, flush=True)
     if json_out:

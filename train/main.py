@@ -370,11 +370,11 @@ def export_hf(mc, params, out_dir, tokenizer_dir, primary: bool, force: bool = F
 
 
 def main(argv=None) -> int:
-    from train.checkpoint import ResumeError
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     args = parse_args(argv)
-    if args.dry_run:
+    if args.dry_run:            # before anything imports jax (orbax does): it forces devices
         return dry_run_main(args)
+    from train.checkpoint import ResumeError
     from train.config import TrainConfigError
     from train.data import DataError
     from wedlm_jax.config import ConfigError

@@ -142,10 +142,13 @@ def _split_micro(x, n):
     return jnp.swapaxes(x.reshape((b // n, n) + x.shape[1:]), 0, 1)
 
 
-def make_loss_fn(cfg: TrainConfig, model_cfg: ModelConfig):
-    """f(params, arrangement, totals) -> (loss over the global denominators, loss_terms)."""
+def make_loss_fn(cfg: TrainConfig, model_cfg: ModelConfig, platform: str | None = None):
+    """f(params, arrangement, totals) -> (loss over the global denominators, loss_terms).
+    `platform`: the target the attention implementation is resolved for (default: jax's default
+    backend; the dry run compiles for a described topology)."""
     model = model_lib.Transformer(model_cfg, dtype=compute_dtype(cfg), param_dtype=jnp.float32,
-                                  remat=cfg.remat, attention=cfg.attention,
+                                  remat=cfg.remat, attention=attention_impl(cfg, platform),
+                                  platform=platform,
                                   attention_tile=cfg.attention_tile,
                                   attention_block_size=cfg.objective.block_size)
     objective = OBJECTIVE_NAMES[cfg.objective.kind]
@@ -168,13 +171,14 @@ def attention_impl(cfg: TrainConfig, backend: str | None = None) -> str:
                                  dtype=compute_dtype(cfg))
 
 
-def make_step_fn(cfg: TrainConfig, model_cfg: ModelConfig, opt, mask_token_id: int | None):
+def make_step_fn(cfg: TrainConfig, model_cfg: ModelConfig, opt, mask_token_id: int | None,
+                 platform: str | None = None):
     """The un-jitted step(state, batch) -> (state, metrics)."""
     objective = OBJECTIVE_NAMES[cfg.objective.kind]
     ob = cfg.objective
     accum = cfg.optimizer.grad_accum
     w = float(ob.ar_weight)
-    loss_fn = make_loss_fn(cfg, model_cfg)
+    loss_fn = make_loss_fn(cfg, model_cfg, platform)
     grad_fn = jax.grad(loss_fn, has_aux=True)
     schedule = lr_schedule(cfg)
 
@@ -215,10 +219,12 @@ def make_step_fn(cfg: TrainConfig, model_cfg: ModelConfig, opt, mask_token_id: i
 
 
 def make_train_step(cfg: TrainConfig, model_cfg: ModelConfig, opt, mesh, shardings: dict,
-                    mask_token_id: int | None, rules=DEFAULT_RULES):
+                    mask_token_id: int | None, rules=DEFAULT_RULES, platform: str | None = None):
     """The jitted step: explicit in/out shardings on the ('data', 'fsdp', 'tensor') mesh, the
-    state donated. Call it under `jax.set_mesh(mesh)` (`run_step` does)."""
-    step = make_step_fn(cfg, model_cfg, opt, mask_token_id)
+    state donated. Call it under `jax.set_mesh(mesh)` (`run_step` does). `platform`: the target
+    the attention is resolved for (default: the mesh's devices' platform)."""
+    platform = platform or mesh.devices.flat[0].platform
+    step = make_step_fn(cfg, model_cfg, opt, mask_token_id, platform)
     replicated = NamedSharding(mesh, P())
 
     def wrapped(state, batch):

@@ -52,14 +52,24 @@ def cache_mask(cache_len: jnp.ndarray, num_new: int, capacity: int) -> jnp.ndarr
     return jnp.arange(capacity)[None, None, :] <= last[:, :, None]
 
 
-def cache_write(buffer: jnp.ndarray, new: jnp.ndarray, cache_len: jnp.ndarray) -> jnp.ndarray:
-    """Write new[b] ([S, KVH, D]) into buffer[b] ([S_max, KVH, D]) at row cache_len[b].
+def cache_write(buffer: jnp.ndarray, new: jnp.ndarray, cache_len: jnp.ndarray,
+                layer=None) -> jnp.ndarray:
+    """Write new[b] ([S, KVH, D]) into row b of the cache at row cache_len[b], in place.
 
+    buffer: one layer's [B, S_max, KVH, D], or with `layer` (an int32 scalar, traced or not) the
+    stacked cache [L, B, S_max, KVH, D], written at that layer: the decode step's way, so the
+    stacked cache travels whole through the layer scan and only the new rows are written (XLA
+    updates the donated buffer in place; a per-layer slice in and out would copy the cache).
     The caller guarantees cache_len[b] + S <= S_max (dynamic_update_slice would otherwise clamp
     the start and overwrite committed rows)."""
-    def one(buf, x, start):
-        return jax.lax.dynamic_update_slice(buf, x.astype(buf.dtype), (start, 0, 0))
-    return jax.vmap(one)(buffer, new, cache_len)
+    if layer is None:
+        def one(buf, x, start):
+            return jax.lax.dynamic_update_slice(buf, x.astype(buf.dtype), (start, 0, 0))
+        return jax.vmap(one)(buffer, new, cache_len)
+
+    def one_stacked(buf, x, start):                    # buf [L, S_max, KVH, D]: one batch row
+        return jax.lax.dynamic_update_slice(buf, x[None].astype(buf.dtype), (layer, start, 0, 0))
+    return jax.vmap(one_stacked, in_axes=(1, 0, 0), out_axes=1)(buffer, new, cache_len)
 
 
 def attend(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray,

@@ -107,7 +107,10 @@ class Attention(nn.Module):
     param_dtype: Dtype
 
     @nn.compact
-    def __call__(self, x, cos, sin, mask, kv_cache=None, cache_len=None):
+    def __call__(self, x, cos, sin, mask, kv_cache=None, cache_len=None, layer=None):
+        """kv_cache: the stacked cache {'k', 'v'} [L, B, R, KVH, D] and `layer` this layer's index
+        in it (cache mode): the new K/V are written at rows cache_len[b].. of that layer in place,
+        and attention reads that layer's live tiles from the stacked buffer."""
         c = self.config
         proj = lambda name, out_axes, out_shape, bias, in_axes=("embed",): Projection(
             in_axes, out_axes, out_shape, bias, self.dtype, self.param_dtype, name=name)
@@ -120,10 +123,13 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         new_cache = None
         if kv_cache is not None:
-            ck = attn_lib.cache_write(kv_cache["k"], k, cache_len)
-            cv = attn_lib.cache_write(kv_cache["v"], v, cache_len)
+            ck = attn_lib.cache_write(kv_cache["k"], k, cache_len, layer)
+            cv = attn_lib.cache_write(kv_cache["v"], v, cache_len, layer)
             new_cache = {"k": ck, "v": cv}
-            k, v = ck.astype(self.dtype), cv.astype(self.dtype)
+            # this layer's view of the stacked buffer (XLA fuses the index into the tile reads;
+            # the cast is a no-op when the cache is kept in the compute dtype)
+            k = jax.lax.dynamic_index_in_dim(ck, layer, 0, keepdims=False).astype(self.dtype)
+            v = jax.lax.dynamic_index_in_dim(cv, layer, 0, keepdims=False).astype(self.dtype)
         if isinstance(mask, attn_backends.AttentionContext):   # every cache-mode forward too
             out = attn_backends.apply(mask, q, k, v, c.head_dim ** -0.5)
         else:
@@ -150,22 +156,24 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """One decoder layer; the scan body of `Transformer` (carry x, per-layer K/V as the scanned
-    input and output)."""
+    """One decoder layer; the scan body of `Transformer`. The carry is (x, kv_cache, layer): the
+    activations, the whole stacked cache (None outside cache mode) and this layer's index, so the
+    cache is updated in place at its layer instead of being sliced in and stacked out."""
     config: ModelConfig
     dtype: Dtype
     param_dtype: Dtype
 
     @nn.compact
-    def __call__(self, x, cos, sin, mask, kv_cache=None, cache_len=None):
+    def __call__(self, carry, cos, sin, mask, cache_len=None):
+        x, kv_cache, layer = carry
         c = self.config
         h = RMSNorm(c.rms_norm_eps, "norm", self.param_dtype, name="input_norm")(x)
         h, new_cache = Attention(c, self.dtype, self.param_dtype, name="attn")(
-            h, cos, sin, mask, kv_cache, cache_len)
+            h, cos, sin, mask, kv_cache, cache_len, layer)
         x = x + h
         h = RMSNorm(c.rms_norm_eps, "norm", self.param_dtype, name="post_attn_norm")(x)
         x = x + MLP(c, self.dtype, self.param_dtype, name="mlp")(h)
-        return _constrain(x, ("batch", "length", "embed")), new_cache
+        return (_constrain(x, ("batch", "length", "embed")), new_cache, layer + 1), None
 
 
 # Remat policies of the layer scan: what the backward pass keeps of each layer's forward.
@@ -196,7 +204,7 @@ def layer_stack(config: ModelConfig, dtype, param_dtype, remat="none",
                     else jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
         block = nn.remat(Block, policy=saveable, prevent_cse=False)
     stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
-                    in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0, nn.broadcast),
+                    in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
                     length=config.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
     return stack(config, dtype, param_dtype, name=name)
 
@@ -214,6 +222,8 @@ class Transformer(nn.Module):
     attention_block_size: int = 32    # the dual-stream block size (splash mask template)
     kv_tile: int = 256                # cache mode: KV rows per tile (tiled, pallas)
     attention_interpret: bool = False  # accelerator kernels in CPU-checkable form (tests)
+    platform: str | None = None       # the target `attention` is resolved for (default: jax's
+                                      # default backend; an ahead-of-time compile names its own)
 
     @nn.compact
     def __call__(self, tokens, positions, *, segment_ids=None, mask=None,
@@ -225,7 +235,8 @@ class Transformer(nn.Module):
             c, tokens.shape, self.attention, dtype=self.dtype, tile=self.attention_tile,
             block_size=self.attention_block_size, segment_ids=segment_ids, mask=mask,
             kv_cache=kv_cache, cache_len=cache_len, kv_tile=self.kv_tile,
-            interpret=self.attention_interpret, structure=structure, objective=objective)
+            interpret=self.attention_interpret, structure=structure, objective=objective,
+            platform=self.platform)
 
         embedding = _param(self, "embedding", (c.vocab_size, c.hidden_size), ("vocab", "embed"),
                            dtype=self.param_dtype)
@@ -234,8 +245,8 @@ class Transformer(nn.Module):
         inv_freq, scaling = rope_frequencies(c)
         cos, sin = rope_cos_sin(positions, inv_freq, scaling)
 
-        x, new_cache = layer_stack(c, self.dtype, self.param_dtype, self.remat)(
-            x, cos, sin, mask, kv_cache, cache_len)
+        (x, new_cache, _), _ = layer_stack(c, self.dtype, self.param_dtype, self.remat)(
+            (x, kv_cache, jnp.zeros((), jnp.int32)), cos, sin, mask, cache_len)
         x = RMSNorm(c.rms_norm_eps, "norm", self.param_dtype, name="final_norm")(x)
         if c.tie_word_embeddings:
             head = embedding.T
@@ -252,7 +263,8 @@ class Transformer(nn.Module):
 
 def attention_input(c: ModelConfig, shape, attention: str, *, dtype, tile: int, block_size: int,
                     kv_tile: int = 256, interpret: bool = False, segment_ids=None, mask=None,
-                    kv_cache=None, cache_len=None, structure=None, objective: str = "dual"):
+                    kv_cache=None, cache_len=None, structure=None, objective: str = "dual",
+                    platform: str | None = None):
     """What every layer's attention receives: a dense boolean mask [B, S, T] (dense path outside
     cache mode) or an `AttentionContext` (tiled / splash / cudnn, and every cache-mode
     implementation: built once per forward, shared by the layers). Checks that the entry point's
@@ -263,7 +275,8 @@ def attention_input(c: ModelConfig, shape, attention: str, *, dtype, tile: int, 
         raise ValueError("pass a structure alone (no mask, segment_ids or kv_cache)")
     layout = ("structure" if structure is not None else "cache" if kv_cache is not None
               else "mask" if mask is not None else "causal")
-    impl = attn_backends.resolve(attention, layout, dtype=dtype, interpret=interpret)
+    impl = attn_backends.resolve(attention, layout, backend=platform, dtype=dtype,
+                                 interpret=interpret)
     ctx = None
     if kv_cache is not None:
         if mask is not None or segment_ids is not None or cache_len is None:
