@@ -1,0 +1,158 @@
+"""Nothing one request or one bad line can break (issue 22): bounds at the door, a request the
+engine fails on fails alone (the Batcher rebuilds its state and goes on), request size and nesting
+limits, the context-length convention, and data lines read byte-exactly (a bad byte costs exactly
+its line)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from decode.config import INT32_MAX, DecodeConfig, DecodeConfigError
+from tests.tiny_checkpoint import make_checkpoint
+
+
+# ---------------------------------------------------------------------------- bounds at the door
+
+@pytest.mark.parametrize("field,value", [("top_k", 2**40), ("max_new_tokens", 2**31), ("seed", -1),
+                                         ("seed", 2**32), ("window", 2**31), ("tau", float("inf"))])
+def test_decode_config_bounds(field, value):
+    with pytest.raises(DecodeConfigError, match=field):
+        DecodeConfig(**{field: value})
+    assert DecodeConfig(top_k=INT32_MAX, seed=2**32 - 1).top_k == INT32_MAX
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("robust"))
+
+
+def _decoder(tiny, **kw):
+    from decode.decoder import Decoder
+    _, config, params = tiny
+    return Decoder(params, config, **dict(dict(method="streaming", window=4, slots=2, capacity=128,
+                                                steps_per_call=4, sampling=True), **kw))
+
+
+def test_request_bounds_are_refused_before_any_device_work(tiny):
+    from decode.decoder import Request
+    dec = _decoder(tiny)
+    for field, value in (("top_k", 2**40), ("seed", 2**33), ("max_new_tokens", 2**31),
+                         ("temperature", float("inf"))):
+        with pytest.raises(DecodeConfigError, match=field):
+            dec.check_request(Request(prompt=(1, 2, 3), **{field: value}))
+
+
+# ---------------------------------------------------------------------------- isolation
+
+def test_a_request_that_fails_in_the_engine_fails_alone(tiny):
+    """The prefill of one request raises: that request finishes 'error' with the reason, the
+    others give the tokens they give alone, and the Batcher serves new requests afterwards. A
+    failing generate call ends the requests in flight with 'error' and the state is rebuilt."""
+    from decode.batching import Batcher
+    from decode.decoder import Request
+    dec = _decoder(tiny)
+    alone = {}
+    for p in ((5, 6, 7), (9, 8)):
+        b = Batcher(dec)
+        b.submit(Request(prompt=p, max_new_tokens=12), on_finish=lambda f, p=p: alone.__setitem__(p, f.tokens))
+        b.run_until_idle()
+    poison = (3, 3, 3, 3)
+    real_prefill = dec.prefill
+
+    def prefill(request):
+        if tuple(request.prompt) == poison:
+            raise OverflowError("Python int too large to convert to C int")
+        return real_prefill(request)
+    dec.prefill = prefill
+    b = Batcher(dec)
+    done = {}
+    for p in ((5, 6, 7), poison, (9, 8)):
+        b.submit(Request(prompt=p, max_new_tokens=12), on_finish=lambda f, p=p: done.__setitem__(p, f))
+    b.run_until_idle()
+    assert done[poison].finish == "error" and "OverflowError" in done[poison].error
+    assert done[(5, 6, 7)].tokens == alone[(5, 6, 7)] and done[(9, 8)].tokens == alone[(9, 8)]
+
+    real_generate = dec.generate
+    calls = {"n": 0}
+
+    def generate(state):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("RESOURCE_EXHAUSTED: device out of memory")
+        return real_generate(state)
+    dec.generate = generate
+    done.clear()
+    b.submit(Request(prompt=(5, 6, 7), max_new_tokens=12), on_finish=lambda f: done.__setitem__("a", f))
+    b.run_until_idle()
+    assert done["a"].finish == "error" and "RESOURCE_EXHAUSTED" in done["a"].error and b.resets == 1
+    b.submit(Request(prompt=(5, 6, 7), max_new_tokens=12), on_finish=lambda f: done.__setitem__("b", f))
+    b.run_until_idle()
+    assert done["b"].finish == "length" and done["b"].tokens == alone[(5, 6, 7)]
+
+
+# ---------------------------------------------------------------------------- byte-exact lines
+
+def test_a_bad_byte_costs_exactly_its_line(tmp_path, tiny):
+    """Bad lines at the start, in the middle, at a read-buffer boundary and at the end: with
+    skip_bad_lines every good line is used and each bad one is named file:line; without it the
+    error names the first bad line."""
+    from train.data import DataError, iter_documents, load_tokenizer
+    folder, config, _ = tiny
+    tok, vocab = load_tokenizer(folder), config.vocab_size
+    path = tmp_path / "data.jsonl"
+    n, lines, bad, size, straddled = 4000, [], [], 0, False
+    for i in range(1, n + 1):
+        good = json.dumps({"text": f"good line {i}"}).encode() + b"\n"
+        straddle = not straddled and size < 65536 < size + len(good) + 8
+        if i in (1, 57, n) or straddle:     # the start, the middle, a 64 KiB boundary, the end
+            line = b'{"text": "bad \xff\xfe byte"}\n'
+            bad.append(i)
+            straddled = straddled or straddle
+        else:
+            line = good
+        lines.append(line)
+        size += len(line)
+    path.write_bytes(b"".join(lines))
+    assert len(bad) == 4 and straddled
+    skipped, counts = [], {}
+    docs = list(iter_documents([str(path)], tok, vocab_size=vocab, skip_bad_lines=True,
+                               skipped=skipped, counts=counts))
+    assert len(docs) == n - len(bad) == counts["lines"]
+    assert [s.split(":")[1] for s in skipped] == [str(i) for i in bad]
+    assert all("not UTF-8" in s for s in skipped)
+    with pytest.raises(DataError, match=f"{path}:1: not UTF-8"):
+        list(iter_documents([str(path)], tok, vocab_size=vocab))
+
+
+def test_batch_job_names_a_non_utf8_line(tmp_path, tiny):
+    from decode.batch_job import read_input
+    from decode.text import load_tokenizer
+    tok = load_tokenizer(tiny[0])
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b'{"prompt": "fine"}\n{"prompt": "bad \xff"}\n')
+    with pytest.raises(DecodeConfigError, match=f"{path}:2: not UTF-8"):
+        read_input(str(path), tok, {}, [], [], False, "streaming", 4, 128)
+
+
+def test_out_of_memory_compile_is_a_verdict(capsys, monkeypatch):
+    from train import dry_run
+    from train.config import load_config
+    msg = ("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space "
+           "hbm. Used 27.67G of 15.75G hbm.\nHLO temporaries (27.67G) exceeds available HBM (15.75G)")
+    assert "27.67G" in dry_run.out_of_memory(RuntimeError(msg))
+    assert dry_run.out_of_memory(ValueError("something else")) is None
+
+    def boom(*a, **k):
+        raise RuntimeError(msg)
+    monkeypatch.setattr(dry_run, "report", boom)
+    cfg = load_config("configs/tiny_cpu.yaml")
+    assert dry_run.run(cfg, 16.0, devices=1, source="tiny") == 1
+    out = capsys.readouterr().out
+    assert "DOES NOT FIT" in out and "27.67G" in out and "Traceback" not in out
+    monkeypatch.setattr(dry_run, "report", lambda *a, **k: (_ for _ in ()).throw(KeyError("x")))
+    with pytest.raises(KeyError):
+        dry_run.run(cfg, 16.0, devices=1)
