@@ -67,9 +67,13 @@ def cache_write(buffer: jnp.ndarray, new: jnp.ndarray, cache_len: jnp.ndarray,
             return jax.lax.dynamic_update_slice(buf, x.astype(buf.dtype), (start, 0, 0))
         return jax.vmap(one)(buffer, new, cache_len)
 
-    def one_stacked(buf, x, start):                    # buf [L, S_max, KVH, D]: one batch row
-        return jax.lax.dynamic_update_slice(buf, x[None].astype(buf.dtype), (layer, start, 0, 0))
-    return jax.vmap(one_stacked, in_axes=(1, 0, 0), out_axes=1)(buffer, new, cache_len)
+    # one scatter of the [B, S] new rows at (layer, b, cache_len[b] + i): no transpose of the
+    # buffer (a vmap over its batch axis would move that axis first and copy it)
+    b, s = new.shape[:2]
+    rows = jnp.asarray(cache_len, jnp.int32)[:, None] + jnp.arange(s, dtype=jnp.int32)[None, :]
+    batch = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None], (b, s))
+    return buffer.at[layer, batch, rows].set(new.astype(buffer.dtype), indices_are_sorted=True,
+                                             unique_indices=True, mode="promise_in_bounds")
 
 
 def attend(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray,

@@ -358,11 +358,12 @@ def make_context(impl: str, *, q_struct=None, k_struct=None, segment_ids=None, b
                             tile, interpret=interpret)
 
 
-def apply(ctx: AttentionContext, q, k, v, scale: float):
-    """Run the context's implementation: q [B, S, H, D], k/v [B, T, KVH, D] -> [B, S, H, D]."""
+def apply(ctx: AttentionContext, q, k, v, scale: float, layer=None):
+    """Run the context's implementation: q [B, S, H, D], k/v [B, T, KVH, D] -> [B, S, H, D]
+    (cache mode with `layer`: k/v the stacked cache [L, B, T, KVH, D], read at that layer)."""
     if ctx.cache_len is not None:
         return ca.attend_cache(ctx.impl, q, k, v, ctx.cache_len, scale, tile=ctx.tile,
-                               interpret=ctx.interpret)
+                               interpret=ctx.interpret, layer=layer)
     if ctx.impl == "tiled":
         return ta.tiled_attention(q, k, v, ctx.q_struct, ctx.k_struct, scale, plan=ctx.plan)
     if ctx.impl == "splash":

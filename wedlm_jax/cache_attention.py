@@ -64,13 +64,21 @@ def attend_cache_dense(q, k, v, cache_len, scale: float):
 
 # ------------------------------------------------------------------------------------- tiled
 
-def attend_cache_tiles(q, k, v, cache_len, scale: float, tile: int):
+def attend_cache_tiles(q, k, v, cache_len, scale: float, tile: int, layer=None):
     """Cache-mode attention reading only the cache tiles that hold live keys of some row.
 
     Tiles of `tile` rows are visited with an online (running max / sum) softmax; the loop runs
     ceil((max_b cache_len[b] + S) / tile) times, a runtime value. When T is not a multiple of the
-    tile, the last tile's start is pulled back to T - tile and rows already visited are masked."""
-    _check(q, k, v, cache_len)
+    tile, the last tile's start is pulled back to T - tile and rows already visited are masked.
+    With `layer`, k and v are the stacked cache [L, B, T, KVH, D] and each tile is read straight
+    from that layer of it (no copy of the layer is made)."""
+    if layer is not None:
+        kl, vl = k, v
+        _check(q, jax.ShapeDtypeStruct(k.shape[1:], k.dtype), jax.ShapeDtypeStruct(v.shape[1:], v.dtype),
+               cache_len)
+        k = jax.ShapeDtypeStruct(k.shape[1:], k.dtype)
+    else:
+        _check(q, k, v, cache_len)
     b, s, h, d = q.shape
     t_max, kvh = k.shape[1], k.shape[2]
     tile = min(check_tile(tile), t_max)
@@ -84,8 +92,13 @@ def attend_cache_tiles(q, k, v, cache_len, scale: float, tile: int):
         m, l, acc = carry
         nominal = t * tile
         start = jnp.minimum(nominal, t_max - tile)
-        kt = jax.lax.dynamic_slice_in_dim(k, start, tile, axis=1)
-        vt = jax.lax.dynamic_slice_in_dim(v, start, tile, axis=1)
+        if layer is None:
+            kt = jax.lax.dynamic_slice_in_dim(k, start, tile, axis=1)
+            vt = jax.lax.dynamic_slice_in_dim(v, start, tile, axis=1)
+        else:   # one tile of one layer of the stacked cache
+            at, size = (layer, 0, start, 0, 0), (1, b, tile, kvh, d)
+            kt = jax.lax.dynamic_slice(kl, at, size)[0]
+            vt = jax.lax.dynamic_slice(vl, at, size)[0]
         idx = start + jnp.arange(tile, dtype=jnp.int32)
         allowed = (idx[None, None, :] <= last[:, :, None]) & (idx >= nominal)[None, None, :]
         allowed = allowed[:, None, None, :, :]                                   # [B,1,1,S,tile]
@@ -97,7 +110,7 @@ def attend_cache_tiles(q, k, v, cache_len, scale: float, tile: int):
         corr = jnp.exp(m - m_new)
         l = l * corr + jnp.sum(p, axis=-1)
         acc = acc * corr[..., None] + jnp.einsum(
-            "bkgst,btkd->bkgsd", p.astype(v.dtype), vt, preferred_element_type=jnp.float32)
+            "bkgst,btkd->bkgsd", p.astype(vt.dtype), vt, preferred_element_type=jnp.float32)
         return m_new, l, acc
 
     init = (jnp.full((b, kvh, g, s), NEG_SCORE, jnp.float32),
@@ -219,14 +232,19 @@ def attend_cache_cudnn(q, k, v, cache_len, scale: float, *, implementation: str 
 # ---------------------------------------------------------------------------------- dispatch
 
 def attend_cache(impl: str, q, k, v, cache_len, scale: float, *, tile: int = 256,
-                 interpret: bool = False):
+                 interpret: bool = False, layer=None):
     """Run cache-mode implementation `impl` (one of IMPLEMENTATIONS). `tile`: the KV tile of
     "tiled" and "pallas"; `interpret`: Pallas interpret mode / cuDNN's argument set through XLA
-    (for checking the accelerator kernels on CPU)."""
+    (for checking the accelerator kernels on CPU). With `layer`, k and v are the stacked cache
+    [L, B, T, KVH, D]: "tiled" reads its tiles from that layer in place; the others take the
+    layer's slice."""
+    if impl == "tiled":
+        return attend_cache_tiles(q, k, v, cache_len, scale, tile, layer)
+    if layer is not None:
+        k = jax.lax.dynamic_index_in_dim(k, layer, 0, keepdims=False)
+        v = jax.lax.dynamic_index_in_dim(v, layer, 0, keepdims=False)
     if impl == "dense":
         return attend_cache_dense(q, k, v, cache_len, scale)
-    if impl == "tiled":
-        return attend_cache_tiles(q, k, v, cache_len, scale, tile)
     if impl == "pallas":
         return attend_cache_pallas(q, k, v, cache_len, scale, tile, interpret=interpret)
     if impl == "cudnn":

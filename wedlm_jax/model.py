@@ -122,15 +122,14 @@ class Attention(nn.Module):
             k = RMSNorm(c.rms_norm_eps, "head_dim", self.param_dtype, name="k_norm")(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         new_cache = None
-        if kv_cache is not None:
+        if kv_cache is not None:   # cache mode: always through an AttentionContext
             ck = attn_lib.cache_write(kv_cache["k"], k, cache_len, layer)
             cv = attn_lib.cache_write(kv_cache["v"], v, cache_len, layer)
             new_cache = {"k": ck, "v": cv}
-            # this layer's view of the stacked buffer (XLA fuses the index into the tile reads;
-            # the cast is a no-op when the cache is kept in the compute dtype)
-            k = jax.lax.dynamic_index_in_dim(ck, layer, 0, keepdims=False).astype(self.dtype)
-            v = jax.lax.dynamic_index_in_dim(cv, layer, 0, keepdims=False).astype(self.dtype)
-        if isinstance(mask, attn_backends.AttentionContext):   # every cache-mode forward too
+            # the stacked buffers themselves, read at this layer (the tiled path reads its live
+            # tiles in place; no per-layer copy of the cache is made)
+            out = attn_backends.apply(mask, q, ck, cv, c.head_dim ** -0.5, layer=layer)
+        elif isinstance(mask, attn_backends.AttentionContext):
             out = attn_backends.apply(mask, q, k, v, c.head_dim ** -0.5)
         else:
             out = attn_lib.attend(q, k, v, mask, c.head_dim ** -0.5)
