@@ -324,6 +324,34 @@ def test_bad_requests_get_400_naming_the_field(server):
     assert s["engine"].steps == steps and h["pending"] == 0 and h["status"] == "ok"  # never reached the engine
 
 
+def test_requests_that_used_to_break_the_server(server):
+    """Issue 22: a top_k beyond int32 is a 400 naming it (it used to reach the engine thread and
+    stop it); a body over the limit is a 413 before it is read; JSON nested past the parser's
+    depth a 400; a named max_tokens that does not fit beside the prompt a 400
+    context_length_exceeded (the server's default is cut to the room left instead); afterwards
+    the same greedy prompt still answers as before and /health is ok."""
+    s = server
+    url = s["url"] + "/v1/completions"
+    before = s["client"].completions.create(model="tiny", prompt="one two three", max_tokens=8).choices[0].text
+    r = httpx.post(url, json={"model": "tiny", "prompt": "x", "top_k": 2**40}, timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "top_k", r.text
+    r = httpx.post(url, json={"model": "tiny", "prompt": "x", "seed": 2**40}, timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "seed", r.text
+    r = httpx.post(url, content=b'{"model": "tiny", "prompt": "' + b"a" * (9 << 20) + b'"}', timeout=30)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+    r = httpx.post(url, content=b"[" * 100000 + b"]" * 100000, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json", r.text
+    ids = [3 + i % 100 for i in range(CAPACITY - 4)]
+    r = httpx.post(url, json={"model": "tiny", "prompt": ids, "max_tokens": 10}, timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+    r = httpx.post(url, json={"model": "tiny", "prompt": ids}, timeout=60)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 4, r.text
+    r = httpx.post(url, json={"model": "tiny", "prompt": [3 + i % 100 for i in range(CAPACITY)]}, timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    after = s["client"].completions.create(model="tiny", prompt="one two three", max_tokens=8).choices[0].text
+    assert after == before and _health(s)["status"] == "ok"
+
+
 def test_429_beyond_the_queue(server):
     s, gate, engine = server, server["gate"], server["engine"]
     gate.close()
