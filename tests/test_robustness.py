@@ -156,3 +156,17 @@ def test_out_of_memory_compile_is_a_verdict(capsys, monkeypatch):
     monkeypatch.setattr(dry_run, "report", lambda *a, **k: (_ for _ in ()).throw(KeyError("x")))
     with pytest.raises(KeyError):
         dry_run.run(cfg, 16.0, devices=1)
+
+
+def test_dry_run_from_a_plain_shell_forces_its_devices():
+    """Issue 21 item 2: `python -m train.main ... --dry-run` with no XLA_FLAGS set compiles on the
+    4 devices its mesh needs (it used to fail: jax had started with 1 device before forcing)."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-m", "train.main", "--config", "configs/tiny_cpu.yaml",
+                        "--dry-run", "--device-memory", "80", "mesh.data=1", "mesh.fsdp=4"],
+                       cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "fsdp=4" in r.stdout and "on 4 cpu devices" in r.stdout and "FITS" in r.stdout, r.stdout
