@@ -1,6 +1,6 @@
 """Decoding configuration: one frozen dataclass, validated on construction (before anything compiles).
 
-Fields follow SPEC.md section 3 and the paper's names: `window` (W), `tau` (entropy threshold),
+Fields follow docs/algorithm.md §3 and the paper's names: `window` (W), `tau` (entropy threshold),
 `lam` (distance penalty lambda). Methods:
 
   streaming  the paper's Algorithm 1 (reorder, forward, commit the leading filled run, fill, slide);

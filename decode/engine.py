@@ -2,7 +2,7 @@
 
     result = generate(params, model_config, [[1, 2, 3], [4, 5]], DecodeConfig(method="streaming"))
 
-Methods (SPEC.md section 3, the paper's Algorithm 1; the steps live in `decode/steps.py`):
+Methods (docs/algorithm.md §3, the paper's Algorithm 1; the steps live in `decode/steps.py`):
 
 streaming  Each step, per row, with committed length `n` (cache rows 0..n-1 final) and a window of
            up to W slots at logical positions n, n+1, ... (each *filled* or [MASK]):

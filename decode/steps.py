@@ -1,5 +1,5 @@
 """One decoding step for every slot, per method, built from pieces each defined once here
-(SPEC.md section 3, the paper's Algorithm 1):
+(docs/algorithm.md §3, the paper's Algorithm 1):
 
   reorder          physical order = filled slots ascending, then masks ascending, then idle slots;
   leading_run      c = the window's leading filled run (the slots the step commits);
@@ -107,7 +107,7 @@ def emit_until_stop(tokens, k, stop_ids):
 
 
 def fill_select(ent, remaining, idx, tau, lam):
-    """The fill rule (SPEC 3, step 4) over the `remaining` mask slots [B, S]: adjusted entropy
+    """The fill rule (docs/algorithm.md §3, step 4) over the `remaining` mask slots [B, S]: adjusted entropy
     H_i + lam * (i - first remaining); every slot below tau, else the single lowest. tau, lam: [B]."""
     any_rem = jnp.any(remaining, axis=1, keepdims=True)
     first = jnp.argmax(remaining, axis=1)[:, None]
@@ -118,7 +118,7 @@ def fill_select(ent, remaining, idx, tau, lam):
 
 
 def slide(tok, filled, shift, mask_id):
-    """Drop the first `shift[b]` window slots of each row, [MASK] slots behind (SPEC 3, step 5)."""
+    """Drop the first `shift[b]` window slots of each row, [MASK] slots behind (docs/algorithm.md §3, step 5)."""
     s = tok.shape[1]
     src = jnp.arange(s, dtype=jnp.int32)[None, :] + shift[:, None]
     inside = src < s

@@ -1,4 +1,4 @@
-"""Losses of the training arrangements (SPEC.md 2.5-2.7).
+"""Losses of the training arrangements (docs/algorithm.md §2, losses).
 
     terms = loss_terms(logits, batch)        # sums over the whole (global) batch
     loss, metrics = combine(terms, ar_weight, objective="dual")

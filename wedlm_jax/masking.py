@@ -1,4 +1,4 @@
-"""Training arrangements: dual-stream masking with topological reordering (SPEC.md section 2).
+"""Training arrangements: dual-stream masking with topological reordering (docs/algorithm.md §2).
 
 Everything here is pure, jittable and of static shape. One training row of length `L` (packed) is
 described by
@@ -26,7 +26,7 @@ The attention pattern is a pure function of the per-slot *structure* (`structure
     block    int32   block index within the slot's document (position // block_size)
     index    int32   physical index of the slot (0 .. T-1)
 
-with the rules of SPEC.md 2.4: a query sees a key only when both are in the same document (neither is
+with the rules of docs/algorithm.md §2: a query sees a key only when both are in the same document (neither is
 padding) and
     memory -> memory          key index <= query index (causal);
     prediction -> memory      key block < query block (the clean history of earlier blocks);
@@ -151,7 +151,7 @@ def structure_mask(structure) -> jnp.ndarray:
     """Dense boolean attention mask [..., T, T] (query, key) of a structure: any mapping with the
     int arrays `segment`, `stream`, `block`, `index` of shape [..., T] (an arrangement works
     as is; leading batch dims broadcast): `pair_mask(structure, structure)`. Rules: see the
-    module docstring / SPEC.md 2.4. JAX arrays give a JAX array (jittable); NumPy arrays give a
+    module docstring / docs/algorithm.md §2. JAX arrays give a JAX array (jittable); NumPy arrays give a
     NumPy array (host side)."""
     return pair_mask(structure, structure)
 
@@ -249,7 +249,7 @@ def _prediction_stream(rng, tokens, maskable, groups, ratio_index, mask_token_id
 def arrange_dual_stream(rng, tokens, segment_ids, maskable, *, block_size: int,
                         mask_token_id: int, mask_per_block: bool = True,
                         eps: float = 1e-3) -> dict:
-    """The dual-stream arrangement (SPEC.md 2, the paper's 4.2) of one row [L] -> dict of [2L].
+    """The dual-stream arrangement (docs/algorithm.md §2, the paper's 4.2) of one row [L] -> dict of [2L].
 
     Per block (of `block_size` tokens from its document's start) draws g ~ U(0, 1] clamped to
     >= eps (one g per document when `mask_per_block` is False), masks round(g * n) of the block's

@@ -8,7 +8,7 @@ their own structure (queries and keys may differ). Which query sees which key is
 keys sharing one structure).
 
 Layouts (helpers below build their structures):
-    dual-stream (SPEC 2)     `dual_stream_structure` / `arrangement_structure(arrangement)`
+    dual-stream (§2)        `dual_stream_structure` / `arrangement_structure(arrangement)`
     section-4.1 reorder      `arrangement_structure` of an "plain" arrangement (prediction, block 0)
     causal + packing         `causal_structure(segment_ids)` (== `attention.segment_mask`)
 (Cache-mode decoding is not a structure layout: see `wedlm_jax.cache_attention`.)
