@@ -155,3 +155,35 @@ def test_sigkill_mid_file_then_resume_each_request_exactly_once(ckpt, tmp_path, 
     assert any(line.get("stop") and by_id[line["id"]]["finish_reason"] == "stop" for line in greedy[:8])
     # a third run finds nothing to do and leaves the file alone
     assert cli.main(argv) == 0 and out.read_bytes() == data
+
+
+def test_a_request_the_engine_fails_on_is_an_error_result_and_the_job_goes_on(ckpt, tmp_path, capsys,
+                                                                            monkeypatch):
+    """Issue 22: one request's prefill raises inside the engine: its line is written with
+    finish_reason 'error' and the reason, every other request is decoded as alone, the job exits 1
+    with one line naming how many failed; a rerun does not decode it again."""
+    from decode.decoder import Decoder
+    path, config, params = ckpt
+    tok = load_tokenizer(path)
+    lines = [{"id": f"q{i}", "prompt": p, "max_tokens": 6} for i, p in
+             enumerate(["one two", "three four five", "six", "seven eight"])]
+    poison = tuple(tok.encode("three four five"))
+    real = Decoder.prefill
+
+    def prefill(self, request):
+        if tuple(request.prompt) == poison:
+            raise OverflowError("Python int too large to convert to C int")
+        return real(self, request)
+    monkeypatch.setattr(Decoder, "prefill", prefill)
+    src, out = _write(tmp_path / "in.jsonl", lines), tmp_path / "out.jsonl"
+    argv = ["--checkpoint", path, "--input", src, "--output", str(out), "--capacity", "64",
+            "--window", str(WINDOW)]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "1 request(s) failed in the engine" in err
+    rows = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert set(rows) == {"q0", "q1", "q2", "q3"}
+    assert rows["q1"]["finish_reason"] == "error" and "OverflowError" in rows["q1"]["error"]
+    for key in ("q0", "q2", "q3"):
+        assert rows[key]["finish_reason"] in ("stop", "length") and rows[key]["completion_tokens"] >= 1
+    assert cli.main(argv) == 0 and "nothing to do" in capsys.readouterr().err
