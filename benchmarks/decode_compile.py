@@ -48,10 +48,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     from benchmarks.accelerator import DECODE_SHAPES, model_config
-    from decode.aot import compile_generate, step_floor
-    from decode.decoder import Decoder
-    from wedlm_jax import model as model_lib
-    import jax.numpy as jnp
+    from decode.aot import compile_generate
     if a.model not in DECODE_SHAPES:
         raise SystemExit(f"decode_compile: --model {a.model!r}: one of {', '.join(DECODE_SHAPES)}")
     config = model_config(DECODE_SHAPES[a.model]).replace(max_position_embeddings=1 << 20)
@@ -59,12 +56,7 @@ def main(argv=None) -> int:
     rows = []
     for method, window in (("ar", 1), ("streaming", 8), ("streaming", 16)):
         f = compile_generate(config, device, method=method, window=window, refill="before",
-                             slots=a.slots, capacity=a.capacity, dtype="bfloat16")
-        dec = Decoder(model_lib.param_shapes(config, jnp.bfloat16), config, method=method,
-                      window=window, slots=a.slots, capacity=a.capacity, steps_per_call=1,
-                      dtype=jnp.bfloat16, sampling=False, mask_token_id=1, memory_limit_bytes=1 << 62,
-                      allow_long=True)
-        f["floor"] = step_floor(dec.static, a.live)
+                             slots=a.slots, capacity=a.capacity, dtype="bfloat16", live_rows=a.live)
         rows.append(f)
         m, c = f["memory"], f.get("cost", {})
         print(f"{a.target} {a.model} {method:<9} W={f['window']:<3} slots {a.slots} capacity {a.capacity}: "

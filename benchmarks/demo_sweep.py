@@ -107,7 +107,6 @@ def run_candidate(name: str, out: str, items: int, evals: int) -> list[dict]:
     subprocess.run(cmd, check=True)
     wall = time.time() - t0
     metrics = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl")) if l.strip()]
-    step_time = {m["step"]: m.get("step_time_s") for m in metrics}
 
     from decode.text import load_tokenizer
     from train.config import load_config, model_config
@@ -126,7 +125,6 @@ def run_candidate(name: str, out: str, items: int, evals: int) -> list[dict]:
                    **acc)
         print(json.dumps(row), flush=True)
         rows.append(row)
-    del step_time
     return rows
 
 
@@ -153,11 +151,10 @@ def main(argv=None) -> int:
         if os.path.exists(os.path.join(a.out, n)):
             print(f"demo_sweep: {a.out}/{n} exists; remove it to run {n} again", file=sys.stderr)
             return 2
-        rows += run_candidate(n, a.out, a.items, a.evals)
+        new = run_candidate(n, a.out, a.items, a.evals)
+        rows += new
         with open(os.path.join(a.out, "results.jsonl"), "a") as f:
-            for r in rows[-a.evals - 1:]:
-                if r["candidate"] == n:
-                    f.write(json.dumps(r) + "\n")
+            f.writelines(json.dumps(r) + "\n" for r in new)
     print_table(rows)
     return 0
 

@@ -1,14 +1,15 @@
 """The Decoder's programs compiled ahead of time from abstract shapes: no weights, no cache, no
 device of the target needed (forced CPU devices, or a TPU topology jax describes with libtpu).
 
-    compile_generate(config, device, method=..., window=..., slots=..., capacity=..., dtype=...)
+    compile_generate(config, device, method=..., window=..., slots=..., capacity=..., dtype=...,
+                     live_rows=...)
         -> dict: XLA memory_analysis (bytes per device) and cost_analysis (flops, bytes accessed,
            libtpu's optimal_seconds where the compiler gives it) of one `generate` call of one
-           step, and the analytic floor of that step (`step_floor`)
+           step, the cache's size, and the analytic floor of that step (`step_floor`)
 
 `cost_analysis` counts a loop body once: the `generate` call of k = 1 step is one pass of the
-decode loop's body, i.e. one decoding step (its layer scan counted once too, so flops and bytes
-are scaled by the layers here: `per_step`).
+decode loop's body, i.e. one decoding step, but its layer scan is counted once too, so its flops
+and bytes are one layer plus the rest of the step (not scaled here).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def step_floor(static, live_rows: int) -> dict:
     """The bytes one decoding step cannot avoid moving: every weight once, the live K/V of every
     slot (`live_rows` committed rows) once, the step's own K/V rows written, the logits written."""
     c, item = static.config, jnp.dtype(static.dtype).itemsize
-    weights = model_lib_params(c) * item
+    weights = c.num_params() * item
     kv_row = 2 * c.num_layers * c.num_kv_heads * c.head_dim * item
     kv = static.slots * live_rows * kv_row
     new = static.slots * static.span * kv_row
@@ -51,19 +52,17 @@ def step_floor(static, live_rows: int) -> dict:
                 total=weights + kv + new + logits)
 
 
-def model_lib_params(c) -> int:
-    return int(c.num_params())
-
-
 def _first(x):
     return x[0] if isinstance(x, (list, tuple)) and x else x
 
 
 def compile_generate(config, device, *, method="streaming", window=16, refill="before", slots=8,
-                     capacity=4096, dtype="bfloat16", attention="tiled", kv_tile=256) -> dict:
+                     capacity=4096, dtype="bfloat16", attention="tiled", kv_tile=256,
+                     live_rows: int | None = None) -> dict:
     """Compile `generate` (k = 1) of a Decoder of these settings for `device`'s platform and
-    return its figures (see the module docstring)."""
-    from decode.decoder import Decoder, _generate
+    return its figures (see the module docstring); `live_rows` (committed rows per slot) adds the
+    step's floor."""
+    from decode.decoder import Decoder, _generate, estimate_memory
     params = model_lib.param_shapes(config, jnp.dtype(dtype))
     dec = Decoder(params, config, method=method, window=window, refill=refill, slots=slots,
                   capacity=capacity, steps_per_call=1, dtype=jnp.dtype(dtype), attention=attention,
@@ -76,12 +75,11 @@ def compile_generate(config, device, *, method="streaming", window=16, refill="b
     mem = {k: int(getattr(m, f"{k}_size_in_bytes", 0) or 0)
            for k in ("argument", "output", "alias", "temp", "generated_code")}
     cost = _first(compiled.cost_analysis()) or {}
-    layers = config.num_layers
     out = dict(platform=device.platform, method=method, window=dec.window, refill=refill,
                slots=slots, capacity=capacity, rows=dec.static.rows, dtype=jnp.dtype(dtype).name,
-               attention=attention, memory=mem,
-               cache_bytes=2 * slots * dec.static.rows * layers * config.num_kv_heads
-               * config.head_dim * jnp.dtype(dtype).itemsize)
+               attention=attention, memory=mem, cache_bytes=estimate_memory(dec.static)["cache"])
+    if live_rows is not None:
+        out["floor"] = step_floor(dec.static, live_rows)
     if cost:
         out["cost"] = {k: float(v) for k, v in cost.items()
                        if k in ("flops", "bytes accessed", "optimal_seconds", "transcendentals")}

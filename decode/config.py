@@ -52,16 +52,16 @@ class DecodeConfig:
         if self.sampling_order not in SAMPLING_ORDERS:
             raise DecodeConfigError(f"sampling_order {self.sampling_order!r} is unknown; allowed: "
                                     f"{', '.join(SAMPLING_ORDERS)}")
-        _int_at_least("window", self.window, 1)
-        _num_at_least("tau", self.tau, 0.0)
-        _num_at_least("lam", self.lam, 0.0)
-        _num_at_least("temperature", self.temperature, 0.0)
-        _int_at_least("top_k", self.top_k, 0)
+        check_int("window", self.window, 1)
+        check_number("tau", self.tau, 0.0)
+        check_number("lam", self.lam, 0.0)
+        check_number("temperature", self.temperature, 0.0)
+        check_int("top_k", self.top_k, 0)
         if not _is_number(self.top_p) or not 0.0 < float(self.top_p) <= 1.0:
             raise DecodeConfigError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        _int_at_least("max_new_tokens", self.max_new_tokens, 1)
-        _int_at_least("prefill_chunk", self.prefill_chunk, 1)
-        _int_at_least("seed", self.seed, 0, SEED_MAX)
+        check_int("max_new_tokens", self.max_new_tokens, 1)
+        check_int("prefill_chunk", self.prefill_chunk, 1)
+        check_int("seed", self.seed, 0, SEED_MAX)
         stops = self.stop_token_ids
         if isinstance(stops, int):
             stops = (stops,)
@@ -86,12 +86,16 @@ def _is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x  # rejects NaN
 
 
-def _num_at_least(name, value, low):
+def check_number(name, value, low):
+    """A DecodeConfigError naming `name` unless `value` is a finite number >= low (the one check
+    of every float setting: DecodeConfig here, Request in decode.decoder)."""
     if not _is_number(value) or float(value) < low or float(value) == float("inf"):
         raise DecodeConfigError(f"{name} must be a finite number >= {low}, got {value!r}")
 
 
-def _int_at_least(name, value, low, high=INT32_MAX):
+def check_int(name, value, low, high=INT32_MAX):
+    """A DecodeConfigError naming `name` unless `value` is an int in [low, high] (int32 by
+    default: integer settings travel as int32 on the device)."""
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise DecodeConfigError(f"{name} must be an int in [{low}, {high}], got {value!r}")
 

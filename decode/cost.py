@@ -18,10 +18,8 @@ def ceiling(window: int, refill: str, seconds: dict) -> float:
     """The most a window method can gain over AR in tokens/s: W tokens per forward (the cap, with
     refill 'before'; W/2 with 'after') over the cost of its forward of S slots (2W with 'before',
     W with 'after') in AR steps. `seconds`: {slots: seconds per forward}, holding 1 and S."""
-    from decode.steps import StepSpec
-    spec = StepSpec(method="streaming", window=window, refill=refill)
     cap = window if refill == "before" else window / 2
-    return cap * seconds[1] / seconds[spec.span]
+    return cap * seconds[1] / seconds[forward_slots(window, refill)]
 
 
 def forward_slots(window: int, refill: str) -> int:

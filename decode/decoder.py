@@ -35,7 +35,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from decode.config import INT32_MAX, MAX_STOP_IDS, METHODS, SEED_MAX, DecodeConfigError
+from decode.config import (MAX_STOP_IDS, METHODS, SEED_MAX, DecodeConfigError, check_int,
+                           check_number)
 from decode.sampling import SAMPLING_ORDERS
 from decode.state import DecodeState, KVCache, Prefix, Settings
 from decode.steps import REFILLS, StepSpec, ar_step, window_step
@@ -94,6 +95,15 @@ def pow2_at_least(x: int, floor: int = 1) -> int:
 
 def _is_int(x) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _as_int(x):
+    """NumPy integers as Python ints (the checks in decode.config take Python numbers)."""
+    return int(x) if isinstance(x, np.integer) else x
+
+
+def _as_float(x):
+    return float(x) if isinstance(x, (np.integer, np.floating)) else x
 
 
 def _is_num(x) -> bool:
@@ -372,19 +382,13 @@ class Decoder:
         if len(prompt) > self.capacity:
             raise DecodeConfigError(f"prompt: {len(prompt)} tokens, longer than the capacity "
                                     f"{self.capacity}")
-        if not _is_int(r.max_new_tokens) or not 1 <= r.max_new_tokens <= INT32_MAX:
-            raise DecodeConfigError(f"max_new_tokens must be an int in [1, {INT32_MAX}], got "
-                                    f"{r.max_new_tokens!r}")
+        check_int("max_new_tokens", _as_int(r.max_new_tokens), 1)
         for name in ("tau", "lam", "temperature"):
-            v = getattr(r, name)
-            if not _is_num(v) or v < 0 or v == float("inf"):
-                raise DecodeConfigError(f"{name} must be a finite number >= 0, got {v!r}")
-        if not _is_int(r.top_k) or not 0 <= r.top_k <= INT32_MAX:
-            raise DecodeConfigError(f"top_k must be an int in [0, {INT32_MAX}], got {r.top_k!r}")
+            check_number(name, _as_float(getattr(r, name)), 0)
+        check_int("top_k", _as_int(r.top_k), 0)
         if not _is_num(r.top_p) or not 0 < r.top_p <= 1:
             raise DecodeConfigError(f"top_p must be in (0, 1], got {r.top_p!r}")
-        if not _is_int(r.seed) or not 0 <= r.seed <= SEED_MAX:
-            raise DecodeConfigError(f"seed must be an int in [0, {SEED_MAX}], got {r.seed!r}")
+        check_int("seed", _as_int(r.seed), 0, SEED_MAX)
         if r.sampling_order not in SAMPLING_ORDERS:
             raise DecodeConfigError(f"sampling_order {r.sampling_order!r} is unknown; allowed: "
                                     f"{', '.join(SAMPLING_ORDERS)}")

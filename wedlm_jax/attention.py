@@ -53,22 +53,13 @@ def cache_mask(cache_len: jnp.ndarray, num_new: int, capacity: int) -> jnp.ndarr
 
 
 def cache_write(buffer: jnp.ndarray, new: jnp.ndarray, cache_len: jnp.ndarray,
-                layer=None) -> jnp.ndarray:
-    """Write new[b] ([S, KVH, D]) into row b of the cache at row cache_len[b], in place.
-
-    buffer: one layer's [B, S_max, KVH, D], or with `layer` (an int32 scalar, traced or not) the
-    stacked cache [L, B, S_max, KVH, D], written at that layer: the decode step's way, so the
-    stacked cache travels whole through the layer scan and only the new rows are written (XLA
-    updates the donated buffer in place; a per-layer slice in and out would copy the cache).
-    The caller guarantees cache_len[b] + S <= S_max (dynamic_update_slice would otherwise clamp
-    the start and overwrite committed rows)."""
-    if layer is None:
-        def one(buf, x, start):
-            return jax.lax.dynamic_update_slice(buf, x.astype(buf.dtype), (start, 0, 0))
-        return jax.vmap(one)(buffer, new, cache_len)
-
-    # one scatter of the [B, S] new rows at (layer, b, cache_len[b] + i): no transpose of the
-    # buffer (a vmap over its batch axis would move that axis first and copy it)
+                layer) -> jnp.ndarray:
+    """Write new[b] ([S, KVH, D]) into the stacked cache buffer [L, B, S_max, KVH, D] at layer
+    `layer` (an int32 scalar, traced or not), rows cache_len[b] .. cache_len[b] + S - 1: one
+    scatter, which XLA applies to the donated buffer in place (the stacked cache travels whole
+    through the layer scan; slicing a layer in and stacking it out would copy the cache, and so
+    would a vmap over the batch axis, which moves that axis first).
+    The caller guarantees cache_len[b] + S <= S_max."""
     b, s = new.shape[:2]
     rows = jnp.asarray(cache_len, jnp.int32)[:, None] + jnp.arange(s, dtype=jnp.int32)[None, :]
     batch = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None], (b, s))

@@ -72,16 +72,19 @@ def attend_cache_tiles(q, k, v, cache_len, scale: float, tile: int, layer=None):
     tile, the last tile's start is pulled back to T - tile and rows already visited are masked.
     With `layer`, k and v are the stacked cache [L, B, T, KVH, D] and each tile is read straight
     from that layer of it (no copy of the layer is made)."""
-    if layer is not None:
-        kl, vl = k, v
-        _check(q, jax.ShapeDtypeStruct(k.shape[1:], k.dtype), jax.ShapeDtypeStruct(v.shape[1:], v.dtype),
-               cache_len)
-        k = jax.ShapeDtypeStruct(k.shape[1:], k.dtype)
-    else:
-        _check(q, k, v, cache_len)
+    view = (lambda x: x) if layer is None else (lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype))
+    _check(q, view(k), view(v), cache_len)                       # one layer: [B, T, KVH, D]
+    layer_shape = view(k).shape
     b, s, h, d = q.shape
-    t_max, kvh = k.shape[1], k.shape[2]
+    t_max, kvh = layer_shape[1], layer_shape[2]
     tile = min(check_tile(tile), t_max)
+
+    def read(buf, start):
+        """One tile [B, tile, KVH, D] of the cache (of its layer `layer` when stacked)."""
+        if layer is None:
+            return jax.lax.dynamic_slice_in_dim(buf, start, tile, axis=1)
+        return jax.lax.dynamic_slice(buf, (layer, 0, start, 0, 0), (1, b, tile, kvh, d))[0]
+
     g = h // kvh
     qr = q.reshape(b, s, kvh, g, d)
     last = cache_last_key(cache_len, s)                                          # [B, S]
@@ -92,13 +95,7 @@ def attend_cache_tiles(q, k, v, cache_len, scale: float, tile: int, layer=None):
         m, l, acc = carry
         nominal = t * tile
         start = jnp.minimum(nominal, t_max - tile)
-        if layer is None:
-            kt = jax.lax.dynamic_slice_in_dim(k, start, tile, axis=1)
-            vt = jax.lax.dynamic_slice_in_dim(v, start, tile, axis=1)
-        else:   # one tile of one layer of the stacked cache
-            at, size = (layer, 0, start, 0, 0), (1, b, tile, kvh, d)
-            kt = jax.lax.dynamic_slice(kl, at, size)[0]
-            vt = jax.lax.dynamic_slice(vl, at, size)[0]
+        kt, vt = read(k, start), read(v, start)
         idx = start + jnp.arange(tile, dtype=jnp.int32)
         allowed = (idx[None, None, :] <= last[:, :, None]) & (idx >= nominal)[None, None, :]
         allowed = allowed[:, None, None, :, :]                                   # [B,1,1,S,tile]
