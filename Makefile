@@ -6,6 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 DEMO_STAMP := $(VENV)/.installed-demo-stamp
 TEST_STAMP := $(VENV)/.installed-test-stamp
+TPU_COMPILER := $(VENV)/tpu-compiler
 
 .PHONY: setup test demo clean
 
@@ -15,9 +16,13 @@ $(DEMO_STAMP): pyproject.toml
 	$(PY) -m pip install -q -e .
 	touch $(DEMO_STAMP)
 
+# the TPU compiler (libtpu, the version the installed jax asks for) goes to its own folder, not
+# into the venv: the TPU compile tests put it on their subprocesses' path (tests/tpu_compiler.py),
+# and nothing else in the venv tries to start a TPU backend
 $(TEST_STAMP): $(DEMO_STAMP)
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --no-deps --upgrade --target $(TPU_COMPILER) "$$($(PY) -c 'import importlib.metadata as m; print(next(r.split(";")[0].strip() for r in m.requires("jax") if r.startswith("libtpu")))')"
 	touch $(TEST_STAMP)
 
 setup: $(TEST_STAMP)

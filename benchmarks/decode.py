@@ -30,10 +30,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from decode.config import DecodeConfig
-from decode.engine import DEFAULT_KV_TILE, generate
+from decode.static_batch import DEFAULT_KV_TILE, generate
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.model import Transformer, init_kv_cache
-from synthetic import random_params
+from tests.synthetic import random_params
 
 SMALL = ModelConfig(model_type="qwen3", vocab_size=2048, hidden_size=256, intermediate_size=768,
                     num_layers=4, num_heads=8, num_kv_heads=4, head_dim=32, qk_norm=True,
@@ -158,7 +158,7 @@ def section_scaling(out, repeats, quick):
 def section_vs_transformers(out, repeats, quick):
     import torch
     from transformers import AutoModelForCausalLM
-    from synthetic.hf import make_hf_model
+    from tests.synthetic.hf import make_hf_model
     from wedlm_jax.convert import load_hf_checkpoint
 
     new = 64 if quick else 256

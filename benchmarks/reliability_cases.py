@@ -6,7 +6,7 @@ user would run it: exit code, first line of the program's message, and what happ
     python -m benchmarks.reliability_cases --table /tmp/before.json /tmp/after.json
 
 `--root` is the checkout whose `train` / `wedlm_jax` are imported (PYTHONPATH); every case runs in
-a fresh folder under a temp dir with `configs/tiny_cpu.yaml` and `python -m synthetic.train_data` data.
+a fresh folder under a temp dir with `configs/tiny_cpu.yaml` and `python -m tests.synthetic.train_data` data.
 The decoding cases (issue item 6) belong to the decode/ rewrite and are not run here.
 """
 
@@ -343,7 +343,7 @@ def run_all(root, label, only):
     work = tempfile.mkdtemp(prefix=f"rel-cases-{label}-")
     root = os.path.abspath(root)
     shutil.copy(os.path.join(root, "configs", "tiny_cpu.yaml"), work)
-    subprocess.run([PY, "-m", "synthetic.train_data", "data/tiny"], cwd=work, env=_env(root), check=True,
+    subprocess.run([PY, "-m", "tests.synthetic.train_data", "data/tiny"], cwd=work, env=_env(root), check=True,
                    capture_output=True)
     results = {}
     if "small" in only:

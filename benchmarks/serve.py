@@ -149,7 +149,7 @@ def overhead(model, url, items, window, tau, capacity, reps=5) -> dict:
     import httpx
     from demo.eval import load_model
     from decode.config import DecodeConfig
-    from decode.engine import generate
+    from decode.static_batch import generate
     config, params, tok = load_model(model, check=False)
     stops = tuple(tok.default_stop_ids(config.eos_token_id))
     rows = []

@@ -35,9 +35,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from decode.config import DecodeConfig
-from decode.engine import generate
+from decode.static_batch import generate
 from wedlm_jax.config import ModelConfig
-from synthetic import random_params as make_params
+from tests.synthetic import random_params as make_params
 
 SMALL = ModelConfig(model_type="qwen3", vocab_size=2048, hidden_size=256, intermediate_size=768,
                     num_layers=4, num_heads=8, num_kv_heads=4, head_dim=32, qk_norm=True,

@@ -32,7 +32,7 @@ def main(argv=None) -> int:
 
     import jax
 
-    from synthetic import random_params
+    from tests.synthetic import random_params
     from train.config import load_config, model_config
 
     config = model_config(load_config(a.config))

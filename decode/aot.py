@@ -1,24 +1,78 @@
 """The Decoder's programs compiled ahead of time from abstract shapes: no weights, no cache, no
 device of the target needed (forced CPU devices, or a TPU topology jax describes with libtpu).
 
-    compile_generate(config, device, method=..., window=..., slots=..., capacity=..., dtype=...,
-                     live_rows=...)
+    compile_generate(config, devices, method=..., window=..., slots=..., capacity=..., dtype=...,
+                     mesh_shape=(data, fsdp, tensor), live_rows=...)
         -> dict: XLA memory_analysis (bytes per device) and cost_analysis (flops, bytes accessed,
            libtpu's optimal_seconds where the compiler gives it) of one `generate` call of one
            step, the cache's size, and the analytic floor of that step (`step_floor`)
+    compile_prefill(config, devices, prompt_len=..., ...)   the same for one prompt's prefill
+    layer_scaled(compile_fn, config, **kw)                   cost figures of the whole network
 
 `cost_analysis` counts a loop body once: the `generate` call of k = 1 step is one pass of the
 decode loop's body, i.e. one decoding step, but its layer scan is counted once too, so its flops
-and bytes are one layer plus the rest of the step (not scaled here).
+and bytes are one layer plus the rest of the step. `layer_scaled` compiles the same program with
+1 and 2 layers and extrapolates linearly to the model's depth (cost of L layers = c1 + (L - 1) x
+(c2 - c1)); the memory figures come from the full-depth compile.
 """
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from wedlm_jax import model as model_lib
+
+COST_KEYS = ("flops", "bytes accessed", "optimal_seconds", "transcendentals")
+GIB = 1 << 30
+# TPU generation -> (dense bf16 FLOP/s per chip, HBM bytes/s per chip, HBM bytes per chip): the
+# vendor's published figures
+TPU_CHIPS = {
+    "v4": (275e12, 1.2e12, 32 * GIB),
+    "v5e": (197e12, 0.819e12, 16 * GIB),
+    "v5p": (459e12, 2.765e12, 95 * GIB),
+    "v6e": (918e12, 1.64e12, 32 * GIB),
+}
+TPU_FORMS = ("TPU topologies GEN:AxB[xC] with GEN one of " + ", ".join(TPU_CHIPS)
+             + " (e.g. v5p:1x1x1, v5e:2x4, v6e:2x4, v5p:2x2x2)")
+
+
+class TargetError(ValueError):
+    """A target name that cannot be compiled for here, with the accepted forms."""
+
+
+def describe_tpu(name: str) -> tuple[list, tuple]:
+    """(compile-only devices, (peak FLOP/s, HBM bytes/s, HBM bytes) per chip) of a TPU topology
+    name such as 'v5e:2x4', described by libtpu without the hardware; a TargetError naming the
+    accepted forms, or the install command when libtpu is missing."""
+    gen, _, shape = name.partition(":")
+    if gen not in TPU_CHIPS or not shape:
+        raise TargetError(f"{name!r}: unknown target; accepted: {TPU_FORMS}")
+    import importlib.util
+    if importlib.util.find_spec("libtpu") is None:
+        raise TargetError(f"{name!r}: the TPU compiler is not installed: pip install 'jax[tpu]' "
+                          "(or pip install -e '.[tpu]')")
+    from jax.experimental import topologies
+    kw = {"chips_per_host_bounds": (1, 1, 1)} if shape in ("1x1", "1x1x1") else {}
+    try:
+        desc = topologies.get_topology_desc(platform="tpu", topology_name=name, **kw)
+    except Exception as e:  # noqa: BLE001 - libtpu's own message, one line
+        raise TargetError(f"{name!r}: libtpu cannot describe it "
+                          f"({str(e).splitlines()[0][:200] if str(e) else type(e).__name__}); "
+                          f"accepted: {TPU_FORMS}") from None
+    return list(desc.devices), TPU_CHIPS[gen]
+
+
+def _device_list(devices) -> list:
+    return list(devices) if isinstance(devices, (list, tuple)) else [devices]
+
+
+def _abstract(tree):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), tree)
 
 
 def _on(device, tree):
@@ -27,27 +81,35 @@ def _on(device, tree):
                         tree)
 
 
-def abstract_args(decoder, device):
-    """(params, state, mask_id, run) of `decoder`'s `generate` as ShapeDtypeStructs on `device`."""
+def abstract_args(decoder, device=None):
+    """(params, state, mask_id, run) of `decoder`'s `generate` as ShapeDtypeStructs: on `device`
+    without a mesh, laid out as the Decoder lays them out on its mesh otherwise."""
     st = decoder.static
     host = decoder._host_free()
     layers = jax.eval_shape(lambda: model_lib.init_kv_cache(st.config, st.slots, st.rows,
                                                             jnp.dtype(st.dtype)))
-    state = host.replace(cache=host.cache.replace(layers=layers))
-    params = model_lib.param_shapes(decoder.model_config, jnp.dtype(st.dtype))
+    state = _abstract(host.replace(cache=host.cache.replace(layers=None)))
+    state = state.replace(cache=state.cache.replace(layers=layers))
     scalar = jax.ShapeDtypeStruct((), jnp.int32)
-    return _on(device, params), _on(device, state), _on(device, scalar), _on(device, scalar)
+    if decoder.mesh is None:
+        params = model_lib.param_shapes(decoder.model_config, jnp.dtype(st.dtype))
+        return _on(device, params), _on(device, state), _on(device, scalar), _on(device, scalar)
+    state = decoder._place(state, decoder._state_shardings(state))
+    rep = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(decoder.mesh, P()))
+    return decoder.params, state, rep, rep
 
 
-def step_floor(static, live_rows: int) -> dict:
-    """The bytes one decoding step cannot avoid moving: every weight once, the live K/V of every
-    slot (`live_rows` committed rows) once, the step's own K/V rows written, the logits written."""
+def step_floor(static, live_rows: int, tensor: int = 1, batch_shards: int = 1) -> dict:
+    """The bytes one decoding step cannot avoid moving, per device: every weight once (split over
+    `tensor`), the live K/V of every slot (`live_rows` committed rows) once, the step's own K/V
+    rows written, the logits written (K/V and logits split over the slots' `batch_shards` and the
+    heads' / vocabulary's `tensor` shards)."""
     c, item = static.config, jnp.dtype(static.dtype).itemsize
-    weights = c.num_params() * item
-    kv_row = 2 * c.num_layers * c.num_kv_heads * c.head_dim * item
+    weights = c.num_params() * item / tensor
+    kv_row = 2 * c.num_layers * c.num_kv_heads * c.head_dim * item / (tensor * batch_shards)
     kv = static.slots * live_rows * kv_row
     new = static.slots * static.span * kv_row
-    logits = static.slots * static.span * c.vocab_size * 4
+    logits = static.slots * static.span * c.vocab_size * 4 / (tensor * batch_shards)
     return dict(weights=weights, kv_read=kv, kv_written=new, logits=logits,
                 total=weights + kv + new + logits)
 
@@ -56,31 +118,146 @@ def _first(x):
     return x[0] if isinstance(x, (list, tuple)) and x else x
 
 
-def compile_generate(config, device, *, method="streaming", window=16, refill="before", slots=8,
-                     capacity=4096, dtype="bfloat16", attention="tiled", kv_tile=256,
-                     live_rows: int | None = None) -> dict:
-    """Compile `generate` (k = 1) of a Decoder of these settings for `device`'s platform and
-    return its figures (see the module docstring); `live_rows` (committed rows per slot) adds the
-    step's floor."""
-    from decode.decoder import Decoder, _generate, estimate_memory
-    params = model_lib.param_shapes(config, jnp.dtype(dtype))
-    dec = Decoder(params, config, method=method, window=window, refill=refill, slots=slots,
-                  capacity=capacity, steps_per_call=1, dtype=jnp.dtype(dtype), attention=attention,
-                  kv_tile=kv_tile, sampling=False, mask_token_id=config.vocab_size - 1,
-                  memory_limit_bytes=1 << 62, allow_long=True)
-    p, s, mask_id, run = abstract_args(dec, device)
-    lowered = _generate.lower(dec.static, 1, p, s, mask_id, run)
-    compiled = lowered.compile()
+def figures(compiled) -> dict:
+    """memory (per device) and cost (where the compiler reports it) of a compiled program."""
     m = compiled.memory_analysis()
     mem = {k: int(getattr(m, f"{k}_size_in_bytes", 0) or 0)
            for k in ("argument", "output", "alias", "temp", "generated_code")}
+    mem["total"] = mem["argument"] + mem["output"] - mem["alias"] + mem["temp"]
     cost = _first(compiled.cost_analysis()) or {}
-    out = dict(platform=device.platform, method=method, window=dec.window, refill=refill,
-               slots=slots, capacity=capacity, rows=dec.static.rows, dtype=jnp.dtype(dtype).name,
-               attention=attention, memory=mem, cache_bytes=estimate_memory(dec.static)["cache"])
-    if live_rows is not None:
-        out["floor"] = step_floor(dec.static, live_rows)
+    out = dict(memory=mem)
     if cost:
-        out["cost"] = {k: float(v) for k, v in cost.items()
-                       if k in ("flops", "bytes accessed", "optimal_seconds", "transcendentals")}
+        out["cost"] = {k: float(v) for k, v in cost.items() if k in COST_KEYS}
     return out
+
+
+def make_decoder(config, devices, *, method="streaming", window=16, refill="before", slots=8,
+                 capacity=4096, dtype="bfloat16", attention="tiled", kv_tile=256,
+                 prefill_chunk=128, mesh_shape=None, scan_unroll: int = 1):
+    """A Decoder over abstract weights (shapes only) for `devices` (one device, or a
+    ('data', 'fsdp', 'tensor') mesh of `mesh_shape` over the first devices); `scan_unroll`
+    layers per iteration of the layer scan."""
+    import dataclasses
+    from decode.decoder import Decoder
+    from wedlm_jax.sharding import make_mesh
+    devs = _device_list(devices)
+    mesh = None
+    if mesh_shape is not None and math.prod(mesh_shape) > 1:
+        mesh = make_mesh(*mesh_shape, devices=devs[:math.prod(mesh_shape)])
+    elif devs[0].platform != jax.default_backend():
+        mesh = make_mesh(1, 1, 1, devices=devs[:1])   # the Decoder sees the target's device
+    params = model_lib.param_shapes(config, jnp.dtype(dtype))
+    dec = Decoder(params, config, method=method, window=window, refill=refill, slots=slots,
+                  capacity=capacity, steps_per_call=1, dtype=jnp.dtype(dtype), attention=attention,
+                  kv_tile=kv_tile, prefill_chunk=prefill_chunk, sampling=False,
+                  mask_token_id=config.vocab_size - 1, memory_limit_bytes=1 << 62,
+                  allow_long=True, mesh=mesh)
+    if scan_unroll != 1:
+        dec.static = dataclasses.replace(dec.static, scan_unroll=scan_unroll)
+    return dec
+
+
+def _shards(dec) -> tuple[int, int]:
+    if dec.mesh is None:
+        return 1, 1
+    shape = dict(dec.mesh.shape)
+    return int(shape.get("tensor", 1)), int(shape.get("data", 1)) * int(shape.get("fsdp", 1))
+
+
+def compile_generate(config, devices, *, live_rows: int | None = None, **settings) -> dict:
+    """Compile `generate` (k = 1) of a Decoder of these settings (`make_decoder`) for the
+    devices' platform and return its figures (see the module docstring); `live_rows` (committed
+    rows per slot) adds the step's floor per device."""
+    from decode.decoder import _generate, estimate_memory
+    dec = make_decoder(config, devices, **settings)
+    dev = _device_list(devices)[0]
+    p, s, mask_id, run = abstract_args(dec, dev)
+    compiled = dec._call(_generate.lower, dec.static, 1, p, s, mask_id, run).compile()
+    tensor, batch_shards = _shards(dec)
+    out = dict(platform=dev.platform, method=dec.method, window=dec.window, refill=dec.refill,
+               slots=dec.slots, capacity=dec.capacity, rows=dec.static.rows,
+               dtype=jnp.dtype(dec.static.dtype).name, attention=dec.static.attention,
+               mesh=None if dec.mesh is None else dict(dec.mesh.shape),
+               cache_bytes=estimate_memory(dec.static)["cache"] // (tensor * batch_shards),
+               **figures(compiled))
+    if live_rows is not None:
+        out["floor"] = step_floor(dec.static, live_rows, tensor, batch_shards)
+    return out
+
+
+def compile_prefill(config, devices, *, prompt_len: int = 2048, **settings) -> dict:
+    """Compile the prefill of one `prompt_len`-token prompt and return its figures. The prompt is
+    one chunk unless `prefill_chunk` says otherwise (cost_analysis counts one chunk's pass of one
+    layer: scale with `layer_scaled`, and by the chunk count when chunked)."""
+    from decode.decoder import _prefill
+    settings = dict(dict(prefill_chunk=prompt_len, capacity=prompt_len), **settings)
+    dec = make_decoder(config, devices, **settings)
+    dev = _device_list(devices)[0]
+    p = abstract_args(dec, dev)[0]
+    if dec.mesh is None:
+        tok = _on(dev, jax.ShapeDtypeStruct((1, prompt_len), jnp.int32))
+        n = _on(dev, jax.ShapeDtypeStruct((1,), jnp.int32))
+    else:
+        rep = NamedSharding(dec.mesh, P())
+        tok = jax.ShapeDtypeStruct((1, prompt_len), jnp.int32, sharding=rep)
+        n = jax.ShapeDtypeStruct((1,), jnp.int32, sharding=rep)
+    compiled = dec._call(_prefill.lower, dec.static, p, tok, n).compile()
+    return dict(platform=dev.platform, prompt_len=prompt_len, prefill_chunk=dec.static.prefill_chunk,
+                mesh=None if dec.mesh is None else dict(dec.mesh.shape), **figures(compiled))
+
+
+def layer_scaled(compile_fn, config, *args, **kwargs) -> dict:
+    """compile_fn(config with 1 layer) and (2 layers, the scan unrolled: XLA counts a loop body
+    once, so an unrolled pair is what shows one layer's cost): the cost of the full depth by
+    linear extrapolation, {key: c1 + (L - 1) * (c2 - c1)} over COST_KEYS the compiler reports;
+    {} when it reports none (XLA:GPU without a device)."""
+    one = compile_fn(config.replace(num_layers=1), *args, **kwargs).get("cost") or {}
+    two = compile_fn(config.replace(num_layers=2), *args, scan_unroll=2, **kwargs).get("cost") or {}
+    depth = config.num_layers
+    return {k: one[k] + (depth - 1) * (two[k] - one[k]) for k in one if k in two}
+
+
+def dry_run(config, target: str, placement, *, method: str, window: int, refill: str, slots: int,
+            capacity: int, prefill_chunk: int = 128, device_memory_gib: float | None = None,
+            who: str = "wedlm-serve") -> tuple[str, bool]:
+    """The programs a decoding door runs (one decode step of `generate`, one prompt's prefill at
+    the largest bucket) compiled for a TPU topology from config.json alone, laid out as
+    `placement` says; (report text, fits). An out-of-memory compile is the verdict, not an error."""
+    from train.dry_run import out_of_memory
+    name = target.split(":", 1)[1] if target.startswith("tpu:") else target
+    devices, (_, _, hbm) = describe_tpu(name)
+    if placement.devices_needed > len(devices):
+        raise TargetError(f"--mesh needs {placement.devices_needed} devices; {target} has "
+                          f"{len(devices)}")
+    limit = int(device_memory_gib * GIB) if device_memory_gib else hbm
+    devs = devices[:placement.devices_needed]
+    settings = dict(method=method, window=window, refill=refill, slots=slots, capacity=capacity,
+                    dtype=placement.dtype, attention=placement.attention,
+                    kv_tile=placement.kv_tile, mesh_shape=placement.mesh)
+    lines = [f"{who} dry run for {target}: {len(devs)} of its {len(devices)} chips, "
+             f"{limit / GIB:.2f} GiB each; mesh data={placement.mesh[0]} fsdp={placement.mesh[1]} "
+             f"tensor={placement.mesh[2]}, {placement.dtype}, cache attention "
+             f"{placement.attention}; {method} W {window} refill {refill}, {slots} slots x "
+             f"capacity {capacity}"]
+    fits = True
+    prompt = min(1 << max(capacity - 1, 1).bit_length(), capacity + 2 * window)
+    for label, fn, kw in (("decode step", compile_generate, {}),
+                          (f"prefill of a {prompt}-token prompt", compile_prefill,
+                           dict(prompt_len=prompt, prefill_chunk=min(prefill_chunk, prompt)))):
+        try:
+            f = fn(config, devs, **dict(settings, **kw))
+        except Exception as e:  # noqa: BLE001 - only an out-of-memory compile is a verdict
+            reason = out_of_memory(e)
+            if reason is None:
+                raise
+            lines.append(f"  {label:<34} DOES NOT FIT: the compiler ran out of memory: {reason}")
+            fits = False
+            continue
+        m = f["memory"]
+        ok = m["total"] <= limit
+        fits = fits and ok
+        lines.append(f"  {label:<34} {m['total'] / GIB:8.2f} GiB per chip (arguments "
+                     f"{m['argument'] / GIB:.2f}, temporaries {m['temp'] / GIB:.2f})"
+                     + ("" if ok else "  DOES NOT FIT"))
+    lines.append(f"  verdict      {'FITS' if fits else 'DOES NOT FIT'} in {limit / GIB:.2f} GiB per chip")
+    return "\n".join(lines), fits

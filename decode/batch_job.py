@@ -32,7 +32,7 @@ import os
 import sys
 import time
 
-from decode.config import DecodeConfig, DecodeConfigError
+from decode.config import DecodeConfig, DecodeConfigError, Placement
 
 SETTINGS = ("max_new_tokens", "tau", "lam", "temperature", "top_k", "top_p", "seed")
 FIELDS = ("id", "prompt", "messages", "max_tokens", "stop") + SETTINGS
@@ -210,20 +210,6 @@ def _append(f, record: dict) -> None:
 
 # ----------------------------------------------------------------------------------- the job
 
-def first_stop(text: str, stop_strings) -> int:
-    """Index of the earliest occurrence of any stop string in `text`, or -1."""
-    hits = [i for i in (text.find(s) for s in stop_strings) if i >= 0]
-    return min(hits) if hits else -1
-
-
-def tokens_through_stop(tokenizer, ids: list, stop_strings) -> int:
-    """The fewest leading ids whose text contains a stop string (len(ids) when none does)."""
-    for k in range(1, len(ids) + 1):
-        if first_stop(tokenizer.decode(ids[:k]), stop_strings) >= 0:
-            return k
-    return len(ids)
-
-
 def run_job(args) -> int:
     """The `--input/--output` path of wedlm-decode. Returns the exit code."""
     from decode.cli import load_model
@@ -241,9 +227,14 @@ def run_job(args) -> int:
         v = getattr(args, name)
         if v < 1:
             raise DecodeConfigError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
+    placement = Placement.from_args(args)
+    if args.slots % placement.batch_shards:
+        raise DecodeConfigError(f"--slots {args.slots} must be a multiple of the mesh's data x "
+                                f"fsdp = {placement.batch_shards}")
     from decode.cli import _mask_token_id
     from wedlm_jax.convert import read_config
     model_config = read_config(args.checkpoint)   # config.json only: the weights are read last
+    placement.check_model(model_config)
     args.mask_token_id = _mask_token_id(args, model_config)   # released checkpoints: null mask id
     tokenizer = load_tokenizer(args.checkpoint)
     cli_stop_ids, _ = split_stop_strings(tokenizer, args.stop)
@@ -270,10 +261,12 @@ def run_job(args) -> int:
 
     from decode.batching import Batcher
     from decode.decoder import Decoder, Request
-    config, params = load_model(args.checkpoint)
+    mesh = placement.make_mesh()
+    config, params = load_model(args.checkpoint, mesh=mesh, dtype=placement.dtype)
     decoder = Decoder(params, config, method=args.method, window=args.window, slots=args.slots,
                       capacity=capacity, steps_per_call=args.steps_per_call,
-                      mask_token_id=args.mask_token_id)
+                      mask_token_id=args.mask_token_id, mesh=mesh, dtype=placement.dtype,
+                      attention=placement.attention, kv_tile=placement.kv_tile)
     requests = []
     for it in todo:
         req = Request(prompt=tuple(it.prompt_ids), stop_token_ids=it.stop_ids, **it.settings)
@@ -293,20 +286,21 @@ def run_job(args) -> int:
 
 def _decode_all(batcher, todo, requests, tokenizer, out) -> dict:
     from tqdm import tqdm
-    live = {}   # request id -> [item, ids so far, stopped by a stop string]
+
+    from decode.text import TextStream, stop_at_strings
+    live = {}   # request id -> (item, TextStream of its completion)
     stats = dict(requests=0, tokens=0, steps=0, n_fwd=0, tokens_counted=0, wall_s=0.0, errors=0)
     bar = tqdm(total=len(todo), unit="req", desc="wedlm-decode", file=sys.stderr, dynamic_ncols=True)
 
     def on_tokens(rid, new):
-        entry = live[rid]
-        entry[1].extend(new)
-        if entry[0].stop_strings and not entry[2] and \
-                first_stop(tokenizer.decode(entry[1]), entry[0].stop_strings) >= 0:
-            entry[2] = True
-            batcher.cancel(rid)
+        item, text = live[rid]
+        if not text.stopped:
+            text.add(new)
+            if text.stopped:
+                batcher.cancel(rid)
 
     def on_finish(fin):
-        item, ids, stopped = live.pop(fin.request_id)
+        item, text = live.pop(fin.request_id)
         if fin.finish == "error":       # this request alone; the job goes on
             _append(out, dict(id=item.id, text="", token_ids=[], finish_reason="error",
                               error=fin.error, prompt_tokens=len(item.prompt_ids),
@@ -314,14 +308,9 @@ def _decode_all(batcher, todo, requests, tokenizer, out) -> dict:
             stats["errors"] += 1
             bar.update(1)
             return
-        ids = list(fin.tokens)
-        finish = fin.finish
-        text = tokenizer.decode(ids)
-        cut = first_stop(text, item.stop_strings) if item.stop_strings else -1
-        if cut >= 0:
-            ids = ids[:tokens_through_stop(tokenizer, ids, item.stop_strings)]
-            text, finish = text[:cut], "stop"
-        elif finish == "cancelled":
+        ids, text, stopped = stop_at_strings(tokenizer, list(fin.tokens), item.stop_strings)
+        finish = "stop" if stopped else fin.finish
+        if finish == "cancelled":
             raise RuntimeError(f"request {item.id!r} was cancelled without a stop string")
         _append(out, dict(id=item.id, text=text, token_ids=ids, finish_reason=finish,
                           prompt_tokens=len(item.prompt_ids), completion_tokens=len(ids),
@@ -337,7 +326,7 @@ def _decode_all(batcher, todo, requests, tokenizer, out) -> dict:
 
     for item, req in zip(todo, requests):
         rid = batcher.submit(req, on_tokens=on_tokens, on_finish=on_finish)
-        live[rid] = [item, [], False]
+        live[rid] = (item, TextStream(tokenizer, item.stop_strings))
     t0 = time.perf_counter()
     try:
         while batcher.step():

@@ -8,7 +8,7 @@ or "messages" (a chat; implies the chat template; an optional "tools" list goes 
 rendered by `wedlm_jax.tokenizer` as in training). `--json` prints one JSON document with, per
 prompt, the ids, the text and the statistics, and the totals. `--stream` prints text as it is
 committed (a host callback from the decode loop); the result is the same as without it.
-`--trace FILE.html|FILE.png` also runs the same steps one at a time (`decode.engine.trace_steps`)
+`--trace FILE.html|FILE.png` also runs the same steps one at a time (`decode.static_batch.trace_steps`)
 and draws each step's window (`decode.trace`): at most 4 prompts in HTML, 1 in PNG (matplotlib).
 """
 
@@ -19,13 +19,16 @@ import json
 import os
 import sys
 
-from decode.config import METHODS, REFILLS, SAMPLING_ORDERS, DecodeConfig, DecodeConfigError
+from decode.config import (METHODS, REFILLS, SAMPLING_ORDERS, DecodeConfig, DecodeConfigError,
+                           Placement)
+from wedlm_jax import compile_cache
 from wedlm_jax.config import released_mask_token_id
-from decode.text import ChatTemplateError, cut_at_stop_strings, load_tokenizer, split_stop_strings
+from decode.text import ChatTemplateError, load_tokenizer, split_stop_strings, stop_at_strings
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="wedlm-decode", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="wedlm-decode", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="Orbax or Hugging Face checkpoint folder")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="one text prompt")
@@ -44,14 +47,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sampling-order", default=d.sampling_order,
                    help=f"one of {', '.join(SAMPLING_ORDERS)}: filter_first is the official "
                         "engine's (top-k, top-p, then temperature), temper_first transformers'")
-    p.add_argument("--tau", type=float, default=d.tau)
-    p.add_argument("--lam", type=float, default=d.lam)
-    p.add_argument("--temperature", type=float, default=d.temperature)
-    p.add_argument("--top-k", type=int, default=d.top_k)
-    p.add_argument("--top-p", type=float, default=d.top_p)
-    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--prefill-chunk", type=int, default=d.prefill_chunk)
+    p.add_argument("--tau", type=float, default=d.tau,
+                   help="commit every window slot whose adjusted entropy is below tau (>= 0)")
+    p.add_argument("--lam", type=float, default=d.lam,
+                   help="lambda: the distance penalty added to a slot's entropy per position it "
+                        "lies past the first undecided one (>= 0)")
+    p.add_argument("--temperature", type=float, default=d.temperature,
+                   help="0: greedy; > 0: sample the committed tokens")
+    p.add_argument("--top-k", type=int, default=d.top_k, help="sample among the k likeliest (0: all)")
+    p.add_argument("--top-p", type=float, default=d.top_p, help="nucleus mass in (0, 1]")
+    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens,
+                   help="tokens to generate per prompt")
+    p.add_argument("--seed", type=int, default=d.seed, help="sampling seed, in [0, 2**32)")
+    p.add_argument("--prefill-chunk", type=int, default=d.prefill_chunk,
+                   help="prompt tokens per prefill forward")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--stop-id", type=int, action="append", default=[], help="stop token id (repeatable)")
     p.add_argument("--no-default-stops", action="store_true",
@@ -68,40 +77,53 @@ def _parser() -> argparse.ArgumentParser:
                                     "a rerun skips the ids already there)")
     p.add_argument("--slots", type=int, default=16, help="--input: requests decoded at once")
     p.add_argument("--steps-per-call", type=int, default=8, help="--input: decode steps per device call")
+    Placement.add_arguments(p)
+    compile_cache.add_arguments(p)
     return p
 
 
-def load_model(checkpoint):
-    """(ModelConfig, params) of an Orbax or Hugging Face checkpoint folder (no progress bar for HF)."""
+def load_model(checkpoint, mesh=None, dtype=None):
+    """(ModelConfig, params) of an Orbax or Hugging Face checkpoint folder (no progress bar for HF),
+    in `dtype` (None: as stored) and laid out on `mesh` (None: the default device)."""
     from wedlm_jax.convert import checkpoint_kind, load_checkpoint
     quiet = {} if checkpoint_kind(checkpoint) == "orbax" else {"progress": False}
-    return load_checkpoint(checkpoint, **quiet)
+    return load_checkpoint(checkpoint, mesh=mesh, dtype=dtype, **quiet)
+
+
+PROMPT_KEYS = frozenset({"prompt", "text", "messages", "tools"})
 
 
 def _read_prompts(args, tokenizer) -> list[tuple[str, list[int]]]:
-    """[(prompt text as fed, ids)]."""
-    items = []
+    """[(prompt text as fed, ids)]; a bad --prompts-file line is named FILE:LINE (1-based)."""
+    items = []   # (where, item)
     if args.prompt is not None:
-        items.append(args.prompt)
+        items.append(("--prompt", args.prompt))
     else:
         with open(args.prompts_file) as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
                     continue
+                where = f"{args.prompts_file}:{lineno}"
                 try:
-                    items.append(json.loads(line))
+                    items.append((where, json.loads(line)))
                 except json.JSONDecodeError as e:
-                    raise DecodeConfigError(f"{args.prompts_file}:{lineno}: not valid JSON ({e})") from None
+                    raise DecodeConfigError(f"{where}: not valid JSON ({e})") from None
     out = []
-    for i, item in enumerate(items):
+    for where, item in items:
         messages = None
         if isinstance(item, dict):
+            unknown = sorted(set(item) - PROMPT_KEYS)
+            if unknown:
+                raise DecodeConfigError(
+                    f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; a --prompts-file "
+                    f"line holds {', '.join(sorted(PROMPT_KEYS))} (per-request settings go in an "
+                    "--input file)")
             if "messages" in item:
                 messages = item["messages"]
             else:
                 item = item.get("prompt", item.get("text"))
         if messages is None and not isinstance(item, str):
-            raise DecodeConfigError(f"prompt {i}: expected a string or an object with 'prompt', 'text' "
+            raise DecodeConfigError(f"{where}: expected a string or an object with 'prompt', 'text' "
                                     f"or 'messages', got {item!r}")
         try:
             if messages is not None:
@@ -111,7 +133,7 @@ def _read_prompts(args, tokenizer) -> list[tuple[str, list[int]]]:
             else:
                 text = item
         except ChatTemplateError as e:
-            raise DecodeConfigError(f"prompt {i}: {e}") from None
+            raise DecodeConfigError(f"{where}: {e}") from None
         out.append((text, tokenizer.encode(text)))
     return out
 
@@ -136,8 +158,8 @@ def _mask_token_id(args, config) -> int | None:
 
 
 def run(args) -> dict:
-    from decode.engine import generate
-    from wedlm_jax.convert import checkpoint_kind, load_checkpoint, read_config
+    from decode.static_batch import generate
+    from wedlm_jax.convert import read_config
 
     tokenizer = load_tokenizer(args.checkpoint)
     dc_kw = dict(method=args.method, window=args.window, tau=args.tau, lam=args.lam,
@@ -145,14 +167,20 @@ def run(args) -> dict:
                  max_new_tokens=args.max_new_tokens, seed=args.seed, prefill_chunk=args.prefill_chunk,
                  refill=args.refill, sampling_order=args.sampling_order)
     DecodeConfig(**dc_kw)  # every setting checked before the checkpoint is read
+    placement = Placement.from_args(args)
     stop_ids, cut_strings = split_stop_strings(tokenizer, args.stop)
     prompts = _read_prompts(args, tokenizer)
     if args.trace is not None:
         from decode.trace import check_request
         check_request(args.trace, args.method, len(prompts))
-    args.mask_token_id = _mask_token_id(args, read_config(args.checkpoint))
-    quiet = {} if checkpoint_kind(args.checkpoint) == "orbax" else {"progress": False}
-    config, params = load_checkpoint(args.checkpoint, **quiet)
+        if placement != Placement(attention=placement.attention, kv_tile=placement.kv_tile):
+            raise DecodeConfigError("--trace steps through the decode on one device in float32; "
+                                    "leave --dtype and --mesh at their defaults with it")
+    model_config = read_config(args.checkpoint)
+    placement.check_model(model_config)
+    args.mask_token_id = _mask_token_id(args, model_config)
+    mesh = placement.make_mesh()
+    config, params = load_model(args.checkpoint, mesh=mesh, dtype=placement.dtype)
     if not args.no_default_stops:
         stop_ids = tokenizer.default_stop_ids(config.eos_token_id) + stop_ids
     stop_ids = list(dict.fromkeys(stop_ids + list(args.stop_id)))
@@ -175,13 +203,14 @@ def run(args) -> dict:
 
     res = generate(params, config, [ids for _, ids in prompts], dc, capacity=args.capacity,
                    mask_token_id=args.mask_token_id, on_commit=on_commit,
-                   allow_long=args.allow_long)
+                   allow_long=args.allow_long, mesh=mesh, dtype=placement.dtype,
+                   kv_tile=placement.kv_tile, attention=placement.attention)
     if args.stream:
         sys.stderr.write("\n")
     rows = []
     for (text, pids), ids, st in zip(prompts, res.tokens, res.rows):
-        ids, cut = cut_at_stop_strings(tokenizer, ids, cut_strings)
-        rows.append(dict(prompt=text, prompt_ids=pids, ids=ids, text=tokenizer.decode(ids),
+        ids, out_text, cut = stop_at_strings(tokenizer, ids, cut_strings)
+        rows.append(dict(prompt=text, prompt_ids=pids, ids=ids, text=out_text,
                          finish="stop" if cut else st.finish,
                          stats=dict(steps=st.steps, n_gen=st.n_gen, n_fwd=st.n_fwd,
                                     tokens_per_forward=st.tokens_per_forward, p_cache=st.p_cache)))
@@ -199,7 +228,7 @@ def run(args) -> dict:
 def _write_trace(args, tokenizer, prompts, config, params, dc, res) -> dict:
     """Run the same decode step by step and draw it; the trace's commits must equal the result."""
     from decode.config import resolve_mask_token
-    from decode.engine import trace_steps
+    from decode.static_batch import trace_steps
     from decode.trace import committed_ids, trace_view, write_trace
     trace, final = trace_steps(params, config, [ids for _, ids in prompts], dc, capacity=args.capacity,
                                mask_token_id=args.mask_token_id)
@@ -219,8 +248,10 @@ def _write_trace(args, tokenizer, prompts, config, params, dc, res) -> dict:
 
 
 def main(argv=None) -> int:
+    from wedlm_jax.failures import disk_full
     args = _parser().parse_args(argv)
     try:
+        compile_cache.enable(args.compile_cache)
         if args.input is not None:
             from decode.batch_job import run_job
             return run_job(args)
@@ -230,6 +261,15 @@ def main(argv=None) -> int:
     except (DecodeConfigError, ValueError, FileNotFoundError) as e:  # TraceError is a ValueError
         print(f"wedlm-decode: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        full = disk_full(e)
+        if full is None:
+            raise
+        kept = (f"every result line already in {args.output} is complete and kept (a torn last "
+                "line is dropped on the rerun); free space and rerun the same command to go on"
+                if args.input is not None else "nothing was written")
+        print(f"wedlm-decode: error: disk full: {full}; {kept}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(out, indent=1))
     else:

@@ -129,3 +129,99 @@ def resolve_mask_token(model_mask_id: int | None, given: int | None, method: str
             f"method {method!r} needs a mask token id: the checkpoint's config has no mask_token_id "
             "and none was given (pass mask_token_id=...)")
     return int(mask_id)
+
+
+# ------------------------------------------------------------------------------- placement
+
+DTYPES = {"float32": "float32", "f32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+CACHE_ATTENTION = ("auto", "tiled", "dense", "pallas", "cudnn")   # wedlm_jax.attention_backends
+MESH_AXES = ("data", "fsdp", "tensor")
+
+
+def parse_mesh(text: str) -> tuple[int, int, int]:
+    """'data=2,tensor=4' -> (2, 1, 4); axes not named are 1."""
+    sizes = dict.fromkeys(MESH_AXES, 1)
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        name, _, value = item.partition("=")
+        name = name.strip()
+        if name not in sizes or not value.strip().isdigit() or int(value) < 1:
+            raise DecodeConfigError(f"--mesh {text!r}: expected comma-separated AXIS=N with AXIS one "
+                                    f"of {', '.join(MESH_AXES)} and N >= 1 (e.g. data=2,tensor=4)")
+        sizes[name] = int(value)
+    return tuple(sizes[a] for a in MESH_AXES)
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where and how the weights and the cache live, the same at every door (wedlm-decode, the
+    batch job, wedlm-serve): compute/storage dtype, the ('data', 'fsdp', 'tensor') mesh (slots
+    over data x fsdp, heads over tensor), the cache-attention backend and its KV tile."""
+    dtype: str = "float32"
+    mesh: tuple = (1, 1, 1)
+    attention: str = "auto"
+    kv_tile: int = 256
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise DecodeConfigError(f"dtype {self.dtype!r} is unknown; allowed: float32, bfloat16 "
+                                    "(f32, bf16)")
+        object.__setattr__(self, "dtype", DTYPES[self.dtype])
+        if len(self.mesh) != 3:
+            raise DecodeConfigError(f"mesh must be (data, fsdp, tensor), got {self.mesh!r}")
+        for name, n in zip(MESH_AXES, self.mesh):
+            check_int(f"mesh {name}", n, 1)
+        if self.attention not in CACHE_ATTENTION:
+            raise DecodeConfigError(f"attention {self.attention!r} is unknown; allowed: "
+                                    f"{', '.join(CACHE_ATTENTION)}")
+        check_int("kv_tile", self.kv_tile, 1)
+
+    @property
+    def devices_needed(self) -> int:
+        return self.mesh[0] * self.mesh[1] * self.mesh[2]
+
+    @property
+    def batch_shards(self) -> int:
+        return self.mesh[0] * self.mesh[1]
+
+    def make_mesh(self, devices=None):
+        """The mesh over the first `devices_needed` devices (None for a single device); a
+        DecodeConfigError naming both counts when there are fewer."""
+        if self.devices_needed == 1:
+            return None
+        import jax
+        from wedlm_jax.sharding import make_mesh
+        devices = list(jax.devices() if devices is None else devices)
+        if len(devices) < self.devices_needed:
+            raise DecodeConfigError(
+                f"--mesh data={self.mesh[0]},fsdp={self.mesh[1]},tensor={self.mesh[2]} needs "
+                f"{self.devices_needed} devices; {len(devices)} {devices[0].platform} device(s) here")
+        return make_mesh(*self.mesh, devices=devices[:self.devices_needed])
+
+    def check_model(self, config) -> None:
+        """The mesh against the model's shape: heads and KV heads split over `tensor`."""
+        t = self.mesh[2]
+        if config.num_kv_heads % t or config.num_heads % t:
+            raise DecodeConfigError(f"--mesh tensor={t} does not divide the model's "
+                                    f"{config.num_heads} heads / {config.num_kv_heads} KV heads")
+
+    @staticmethod
+    def add_arguments(parser) -> None:
+        d = Placement()
+        g = parser.add_argument_group("placement (the same for wedlm-decode, the batch job and "
+                                      "wedlm-serve)")
+        g.add_argument("--dtype", default=d.dtype, help="weights, activations and KV cache: "
+                                                        "float32 or bfloat16 (f32, bf16)")
+        g.add_argument("--mesh", default="", help="devices as AXIS=N over data, fsdp, tensor "
+                                                  "(e.g. tensor=4: heads over 4 devices; data=2: "
+                                                  "slots over 2); default one device")
+        g.add_argument("--attention", default=d.attention,
+                       help=f"cache-attention backend: one of {', '.join(CACHE_ATTENTION)}")
+        g.add_argument("--kv-tile", type=int, default=d.kv_tile,
+                       help="KV cache rows per attention tile (tiled, pallas)")
+
+    @classmethod
+    def from_args(cls, args) -> "Placement":
+        return cls(dtype=args.dtype, mesh=parse_mesh(args.mesh), attention=args.attention,
+                   kv_tile=args.kv_tile)

@@ -41,6 +41,7 @@ from decode.sampling import SAMPLING_ORDERS
 from decode.state import DecodeState, KVCache, Prefix, Settings
 from decode.steps import REFILLS, StepSpec, ar_step, window_step
 from decode.verified import verified_step
+from wedlm_jax import cache_attention as ca
 from wedlm_jax import model as model_lib
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.sharding import DEFAULT_RULES, is_axes, spec_for, tree_shardings
@@ -79,6 +80,7 @@ class Static:
     keep_q: bool               # verified with sampling carries the drafts' distributions
     attention: str = "tiled"   # the cache-attention backend (wedlm_jax.attention_backends)
     mesh: Any = None           # a hashable key of the mesh (or None)
+    scan_unroll: int = 1       # layers per iteration of the layer scan (decode.aot's cost counts)
 
     @property
     def span(self) -> int:
@@ -119,7 +121,8 @@ def _forward(static: Static):
     """The network in cache mode: (params, tokens, positions, cache layers, n) -> (logits, layers).
     Cache attention reads only the cache tiles holding live keys (`kv_tile` rows each)."""
     model = model_lib.Transformer(static.config, dtype=jnp.dtype(static.dtype),
-                                  attention=static.attention, kv_tile=static.kv_tile)
+                                  attention=static.attention, kv_tile=static.kv_tile,
+                                  scan_unroll=static.scan_unroll)
 
     def forward(params, tokens, positions, layers, n):
         return model.apply({"params": params}, tokens, positions, kv_cache=layers, cache_len=n)
@@ -304,6 +307,14 @@ class Decoder:
             raise DecodeConfigError(f"slots {slots} must be a multiple of the mesh's data x fsdp "
                                     f"size {multiple}")
         rows = _round_up(capacity + spec.span, ROW_ALIGN)
+        if attention == "pallas":   # the Triton kernel's tile must fit the device's shared memory
+            device = mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
+            q_rows = max(spec.span, prefill_chunk) * (model_config.num_heads // model_config.num_kv_heads)
+            try:
+                kv_tile = ca.pallas_tile(min(kv_tile, rows), q_rows, model_config.head_dim,
+                                         jnp.dtype(dtype).itemsize, ca.smem_limit(device))
+            except ValueError as e:
+                raise DecodeConfigError(str(e)) from None
         shape_config = model_config.replace(mask_token_id=None, bos_token_id=None,
                                             eos_token_id=None, pad_token_id=None)
         self.static = Static(
@@ -347,6 +358,10 @@ class Decoder:
                                           DEFAULT_RULES))
 
     def _place(self, tree, shardings):
+        if all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(tree)):
+            # shapes only (decode.aot compiles ahead of time for devices that may not be here)
+            return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                                tree, shardings)
         with jax.set_mesh(self.mesh):
             return jax.device_put(tree, shardings)
 

@@ -1,282 +1,148 @@
-"""Static-batch decoding: `generate()` runs a list of prompts to completion on a Decoder.
+"""The engine of wedlm-serve: ONE thread owns the device and calls `Batcher.step()` (one jitted
+chunk of steps); request handlers only submit, cancel and receive tokens through callbacks, which
+must be cheap and thread-safe. Admission is bounded (`Busy` beyond `max_pending`); a device
+failure answers everyone in flight and stops admitting; `drain` answers what is left at shutdown."""
 
-    result = generate(params, model_config, [[1, 2, 3], [4, 5]], DecodeConfig(method="streaming"))
+import logging
+import threading
 
-Methods (docs/algorithm.md §3, the paper's Algorithm 1; the steps live in `decode/steps.py`):
-
-streaming  Each step, per row, with committed length `n` (cache rows 0..n-1 final) and a window of
-           up to W slots at logical positions n, n+1, ... (each *filled* or [MASK]):
-             1. reorder: physical order = filled slots ascending, then masks ascending (positions kept);
-             2. forward the window on the cache at rows n.. (kv rows n + physical index); with
-                refill 'before' (the official engine's order, the default) c [MASK] slots are
-                appended first, c being the window's leading filled run;
-             3. commit the leading filled run c (those slots were fed as filled tokens, so rows
-                n..n+c-1 are final); emit them, stopping at the first stop token (inclusive);
-             4. fill: entropy H_i of each remaining mask slot, d_i = i - (index of the first
-                remaining mask), fill all with H_i + lam * d_i < tau, else the argmin; tokens come
-                from the mask slot's own logits (greedy at temperature 0);
-             5. slide: drop the c committed slots; with refill 'after' (SPEC order) masks are
-                appended now, up to W. Never past the row's budget min(prompt + max_new_tokens,
-                capacity).
-block      The same step with commit restricted to "all slots of the block filled".
-ar         Cached next-token decoding (AR reading of the same network).
-verified   Streaming drafts with AR-verified commits (`decode/verified.py`): output equal to `ar`.
-
-`generate` is a client of `decode.decoder.Decoder`: one slot per prompt (slots and capacity rounded
-up to buckets, so a program compiles once per bucket), every prompt inserted, then chunks of steps
-until every row is done; `on_commit` receives each row's new ids between chunks, and Ctrl-C stops
-within one chunk with what was decoded. Continuous batching (requests joining and leaving slots)
-is `decode.batching.Batcher` over the same Decoder.
-
-Metrics: per row, `steps` = forwards while the row was live, `n_gen` = tokens emitted, `n_fwd` =
-token slots those forwards processed for the row (AR: 1 per step), `tokens_per_forward = n_gen /
-steps`, `p_cache = n_gen / n_fwd`. Totals sum the rows; `loop_iterations` counts batched forwards.
-`compile_s` is the setup time (prefill included) of a call that compiled a program, else 0.
-"""
-
-from __future__ import annotations
-
-import dataclasses
-import time
-from typing import Callable, Sequence
-
-import jax
-import jax.numpy as jnp
-import numpy as np
-
-from decode.config import DecodeConfig, DecodeConfigError, check_prompts
-from decode.decoder import DEFAULT_KV_TILE, Decoder, Request, compiled_count, pow2_at_least
-from wedlm_jax.config import ModelConfig
-
-MIN_CAPACITY_BUCKET = 64
-STATIC_STEPS_PER_CALL = 32
+log = logging.getLogger("wedlm-serve")
 
 
-def capacity_bucket(capacity: int) -> int:
-    return pow2_at_least(capacity, MIN_CAPACITY_BUCKET)
+class Busy(Exception):
+    pass
 
 
-def batch_bucket(batch: int, multiple: int = 1) -> int:
-    return -(-pow2_at_least(batch) // multiple) * multiple
+def _guarded(callback):
+    """A callback that never raises into `Batcher.step()` (a handler whose event loop has already
+    closed, at shutdown, must not take the engine down with it)."""
+    def call(*a):
+        try:
+            callback(*a)
+        except RuntimeError as e:
+            if "event loop is closed" not in str(e).lower():
+                log.warning("a request callback failed", exc_info=True)
+            # else: its handler is gone (the server is stopping); nobody is left to answer
+        except Exception:   # noqa: BLE001 - logged; the engine and the other requests go on
+            log.warning("a request callback failed", exc_info=True)
+    return call
 
 
-# ----------------------------------------------------------------------------------- results
+class Engine:
+    """The one thread that owns the device: admits requests (bounded), calls `Batcher.step()`,
+    and hands tokens and finishes to the callbacks (which must be cheap and thread-safe)."""
 
-@dataclasses.dataclass
-class RowStats:
-    steps: int
-    n_gen: int
-    n_fwd: int
-    tokens_per_forward: float
-    p_cache: float
-    finish: str  # 'stop' | 'length' (budget or capacity)
-    accepted: int = 0   # method 'verified': drafts accepted (and emitted)
-    rejected: int = 0   # method 'verified': drafts that failed verification
+    def __init__(self, batcher, max_pending: int):
+        self.batcher = batcher
+        self.max_pending = max_pending
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._live: dict = {}            # request id -> on_error(message, status)
+        self._early: set = set()         # ids whose finish came before submit() registered them
+        self._pending = 0
+        self._accepting = True
+        self._stop = False
+        self.error: str | None = None
+        self.steps = 0
+        self.finished = {"stop": 0, "length": 0, "cancelled": 0}
+        self._thread = threading.Thread(target=self._loop, name="wedlm-engine", daemon=True)
 
+    def start(self):
+        self._thread.start()
+        return self
 
-@dataclasses.dataclass
-class DecodeResult:
-    tokens: list
-    rows: list
-    steps: int
-    n_gen: int
-    n_fwd: int
-    tokens_per_forward: float
-    p_cache: float
-    loop_iterations: int
-    wall_s: float
-    tokens_per_s: float
-    compile_s: float
-    method: str
-    text: list | None = None
-    accepted: int = 0
-    rejected: int = 0
-    interrupted: bool = False
+    @property
+    def pending(self) -> int:
+        return self._pending
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    @property
+    def accepting(self) -> bool:
+        return self._accepting and self.error is None
 
+    def submit(self, request, on_tokens, on_finish, on_error) -> int:
+        """Raises Busy (queue full), RuntimeError (not accepting) or DecodeConfigError. The Batcher
+        is never called under this engine's lock (its callbacks take that lock: no lock-order cycle)."""
+        with self._lock:
+            if not self.accepting:
+                raise RuntimeError(self.error or "the server is shutting down")
+            if self._pending >= self.max_pending:
+                raise Busy()
+            self._pending += 1
+        try:
+            rid = self.batcher.submit(request, on_tokens=_guarded(on_tokens),
+                                      on_finish=lambda fin: self._finished(fin, _guarded(on_finish)))
+        except BaseException:
+            with self._lock:
+                self._pending -= 1
+            raise
+        with self._lock:
+            if rid in self._early:        # finished before we got here
+                self._early.discard(rid)
+            else:
+                self._live[rid] = on_error
+        self._wake.set()
+        return rid
 
-def _ratio(a, b):
-    return float(a) / float(b) if b else 0.0
+    def cancel(self, rid: int) -> None:
+        with self._lock:
+            live = rid in self._live
+        if live:
+            self.batcher.cancel(rid)
+            self._wake.set()
 
+    def _finished(self, fin, on_finish):
+        with self._lock:
+            if self._live.pop(fin.request_id, None) is None:
+                self._early.add(fin.request_id)
+            self._pending -= 1
+            self.finished[fin.finish] = self.finished.get(fin.finish, 0) + 1
+        on_finish(fin)
 
-# ----------------------------------------------------------------------------------- generate
-
-def _requests(prompts, dc: DecodeConfig, capacity: int) -> list[Request | None]:
-    """One Request per prompt with the row budget min(prompt + max_new_tokens, capacity) and the
-    seed `dc.seed + row` (every row its own random stream; row i of a batch reproduces alone with
-    seed + i); None for a prompt that already fills the capacity (nothing to generate)."""
-    out = []
-    for i, p in enumerate(prompts):
-        room = min(dc.max_new_tokens, capacity - len(p))
-        out.append(None if room < 1 else Request(
-            prompt=tuple(p), max_new_tokens=room, tau=dc.tau, lam=dc.lam,
-            temperature=dc.temperature, top_k=dc.top_k, top_p=dc.top_p,
-            stop_token_ids=dc.stop_token_ids, seed=(dc.seed + i) % (1 << 32),
-            sampling_order=dc.sampling_order))
-    return out
-
-
-def static_decoder(params, model_config: ModelConfig, num_prompts: int, dc: DecodeConfig,
-                   capacity: int, longest_budget: int, *, mesh=None, mask_token_id=None,
-                   kv_tile: int = DEFAULT_KV_TILE, dtype=jnp.float32,
-                   allow_long: bool = False) -> Decoder:
-    """The Decoder a static batch runs on: slots and capacity rounded up to buckets (one compile
-    per bucket), the window limited to the longest row budget (no forward wider than the most
-    tokens a row can still produce)."""
-    if not isinstance(dc, DecodeConfig):
-        raise DecodeConfigError(f"decode_config must be a DecodeConfig, got {type(dc).__name__}")
-    max_pos = model_config.max_position_embeddings
-    if max_pos and capacity > max_pos and not allow_long:
-        raise DecodeConfigError(
-            f"capacity {capacity} (prompt + max_new_tokens) exceeds the model's "
-            f"max_position_embeddings {max_pos}; positions past it were never trained (lower "
-            "max_new_tokens / --capacity, or pass allow_long=True / --allow-long)")
-    multiple = 1
-    if mesh is not None:
-        multiple = int(mesh.shape.get("data", 1)) * int(mesh.shape.get("fsdp", 1))
-    # verified windows start at the pending token (position P - 1): one slot more than the budget
-    window = max(1, min(dc.window, longest_budget + (dc.method == "verified")))
-    return Decoder(params, model_config, method=dc.method, window=window, refill=dc.refill,
-                   slots=batch_bucket(num_prompts, multiple), capacity=capacity_bucket(capacity),
-                   steps_per_call=STATIC_STEPS_PER_CALL, dtype=dtype, mesh=mesh,
-                   mask_token_id=mask_token_id, kv_tile=kv_tile, prefill_chunk=dc.prefill_chunk,
-                   sampling=not dc.greedy, allow_long=True)
-
-
-def _setup(params, model_config, prompts, dc, capacity, mesh, mask_token_id, kv_tile, dtype,
-           allow_long=False, decoder=None):
-    if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
-        raise DecodeConfigError(f"capacity must be an int >= 1, got {capacity!r}")
-    if isinstance(kv_tile, bool) or not isinstance(kv_tile, int) or kv_tile < 1:
-        raise DecodeConfigError(f"kv_tile must be an int >= 1, got {kv_tile!r}")
-    if not isinstance(dc, DecodeConfig):
-        raise DecodeConfigError(f"decode_config must be a DecodeConfig, got {type(dc).__name__}")
-    prompts = check_prompts(prompts, model_config.vocab_size, capacity)
-    if capacity is None:
-        capacity = max(len(p) for p in prompts) + dc.max_new_tokens
-    requests = _requests(prompts, dc, capacity)
-    budget = max([r.max_new_tokens for r in requests if r is not None], default=1)
-    if decoder is None:
-        decoder = static_decoder(params, model_config, len(prompts), dc, capacity, budget,
-                                 mesh=mesh, mask_token_id=mask_token_id, kv_tile=kv_tile,
-                                 dtype=dtype, allow_long=allow_long)
-    for i, r in enumerate(requests):
-        if r is not None:
+    def _loop(self):
+        while True:
+            with self._lock:
+                if self._stop and self._pending == 0:
+                    return
+                busy = self._pending > 0
+            if not busy:
+                self._wake.wait(0.1)
+                self._wake.clear()
+                continue
             try:
-                requests[i] = decoder.check_request(r)
-            except DecodeConfigError as e:
-                raise DecodeConfigError(f"prompt {i}: {e}") from None
-    return decoder, prompts, requests
+                self.batcher.step()
+                self.steps += 1
+            except Exception as e:  # the device failed: answer everyone, accept nothing more
+                log.exception("engine step failed")
+                with self._lock:
+                    self.error = f"the decoding engine failed: {type(e).__name__}: {e}"
+                    live, self._live, self._pending = self._live, {}, 0
+                for on_error in live.values():
+                    _guarded(on_error)(self.error, 500)
+                return
 
+    def stop_accepting(self):
+        with self._lock:
+            self._accepting = False
 
-def generate(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]],
-             decode_config: DecodeConfig, *, capacity: int | None = None, mesh=None,
-             mask_token_id: int | None = None, kv_tile: int = DEFAULT_KV_TILE,
-             dtype=jnp.float32, tokenizer=None, on_commit: Callable | None = None,
-             allow_long: bool = False, decoder: Decoder | None = None) -> DecodeResult:
-    """Decode every prompt (token-id lists) as one static batch on a Decoder; see the module
-    docstring.
+    def drain(self, message: str) -> int:
+        """Answer every request still in flight with `message` (503: their handlers end the
+        response, a stream with an error event and [DONE]) and cancel them; returns how many."""
+        with self._lock:
+            live = list(self._live.items())
+        for rid, on_error in live:
+            _guarded(on_error)(message, 503)
+            self.batcher.cancel(rid)
+        self._wake.set()
+        return len(live)
 
-    capacity: the most tokens (prompt + generated) a row may hold; default max(prompt) +
-    max_new_tokens. mesh: a ('data', 'fsdp', 'tensor') mesh: batch over data/fsdp, heads over
-    tensor. tokenizer: anything with `decode(ids) -> str` to fill `text`. on_commit(row, ids):
-    called on the host after every chunk of steps with each row's newly committed ids.
-    decoder: a Decoder to run on (its slots must hold the prompts); default one built for the
-    batch. Ctrl-C stops within one chunk of steps: the result holds what was decoded, with
-    `interrupted` set.
-    """
-    dc = decode_config
-    decoder, prompts, requests = _setup(params, model_config, prompts, dc, capacity, mesh,
-                                        mask_token_id, kv_tile, dtype, allow_long, decoder)
-    if len(prompts) > decoder.slots:
-        raise DecodeConfigError(f"{len(prompts)} prompts do not fit the decoder's {decoder.slots} slots")
-    t_setup, programs = time.perf_counter(), compiled_count()
-    state = decoder.start(requests)       # every prompt prefilled in one batched call
-    state, _ = decoder.generate(state, 0)  # compiles the step program; runs no step
-    live = [i for i, r in enumerate(requests) if r is not None]
-    jax.block_until_ready(state)
-    # setup time (prefill included) when this call compiled anything, else 0
-    setup_s = time.perf_counter() - t_setup if compiled_count() > programs else 0.0
-    tokens = [[] for _ in prompts]
-    iterations, interrupted = 0, False
-    max_chunks = (2 * (dc.max_new_tokens + 2 * decoder.window) + 8) // decoder.steps_per_call + 2
-    t0 = time.perf_counter()
-    done = np.asarray([r is None for r in requests])
-    try:
-        for _ in range(max_chunks):
-            if done.all():
-                break
-            state, res = decoder.generate(state)
-            done = res.done[:len(requests)]
-            iterations += res.steps
-            for i in live:
-                new = res.new_ids(i)
-                if new:
-                    tokens[i].extend(new)
-                    if on_commit is not None:
-                        on_commit(i, new)
-        else:
-            raise RuntimeError(f"decode loop stopped at its iteration cap ({iterations}) with "
-                               "rows unfinished")
-    except KeyboardInterrupt:
-        interrupted = True
-    wall = time.perf_counter() - t0
-    host = jax.device_get((state.steps, state.n_fwd, state.accepted, state.rejected))
-    return _collect(tokens, host, requests, dc, wall, setup_s, iterations, tokenizer, interrupted)
-
-
-def _collect(tokens, host, requests, dc: DecodeConfig, wall, compile_s, iterations, tokenizer,
-             interrupted) -> DecodeResult:
-    steps_a, nfwd_a, acc_a, rej_a = host
-    rows = []
-    stops = set(dc.stop_token_ids)
-    for r, ids in enumerate(tokens):
-        live = requests[r] is not None
-        steps = int(steps_a[r]) if live else 0
-        nfwd = int(nfwd_a[r]) if live else 0
-        finish = "stop" if ids and ids[-1] in stops else "length"
-        rows.append(RowStats(steps=steps, n_gen=len(ids), n_fwd=nfwd,
-                             tokens_per_forward=_ratio(len(ids), steps),
-                             p_cache=_ratio(len(ids), nfwd), finish=finish,
-                             accepted=int(acc_a[r]) if live else 0,
-                             rejected=int(rej_a[r]) if live else 0))
-    n_gen = sum(r.n_gen for r in rows)
-    steps = sum(r.steps for r in rows)
-    n_fwd = sum(r.n_fwd for r in rows)
-    text = [tokenizer.decode(ids) for ids in tokens] if tokenizer is not None else None
-    return DecodeResult(tokens=tokens, rows=rows, steps=steps, n_gen=n_gen, n_fwd=n_fwd,
-                        tokens_per_forward=_ratio(n_gen, steps), p_cache=_ratio(n_gen, n_fwd),
-                        loop_iterations=iterations, wall_s=wall,
-                        tokens_per_s=_ratio(n_gen, wall), compile_s=compile_s, method=dc.method,
-                        text=text, accepted=sum(r.accepted for r in rows),
-                        rejected=sum(r.rejected for r in rows), interrupted=interrupted)
-
-
-def trace_steps(params, model_config: ModelConfig, prompts, decode_config: DecodeConfig, *,
-                capacity: int | None = None, mask_token_id: int | None = None,
-                kv_tile: int = DEFAULT_KV_TILE, dtype=jnp.float32, max_steps: int = 10_000):
-    """Debug hook: the same prefill and step functions, one jitted step at a time from a host loop.
-    Returns (steps, final) where steps is a list of host dicts (the step's aux: fed tokens,
-    positions, logits in physical order, n, live, wlen, commit) and final holds the state arrays
-    (out [B, L] emitted ids, count, n, tok, done, cache layers)."""
-    decoder, prompts, requests = _setup(params, model_config, prompts, decode_config, capacity,
-                                        None, mask_token_id, kv_tile, dtype)
-    state = decoder.start(requests)
-    trace, out = [], [[] for _ in range(decoder.slots)]
-    while not bool(np.all(np.asarray(state.done))) and len(trace) < max_steps:
-        state, aux = decoder.step_with_aux(state)
-        aux = jax.device_get(aux)
-        for b in range(decoder.slots):
-            out[b].extend(aux["emitted_tokens"][b, :aux["emitted_count"][b]].tolist())
-        trace.append(aux)
-    width = max(1, max(len(o) for o in out))
-    out_arr = np.zeros((decoder.slots, width), np.int32)
-    for b, o in enumerate(out):
-        out_arr[b, :len(o)] = o
-    final = dict(out=out_arr, count=np.asarray([len(o) for o in out], np.int32),
-                 n=np.asarray(state.n), tok=np.asarray(state.tok), done=np.asarray(state.done),
-                 steps=np.asarray(state.steps), cache=jax.device_get(state.cache.layers),
-                 num_prompts=len(prompts))
-    return trace, final
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop accepting; cancel what is still in flight; stop the thread (bounded wait)."""
+        self.stop_accepting()
+        with self._lock:
+            live = list(self._live)
+            self._stop = True
+        for rid in live:
+            self.batcher.cancel(rid)
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)

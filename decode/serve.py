@@ -11,6 +11,9 @@ temperature, top_p, top_k, seed, stop (a string or up to MAX_STOP_STRINGS string
 `tau` and `lam`; method, window, slots and capacity are the server's. Answers also carry a `wedlm`
 object (steps, n_fwd, p_cache).
 
+Layout: `decode/protocol.py` parses request bodies and words the errors (no device work),
+`decode/engine.py` is the thread that owns the device, this file is the app and the command.
+
 Design: ONE engine thread owns the device and calls `Batcher.step()` (one jitted chunk of steps);
 the HTTP handlers (uvicorn's event loop) only submit, cancel and read the tokens the engine thread
 hands over through `loop.call_soon_threadsafe`. At most slots + --max-queue requests are admitted
@@ -32,359 +35,21 @@ import hmac
 import json
 import logging
 import os
-import secrets
 import signal
 import sys
 import threading
 import time
 import uuid
 
-from decode.config import MAX_STOP_IDS, DecodeConfigError
+from decode.config import MAX_STOP_IDS, DecodeConfigError, Placement
+from decode.engine import Busy, Engine  # noqa: F401 (the engine thread; re-exported)
+from decode.protocol import (MAX_STOP_STRINGS, APIError, Settings, _field_of, bad,  # noqa: F401
+                             parse_messages, parse_prompt, parse_settings)
+from decode.text import TextStream, split_stop_strings  # noqa: F401 (the one stop handler)
+from wedlm_jax import compile_cache
 
-MAX_STOP_STRINGS = 8
 API_KEY_ENV = "WEDLM_API_KEY"
 log = logging.getLogger("wedlm-serve")
-
-
-# ----------------------------------------------------------------------------------- errors
-
-class APIError(Exception):
-    """An error answered with the OpenAI error body {"error": {message, type, param, code}}."""
-
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 type: str = "invalid_request_error", code: str | None = None, headers=None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.type, self.code = status, message, param, type, code
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
-
-
-def bad(param: str | None, message: str, code: str | None = "invalid_value") -> APIError:
-    return APIError(400, message, param=param, code=code)
-
-
-# ----------------------------------------------------------------------------------- request parsing
-
-@dataclasses.dataclass
-class Settings:
-    """A request's generation settings, validated."""
-    max_tokens: int
-    temperature: float
-    top_p: float
-    top_k: int
-    seed: int
-    tau: float
-    lam: float
-    stop: list
-    stream: bool
-    include_usage: bool
-    max_tokens_given: bool = False   # the client named max_tokens (else the server's default)
-
-
-def _number(body, name, default, low=None, high=None, low_open=False):
-    v = body.get(name)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
-        raise bad(name, f"'{name}' must be a number, got {v!r}", "invalid_type")
-    if low is not None and (v <= low if low_open else v < low):
-        raise bad(name, f"'{name}' must be {'>' if low_open else '>='} {low}, got {v!r}")
-    if high is not None and v > high:
-        raise bad(name, f"'{name}' must be <= {high}, got {v!r}")
-    return float(v)
-
-
-def _int(body, name, default, low=None):
-    v = body.get(name)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise bad(name, f"'{name}' must be an integer, got {v!r}", "invalid_type")
-    if low is not None and v < low:
-        raise bad(name, f"'{name}' must be >= {low}, got {v!r}")
-    return v
-
-
-def _bool(body, name, default=False):
-    v = body.get(name)
-    if v is None:
-        return default
-    if not isinstance(v, bool):
-        raise bad(name, f"'{name}' must be a boolean, got {v!r}", "invalid_type")
-    return v
-
-
-def parse_settings(body: dict, default_max_tokens: int, max_tokens_names=("max_tokens",)) -> Settings:
-    """The settings shared by both endpoints; raises APIError(400) naming the field."""
-    for name, allowed in (("n", 1), ("best_of", 1)):
-        if body.get(name) is not None and _int(body, name, 1, 1) != allowed:
-            raise bad(name, f"'{name}' must be {allowed} (one choice per request)", "unsupported_value")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if _number(body, name, 0.0) != 0.0:
-            raise bad(name, f"'{name}' is not supported (must be 0)", "unsupported_value")
-    for name in ("logprobs", "top_logprobs", "logit_bias", "suffix", "tools", "functions"):
-        if body.get(name) not in (None, False, {}, []):
-            raise bad(name, f"'{name}' is not supported by this server", "unsupported_value")
-    if _bool(body, "echo"):
-        raise bad("echo", "'echo' is not supported by this server", "unsupported_value")
-    max_tokens, given = default_max_tokens, False
-    for name in max_tokens_names:
-        if body.get(name) is not None:
-            max_tokens, given = _int(body, name, None, 1), True
-    stop = body.get("stop")
-    if stop is None:
-        stop = []
-    elif isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-        raise bad("stop", f"'stop' must be a string or a list of strings, got {body.get('stop')!r}",
-                  "invalid_type")
-    if any(s == "" for s in stop):
-        raise bad("stop", "'stop' strings must not be empty")
-    if len(stop) > MAX_STOP_STRINGS:
-        raise bad("stop", f"'stop' holds {len(stop)} sequences; at most {MAX_STOP_STRINGS}")
-    opts = body.get("stream_options")
-    if opts is not None and not isinstance(opts, dict):
-        raise bad("stream_options", "'stream_options' must be an object", "invalid_type")
-    temperature = _number(body, "temperature", 0.0, 0.0)
-    seed = _int(body, "seed", None)
-    if seed is None:
-        seed = secrets.randbits(31) if temperature > 0 else 0
-    return Settings(max_tokens=max_tokens, temperature=temperature,
-                    top_p=_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
-                    top_k=max(0, _int(body, "top_k", 0, -1)), seed=seed,   # -1: off (vLLM's)
-                    tau=_number(body, "tau", None, 0.0), lam=_number(body, "lam", None, 0.0),
-                    stop=stop, stream=_bool(body, "stream"),
-                    include_usage=bool(opts and _bool(opts, "include_usage")),
-                    max_tokens_given=given)
-
-
-def parse_prompt(body: dict, tokenizer, vocab_size: int) -> list:
-    """/v1/completions `prompt`: a string, a list of token ids, or a list holding one of those."""
-    if "prompt" not in body or body["prompt"] is None:
-        raise bad("prompt", "'prompt' is required", "missing_required_parameter")
-    p = body["prompt"]
-    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
-        p = p[0]
-    if isinstance(p, str):
-        ids = tokenizer.encode(p)
-    elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-        if not all(0 <= t < vocab_size for t in p):
-            raise bad("prompt", f"'prompt' token ids must be in [0, {vocab_size})")
-        ids = list(p)
-    else:
-        raise bad("prompt", "'prompt' must be a string or a list of token ids (one prompt per request)",
-                  "invalid_type")
-    if not ids:
-        raise bad("prompt", "'prompt' encodes to no tokens")
-    return ids
-
-
-def parse_messages(body: dict, tokenizer) -> list:
-    """/v1/chat/completions `messages` through the checkpoint's chat template -> prompt ids."""
-    msgs = body.get("messages")
-    if msgs is None:
-        raise bad("messages", "'messages' is required", "missing_required_parameter")
-    if not isinstance(msgs, list) or not msgs:
-        raise bad("messages", "'messages' must be a non-empty list", "invalid_type")
-    clean = []
-    for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise bad(f"messages[{i}].role", f"messages[{i}] needs a string 'role'", "invalid_type")
-        content = m.get("content")
-        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-            if not all(isinstance(c, dict) and c.get("type") == "text" and isinstance(c.get("text"), str)
-                       for c in content):
-                raise bad(f"messages[{i}].content", "only text content parts are supported", "invalid_type")
-            content = "".join(c["text"] for c in content)
-        if not isinstance(content, str):
-            raise bad(f"messages[{i}].content", f"messages[{i}].content must be a string", "invalid_type")
-        clean.append({"role": m["role"], "content": content})
-    if not tokenizer.chat_template:
-        raise bad("messages", "this checkpoint has no chat template; use /v1/completions")
-    try:
-        ids = tokenizer.encode(tokenizer.apply_chat_template(clean))
-    except ValueError as e:   # the template refuses these messages (ChatTemplateError)
-        raise bad("messages", str(e)) from None
-    if not ids:
-        raise bad("messages", "'messages' encode to no tokens")
-    return ids
-
-
-# ----------------------------------------------------------------------------------- text
-
-def first_stop(text: str, stops) -> int:
-    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
-    return min(hits) if hits else -1
-
-
-class TextStream:
-    """Token ids in, text deltas out: holds back an incomplete UTF-8 tail and any tail that may be
-    the start of a stop string; cuts the text before the first stop string."""
-
-    def __init__(self, tokenizer, stops):
-        self.tok, self.stops = tokenizer, list(stops)
-        self.ids: list = []
-        self.sent = ""
-        self.stopped = False
-        self.n_used = 0   # completion tokens (through the one that completed a stop string)
-
-    def add(self, new) -> str:
-        self.ids.extend(int(t) for t in new)
-        self.n_used = len(self.ids)
-        text = self.tok.decode(self.ids)
-        cut = first_stop(text, self.stops) if self.stops else -1
-        if cut >= 0:
-            self.stopped = True
-            self.n_used = self._tokens_through_stop()
-            return self._emit(text[:cut])
-        safe = text.rstrip("\ufffd")
-        hold = max((k for s in self.stops for k in range(1, len(s)) if safe.endswith(s[:k])), default=0)
-        return self._emit(safe[:len(safe) - hold])
-
-    def finish(self) -> str:
-        return "" if self.stopped else self._emit(self.tok.decode(self.ids))
-
-    def _emit(self, text: str) -> str:
-        if not text.startswith(self.sent) or len(text) <= len(self.sent):
-            return ""
-        delta, self.sent = text[len(self.sent):], text
-        return delta
-
-    def _tokens_through_stop(self) -> int:
-        for k in range(1, len(self.ids) + 1):
-            if first_stop(self.tok.decode(self.ids[:k]), self.stops) >= 0:
-                return k
-        return len(self.ids)
-
-
-# ----------------------------------------------------------------------------------- the engine
-
-class Busy(Exception):
-    pass
-
-
-def _guarded(callback):
-    """A callback that never raises into `Batcher.step()` (a handler whose event loop has already
-    closed, at shutdown, must not take the engine down with it)."""
-    def call(*a):
-        try:
-            callback(*a)
-        except Exception:   # noqa: BLE001 - logged; the engine and the other requests go on
-            log.warning("a request callback failed", exc_info=True)
-    return call
-
-
-class Engine:
-    """The one thread that owns the device: admits requests (bounded), calls `Batcher.step()`,
-    and hands tokens and finishes to the callbacks (which must be cheap and thread-safe)."""
-
-    def __init__(self, batcher, max_pending: int):
-        self.batcher = batcher
-        self.max_pending = max_pending
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._live: dict = {}            # request id -> on_error(message)
-        self._early: set = set()         # ids whose finish came before submit() registered them
-        self._pending = 0
-        self._accepting = True
-        self._stop = False
-        self.error: str | None = None
-        self.steps = 0
-        self.finished = {"stop": 0, "length": 0, "cancelled": 0}
-        self._thread = threading.Thread(target=self._loop, name="wedlm-engine", daemon=True)
-
-    def start(self):
-        self._thread.start()
-        return self
-
-    @property
-    def pending(self) -> int:
-        return self._pending
-
-    @property
-    def accepting(self) -> bool:
-        return self._accepting and self.error is None
-
-    def submit(self, request, on_tokens, on_finish, on_error) -> int:
-        """Raises Busy (queue full), RuntimeError (not accepting) or DecodeConfigError. The Batcher
-        is never called under this engine's lock (its callbacks take that lock: no lock-order cycle)."""
-        with self._lock:
-            if not self.accepting:
-                raise RuntimeError(self.error or "the server is shutting down")
-            if self._pending >= self.max_pending:
-                raise Busy()
-            self._pending += 1
-        try:
-            rid = self.batcher.submit(request, on_tokens=_guarded(on_tokens),
-                                      on_finish=lambda fin: self._finished(fin, _guarded(on_finish)))
-        except BaseException:
-            with self._lock:
-                self._pending -= 1
-            raise
-        with self._lock:
-            if rid in self._early:        # finished before we got here
-                self._early.discard(rid)
-            else:
-                self._live[rid] = on_error
-        self._wake.set()
-        return rid
-
-    def cancel(self, rid: int) -> None:
-        with self._lock:
-            live = rid in self._live
-        if live:
-            self.batcher.cancel(rid)
-            self._wake.set()
-
-    def _finished(self, fin, on_finish):
-        with self._lock:
-            if self._live.pop(fin.request_id, None) is None:
-                self._early.add(fin.request_id)
-            self._pending -= 1
-            self.finished[fin.finish] = self.finished.get(fin.finish, 0) + 1
-        on_finish(fin)
-
-    def _loop(self):
-        while True:
-            with self._lock:
-                if self._stop and self._pending == 0:
-                    return
-                busy = self._pending > 0
-            if not busy:
-                self._wake.wait(0.1)
-                self._wake.clear()
-                continue
-            try:
-                self.batcher.step()
-                self.steps += 1
-            except Exception as e:  # the device failed: answer everyone, accept nothing more
-                log.exception("engine step failed")
-                with self._lock:
-                    self.error = f"the decoding engine failed: {type(e).__name__}: {e}"
-                    live, self._live, self._pending = self._live, {}, 0
-                for on_error in live.values():
-                    on_error(self.error)
-                return
-
-    def stop_accepting(self):
-        with self._lock:
-            self._accepting = False
-
-    def shutdown(self, timeout: float = 30.0) -> None:
-        """Stop accepting; cancel what is still in flight; stop the thread (bounded wait)."""
-        self.stop_accepting()
-        with self._lock:
-            live = list(self._live)
-            self._stop = True
-        for rid in live:
-            self.batcher.cancel(rid)
-        self._wake.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
 
 
 # ----------------------------------------------------------------------------------- the app
@@ -410,7 +75,6 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
     from fastapi import FastAPI, Request as HTTPRequest
     from fastapi.responses import JSONResponse, StreamingResponse
     from decode.decoder import Request
-    from decode.text import split_stop_strings
 
     app = FastAPI(title="wedlm-serve")
     created = int(time.time())
@@ -500,7 +164,7 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
         try:
             rid = engine.submit(request, on_tokens=lambda _rid, ids: put(("tokens", list(ids))),
                                 on_finish=lambda fin: put(("finish", fin)),
-                                on_error=lambda msg: put(("error", msg)))
+                                on_error=lambda msg, status=500: put(("error", (status, msg))))
         except Busy:
             raise APIError(429, f"the server is busy ({engine.max_pending} requests in flight); retry",
                            type="rate_limit_error", code="rate_limit_exceeded",
@@ -555,7 +219,9 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
                     text.finish()
                     reason = "stop" if text.stopped else fin.finish
                 else:
-                    raise APIError(500, val, type="server_error", code="engine_failed")
+                    status, msg = val
+                    raise APIError(status, msg, type="server_error",
+                                   code="engine_failed" if status == 500 else "unavailable")
         except asyncio.CancelledError:
             engine.cancel(rid)
             raise
@@ -604,7 +270,10 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
                         yield chunk(delta)
                     reason = "stop" if text.stopped else fin.finish
                 else:
-                    yield "data: " + json.dumps(APIError(500, val, type="server_error").body()) + "\n\n"
+                    status, msg = val
+                    err = APIError(status, msg, type="server_error",
+                                   code="engine_failed" if status == 500 else "unavailable")
+                    yield "data: " + json.dumps(err.body()) + "\n\n"
                     reason = "error"
             done = True
             if reason != "error":
@@ -653,22 +322,13 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
     return app
 
 
-def _field_of(message: str, default: str) -> str:
-    """The request field a DecodeConfigError names (its messages start with the field)."""
-    names = {"max_new_tokens": "max_tokens", "tau": "tau", "lam": "lam", "temperature": "temperature",
-             "top_k": "top_k", "top_p": "top_p", "seed": "seed", "stop_token_ids": "stop", "prompt": default}
-    for word in message.replace("'", " ").split():
-        if word in names:
-            return names[word]
-    return default
-
-
 # ----------------------------------------------------------------------------------- main
 
 def _parser() -> argparse.ArgumentParser:
     from decode.config import METHODS, DecodeConfig
     d = DecodeConfig()
-    p = argparse.ArgumentParser(prog="wedlm-serve", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="wedlm-serve", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="Orbax or Hugging Face checkpoint folder")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000)
@@ -693,7 +353,29 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-body-bytes", type=int, default=8 << 20,
                    help="largest request body accepted (413 beyond it; default 8 MiB)")
     p.add_argument("--log-level", default="info")
+    Placement.add_arguments(p)
+    compile_cache.add_arguments(p)
+    d = p.add_argument_group("dry run: compile the server's programs for an accelerator from "
+                             "config.json alone (no weights, no accelerator) and say if they fit")
+    d.add_argument("--dry-run", action="store_true")
+    d.add_argument("--topology", help="a TPU topology libtpu describes, e.g. v5e:2x4 or tpu:v5p:2x2x2")
+    d.add_argument("--device-memory", type=float, default=None,
+                   help="GiB per chip to fit in (default: the chip's HBM)")
     return p
+
+
+def check_port(host: str, port: int) -> None:
+    """DecodeConfigError when `host:port` cannot be bound (in use, or not this machine's), before
+    the model loads and the programs compile."""
+    import socket
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            raise DecodeConfigError(f"--host {host} --port {port}: cannot listen there "
+                                    f"({e.strerror}); is another server running on it?") from None
 
 
 def _check_args(args):
@@ -707,6 +389,10 @@ def _check_args(args):
         raise DecodeConfigError(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
     if args.max_queue < 0:
         raise DecodeConfigError(f"--max-queue must be >= 0, got {args.max_queue}")
+    placement = Placement.from_args(args)
+    if args.slots % placement.batch_shards:
+        raise DecodeConfigError(f"--slots {args.slots} must be a multiple of the mesh's data x "
+                                f"fsdp = {placement.batch_shards}")
     if not 0 <= args.port <= 65535:
         raise DecodeConfigError(f"--port must be in [0, 65535], got {args.port}")
     if args.api_key is not None and not args.api_key.strip():
@@ -722,15 +408,19 @@ def load_decoder(args):
 
     from decode.cli import _mask_token_id
     model_config = read_config(args.checkpoint)
+    placement = Placement.from_args(args)
+    placement.check_model(model_config)
     args.mask_token_id = _mask_token_id(args, model_config)   # released checkpoints: null mask id
     tokenizer = load_tokenizer(args.checkpoint)
     stops = () if args.no_default_stops else tuple(tokenizer.default_stop_ids(model_config.eos_token_id))
     if len(stops) > MAX_STOP_IDS:
         raise DecodeConfigError(f"the checkpoint's default stops are {len(stops)} ids, more than {MAX_STOP_IDS}")
-    config, params = load_model(args.checkpoint)
+    mesh = placement.make_mesh()
+    config, params = load_model(args.checkpoint, mesh=mesh, dtype=placement.dtype)
     decoder = Decoder(params, config, method=args.method, window=args.window, slots=args.slots,
                       capacity=args.capacity, steps_per_call=args.steps_per_call,
-                      mask_token_id=args.mask_token_id)
+                      mask_token_id=args.mask_token_id, mesh=mesh, dtype=placement.dtype,
+                      attention=placement.attention, kv_tile=placement.kv_tile)
     name = args.model_name or os.path.basename(os.path.normpath(args.checkpoint))
     cfg = ServerConfig(model_name=name, capacity=decoder.capacity, vocab_size=config.vocab_size,
                        default_stop_ids=stops, default_max_tokens=args.max_tokens, default_tau=args.tau,
@@ -765,6 +455,28 @@ def build_server(args):
     return engine, build_app(engine, tokenizer, cfg), cfg
 
 
+def dry_run_main(args) -> int:
+    """`--dry-run --topology T`: the decode step and the prefill compiled for T from config.json,
+    per-chip memory and a verdict; exit 0 (fits), 1 (does not), 2 (bad input)."""
+    from decode import aot
+    from wedlm_jax.config import ConfigError
+    from wedlm_jax.convert import read_config
+    try:
+        if not args.topology:
+            raise DecodeConfigError("--dry-run needs --topology (e.g. v5e:2x4)")
+        config = read_config(args.checkpoint)
+        placement = Placement.from_args(args)
+        placement.check_model(config)
+        text, fits = aot.dry_run(config, args.topology, placement, method=args.method,
+                                 window=args.window, refill="before", slots=args.slots,
+                                 capacity=args.capacity, device_memory_gib=args.device_memory)
+    except (DecodeConfigError, ConfigError, aot.TargetError, FileNotFoundError) as e:
+        print(f"wedlm-serve: error: {e}", file=sys.stderr)
+        return 2
+    print(text, flush=True)
+    return 0 if fits else 1
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     if args.api_key is None:
@@ -772,9 +484,13 @@ def main(argv=None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
         _check_args(args)
+        if args.dry_run:
+            return dry_run_main(args)
         import fastapi  # noqa: F401  (the optional `serve` extra)
         import uvicorn
-    except DecodeConfigError as e:
+        check_port(args.host, args.port)
+        compile_cache.enable(args.compile_cache)
+    except (DecodeConfigError, ValueError) as e:
         print(f"wedlm-serve: error: {e}", file=sys.stderr)
         return 2
     except ImportError as e:
@@ -789,7 +505,17 @@ def main(argv=None) -> int:
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):   # SIGTERM / SIGINT: refuse new work at once
-            engine.stop_accepting()
+            if engine.accepting:
+                engine.stop_accepting()
+                # what is still running shortly before uvicorn's own deadline is answered (a
+                # stream gets an error event and [DONE]) instead of cut
+                grace = max(args.shutdown_timeout - 1.0, 0.5 * args.shutdown_timeout)
+                timer = threading.Timer(grace, lambda: log.warning(
+                    "shutdown: %d request(s) still running after %.1f s were answered 503",
+                    engine.drain(f"the server is shutting down; the request was stopped after "
+                                 f"--shutdown-timeout {args.shutdown_timeout:g} s"), grace))
+                timer.daemon = True
+                timer.start()
             super().handle_exit(sig, frame)
 
     server = Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,

@@ -5,8 +5,9 @@ Stops: ids from `generation_config.json` (`eos_token_id`), the model config's eo
 config's `eos_token`, and `<|im_end|>` / `<|endoftext|>` when the vocabulary has them
 (`Tokenizer.default_stop_ids`), plus any ids or strings the user gives. A stop string that is a
 single token becomes a stop id (the loop ends the row there); a longer one cannot be matched inside
-the loop, so the row runs on and its ids and text are cut after the first occurrence (inclusive)
-once decoding is done. A stop string that tokenizes to nothing is an error.
+the loop: `TextStream` (the one handler every door uses) watches the committed text, cuts it before
+the first occurrence (the ids are kept through the token that completed it) and the door cancels
+the row. A stop string that tokenizes to nothing is an error.
 """
 
 from __future__ import annotations
@@ -40,12 +41,67 @@ def split_stop_strings(tokenizer: TextTokenizer, strings: Sequence[str]) -> tupl
     return ids, cut
 
 
-def cut_at_stop_strings(tokenizer: TextTokenizer, ids: list[int], strings: Sequence[str]) -> tuple[list[int], bool]:
-    """Shortest prefix of `ids` whose text contains one of `strings` (inclusive); else all ids."""
-    if not strings or not any(s in tokenizer.decode(ids) for s in strings):
-        return ids, False
-    for k in range(1, len(ids) + 1):
-        text = tokenizer.decode(ids[:k])
-        if any(s in text for s in strings):
-            return ids[:k], True
-    return ids, False
+def first_stop(text: str, stops: Sequence[str]) -> int:
+    """Index of the earliest occurrence of any stop string in `text`, or -1."""
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(hits) if hits else -1
+
+
+class TextStream:
+    """The one stop-string and finish handler of every door (wedlm-decode, the batch job,
+    wedlm-serve): token ids in as they are committed, text deltas out. Holds back an incomplete
+    UTF-8 tail and any tail that may be the start of a stop string; at the first stop string the
+    text is cut before it (OpenAI's convention) and `stopped` is set; `n_used` counts the
+    completion tokens through the one that completed the stop string."""
+
+    def __init__(self, tokenizer, stops: Sequence[str]):
+        self.tok, self.stops = tokenizer, list(stops)
+        self.ids: list = []
+        self.sent = ""
+        self.stopped = False
+        self.n_used = 0
+
+    def add(self, new) -> str:
+        if self.stopped:
+            return ""
+        self.ids.extend(int(t) for t in new)
+        self.n_used = len(self.ids)
+        text = self.tok.decode(self.ids)
+        cut = first_stop(text, self.stops) if self.stops else -1
+        if cut >= 0:
+            self.stopped = True
+            self.n_used = self._tokens_through_stop()
+            return self._emit(text[:cut])
+        safe = text.rstrip("\ufffd")
+        hold = max((k for s in self.stops for k in range(1, len(s)) if safe.endswith(s[:k])), default=0)
+        return self._emit(safe[:len(safe) - hold])
+
+    def finish(self) -> str:
+        """The rest of the text once no token will come (nothing after a stop string)."""
+        return "" if self.stopped else self._emit(self.tok.decode(self.ids))
+
+    def finish_reason(self, engine_reason: str) -> str:
+        """'stop' when a stop string ended the text, else the engine's own reason."""
+        return "stop" if self.stopped else engine_reason
+
+    def _emit(self, text: str) -> str:
+        if not text.startswith(self.sent) or len(text) <= len(self.sent):
+            return ""
+        delta, self.sent = text[len(self.sent):], text
+        return delta
+
+    def _tokens_through_stop(self) -> int:
+        for k in range(1, len(self.ids) + 1):
+            if first_stop(self.tok.decode(self.ids[:k]), self.stops) >= 0:
+                return k
+        return len(self.ids)
+
+
+def stop_at_strings(tokenizer: TextTokenizer, ids: list[int], strings: Sequence[str]
+                    ) -> tuple[list[int], str, bool]:
+    """A finished completion through `TextStream`: (ids through the first stop string, the text
+    before it, whether one was found); all ids and their whole text when none is."""
+    stream = TextStream(tokenizer, strings)
+    stream.add(ids)
+    stream.finish()
+    return list(ids[:stream.n_used]), stream.sent, stream.stopped

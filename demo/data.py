@@ -1,7 +1,7 @@
 """Data for the demo model (issue 20), made here; nothing is downloaded.
 
-    python -m demo.data --out data/demo [--force] [--vocab-size 512] [--train-mb 10]
-                        [--mix counting=0.36,arith=0.36,lists=0.1,records=0.1,code=0.08]
+    python -m demo.data --out data/demo [--force] [--vocab-size 512] [--train-mb 12]
+                        [--mix counting=0.5,arith=0.24,lists=0.09,records=0.09,code=0.08]
 
 Sources
   counting, arith, lists, records   generated (demo/tasks.py says what each looks like): document i
@@ -46,7 +46,7 @@ SPECIAL_TOKENS = [EOS, PAD, MASK]
 HELDOUT_SEED = 1_000_000_000
 SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idlelib", "turtledemo",
              "__pycache__"}
-DEFAULT_MIX = {"counting": 0.36, "arith": 0.36, "lists": 0.10, "records": 0.10, "code": 0.08}
+DEFAULT_MIX = {"counting": 0.50, "arith": 0.24, "lists": 0.09, "records": 0.09, "code": 0.08}
 GENERATED = ("counting", "arith", "lists", "records")
 EVAL_KINDS = ("counting", "arith", "lists", "records", "code")
 
@@ -179,7 +179,7 @@ def _write_jsonl(path: str, records) -> None:
 
 
 def build(out: str, *, stdlib: str | None = None, force: bool = False, vocab_size: int = 512,
-          heldout_percent: float = 5.0, train_mb: float = 10.0, mix: dict | None = None,
+          heldout_percent: float = 5.0, train_mb: float = 12.0, mix: dict | None = None,
           eval_count: int = 64, eval_arith: int = 64, eval_lists: int = 32, eval_records: int = 32,
           eval_code: int = 48, seed: int = 0, log=print) -> dict:
     """Build the whole data folder (see the module docstring); returns the stats dict."""
@@ -304,7 +304,7 @@ def main(argv=None) -> int:
     p.add_argument("--stdlib", default=None, help="code corpus folder (default: this Python's stdlib)")
     p.add_argument("--vocab-size", type=int, default=512)
     p.add_argument("--heldout-percent", type=float, default=5.0)
-    p.add_argument("--train-mb", type=float, default=10.0, help="training characters, in millions")
+    p.add_argument("--train-mb", type=float, default=12.0, help="training characters, in millions")
     p.add_argument("--mix", default=None,
                    help="shares, e.g. " + ",".join(f"{k}={v}" for k, v in DEFAULT_MIX.items()))
     p.add_argument("--eval-count", type=int, default=64)

@@ -147,9 +147,10 @@ def score(kind: str, item: dict, text: str, finished_by_stop: bool) -> bool | No
 
 
 def cut(text: str, stop_strings) -> tuple[str, bool]:
-    """Text before the first stop string, and whether one was found."""
-    at = [text.find(s) for s in stop_strings if s in text]
-    return (text[:min(at)], True) if at else (text, False)
+    """Text before the first stop string, and whether one was found (decode.text.first_stop)."""
+    from decode.text import first_stop
+    at = first_stop(text, stop_strings)
+    return (text[:at], True) if at >= 0 else (text, False)
 
 
 # ------------------------------------------------------------------------------- decoding
@@ -167,7 +168,7 @@ def decode_items(params, config, tokenizer, items, kind, dc, *, batch: int = 1, 
     rows per generate call; the whole set is timed `repeats` times after a compile pass and the
     median wall time kept (warmup=False: no compile pass, for a program already compiled, e.g. a
     sweep over the runtime knobs tau and lambda). Returns a dict of totals and per-item texts and scores."""
-    from decode.engine import generate
+    from decode.static_batch import generate
     regime = REGIMES[kind]
     dc = dc.replace(stop_token_ids=stop_ids(tokenizer, config, regime))
     prompts = [tokenizer.encode(it["prompt"]) for it in items]

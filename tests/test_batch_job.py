@@ -1,6 +1,6 @@
 """wedlm-decode --input/--output (issue 13 item 4): every line checked before anything loads, results
 written as requests finish, a SIGKILLed run resumed: every request exactly once, greedy results equal
-to `decode.engine.generate()` on the prompt alone."""
+to `decode.static_batch.generate()` on the prompt alone."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 
 from decode import cli
 from decode.config import DecodeConfig
-from decode.engine import generate
+from decode.static_batch import generate
 from decode.text import load_tokenizer
 from tests.tiny_checkpoint import make_checkpoint
 

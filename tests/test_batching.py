@@ -17,8 +17,8 @@ import pytest
 from decode.batching import Batcher
 from decode.config import DecodeConfig, DecodeConfigError
 from decode.decoder import Decoder, Request
-from decode.engine import generate
-from synthetic import random_params
+from decode.static_batch import generate
+from tests.synthetic import random_params
 from wedlm_jax.config import ModelConfig
 
 CONFIG = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,

@@ -136,7 +136,7 @@ def test_disk_full_is_one_line(folders, tmp_path, monkeypatch, capsys):
                          "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     need = convert.params_nbytes(folders["params"])
-    assert err == [f"wedlm-convert: error: no space left on {convert._mount_point(out)}, needed "
+    assert err == [f"wedlm-convert: error: no space left on {convert.mount_point(out)}, needed "
                    f"~{convert._human(need)}; {out} was not changed (partial output removed)"]
     assert os.listdir(tmp_path) == []
     # and when the free space is known to be short, nothing is written at all
@@ -145,7 +145,7 @@ def test_disk_full_is_one_line(folders, tmp_path, monkeypatch, capsys):
     assert convert.main(["orbax-to-hf", "--orbax", folders["orbax"], "--out", out,
                          "--no-progress"]) == 2
     assert capsys.readouterr().err.startswith(
-        f"wedlm-convert: error: no space left on {convert._mount_point(out)}, needed "
+        f"wedlm-convert: error: no space left on {convert.mount_point(out)}, needed "
         f"~{convert._human(need)} (0 B free)")
     assert os.listdir(tmp_path) == []
 

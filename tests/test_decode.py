@@ -1,5 +1,5 @@
 """Decoding engine (issue 4): the jitted while_loop engine against the no-cache step-by-step
-reference (decode/reference.py), cache consistency at every step against an independent full
+reference (tests/decode_reference.py), cache consistency at every step against an independent full
 forward, block stop-and-wait, metric identities, sampling, no-recompile, bad input.
 
 Tiny random models (hidden 32, 2 layers, vocab 64). Random models give near-uniform logits, so the
@@ -21,10 +21,10 @@ from decode.config import DecodeConfig, DecodeConfigError
 from decode.config import DecodeConfig as _DecodeConfig
 from decode.decoder import Decoder, Request, compiled_count
 from decode.state import Settings
-from decode.engine import generate, trace_steps
-from decode.reference import _FullForward, reference_generate
+from decode.static_batch import generate, trace_steps
+from tests.decode_reference import _FullForward, reference_generate
 from wedlm_jax.config import ModelConfig
-from synthetic import random_params
+from tests.synthetic import random_params
 
 CONFIG = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,
                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True,

@@ -183,3 +183,38 @@ def test_bad_tile_and_shapes_are_refused():
     with pytest.raises(TypeError, match="kv_tile"):   # a model setting, not a call argument
         Transformer(CONFIG).apply({"params": params}, toks, toks, kv_cache=cache,
                                   cache_len=jnp.zeros((1,), jnp.int32), kv_tile=4)
+
+
+def test_pallas_tile_fits_the_devices_shared_memory():
+    """The Triton kernel's KV tile is chosen from the device's shared memory: the 8B shape's
+    streaming step (W 16, refill before: 32 slots x 4 query heads per KV head = 128 rows, head_dim
+    128, bf16) asked 294,912 bytes at tile 256, over an H100's 232,448; tile 128 fits."""
+    h100, a100, ada = (ca.smem_limit(type("D", (), {"compute_capability": cc})())
+                       for cc in ("9.0", "8.0", "8.9"))
+    assert (h100, a100, ada) == (232448, 166912, 101376)
+    assert ca.pallas_smem(256, 128, 128, 2) == 294912 > h100
+    assert ca.pallas_tile(256, 128, 128, 2, h100) == 128
+    assert ca.pallas_tile(256, 128, 128, 2, a100) == 128
+    assert ca.pallas_tile(256, 128, 128, 2, ada) == 64
+    assert ca.pallas_tile(256, 8, 128, 2, h100) == 128            # K/V tiles alone: 256 KiB
+    assert ca.pallas_tile(256, 8, 64, 2, h100) == 256             # head_dim 64 keeps 256
+    assert ca.smem_limit(None) == min(ca.SMEM_BYTES.values())     # unknown: the smallest
+    with pytest.raises(ValueError, match="even at a 16-row KV tile"):
+        ca.pallas_tile(256, 4096, 256, 4, ada)
+
+
+def test_decoder_picks_the_pallas_tile_for_its_device():
+    from decode.decoder import Decoder
+    c = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=64, intermediate_size=64,
+                    num_layers=1, num_heads=8, num_kv_heads=2, head_dim=128, qk_norm=True,
+                    max_position_embeddings=8192, mask_token_id=63)
+    params = param_shapes(c, jnp.bfloat16)
+    kw = dict(method="streaming", window=16, refill="before", slots=1, capacity=4096,
+              memory_limit_bytes=1 << 62, sampling=False, dtype=jnp.bfloat16, kv_tile=256,
+              attention="pallas")
+    # CPU: no compute capability, so the smallest budget (101,376 B): 128-row prefill chunk x 4
+    # query heads = 512 query rows (131,072 B for the query block alone) leave no tile
+    with pytest.raises(Exception, match="shared memory"):
+        Decoder(params, c, prefill_chunk=128, **kw)
+    dec = Decoder(params, c, prefill_chunk=16, **kw)   # the window's 32 slots x 4 = 128 rows
+    assert dec.static.kv_tile == ca.pallas_tile(256, 128, 128, 2, ca.smem_limit(None)) == 64

@@ -10,11 +10,11 @@ import pytest
 
 from decode import cli
 from decode.config import DecodeConfig, DecodeConfigError
-from decode.engine import generate
-from decode.text import cut_at_stop_strings, load_tokenizer, split_stop_strings
+from decode.static_batch import generate
+from decode.text import load_tokenizer, split_stop_strings, stop_at_strings
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.convert import save_hf_checkpoint
-from synthetic import random_params, tiny_bpe_tokenizer
+from tests.synthetic import random_params, tiny_bpe_tokenizer
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -105,9 +105,10 @@ def test_stop_strings(ckpt):
     with pytest.raises(DecodeConfigError, match="stop string '' tokenizes to nothing"):
         split_stop_strings(tk, [""])
     seq = tk.encode("the cat sat on the mat")
-    kept, hit = cut_at_stop_strings(tk, seq, ["sat on"])
+    kept, text, hit = stop_at_strings(tk, seq, ["sat on"])
     assert hit and tk.decode(kept).endswith("sat on") and len(kept) < len(seq)
-    assert cut_at_stop_strings(tk, seq, ["dog"]) == (seq, False)
+    assert text == tk.decode(kept)[:-len("sat on")] and not text.endswith("sat on")
+    assert stop_at_strings(tk, seq, ["dog"]) == (seq, tk.decode(seq), False)
 
 
 def test_cli_bad_input(ckpt, capsys, tmp_path):
@@ -131,7 +132,7 @@ def test_decode_bounds_refused_or_limited_before_compiling(ckpt, capsys, tmp_pat
     positions, or past memory, is refused before anything compiles; a trace into a missing folder
     is refused before decoding."""
     from decode.decoder import compiled_count
-    from decode.engine import static_decoder
+    from decode.static_batch import static_decoder
     path, config, params = ckpt
     dc = DecodeConfig(window=100000, max_new_tokens=6, tau=2.0)
     assert static_decoder(params, config, 1, dc, 10, 6).window == 6
@@ -155,7 +156,7 @@ def test_decode_bounds_refused_or_limited_before_compiling(ckpt, capsys, tmp_pat
 def test_interrupt_stops_within_a_chunk_and_keeps_the_text(ckpt, monkeypatch, capsys):
     """Ctrl-C (a KeyboardInterrupt between chunks) ends the decode with what it has: the CLI
     prints the text and the summary and exits 130."""
-    from decode import engine
+    from decode import static_batch as engine
     path, config, params = ckpt
     calls = []
 
@@ -185,3 +186,35 @@ def test_interrupt_stops_within_a_chunk_and_keeps_the_text(ckpt, monkeypatch, ca
                           "--max-new-tokens", "100", "--stream", "--no-default-stops")
     assert code == 130 and "interrupted" in err and "tokens" in err, err
     assert out.strip()          # the text decoded before the interrupt is printed
+
+
+def test_persistent_compilation_cache_is_reused_by_the_next_run(ckpt, tmp_path):
+    """The first run fills --compile-cache; a second run of the same command compiles nothing new
+    (every program loads from the folder) and prints the same text; the prompts-file keys are
+    checked with line numbers."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cache = tmp_path / "xla"
+    argv = [sys.executable, "-m", "decode.cli", "--checkpoint", ckpt[0], "--prompt", "count with me",
+            "--max-new-tokens", "8", "--compile-cache", str(cache)]
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    first = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd=root)
+    assert first.returncode == 0, first.stderr[-3000:]
+    entries = sorted(p.name for p in cache.iterdir())
+    assert entries, "the first run wrote nothing to the cache"
+    second = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd=root)
+    assert second.returncode == 0 and second.stdout == first.stdout
+    assert sorted(p.name for p in cache.iterdir()) == entries      # nothing compiled anew
+
+
+def test_prompts_file_lines_are_named_and_unknown_keys_refused(ckpt, capsys, tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps("fine") + "\n\n" + json.dumps({"prompt": "x", "temprature": 0.7}) + "\n")
+    code, _, err = _cli(capsys, "--checkpoint", ckpt[0], "--prompts-file", str(f))
+    assert code == 2
+    assert f"{f}:3: unknown key(s) 'temprature'; a --prompts-file line holds" in err
+    f.write_text(json.dumps("fine") + "\n" + json.dumps(7) + "\n")
+    code, _, err = _cli(capsys, "--checkpoint", ckpt[0], "--prompts-file", str(f))
+    assert code == 2 and f"{f}:2: expected a string or an object" in err

@@ -9,8 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from decode.config import DecodeConfig, DecodeConfigError
-from decode.engine import generate
-from synthetic.hf import make_hf_model
+from decode.static_batch import generate
+from tests.synthetic.hf import make_hf_model
 from wedlm_jax.convert import load_hf_checkpoint
 
 

@@ -14,9 +14,9 @@ SCRIPT = textwrap.dedent('''
     import jax
     import numpy as np
     from decode.config import DecodeConfig
-    from decode.engine import generate
+    from decode.static_batch import generate
     from wedlm_jax.config import ModelConfig
-    from synthetic import random_params
+    from tests.synthetic import random_params
     from wedlm_jax.sharding import make_mesh
 
     assert len(jax.devices()) == 4, jax.devices()
@@ -69,3 +69,74 @@ def test_mesh_data2_tensor2_same_tokens_as_one_device():
         assert r["sharded_steps"] == r["one_steps"], method
         assert all(len(t) == 12 for t in r["one"]), method
     assert out["streaming"]["tpf"] > 1.0   # several tokens per forward: the window path is exercised
+
+
+DOORS = textwrap.dedent('''
+    import contextlib, io, json, sys
+    import jax
+    from decode import cli
+    from tests.tiny_checkpoint import make_checkpoint
+    assert len(jax.devices()) == 4, jax.devices()
+    root = sys.argv[1]
+    path = make_checkpoint(root)[0]
+    prompts = root + "/p.jsonl"
+    with open(prompts, "w") as f:
+        for p in ("count with me", "the cat sat", "hello world", "one two"):
+            f.write(json.dumps(p) + "\\n")
+    lines = root + "/in.jsonl"
+    with open(lines, "w") as f:
+        for i, p in enumerate(("count with me", "the cat sat", "hello world", "one two", "six")):
+            f.write(json.dumps({"id": i, "prompt": p, "max_tokens": 10, "tau": 0.5}) + "\\n")
+
+    def run(*argv):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli.main(list(argv))
+        return code, out.getvalue(), err.getvalue()
+
+    res = {}
+    base = ["--checkpoint", path, "--prompts-file", prompts, "--json", "--max-new-tokens", "10",
+            "--no-default-stops", "--window", "4"]
+    for name, extra in (("one", []), ("tensor2", ["--mesh", "tensor=2"]),
+                        ("data2_tensor2", ["--mesh", "data=2,tensor=2"]),
+                        ("tiles", ["--attention", "dense", "--kv-tile", "16"])):
+        code, out, err = run(*base, *extra)
+        assert code == 0, err
+        res[name] = [r["ids"] for r in json.loads(out)["results"]]
+    for name, extra in (("job_one", []), ("job_data2", ["--mesh", "data=2"])):
+        out_file = f"{root}/{name}.jsonl"
+        code, _, err = run("--checkpoint", path, "--input", lines, "--output", out_file,
+                           "--slots", "2", "--no-default-stops", "--window", "4", *extra)
+        assert code == 0, err
+        res[name] = sorted((json.loads(l)["id"], json.loads(l)["text"]) for l in open(out_file))
+    res["bad"] = [run(*base, *extra)[2].strip().splitlines()[-1] for extra in (
+        ["--mesh", "tensor=3"], ["--mesh", "data=8"], ["--mesh", "model=2"], ["--dtype", "fp8"],
+        ["--attention", "flash"])]
+    res["bad_job"] = run("--checkpoint", path, "--input", lines, "--output", root + "/x.jsonl",
+                         "--slots", "3", "--window", "4", "--mesh", "data=2")[2].strip().splitlines()[-1]
+    print("RESULT " + json.dumps(res))
+''')
+
+
+def test_every_door_takes_the_mesh_dtype_and_attention(tmp_path):
+    """wedlm-decode and the batch job with --mesh (heads over tensor, slots over data) give the same
+    tokens as one device; --attention / --kv-tile reach the Decoder; a mesh the devices or the
+    model cannot take, or an unknown dtype / backend, is refused in one line."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    proc = subprocess.run([sys.executable, "-c", DOORS, str(tmp_path)], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r = json.loads([l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1][7:])
+    assert all(len(ids) == 10 for ids in r["one"])
+    assert r["tensor2"] == r["one"] and r["data2_tensor2"] == r["one"] and r["tiles"] == r["one"]
+    assert r["job_data2"] == r["job_one"] and len(r["job_one"]) == 5
+    assert r["bad"] == [
+        "wedlm-decode: error: --mesh tensor=3 does not divide the model's 4 heads / 2 KV heads",
+        "wedlm-decode: error: --mesh data=8,fsdp=1,tensor=1 needs 8 devices; 4 cpu device(s) here",
+        "wedlm-decode: error: --mesh 'model=2': expected comma-separated AXIS=N with AXIS one of "
+        "data, fsdp, tensor and N >= 1 (e.g. data=2,tensor=4)",
+        "wedlm-decode: error: dtype 'fp8' is unknown; allowed: float32, bfloat16 (f32, bf16)",
+        "wedlm-decode: error: attention 'flash' is unknown; allowed: auto, tiled, dense, pallas, cudnn"]
+    assert r["bad_job"] == "wedlm-decode: error: --slots 3 must be a multiple of the mesh's data x fsdp = 2"

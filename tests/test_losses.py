@@ -194,6 +194,47 @@ def test_bad_input():
         losses.loss_terms(jnp.asarray(logits[:, :5]), arr)
 
 
+@pytest.mark.parametrize("objective,chunk", [("dual", 8), ("dual", 1), ("ar", 4)])
+def test_chunked_loss_equals_full_logits_in_value_and_gradient(objective, chunk):
+    """The loss formed `chunk` slots at a time (never the full logits) is the full-logits loss:
+    the same sums, and the same gradients with respect to the hidden states and the head."""
+    _, _, arr, _ = make(objective, seed=3)
+    rng = np.random.default_rng(7)
+    hidden = jnp.asarray(rng.standard_normal(arr["tokens"].shape + (12,)), jnp.float32)
+    head = jnp.asarray(rng.standard_normal((12, VOCAB)), jnp.float32)
+    logits_of = lambda h, w: jnp.einsum("bte,ev->btv", h, w)
+    name = {"dual": "dual", "ar": "ar"}[objective]
+
+    def full(h, w):
+        return losses.combine(losses.loss_terms(logits_of(h, w), arr), 1.0, objective=name)[0]
+
+    def chunked(h, w):
+        terms = losses.chunked_loss_terms(h, arr, chunk, lambda x: logits_of(x, w))
+        return losses.combine(terms, 1.0, objective=name)[0]
+
+    want_terms = losses.loss_terms(logits_of(hidden, head), arr)
+    got_terms = jax.jit(lambda h, w: losses.chunked_loss_terms(
+        h, arr, chunk, lambda x: logits_of(x, w)))(hidden, head)
+    for k in losses.TERM_KEYS:
+        np.testing.assert_allclose(float(got_terms[k]), float(want_terms[k]), rtol=1e-5, err_msg=k)
+    assert float(want_terms["ar_count"]) > 0
+    want_v, want_g = jax.value_and_grad(full, argnums=(0, 1))(hidden, head)
+    got_v, got_g = jax.jit(jax.value_and_grad(chunked, argnums=(0, 1)))(hidden, head)
+    np.testing.assert_allclose(float(got_v), float(want_v), rtol=1e-6)
+    assert float(jnp.abs(want_g[1]).max()) > 1e-4      # gradients are not trivially zero
+    for g, w in zip(got_g, want_g):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-7)
+
+
+def test_chunked_loss_refuses_a_chunk_that_does_not_divide_the_slots():
+    _, _, arr, _ = make("dual")
+    hidden = jnp.zeros(arr["tokens"].shape + (4,))
+    with pytest.raises(ValueError, match="loss chunk 5 must be >= 1 and divide the 32 slots"):
+        losses.chunked_loss_terms(hidden, arr, 5, lambda x: x)
+    with pytest.raises(ValueError, match="does not match the arrangement"):
+        losses.chunked_loss_terms(hidden[:, :8], arr, 4, lambda x: x)
+
+
 SHARDED_SCRIPT = r"""
 import os, sys, json
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"

@@ -4,7 +4,7 @@ with the logical positions carried along: the reordering WeDLM relies on."""
 import numpy as np
 import pytest
 
-from synthetic.hf import hf_logits, make_hf_model
+from tests.synthetic.hf import hf_logits, make_hf_model
 from wedlm_jax.convert import load_hf_checkpoint
 from wedlm_jax.model import Transformer
 

@@ -170,3 +170,97 @@ def test_dry_run_from_a_plain_shell_forces_its_devices():
                        cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "fsdp=4" in r.stdout and "on 4 cpu devices" in r.stdout and "FITS" in r.stdout, r.stdout
+
+
+# ---------------------------------------------------------------------- one line per failure
+
+def _tiny_run(tmp_path, steps=4, every=2):
+    from tests.synthetic import train_data as fixtures
+    paths = fixtures.make_tiny_setup(str(tmp_path / "data"), num_docs=16)
+    return fixtures.write_config(str(tmp_path / "cfg.yaml"), fixtures.tiny_config_dict(
+        paths, **{"steps": steps, "checkpoint.dir": str(tmp_path / "ck"),
+                  "checkpoint.every": every, "checkpoint.async_save": False}))
+
+
+def _wedlm_lines(err: str) -> list:
+    """The programs' own message lines (not the progress bar's)."""
+    return [ln for ln in err.splitlines() if ln.startswith("wedlm-") and ": error:" in ln]
+
+
+def test_too_little_room_for_a_checkpoint_stops_in_one_line(tmp_path, capsys, monkeypatch):
+    """The free space is checked before each checkpoint: too little stops the run with one line
+    naming the sizes, and the checkpoint already written stays complete and resumable."""
+    from train import main as main_lib
+    from train.checkpoint import complete_steps
+    from wedlm_jax import failures
+    cfg = _tiny_run(tmp_path)
+    real, calls = failures.free_bytes, []
+
+    def free(path):
+        calls.append(path)
+        return 1000 if len(calls) >= 2 else real(path)             # full at the second checkpoint
+    monkeypatch.setattr(failures, "free_bytes", free)
+    code = main_lib.main(["--config", cfg])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    (line,) = _wedlm_lines(err)
+    assert line.startswith("wedlm-train: error: disk full: the checkpoint of step 4 needs about ")
+    assert "GiB free on /" in line and "; kept the complete checkpoint of step 2 in" in line
+    assert "Traceback" not in err and complete_steps(str(tmp_path / "ck")) == [2]
+    monkeypatch.setattr(failures, "free_bytes", real)
+    assert main_lib.main(["--config", cfg]) == 0                       # the rerun resumes
+    assert complete_steps(str(tmp_path / "ck"))[0] == 4
+
+
+def test_disk_full_inside_the_checkpoint_writer_is_one_line(tmp_path, capsys, monkeypatch):
+    import errno
+
+    from train import checkpoint as ckpt
+    from train import main as main_lib
+    cfg = _tiny_run(tmp_path)
+    real = ckpt.save
+
+    def save(mgr, step, *a, **k):
+        if step == 4:
+            try:
+                raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "ck" / "4"))
+            except OSError as inner:      # wrapped, as Orbax re-raises its writer's error
+                raise RuntimeError("async save failed") from inner
+        return real(mgr, step, *a, **k)
+    monkeypatch.setattr(ckpt, "save", save)
+    code = main_lib.main(["--config", cfg])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    (line,) = _wedlm_lines(err)
+    assert "disk full: [Errno 28] No space left on device" in line
+    assert "kept the complete checkpoint of step 2" in line and "Traceback" not in err
+
+
+def test_disk_full_while_the_batch_job_writes_is_one_line(tmp_path, tiny, capsys, monkeypatch):
+    import errno
+
+    from decode import batch_job, cli
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": i, "prompt": f"line {i}", "max_tokens": 4}) + "\n"
+                           for i in range(4)))
+    out = tmp_path / "out.jsonl"
+    real, written = batch_job._append, []
+
+    def append(f, record):
+        if len(written) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device", str(out))
+        written.append(record)
+        real(f, record)
+    monkeypatch.setattr(batch_job, "_append", append)
+    argv = ["--checkpoint", tiny[0], "--input", str(src), "--output", str(out), "--slots", "1",
+            "--capacity", "64"]
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    assert code == 1, err
+    (line,) = _wedlm_lines(err)
+    assert line.startswith("wedlm-decode: error: disk full: [Errno 28] No space left on device")
+    assert "already in" in line and "Traceback" not in err
+    assert len(out.read_text().splitlines()) == 2
+    monkeypatch.setattr(batch_job, "_append", real)
+    assert cli.main(argv) == 0                                      # the rerun completes the rest
+    assert sorted(json.loads(x)["id"] for x in out.read_text().splitlines()) == [0, 1, 2, 3]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import transformers
 
-from synthetic.hf import hf_logits, make_hf_model
+from tests.synthetic.hf import hf_logits, make_hf_model
 from wedlm_jax.config import ConfigError, ModelConfig
 from wedlm_jax.convert import load_hf_checkpoint
 from wedlm_jax.model import Transformer

@@ -1,6 +1,6 @@
 """wedlm-serve (issue 13 item 5) with the official `openai` client: the real app on 127.0.0.1 (uvicorn
 in a thread; a subprocess for SIGTERM and the API key), a tiny random model and a tiny BPE tokenizer.
-Greedy answers are checked against `decode.engine.generate()` on the prompt alone."""
+Greedy answers are checked against `decode.static_batch.generate()` on the prompt alone."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ httpx = pytest.importorskip("httpx")
 
 from decode import serve  # noqa: E402
 from decode.config import DecodeConfig  # noqa: E402
-from decode.engine import generate  # noqa: E402
+from decode.static_batch import generate  # noqa: E402
 from decode.text import load_tokenizer  # noqa: E402
 from tests.tiny_checkpoint import make_checkpoint  # noqa: E402
 
@@ -191,6 +191,32 @@ def test_stop_strings(server):
     while _health(s)["pending"] and time.time() < deadline:
         time.sleep(0.05)
     assert _health(s)["pending"] == 0
+
+
+def test_every_door_cuts_the_same_output_the_same_way(server, ckpt, tmp_path, capsys):
+    """One stop-string handler (decode.text.TextStream): the server (plain and streamed),
+    wedlm-decode and its batch job give the same text, cut before the same stop string, with the
+    same finish reason and token count."""
+    from decode import cli
+    s, tok = server, server["tokenizer"]
+    prompt = "count with me: one, two"
+    full = tok.decode(_alone(s, tok.encode(prompt), 40))
+    stop = full[6:9]
+    want = full[:full.find(stop)]
+    r = s["client"].completions.create(model="tiny", prompt=prompt, max_tokens=40, stop=[stop])
+    streamed = "".join(ch.choices[0].text for ch in s["client"].completions.create(
+        model="tiny", prompt=prompt, max_tokens=40, stop=[stop], stream=True) if ch.choices)
+    common = ["--checkpoint", ckpt[0], "--window", str(WINDOW), "--tau", str(TAU),
+              "--no-default-stops", "--stop", stop, "--capacity", str(CAPACITY)]
+    assert cli.main(common + ["--prompt", prompt, "--max-new-tokens", "40", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["results"][0]
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text(json.dumps({"id": 0, "prompt": prompt, "max_tokens": 40}) + "\n")
+    assert cli.main(common + ["--input", str(src), "--output", str(out), "--slots", "1"]) == 0
+    job = json.loads(out.read_text())
+    assert r.choices[0].text == streamed == row["text"] == job["text"] == want
+    assert r.choices[0].finish_reason == row["finish"] == job["finish_reason"] == "stop"
+    assert r.usage.completion_tokens == len(row["ids"]) == job["completion_tokens"]
 
 
 def test_24_concurrent_mixed_requests_equal_alone(server):
@@ -408,6 +434,70 @@ def test_subprocess_api_key_and_sigterm(ckpt, tmp_path):
         assert first.choices[0].text is not None
         with pytest.raises(httpx.TransportError):
             httpx.get(url + "/health", timeout=2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_sigterm_past_the_shutdown_timeout_answers_the_streams(ckpt):
+    """Streams still running when --shutdown-timeout runs out end with an error event (503) and
+    [DONE], never cut; the process exits 0 with no traceback."""
+    path = ckpt[0]
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "decode.serve", "--checkpoint", path, "--port", str(port),
+                             "--slots", "2", "--method", "ar", "--capacity", "2048",
+                             "--steps-per-call", "1", "--no-default-stops", "--lazy-compile",
+                             "--log-level", "warning", "--shutdown-timeout", "1"],
+                            cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        assert proc.poll() is None, proc.stdout.read().decode()
+        body = {"model": "model", "prompt": "count with me", "max_tokens": 2000, "stream": True,
+                "tau": 0.0, "lam": 0.0}
+        warm = httpx.post(url + "/v1/completions", json=dict(body, stream=False, max_tokens=4),
+                          timeout=120)
+        assert warm.status_code == 200, warm.text    # programs compiled before the clock starts
+        lines = [[] for _ in range(2)]
+
+        def read(i):
+            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+                for line in r.iter_lines():
+                    if line:
+                        lines[i].append(line)
+                        if len(lines[i]) == 1:
+                            started.release()
+
+        started = threading.Semaphore(0)
+        readers = [threading.Thread(target=read, args=(i,)) for i in range(2)]
+        for t in readers:
+            t.start()
+        for _ in readers:
+            assert started.acquire(timeout=60)
+        proc.send_signal(signal.SIGTERM)
+        for t in readers:
+            t.join(60)
+        out = proc.communicate(timeout=60)[0].decode()
+        assert proc.returncode == 0, out[-3000:]
+        assert "Traceback" not in out, out[-3000:]
+        for got in lines:
+            assert got[-1] == "data: [DONE]", got[-3:]
+            last = json.loads(got[-2][len("data: "):])
+            if "error" in last:                       # stopped by the timeout: told so
+                assert last["error"]["code"] == "unavailable"
+                assert "shutting down" in last["error"]["message"]
+            else:                                     # or it finished in time
+                assert last["choices"][0]["finish_reason"] == "length"
+        assert any("error" in json.loads(g[-2][len("data: "):]) for g in lines), \
+            "no stream outlived the 1 s timeout; the test decodes too little to tell"
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -421,7 +421,7 @@ def test_full_train_step_tiled_equals_dense(tmp_path):
     arrangement, loss, grad, clip, AdamW) with attention=tiled equals the step with dense.
     optimizer.eps=1e-3 keeps AdamW's first update g / (|g| + eps) Lipschitz in g (with the
     default 1e-8 a gradient entry of ~1e-9 turns rounding noise into a +-lr step)."""
-    from synthetic import train_data as fixtures
+    from tests.synthetic import train_data as fixtures
     from train import step as step_lib
     from train.config import load_config, model_config
     from wedlm_jax.sharding import make_mesh

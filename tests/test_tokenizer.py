@@ -104,7 +104,7 @@ def test_template_errors_name_the_message(tmp_path, capsys):
                      str(_write(tmp_path / "p.jsonl", [{"messages": MESSAGES[:2]}, {"messages": bad}]))])
     err = capsys.readouterr().err
     assert code == 2, err
-    assert (f"prompt 1: the chat template of {folder}/tokenizer_config.json fails to render from "
+    assert (f"p.jsonl:2: the chat template of {folder}/tokenizer_config.json fails to render from "
             f"message 1 (role 'critic') on: unknown role: critic") in err
     assert "config.json" not in err.replace("tokenizer_config.json", "")  # stopped before loading
     # the same line in training data: file:line and the same words, before anything compiles
@@ -124,7 +124,7 @@ def test_template_that_does_not_parse(tmp_path, capsys):
     folder = qwen_style_tokenizer(tmp_path / "tok", chat_template="{% for m in messages %}\n{{ m.content }")
     code = cli.main(["--checkpoint", folder, "--prompt", "hi", "--chat"])
     err = capsys.readouterr().err
-    assert code == 2 and f"prompt 0: the chat template of {folder}/tokenizer_config.json does not parse" in err
+    assert code == 2 and f"--prompt: the chat template of {folder}/tokenizer_config.json does not parse" in err
     assert "(template line 2)" in err
     info = data_lib.load_tokenizer(folder)
     with pytest.raises(ValueError, match="does not parse: unexpected '}'"):

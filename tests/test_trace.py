@@ -11,13 +11,13 @@ import pytest
 
 from decode import cli
 from decode.config import DecodeConfig
-from decode.engine import generate, trace_steps
+from decode.static_batch import generate, trace_steps
 from decode.text import load_tokenizer
 from decode.trace import (STATES, TraceError, check_request, committed_ids, render_html,
                           trace_view, write_trace)
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.convert import save_hf_checkpoint
-from synthetic import random_params, tiny_bpe_tokenizer
+from tests.synthetic import random_params, tiny_bpe_tokenizer
 
 CORPUS = ["one two three four five six seven eight nine ten", "the cat sat on the mat",
           "count with me: one, two, three", "hello world, hello there"] * 5

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from train import data as data_lib
-from synthetic import train_data as fixtures
+from tests.synthetic import train_data as fixtures
 from train import main as main_lib
 from train.config import TrainConfigError, load_config, mesh_shape
 from train.step import attention_pairs, decay_mask, lr_schedule, model_flops_per_row

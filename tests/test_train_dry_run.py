@@ -15,7 +15,7 @@ import jax
 import pytest
 import yaml
 
-from synthetic import train_data as fixtures
+from tests.synthetic import train_data as fixtures
 from train import main as main_lib
 
 COMPILES = []

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from train import checkpoint as ckpt
-from synthetic import train_data as fixtures
+from tests.synthetic import train_data as fixtures
 from train import main as main_lib
 from train.config import TrainConfigError, load_config
-from synthetic.train_data import enable_compilation_cache
+from tests.synthetic.train_data import enable_compilation_cache
 
 CACHE = enable_compilation_cache()
 

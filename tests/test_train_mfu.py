@@ -5,8 +5,8 @@ a given `peak_flops` is used as the rate without the probe."""
 import jax
 import pytest
 
-from synthetic import train_data as fixtures
-from synthetic.train_data import enable_compilation_cache
+from tests.synthetic import train_data as fixtures
+from tests.synthetic.train_data import enable_compilation_cache
 from train import main as main_lib
 from train import step as step_lib
 from train.config import load_config

@@ -15,10 +15,10 @@ import jax
 import numpy as np
 
 from train import checkpoint as ckpt
-from synthetic import train_data as fixtures
+from tests.synthetic import train_data as fixtures
 from train import main as main_lib
 from train.config import load_config
-from synthetic.train_data import enable_compilation_cache
+from tests.synthetic.train_data import enable_compilation_cache
 
 CACHE = enable_compilation_cache()
 KEYS = ("loss", "mlm_loss", "ar_loss", "grad_norm", "masked_count", "tokens")

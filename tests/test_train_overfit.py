@@ -4,10 +4,10 @@ below 1.0 over steps 51-60 (AR loss below 0.3, masked-slot accuracy above 0.5)."
 
 import numpy as np
 
-from synthetic import train_data as fixtures
+from tests.synthetic import train_data as fixtures
 from train import main as main_lib
 from train.config import load_config
-from synthetic.train_data import enable_compilation_cache
+from tests.synthetic.train_data import enable_compilation_cache
 
 enable_compilation_cache()
 

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from train import data as data_lib
-from synthetic import train_data as fixtures
+from tests.synthetic import train_data as fixtures
 from train import main as main_lib
 from train import pretokenize as pt
 from train.config import TrainConfigError, load_config
-from synthetic.train_data import enable_compilation_cache
+from tests.synthetic.train_data import enable_compilation_cache
 
 enable_compilation_cache()
 COMPILES = []

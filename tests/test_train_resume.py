@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from train import checkpoint as ckpt
-from synthetic import train_data as fixtures
+from tests.synthetic import train_data as fixtures
 from train import main as main_lib
 from train import step as step_lib
-from train.config import load_config
-from synthetic.train_data import enable_compilation_cache
+from train.config import TrainConfigError, load_config
+from tests.synthetic.train_data import enable_compilation_cache
 
 CACHE = enable_compilation_cache()
 
@@ -174,3 +174,15 @@ def test_export_hf_then_adapt_from_it(setup, tmp_path):
     # weights: the loss differs because the run starts from the exported (trained) weights
     assert first["tokens"] == res["records"][0]["tokens"]
     assert abs(first["loss"] - res["records"][0]["loss"]) > 1e-3
+    # the same start from the Orbax folder wedlm-convert writes of that HF folder: same first step
+    from wedlm_jax import convert
+    orbax = str(tmp_path / "orbax")
+    assert convert.main(["hf-to-orbax", "--hf", out, "--out", orbax]) == 0
+    cfg = load_config(setup["config"], ["model.config=null", f"model.from_orbax={orbax}",
+                                        "data.tokenizer=null", "steps=2"])
+    from_orbax = main_lib.run(cfg, progress=False)
+    assert from_orbax["model_config"] == adapted["model_config"]
+    for key in ("loss", "mlm_loss", "ar_loss", "tokens"):
+        assert from_orbax["records"][0][key] == first[key], key
+    with pytest.raises(TrainConfigError, match="takes one of model.from_hf, model.from_orbax"):
+        load_config(setup["config"], [f"model.from_orbax={orbax}"])   # model.config is set too

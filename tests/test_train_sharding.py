@@ -1,7 +1,7 @@
 """Sharding: 3 train steps on 8 CPU devices (data=2, fsdp=2, tensor=2) give the same losses and
 parameters as on 1 device (<= 1e-5 relative; the 8-device runs use the tile-skipping attention that
 `attention=auto` picks on CPU, the 1-device reference the dense mask); gradient accumulation over 2 microbatches (with
-remat on) equals one big batch; bf16 compute keeps f32 master weights and stays close to f32; a
+remat on) equals one big batch; so does the loss formed 8 slots at a time (`loss_chunk`); bf16 compute keeps f32 master weights and stays close to f32; a
 checkpoint written on the 8-device mesh restores onto a different mesh.
 
 The work runs in a subprocess (this file as a script) started with 8 forced host devices."""
@@ -26,7 +26,7 @@ def _worker(root: str, out: str) -> None:
 
     from train import checkpoint as ckpt
     from train import data as data_lib
-    from synthetic import train_data as fixtures
+    from tests.synthetic import train_data as fixtures
     from train import main as main_lib
     from train import step as step_lib
     from train.config import load_config
@@ -70,11 +70,13 @@ def _worker(root: str, out: str) -> None:
                               for idx in q.sharding.devices_indices_map(q.shape).values()})
     acc_state, _, _ = train(eight, 2, "accum", ["remat=save_dots", "attention=tiled",
                                                 "attention_tile=16"])
+    chunk_state, _, _ = train(eight, 1, "chunked", ["attention=tiled", "attention_tile=16",
+                                                    "loss_chunk=8"])
     bf16_state, _, _ = train(one, 1, "bf16", ["compute_dtype=bf16"])
     result["bf16"]["param_dtypes"] = sorted({str(x.dtype) for x in jax.tree.leaves(bf16_state)})
 
     ref_p = jax.device_get(ref_state["params"])
-    for name, st in (("eight", state8), ("accum", acc_state)):
+    for name, st in (("eight", state8), ("accum", acc_state), ("chunked", chunk_state)):
         got = jax.device_get(st["params"])
         errs = jax.tree_util.tree_leaves_with_path(jax.tree.map(
             lambda a, r: float(np.max(np.abs(a - r)) / max(np.max(np.abs(r)), 1e-12)), got, ref_p))
@@ -114,7 +116,7 @@ def test_eight_devices_match_one(tmp_path):
     r = json.load(open(out))
     ref = np.array(r["one"]["losses"])
     assert ref.shape == (3, 4) and np.all(np.isfinite(ref)) and np.all(ref[:, 0] > 1.0)
-    for name in ("eight", "accum"):
+    for name in ("eight", "accum", "chunked"):
         got = np.array(r[name]["losses"])
         np.testing.assert_allclose(got, ref, rtol=1e-5, err_msg=name)
         # Gradients agree to ~1e-6 relative (the losses and grad norms above, 1e-5); AdamW's

@@ -1,6 +1,6 @@
 """Verified streaming decoding (issue 7, decode/verified.py): greedy output equal to the engine's AR
 output token for token; the jitted step equal to the no-cache step-by-step reference
-(decode/verified_reference.py) in tokens, steps and draft counts; committed K/V rows equal to a
+(tests/verified_reference.py) in tokens, steps and draft counts; committed K/V rows equal to a
 one-shot prefill of the final sequence; sampled output distributed as AR sampling (chi-square); the
 same tokens on a 4-device mesh as on one device.
 
@@ -21,10 +21,10 @@ import pytest
 
 from decode.config import DecodeConfig, DecodeConfigError
 from decode.decoder import compiled_count
-from decode.engine import generate, trace_steps
-from decode.verified_reference import reference_verified
+from decode.static_batch import generate, trace_steps
+from tests.verified_reference import reference_verified
 from wedlm_jax.config import ModelConfig
-from synthetic import random_params as make_params
+from tests.synthetic import random_params as make_params
 from wedlm_jax.model import Transformer, init_kv_cache
 
 CONFIG = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,
@@ -304,7 +304,7 @@ MESH_SCRIPT = '''
 import json
 import jax
 from decode.config import DecodeConfig
-from decode.engine import generate
+from decode.static_batch import generate
 from tests.test_verified import CONFIG, PROMPTS, make_params
 from wedlm_jax.sharding import make_mesh
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from synthetic import random_params, tiny_bpe_tokenizer
+from tests.synthetic import random_params, tiny_bpe_tokenizer
 from wedlm_jax.config import ModelConfig
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

@@ -48,6 +48,13 @@ def save(mgr: ocp.CheckpointManager, step: int, state, data_state: dict, config:
         config=ocp.args.JsonSave(config)), force=force)
 
 
+def state_bytes(state) -> int:
+    """Bytes this process writes for a checkpoint of `state`, about: its share of every array."""
+    import jax
+    total = sum(int(getattr(x, "nbytes", 0)) for x in jax.tree.leaves(state))
+    return total // max(jax.process_count(), 1)
+
+
 def is_complete(step_dir) -> bool:
     """Orbax's finalization markers are present (the step was fully written and committed)."""
     step_dir = epath.Path(step_dir)
@@ -129,10 +136,11 @@ def read_config(directory, step: int) -> dict:
 # ------------------------------------------------------------------ before a run touches a folder
 
 # Keys that do not change what a run computes: output plumbing, logging, the device layout (a run
-# may resume on another mesh) and the attention kernel choice. Every other key must match the
-# checkpoint's saved config to resume; `steps` may grow (it extends the run).
+# may resume on another mesh), the attention kernel choice and how the loss is chunked. Every
+# other key must match the checkpoint's saved config to resume; `steps` may grow (it extends the run).
 NON_MEANING = ("checkpoint.", "mesh.", "log_every", "metrics_file", "peak_flops", "log_mfu", "progress",
-               "distributed", "attention", "attention_tile", "remat", "data.skip_bad_lines",
+               "distributed", "attention", "attention_tile", "remat", "loss_chunk",
+               "data.skip_bad_lines",
                "steps")
 
 

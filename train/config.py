@@ -33,17 +33,24 @@ class TrainConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class ModelSection:
-    """Where the weights come from: `from_hf` (a Hugging Face folder, the adaptation case), or an
-    inline architecture (`config`, the fields of `wedlm_jax.config.ModelConfig`) for from-scratch."""
+    """Where the weights come from: `from_hf` (a Hugging Face folder, the adaptation case),
+    `from_orbax` (an Orbax folder written by `wedlm-convert hf-to-orbax`), or an inline
+    architecture (`config`, the fields of `wedlm_jax.config.ModelConfig`) for from-scratch."""
     from_hf: str | None = None
+    from_orbax: str | None = None
     config: dict | None = None
+
+    @property
+    def folder(self) -> str | None:
+        """The checkpoint folder the weights (and config.json) come from, if any."""
+        return self.from_hf or self.from_orbax
 
 
 @dataclasses.dataclass(frozen=True)
 class DataSection:
     train_files: tuple = ()
     packed_dir: str | None = None  # a folder of `python -m train.pretokenize` (instead of train_files)
-    tokenizer: str | None = None  # folder with tokenizer.json (default: model.from_hf)
+    tokenizer: str | None = None  # folder with tokenizer.json (default: model.from_hf / from_orbax)
     seq_len: int = 1024  # packed row length (the memory stream; the network sees 2x for dual_stream)
     global_batch_size: int = 8  # rows per optimizer step, over all hosts and microbatches
     shuffle_seed: int = 0
@@ -109,6 +116,8 @@ class TrainConfig:
     remat: str = "none"  # full | save_dots | none (true / false: full / none)
     attention: str = "auto"  # dense | tiled | splash | cudnn | auto (wedlm_jax.attention_backends)
     attention_tile: int = 128  # tile size of the tiled / splash paths
+    loss_chunk: int = 0  # > 0: the loss forms logits this many slots at a time (divides seq_len);
+                         # 0: full logits [rows, slots, vocab] (wedlm_jax.losses.chunked_loss_terms)
     log_every: int = 1
     metrics_file: str | None = None  # JSONL; default <checkpoint.dir>/metrics.jsonl when that is set
     peak_flops: float | None = None  # per-device FLOP/s for MFU (given: "mfu" is logged)
@@ -270,7 +279,11 @@ def load_config(path: str | None, overrides: Sequence[str] = ()) -> TrainConfig:
         key = item.split("=", 1)[0].strip()
         _check_key(key, f"override {item!r}")
         _check_override_value(item)
-    raw = parse_overrides(raw, overrides)
+    return config_from_dict(parse_overrides(raw, overrides), where)
+
+
+def config_from_dict(raw: Mapping, where: str = "<dict>") -> TrainConfig:
+    """The validated config of a raw (YAML-shaped) mapping; errors name `where` and the key."""
     cfg = _build(TrainConfig, raw, "", where)
     validate(cfg, where)
     return cfg
@@ -314,11 +327,14 @@ def validate(cfg: TrainConfig, where: str = "config") -> None:
         raise TrainConfigError(f"{where}: {key} {msg}")
 
     o, ob, d, m, c = cfg.optimizer, cfg.objective, cfg.data, cfg.mesh, cfg.checkpoint
-    if cfg.model.from_hf is None and cfg.model.config is None:
-        bad("model", "needs either model.from_hf (a Hugging Face folder) or model.config (an inline "
-                     "architecture for training from scratch)")
-    if cfg.model.from_hf is not None and cfg.model.config is not None:
-        bad("model", "takes model.from_hf or model.config, not both")
+    given = [k for k in ("from_hf", "from_orbax", "config") if getattr(cfg.model, k) is not None]
+    if not given:
+        bad("model", "needs model.from_hf (a Hugging Face folder), model.from_orbax (an Orbax "
+                     "folder of wedlm-convert) or model.config (an inline architecture for "
+                     "training from scratch)")
+    if len(given) > 1:
+        bad("model", f"takes one of model.from_hf, model.from_orbax, model.config; got "
+                     f"{', '.join('model.' + k for k in given)}")
     if ob.kind not in OBJECTIVES:
         bad("objective.kind", f"must be one of {', '.join(OBJECTIVES)}, got {ob.kind!r}")
     if ob.block_size < 1:
@@ -380,6 +396,9 @@ def validate(cfg: TrainConfig, where: str = "config") -> None:
     if cfg.remat not in REMAT:
         bad("remat", f"must be one of {', '.join(REMAT)} (or true / false: full / none), got "
                      f"{cfg.remat!r}")
+    if cfg.loss_chunk < 0 or (cfg.loss_chunk and cfg.data.seq_len % cfg.loss_chunk):
+        bad("loss_chunk", f"must be 0 (full logits) or a divisor of data.seq_len "
+                          f"{cfg.data.seq_len}, got {cfg.loss_chunk}")
     if cfg.attention_tile < 8:
         bad("attention_tile", f"must be >= 8, got {cfg.attention_tile}")
     if c.every < 1 or c.keep < 1:
@@ -423,7 +442,10 @@ def model_config(cfg: TrainConfig):
     """The `ModelConfig` (read from the HF folder or built from the inline fields), with the
     objective's mask_token_id applied when given."""
     from wedlm_jax.config import ConfigError, ModelConfig
-    if cfg.model.from_hf is not None:
+    if cfg.model.from_orbax is not None:
+        from wedlm_jax.convert import read_config
+        mc = read_config(cfg.model.from_orbax)
+    elif cfg.model.from_hf is not None:
         mc = ModelConfig.from_hf(cfg.model.from_hf)
         if mc.model_type == "wedlm":  # the released checkpoints' conventions (README)
             from wedlm_jax.config import released_mask_token_id, settle_qk_norm

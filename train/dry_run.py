@@ -93,13 +93,14 @@ def describe_topology(name: str):
 # ----------------------------------------------------------------------------------- the dry run
 
 def model_config_for(cfg):
-    """The ModelConfig without weights: inline fields, or model.from_hf's config.json only."""
+    """The ModelConfig without weights: inline fields, or the model folder's config.json only."""
     from train.config import TrainConfigError, model_config
-    if cfg.model.from_hf is not None:
-        path = os.path.join(cfg.model.from_hf, "config.json")
+    if cfg.model.folder is not None:
+        path = os.path.join(cfg.model.folder, "config.json")
         if not os.path.isfile(path):
+            key = "model.from_hf" if cfg.model.from_hf is not None else "model.from_orbax"
             raise TrainConfigError(
-                f"model.from_hf: {path} does not exist; the dry run reads only the architecture "
+                f"{key}: {path} does not exist; the dry run reads only the architecture "
                 f"(config.json), e.g. model.from_hf=configs/arch/qwen3-8b or "
                 f"model.from_hf=configs/arch/qwen2.5-7b")
     mc = model_config(cfg)
@@ -108,9 +109,10 @@ def model_config_for(cfg):
     return mc
 
 
-def compile_step(cfg, mc, devices):
+def compile_step(cfg, mc, devices, scan_unroll: int = 1):
     """(compiled, lower_s, compile_s, mesh shape) of the train step over `devices`, from abstract
-    state and batch (ShapeDtypeStructs carrying their shardings)."""
+    state and batch (ShapeDtypeStructs carrying their shardings); `scan_unroll` layers per
+    iteration of the layer scan (cost analysis counts a loop body once)."""
     import jax
     import jax.numpy as jnp
 
@@ -131,7 +133,7 @@ def compile_step(cfg, mc, devices):
     batch = {k: jax.ShapeDtypeStruct((b,) if k == "index" else (b, length), dtypes[k],
                                      sharding=bsh[k]) for k in step_lib.BATCH_KEYS}
     fn = step_lib.make_train_step(cfg, mc, opt, mesh, shardings, mc.mask_token_id,
-                                  platform=devices[0].platform)
+                                  platform=devices[0].platform, scan_unroll=scan_unroll)
     t0 = time.perf_counter()
     with jax.set_mesh(mesh):
         lowered = fn.jitted.lower(state, batch)
@@ -139,6 +141,18 @@ def compile_step(cfg, mc, devices):
     compiled = lowered.compile()
     t2 = time.perf_counter()
     return compiled, t1 - t0, t2 - t1, shape
+
+
+def compiled_kernels(compiled) -> dict:
+    """{custom-call target: count} in the compiled program's HLO: which kernels the compiler
+    really emitted (a TPU Pallas/Mosaic kernel such as splash shows as `tpu_custom_call`, a Triton
+    kernel on GPU as `__gpu$xla.gpu.triton`, cuDNN attention as `__cudnn$fmha...`)."""
+    import re
+    text = compiled.as_text() or ""
+    counts: dict = {}
+    for target in re.findall(r'custom_call_target="([^"]+)"', text):
+        counts[target] = counts.get(target, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def memory_figures(compiled) -> dict:
@@ -184,6 +198,7 @@ def report(cfg, devices_arg=None, topology=None) -> dict:
             "global_batch_size": cfg.data.global_batch_size,
             "grad_accum": cfg.optimizer.grad_accum, "rows_per_device_microbatch": rows,
             "lower_s": lower_s, "compile_s": compile_s, "memory": memory_figures(compiled),
+            "kernels": compiled_kernels(compiled),
             "step_flops_per_device": step_flops(compiled), "model_flops_per_step": model_flops}
 
 
@@ -205,6 +220,8 @@ def format_report(r: dict, device_memory_gib: float, source: str) -> tuple[str, 
         f"rows, grad_accum {r['grad_accum']}: {r['rows_per_device_microbatch']} row(s) per device "
         f"per microbatch",
         f"  compile      {r['lower_s']:.1f} s lowering + {r['compile_s']:.1f} s compiling",
+        "  kernels      " + (", ".join(f"{k} x{n}" for k, n in r["kernels"].items())
+                             or "none (plain XLA ops only)") + " (custom calls in the compiled HLO)",
         "  memory per device (XLA memory_analysis):",
         f"    arguments    {_gib(m['argument'])}",
         f"    outputs      {_gib(m['output'])}",

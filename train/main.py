@@ -4,7 +4,7 @@ Order of work: parse and validate the config; read the tokenizer, resolve the [M
 validate, tokenize and pack every data file (or, with `data.packed_dir`, check a pretokenized folder
 and memory-map its shards); resolve the mesh against the device count and the
 batch. Only then is anything placed on devices or compiled: params (restored from the latest
-complete checkpoint, else loaded from `model.from_hf`, else random), the jitted step, the loop.
+complete checkpoint, else loaded from `model.from_hf` or `model.from_orbax`, else random), the jitted step, the loop.
 Each step logs loss terms, grad norm, lr, tokens/s and MFU to a JSONL file (and TensorBoard when
 installed) and a progress bar; checkpoints are saved asynchronously every `checkpoint.every` steps
 and at the end; `checkpoint.export_hf` receives the final params in Hugging Face format.
@@ -114,10 +114,15 @@ def prepare(cfg):
     from train.config import TrainConfigError, mesh_shape, model_config
 
     mc = model_config(cfg)
-    tok_dir = cfg.data.tokenizer or cfg.model.from_hf
+    if mc.max_position_embeddings and cfg.data.seq_len > mc.max_position_embeddings:
+        log.warning("data.seq_len %d is past the model's max_position_embeddings %d: positions "
+                    "beyond it are trained, and decoding refuses them unless --allow-long is given "
+                    "(raise model max_position_embeddings to make it the model's own length)",
+                    cfg.data.seq_len, mc.max_position_embeddings)
+    tok_dir = cfg.data.tokenizer or cfg.model.folder
     if tok_dir is None:
-        raise TrainConfigError("data.tokenizer is not set (and there is no model.from_hf folder to "
-                               "take tokenizer.json from)")
+        raise TrainConfigError("data.tokenizer is not set (and there is no model.from_hf or "
+                               "model.from_orbax folder to take tokenizer.json from)")
     packed_meta = None
     if cfg.data.packed_dir is not None:
         packed_meta = data_lib.read_packed_meta(cfg.data.packed_dir, seq_len=cfg.data.seq_len)
@@ -203,7 +208,8 @@ def check_outputs(cfg) -> None:
     if "://" in c.export_hf:
         raise TrainConfigError(f"checkpoint.export_hf {c.export_hf}: must be a local folder")
     out = os.path.realpath(c.export_hf)
-    inputs = {"model.from_hf": cfg.model.from_hf, "data.tokenizer": cfg.data.tokenizer,
+    inputs = {"model.from_hf": cfg.model.from_hf, "model.from_orbax": cfg.model.from_orbax,
+              "data.tokenizer": cfg.data.tokenizer,
               "data.packed_dir": cfg.data.packed_dir, "checkpoint.dir": c.dir,
               **{f"data.train_files[{i}]": f for i, f in enumerate(cfg.data.train_files)}}
     for key, path in inputs.items():
@@ -243,6 +249,7 @@ def _run(cfg, progress: bool = True) -> dict:
     from train import data as data_lib
     from train import step as step_lib
     from wedlm_jax.sharding import make_mesh
+    from wedlm_jax.failures import check_space
 
     if cfg.checkpoint.dir and cfg.checkpoint.resume:
         # the saved config against this one, before any data is read or any folder touched
@@ -282,6 +289,9 @@ def _run(cfg, progress: bool = True) -> dict:
             from wedlm_jax.convert import load_hf_checkpoint
             _, params = load_hf_checkpoint(cfg.model.from_hf, mesh=mesh, dtype="f32",
                                            progress=progress and primary)
+        elif cfg.model.from_orbax is not None:
+            from wedlm_jax.convert import load_orbax
+            _, params = load_orbax(cfg.model.from_orbax, mesh=mesh, dtype="f32")
         else:
             params = step_lib.init_params_sharded(mc, cfg.seed, shardings)
         state = step_lib.init_state(params, opt, shardings)
@@ -340,6 +350,9 @@ def _run(cfg, progress: bool = True) -> dict:
                 bar.set_postfix(loss=f"{rec['loss']:.4f}", tok_s=f"{rec['tokens_per_s']:.0f}")
             if mgr is not None and ((step + 1) % cfg.checkpoint.every == 0
                                     or step + 1 == cfg.steps):
+                if primary and "://" not in cfg.checkpoint.dir:
+                    check_space(cfg.checkpoint.dir, ckpt.state_bytes(state),
+                                f"the checkpoint of step {step + 1}")
                 ckpt.save(mgr, step + 1, state, {"grain": it.get_state(),
                                                  "rows": len(prep["rows"]["tokens"])},
                           config_dict, force=True)
@@ -369,6 +382,19 @@ def export_hf(mc, params, out_dir, tokenizer_dir, primary: bool, force: bool = F
         log.info("exported Hugging Face checkpoint to %s", out_dir)
 
 
+def kept_line(cfg) -> str:
+    """What a run that stops early leaves behind, in words."""
+    directory = cfg.checkpoint.dir if cfg is not None else None
+    if not directory or "://" in directory:
+        return "nothing was checkpointed"
+    from train.checkpoint import complete_steps
+    steps = complete_steps(directory)
+    if not steps:
+        return f"no complete checkpoint in {directory}; free space and rerun to start again"
+    return (f"kept the complete checkpoint of step {steps[0]} in {directory} (an unfinished one "
+            "is never resumed from); free space and rerun the same command to resume")
+
+
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     args = parse_args(argv)
@@ -379,6 +405,8 @@ def main(argv=None) -> int:
     from train.data import DataError
     from wedlm_jax.config import ConfigError
     from wedlm_jax.convert import CheckpointError
+    from wedlm_jax.failures import disk_full
+    cfg = None
     try:
         cfg = config_from_args(args)
         init_distributed(args, cfg)
@@ -387,6 +415,12 @@ def main(argv=None) -> int:
     except (TrainConfigError, DataError, ConfigError, CheckpointError, ResumeError) as e:
         print(f"wedlm-train: error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # noqa: BLE001 - a full disk is one line; anything else is a bug
+        full = disk_full(e)
+        if full is None:
+            raise
+        print(f"wedlm-train: error: disk full: {full}; {kept_line(cfg)}", file=sys.stderr)
+        return 1
     if result.get("already_done"):
         print(f"wedlm-train: {cfg.checkpoint.dir} already holds the final checkpoint (step "
               f"{cfg.steps}) of this run; nothing to train (raise steps to train further)",

@@ -142,7 +142,8 @@ def _split_micro(x, n):
     return jnp.swapaxes(x.reshape((b // n, n) + x.shape[1:]), 0, 1)
 
 
-def make_loss_fn(cfg: TrainConfig, model_cfg: ModelConfig, platform: str | None = None):
+def make_loss_fn(cfg: TrainConfig, model_cfg: ModelConfig, platform: str | None = None,
+                 scan_unroll: int = 1):
     """f(params, arrangement, totals) -> (loss over the global denominators, loss_terms).
     `platform`: the target the attention implementation is resolved for (default: jax's default
     backend; the dry run compiles for a described topology)."""
@@ -150,15 +151,22 @@ def make_loss_fn(cfg: TrainConfig, model_cfg: ModelConfig, platform: str | None 
                                   remat=cfg.remat, attention=attention_impl(cfg, platform),
                                   platform=platform,
                                   attention_tile=cfg.attention_tile,
-                                  attention_block_size=cfg.objective.block_size)
+                                  attention_block_size=cfg.objective.block_size,
+                                  scan_unroll=scan_unroll)
     objective = OBJECTIVE_NAMES[cfg.objective.kind]
     w = float(cfg.objective.ar_weight)
 
     def loss_fn(params, arr, totals):
         structure = {k: arr[k] for k in masking.STRUCTURE_KEYS}
-        logits = model.apply({"params": params}, arr["tokens"], arr["positions"],
-                             structure=structure, objective=objective)
-        terms = losses.loss_terms(logits, arr)
+        if cfg.loss_chunk:
+            hidden, head = model.apply({"params": params}, arr["tokens"], arr["positions"],
+                                       structure=structure, objective=objective, return_hidden=True)
+            terms = losses.chunked_loss_terms(
+                hidden, arr, cfg.loss_chunk, lambda h: model_lib.head_logits(h, head, model.dtype))
+        else:
+            logits = model.apply({"params": params}, arr["tokens"], arr["positions"],
+                                 structure=structure, objective=objective)
+            terms = losses.loss_terms(logits, arr)
         loss, _ = losses.combine(terms, w, objective=objective, totals=totals)
         return loss, terms
     return loss_fn
@@ -172,13 +180,13 @@ def attention_impl(cfg: TrainConfig, backend: str | None = None) -> str:
 
 
 def make_step_fn(cfg: TrainConfig, model_cfg: ModelConfig, opt, mask_token_id: int | None,
-                 platform: str | None = None):
+                 platform: str | None = None, scan_unroll: int = 1):
     """The un-jitted step(state, batch) -> (state, metrics)."""
     objective = OBJECTIVE_NAMES[cfg.objective.kind]
     ob = cfg.objective
     accum = cfg.optimizer.grad_accum
     w = float(ob.ar_weight)
-    loss_fn = make_loss_fn(cfg, model_cfg, platform)
+    loss_fn = make_loss_fn(cfg, model_cfg, platform, scan_unroll)
     grad_fn = jax.grad(loss_fn, has_aux=True)
     schedule = lr_schedule(cfg)
 
@@ -219,12 +227,13 @@ def make_step_fn(cfg: TrainConfig, model_cfg: ModelConfig, opt, mask_token_id: i
 
 
 def make_train_step(cfg: TrainConfig, model_cfg: ModelConfig, opt, mesh, shardings: dict,
-                    mask_token_id: int | None, rules=DEFAULT_RULES, platform: str | None = None):
+                    mask_token_id: int | None, rules=DEFAULT_RULES, platform: str | None = None,
+                    scan_unroll: int = 1):
     """The jitted step: explicit in/out shardings on the ('data', 'fsdp', 'tensor') mesh, the
     state donated. Call it under `jax.set_mesh(mesh)` (`run_step` does). `platform`: the target
     the attention is resolved for (default: the mesh's devices' platform)."""
     platform = platform or mesh.devices.flat[0].platform
-    step = make_step_fn(cfg, model_cfg, opt, mask_token_id, platform)
+    step = make_step_fn(cfg, model_cfg, opt, mask_token_id, platform, scan_unroll)
     replicated = NamedSharding(mesh, P())
 
     def wrapped(state, batch):

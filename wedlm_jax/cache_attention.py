@@ -127,6 +127,41 @@ def _pow2_at_least(n: int) -> int:
     return 1 << (max(int(n), 1) - 1).bit_length()
 
 
+# Shared memory a Triton program may use, by CUDA compute capability (the vendor's "maximum shared
+# memory per block, opt-in"); unknown devices get the smallest
+SMEM_BYTES = {"9.0": 232448, "10.0": 232448, "12.0": 101376, "8.0": 166912, "8.7": 166912,
+              "8.6": 101376, "8.9": 101376}
+PALLAS_STAGES = 2   # the Triton pipeline depth the kernel is compiled with (num_stages)
+
+
+def smem_limit(device=None) -> int:
+    """Shared-memory bytes per block of `device` (a CUDA device, or a compile-only one from a
+    described topology); the smallest known figure when its compute capability is unknown."""
+    cc = str(getattr(device, "compute_capability", "") or "")
+    return SMEM_BYTES.get(cc, min(SMEM_BYTES.values()))
+
+
+def pallas_smem(tile: int, rows: int, head_dim: int, itemsize: int) -> int:
+    """Shared memory the Triton cache kernel needs: the K and V tiles of every pipeline stage and
+    the query block (`rows` query rows padded as the kernel pads them)."""
+    r_pad = max(16, _pow2_at_least(rows))
+    return PALLAS_STAGES * 2 * tile * head_dim * itemsize + r_pad * head_dim * itemsize
+
+
+def pallas_tile(tile: int, rows: int, head_dim: int, itemsize: int, limit: int) -> int:
+    """The largest power-of-two KV tile <= `tile` whose kernel fits `limit` bytes of shared
+    memory (at least 16); raises ValueError when even 16 does not fit."""
+    t = _pow2_at_most(check_tile(tile))
+    while t > 16 and pallas_smem(t, rows, head_dim, itemsize) > limit:
+        t //= 2
+    if pallas_smem(t, rows, head_dim, itemsize) > limit:
+        raise ValueError(f"the Pallas cache kernel needs {pallas_smem(t, rows, head_dim, itemsize)} "
+                         f"bytes of shared memory for {rows} query rows of head_dim {head_dim} even "
+                         f"at a 16-row KV tile, more than the device's {limit}; use attention "
+                         "'tiled'")
+    return t
+
+
 def _pallas_kernel(len_ref, q_ref, k_ref, v_ref, o_ref, *, scale, tile, groups, width, capacity):
     """One (row b, KV head) program. q_ref [R, D]: the row's S x G query heads of this KV head,
     row r = slot r // G (padded to R rows); k_ref / v_ref [T, D]: the cache of this row and head,

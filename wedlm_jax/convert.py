@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import json
 import os
 import re
@@ -47,6 +46,7 @@ import numpy as np
 from wedlm_jax import hf_mapping, model, sharding
 from wedlm_jax import safetensors_io as st
 from wedlm_jax.config import ConfigError, ModelConfig, settle_qk_norm
+from wedlm_jax.failures import disk_full, free_bytes, mount_point
 from wedlm_jax.safetensors_io import CheckpointError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
@@ -262,21 +262,6 @@ def _raise_interrupted(signum, frame):
     raise Interrupted(signal.Signals(signum).name)
 
 
-def _mount_point(path: str) -> str:
-    path = os.path.realpath(path)
-    while not os.path.exists(path):
-        path = os.path.dirname(path)
-    dev = os.stat(path).st_dev
-    while path != os.path.dirname(path) and os.stat(os.path.dirname(path)).st_dev == dev:
-        path = os.path.dirname(path)
-    return path
-
-
-def _is_disk_full(e: BaseException) -> bool:
-    return (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) or \
-        "No space left on device" in str(e)
-
-
 def _human(n: int) -> str:
     for unit, k in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if n >= k:
@@ -294,11 +279,9 @@ def params_nbytes(params, dtype=None) -> int:
 def check_space(out_dir: str, needed: int) -> None:
     """Refuse before writing when the output's file system has less than `needed` bytes free."""
     parent = os.path.dirname(os.path.abspath(out_dir))
-    while not os.path.isdir(parent):
-        parent = os.path.dirname(parent)
-    free = shutil.disk_usage(parent).free
+    free = free_bytes(parent)
     if free < needed:
-        raise CheckpointError(f"no space left on {_mount_point(parent)}, needed ~{_human(needed)} "
+        raise CheckpointError(f"no space left on {mount_point(parent)}, needed ~{_human(needed)} "
                               f"({_human(free)} free)")
 
 
@@ -657,11 +640,11 @@ def main(argv=None) -> int:
         _cleanup_line(args.out, f"interrupted by {e}")
         os._exit(130 if str(e) == "SIGINT" else 143)
     except Exception as e:
-        if not _is_disk_full(e):
+        if not disk_full(e) is not None:
             raise
         need = f", needed ~{_human(needed[0])}" if needed[0] else ""
         _cleanup_line(args.out, f"error: no space left on "
-                                f"{_mount_point(os.path.abspath(args.out))}{need}")
+                                f"{mount_point(os.path.abspath(args.out))}{need}")
         return 2
     finally:
         for sig, handler in previous.items():

@@ -1,6 +1,7 @@
 """Losses of the training arrangements (docs/algorithm.md §2, losses).
 
     terms = loss_terms(logits, batch)        # sums over the whole (global) batch
+    terms = chunked_loss_terms(hidden, batch, chunk, logits_of)   # the same, a chunk of slots at a time
     loss, metrics = combine(terms, ar_weight, objective="dual")
 
 `batch` is an arrangement from `wedlm_jax.masking` (single row [T] or batch [B, T]); the keys read
@@ -62,6 +63,36 @@ def loss_terms(logits: jnp.ndarray, batch) -> dict:
     }
 
 
+LOSS_KEYS = ("targets", "is_masked", "mlm_weight", "ar_targets", "ar_weight")
+
+
+def chunked_loss_terms(hidden: jnp.ndarray, batch, chunk: int, logits_of) -> dict:
+    """`loss_terms` without the full logits: the slots of `hidden` [B, T, E] (final hidden states)
+    are taken `chunk` at a time, `logits_of(h)` [B, chunk, V] forms one chunk's logits, and the
+    sums are accumulated in a scan whose body is rematerialised, so neither the forward nor the
+    backward pass holds logits of more than one chunk (the backward recomputes them: one more head
+    matmul). Equal to `loss_terms(logits_of(hidden), batch)` in value and gradient up to float
+    summation order. `chunk` must divide T."""
+    b, t = hidden.shape[0], hidden.shape[1]
+    if batch["targets"].shape != (b, t):
+        raise ValueError(f"hidden {hidden.shape} does not match the arrangement "
+                         f"{batch['targets'].shape} (expected [B, T, E] with T the slots)")
+    if chunk < 1 or t % chunk:
+        raise ValueError(f"loss chunk {chunk} must be >= 1 and divide the {t} slots of a row")
+    n = t // chunk
+    split = lambda x: jnp.moveaxis(x.reshape((b, n, chunk) + x.shape[2:]), 1, 0)
+    xs = (split(hidden), {k: split(batch[k]) for k in LOSS_KEYS})
+
+    @jax.checkpoint
+    def body(acc, x):
+        terms = loss_terms(logits_of(x[0]), x[1])
+        return {k: acc[k] + terms[k] for k in TERM_KEYS}, None
+
+    zeros = {k: jnp.zeros((), jnp.float32) for k in TERM_KEYS}
+    terms, _ = jax.lax.scan(body, zeros, xs)
+    return terms
+
+
 def weight_totals(batch) -> dict:
     """The loss denominators of a (global) batch, from the arrangement alone (no logits):
     {'mlm_weight': sum of MLM weights, 'ar_count': sum of AR weights}."""
@@ -105,4 +136,4 @@ def objective_loss(logits, batch, ar_weight: float = 1.0, objective: str = "dual
     return combine(loss_terms(logits, batch), ar_weight, objective=objective)
 
 
-__all__ = ["OBJECTIVES", "TERM_KEYS", "loss_terms", "weight_totals", "combine", "objective_loss"]
+__all__ = ["OBJECTIVES", "TERM_KEYS", "loss_terms", "chunked_loss_terms", "weight_totals", "combine", "objective_loss"]

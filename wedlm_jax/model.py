@@ -193,9 +193,10 @@ def remat_policy(name) -> str:
 
 
 def layer_stack(config: ModelConfig, dtype, param_dtype, remat="none",
-                name: str = "layers") -> nn.Module:
+                name: str = "layers", unroll: int = 1) -> nn.Module:
     """The decoder layers as one `nn.scan` over `Block`: parameters stacked on a leading
-    'layers' axis, so XLA runs (and FSDP gathers) one layer at a time."""
+    'layers' axis, so XLA runs (and FSDP gathers) one layer at a time. `unroll` layers per loop
+    iteration (ahead-of-time cost analysis unrolls all: XLA counts a loop body once)."""
     policy = remat_policy(remat)
     block = Block
     if policy != "none":
@@ -204,7 +205,8 @@ def layer_stack(config: ModelConfig, dtype, param_dtype, remat="none",
         block = nn.remat(Block, policy=saveable, prevent_cse=False)
     stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
                     in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
-                    length=config.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
+                    length=config.num_layers, unroll=unroll,
+                    metadata_params={nn.PARTITION_NAME: "layers"})
     return stack(config, dtype, param_dtype, name=name)
 
 
@@ -223,12 +225,18 @@ class Transformer(nn.Module):
     attention_interpret: bool = False  # accelerator kernels in CPU-checkable form (tests)
     platform: str | None = None       # the target `attention` is resolved for (default: jax's
                                       # default backend; an ahead-of-time compile names its own)
+    scan_unroll: int = 1              # layers per loop iteration of the layer scan
 
     @nn.compact
     def __call__(self, tokens, positions, *, segment_ids=None, mask=None,
                  kv_cache: KVCache | None = None, cache_len=None,
-                 structure=None, objective: str = "dual"):
+                 structure=None, objective: str = "dual", return_hidden: bool = False):
+        """Logits [B, S, V] (float32), with the updated cache in cache mode. `return_hidden`:
+        (final hidden states [B, S, E], head [E, V]) instead of logits, for a loss that forms the
+        logits a chunk at a time (`wedlm_jax.losses.chunked_loss_terms`); not in cache mode."""
         c = self.config
+        if return_hidden and kv_cache is not None:
+            raise ValueError("return_hidden is for training (no cache); cache mode returns logits")
         remat_policy(self.remat)
         mask = attention_input(
             c, tokens.shape, self.attention, dtype=self.dtype, tile=self.attention_tile,
@@ -244,7 +252,8 @@ class Transformer(nn.Module):
         inv_freq, scaling = rope_frequencies(c)
         cos, sin = rope_cos_sin(positions, inv_freq, scaling)
 
-        (x, new_cache, _), _ = layer_stack(c, self.dtype, self.param_dtype, self.remat)(
+        (x, new_cache, _), _ = layer_stack(c, self.dtype, self.param_dtype, self.remat,
+                                           unroll=self.scan_unroll)(
             (x, kv_cache, jnp.zeros((), jnp.int32)), cos, sin, mask, cache_len)
         x = RMSNorm(c.rms_norm_eps, "norm", self.param_dtype, name="final_norm")(x)
         if c.tie_word_embeddings:
@@ -252,12 +261,19 @@ class Transformer(nn.Module):
         else:
             head = _param(self, "lm_head", (c.hidden_size, c.vocab_size), ("embed", "vocab"),
                           dtype=self.param_dtype)
-        logits = jnp.einsum("bse,ev->bsv", x, head.astype(self.dtype),
-                            preferred_element_type=jnp.float32)
-        logits = _constrain(logits, ("batch", "length", "vocab"))
+        if return_hidden:
+            return x, head
+        logits = head_logits(x, head, self.dtype)
         if kv_cache is None:
             return logits
         return logits, new_cache
+
+
+def head_logits(x, head, dtype):
+    """Float32 logits [B, S, V] of final hidden states [B, S, E] through the head [E, V] (matmul in
+    the compute `dtype`, accumulated in float32)."""
+    logits = jnp.einsum("bse,ev->bsv", x, head.astype(dtype), preferred_element_type=jnp.float32)
+    return _constrain(logits, ("batch", "length", "vocab"))
 
 
 def attention_input(c: ModelConfig, shape, attention: str, *, dtype, tile: int, block_size: int,

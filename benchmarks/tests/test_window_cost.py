@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from synthetic import random_params
+from tests.synthetic import random_params
 from wedlm_jax.config import ModelConfig
 
 CONFIG = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,

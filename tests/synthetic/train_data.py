@@ -117,7 +117,7 @@ def write_config(path: str, config: dict) -> str:
     return path
 
 
-if __name__ == "__main__":  # python -m synthetic.train_data data/tiny  (inputs for configs/tiny_cpu.yaml)
+if __name__ == "__main__":  # python -m tests.synthetic.train_data data/tiny  (inputs for configs/tiny_cpu.yaml)
     import sys
     out = sys.argv[1] if len(sys.argv) > 1 else "data/tiny"
     os.makedirs(out, exist_ok=True)

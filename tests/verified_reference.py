@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from decode.config import DecodeConfig, DecodeConfigError, check_prompts, resolve_mask_token
-from decode.reference import _entropy, _FullForward
+from tests.decode_reference import _entropy, _FullForward
 from wedlm_jax.config import ModelConfig
 
 

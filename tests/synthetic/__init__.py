@@ -7,7 +7,7 @@ checkout root:
     synthetic.hf                        tiny random Hugging Face models (torch + transformers: the
                                         `test` extra, imported inside its functions only)
     synthetic.train_data                tiny tokenizer + JSONL training inputs and configs
-                                        (python -m synthetic.train_data data/tiny)
+                                        (python -m tests.synthetic.train_data data/tiny)
 """
 
 from __future__ import annotations

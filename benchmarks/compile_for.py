@@ -1,0 +1,307 @@
+"""The accelerator picture without the accelerator: the project's programs compiled by the
+target's own compiler on this machine (issue 21 item 2), side by side in one report.
+
+    python -m benchmarks.compile_for --compile-for v5p:1x1x1,v5e:2x4,v6e:2x4,v5p:2x2x2
+                                     [--model 8b|4b|1.7b|0.6b] [--quick] [--out DIR]
+                                     [--tokens-per-forward 2.0]
+
+Per target (a TPU topology libtpu describes; no TPU needed) and at the chosen decode shape in
+bf16, with the slots over data and the heads over `tensor` = all chips of the topology:
+  decode    `generate` of one step (decode/aot.py): AR and streaming W 16 (refill before) at
+            batch 1 / 8 / 64; streaming W 8 / 32 before and W 8 / 16 / 32 after, and verified W 16,
+            at batch 8 (--quick: AR and streaming W 16 before at batch 8); capacity 4096 with 2048
+            live rows per slot
+  prefill   one 2048-token prompt in one chunk
+  train     the train step of configs/wedlm_8b_from_qwen3.yaml's objective (dual stream, block 32,
+            4096-token rows, remat full, bf16, loss in 1024-slot chunks; its cost from unchunked
+            compiles, see `train_row`) for the 1B-class shape
+            (benchmarks.accelerator.TRAIN_SHAPE), fsdp over all chips, one row per chip, with the
+            attention resolved for the target (splash on TPU)
+and reports per program: memory per device from the full-depth compile (fits or not in the chip's
+HBM, the compiler's own out-of-memory verdict included), flops / bytes accessed / libtpu's
+optimal_seconds scaled to the whole depth (`decode.aot.layer_scaled`: cost_analysis counts the
+layer scan's body once), the analytic floor (decode), the roofline step time max(flops / peak,
+bytes / bandwidth), the streaming / AR step ratio at equal batch, estimated decode tokens/s (AR:
+batch / step; streaming: batch x --tokens-per-forward / step, an assumption stated in the report)
+and the train step's MFU estimate (model FLOPs / (roofline time x peak x chips)).
+
+Writes DIR/compile_for.json and DIR/compile_for.md (DIR default benchmarks/results/compile_for);
+refuses a DIR holding files it did not write.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+from decode.aot import GIB, TPU_FORMS as FORMS, TargetError, describe_tpu
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    name: str
+    devices: tuple
+    peak_flops: float
+    bandwidth: float
+    hbm: int
+
+    @property
+    def chips(self) -> int:
+        return len(self.devices)
+
+
+def describe(name: str) -> Target:
+    """The compile-only devices of a target name and its chip's figures (decode.aot.describe_tpu);
+    a TargetError naming the accepted forms (and the install command when libtpu is missing)."""
+    try:
+        devices, (flops, bw, hbm) = describe_tpu(name)
+    except TargetError as e:
+        raise TargetError(f"--compile-for {e}") from None
+    return Target(name, tuple(devices), flops, bw, hbm)
+
+
+def _verdict_or_raise(fn, *a, **kw) -> dict:
+    """fn(*a, **kw), or {'oom': the compiler's reason} when it refuses for want of memory."""
+    from train.dry_run import out_of_memory
+    try:
+        return fn(*a, **kw)
+    except Exception as e:  # noqa: BLE001 - only an out-of-memory compile is a verdict
+        reason = out_of_memory(e)
+        if reason is None:
+            raise
+        return {"oom": reason}
+
+
+def roofline(cost: dict, t: Target) -> float | None:
+    if not cost or "flops" not in cost or "bytes accessed" not in cost:
+        return None
+    return max(cost["flops"] / t.peak_flops, cost["bytes accessed"] / t.bandwidth)
+
+
+def decode_programs(quick: bool) -> list[dict]:
+    if quick:
+        return [dict(method="ar", window=1, refill="before", slots=8),
+                dict(method="streaming", window=16, refill="before", slots=8)]
+    out = []
+    for slots in (1, 8, 64):
+        out += [dict(method="ar", window=1, refill="before", slots=slots),
+                dict(method="streaming", window=16, refill="before", slots=slots)]
+    out += [dict(method="streaming", window=w, refill="before", slots=8) for w in (8, 32)]
+    out += [dict(method="streaming", window=w, refill="after", slots=8) for w in (8, 16, 32)]
+    out.append(dict(method="verified", window=16, refill="after", slots=8))
+    return out
+
+
+def decode_row(config, t: Target, prog: dict, capacity: int, live: int) -> dict:
+    from decode import aot
+    tensor = t.chips if config.num_kv_heads % t.chips == 0 else 1
+    mesh = (1, 1, tensor) if t.chips > 1 and tensor > 1 else None
+    settings = dict(prog, capacity=capacity, dtype="bfloat16", attention="tiled", kv_tile=256,
+                    mesh_shape=mesh)
+    devices = list(t.devices[:tensor]) if mesh else [t.devices[0]]
+    full = _verdict_or_raise(aot.compile_generate, config, devices, live_rows=live, **settings)
+    row = dict(prog, kind="decode", chips_used=len(devices), capacity=capacity, live_rows=live)
+    if "oom" in full:
+        return dict(row, fits=False, oom=full["oom"])
+    cost = aot.layer_scaled(aot.compile_generate, config, devices, **settings)
+    step = roofline(cost, t)
+    floor = full["floor"]["total"]
+    return dict(row, memory=full["memory"], fits=full["memory"]["total"] <= t.hbm, cost=cost,
+                floor_bytes=floor, bytes_over_floor=cost.get("bytes accessed", 0) / floor,
+                floor_s=floor / t.bandwidth, roofline_s=step)
+
+
+def prefill_row(config, t: Target, prompt_len: int) -> dict:
+    from decode import aot
+    tensor = t.chips if config.num_kv_heads % t.chips == 0 else 1
+    mesh = (1, 1, tensor) if t.chips > 1 and tensor > 1 else None
+    devices = list(t.devices[:tensor]) if mesh else [t.devices[0]]
+    kw = dict(prompt_len=prompt_len, dtype="bfloat16", slots=1, mesh_shape=mesh)
+    full = _verdict_or_raise(aot.compile_prefill, config, devices, **kw)
+    row = dict(kind="prefill", prompt_len=prompt_len, chips_used=len(devices))
+    if "oom" in full:
+        return dict(row, fits=False, oom=full["oom"])
+    cost = aot.layer_scaled(aot.compile_prefill, config, devices, **kw)
+    step = roofline(cost, t)
+    return dict(row, memory=full["memory"], fits=full["memory"]["total"] <= t.hbm, cost=cost,
+                roofline_s=step, tokens_per_s=prompt_len / step if step else None)
+
+
+def train_row(t: Target, seq_len: int = 4096) -> dict:
+    from benchmarks.accelerator import TRAIN_SHAPE
+    from train import dry_run, step as step_lib
+    from train.config import config_from_dict
+    cfg = config_from_dict({
+        "model": {"config": dict(TRAIN_SHAPE)},
+        "data": {"train_files": ["unused.jsonl"], "seq_len": seq_len,
+                 "global_batch_size": t.chips},
+        "objective": {"kind": "dual_stream", "block_size": 32, "ar_weight": 1.0},
+        "mesh": {"data": 1, "fsdp": t.chips, "tensor": 1},
+        "compute_dtype": "bf16", "remat": "full", "loss_chunk": 1024}, "the train shape")
+
+    def compile_train(c, unroll=1):
+        mc = dry_run.model_config_for(c)
+        compiled = dry_run.compile_step(c, mc, list(t.devices), scan_unroll=unroll)[0]
+        from decode.aot import figures
+        return dict(figures(compiled), kernels=dry_run.compiled_kernels(compiled))
+
+    full = _verdict_or_raise(compile_train, cfg)
+    row = dict(kind="train", seq_len=seq_len, rows_per_chip=1, attention=step_lib.attention_impl(
+        cfg, backend="tpu"), params=dry_run.model_config_for(cfg).num_params())
+    if "oom" in full:
+        return dict(row, fits=False, oom=full["oom"])
+    # cost from a 1-layer and an unrolled 2-layer compile with the loss unchunked (cost_analysis
+    # counts a loop body once: a chunked loss is a scan too, it would count one chunk of the head)
+    one, two = (compile_train(dataclasses.replace(
+        cfg, loss_chunk=0, model=dataclasses.replace(cfg.model, config=dict(TRAIN_SHAPE, num_layers=n))),
+        unroll=n).get("cost") or {} for n in (1, 2))
+    depth = TRAIN_SHAPE["num_layers"]
+    cost = {k: one[k] + (depth - 1) * (two[k] - one[k]) for k in one if k in two}
+    step = roofline(cost, t)
+    mc = dry_run.model_config_for(cfg)
+    model_flops = step_lib.model_flops_per_row(mc, seq_len, "dual_stream", 32) * t.chips
+    return dict(row, memory=full["memory"], fits=full["memory"]["total"] <= t.hbm, cost=cost,
+                kernels=full["kernels"], roofline_s=step,
+                mfu=model_flops / (step * t.peak_flops * t.chips) if step else None)
+
+
+def _ms(x) -> str:
+    return "-" if x is None else f"{x * 1e3:.3f}"
+
+
+def derive(rows: list[dict], tpf: float) -> None:
+    """Streaming / AR roofline ratio at equal batch and the decode tokens/s estimates, in place."""
+    ar = {r["slots"]: r.get("roofline_s") for r in rows
+          if r["kind"] == "decode" and r["method"] == "ar"}
+    for r in rows:
+        if r["kind"] != "decode" or not r.get("roofline_s"):
+            continue
+        per_fwd = 1.0 if r["method"] == "ar" else tpf
+        r["tokens_per_s"] = r["slots"] * per_fwd / r["roofline_s"]
+        if r["method"] != "ar" and ar.get(r["slots"]):
+            r["step_over_ar"] = r["roofline_s"] / ar[r["slots"]]
+
+
+def markdown(report: dict) -> str:
+    out = [f"# Compiled for the target, on this CPU ({report['command']})", "",
+           f"jax {report['jax']}, libtpu {report['libtpu']}; decode shape {report['model']} "
+           f"bf16; streaming tokens per forward assumed {report['tokens_per_forward']} for the "
+           "tokens/s estimate; time = roofline max(flops / peak, bytes / bandwidth) per chip from "
+           "the layer-scaled compiled cost.", ""]
+    for t in report["targets"]:
+        out += [f"## {t['target']} ({t['chips']} chips, {t['hbm_gib']:.0f} GiB HBM, "
+                f"{t['peak_tflops']:.0f} TFLOP/s, {t['bandwidth_gbs']:.0f} GB/s per chip)", "",
+                "| program | batch | chips | memory GiB/chip | fits | bytes / floor | roofline ms | "
+                "libtpu optimal ms | floor ms | step / AR | tokens/s (est.) |",
+                "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in t["rows"]:
+            if r["kind"] == "decode":
+                name = r["method"] if r["method"] == "ar" else \
+                    f"{r['method']} W{r['window']} {r['refill']}"
+                batch = r["slots"]
+            elif r["kind"] == "prefill":
+                name, batch = f"prefill {r['prompt_len']} tokens", 1
+            else:
+                name = (f"train {r['params'] / 1e9:.2f}B, {r['seq_len']}-token row, "
+                        f"{r['attention']}")
+                batch = r["rows_per_chip"]
+            if "oom" in r:
+                out.append(f"| {name} | {batch} | {r.get('chips_used', t['chips'])} | - | "
+                           f"**no**: {r['oom'][:80]} | | | | | | |")
+                continue
+            c = r.get("cost", {})
+            fmt = lambda v, f: "-" if v is None else format(v, f)
+            extra = (f"MFU {r['mfu']:.0%}" if r.get("mfu") is not None
+                     else fmt(r.get("tokens_per_s"), ".0f"))
+            cells = [name, batch, r.get("chips_used", t["chips"]),
+                     f"{r['memory']['total'] / GIB:.2f}", "yes" if r["fits"] else "**no**",
+                     fmt(r.get("bytes_over_floor"), ".2f"), _ms(r.get("roofline_s")),
+                     _ms(c.get("optimal_seconds")), _ms(r.get("floor_s")),
+                     fmt(r.get("step_over_ar"), ".2f"), extra]
+            out.append("| " + " | ".join(str(x) for x in cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def _prepare_out(path: str) -> None:
+    names = {"compile_for.json", "compile_for.md"}
+    if os.path.isdir(path) and set(os.listdir(path)) - names:
+        raise TargetError(f"--out {path} holds files this report did not write "
+                          f"({', '.join(sorted(set(os.listdir(path)) - names)[:3])}); "
+                          "pass another folder")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise TargetError(f"--out {path} is a file, not a folder")
+    os.makedirs(path, exist_ok=True)
+
+
+def _write(path: str, text: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.compile_for",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--compile-for", required=True, help=f"comma-separated targets: {FORMS}")
+    ap.add_argument("--model", default="8b", help="decode shape (benchmarks.accelerator."
+                                                   "DECODE_SHAPES): 8b, 4b, 1.7b or 0.6b; smoke: "
+                                                   "a 3-layer toy (tests)")
+    ap.add_argument("--quick", action="store_true", help="AR and streaming W 16 at batch 8, "
+                                                         "no prefill or train")
+    ap.add_argument("--capacity", type=int, default=4096)
+    ap.add_argument("--live", type=int, default=2048, help="committed rows per slot (the floor)")
+    ap.add_argument("--tokens-per-forward", type=float, default=2.0,
+                    help="streaming tokens per forward assumed for the tokens/s estimate")
+    ap.add_argument("--out", default="benchmarks/results/compile_for")
+    a = ap.parse_args(argv)
+    from benchmarks.accelerator import DECODE_SHAPES, SMOKE_SHAPE, model_config
+    shapes = dict(DECODE_SHAPES, smoke=dict(SMOKE_SHAPE, num_layers=3))
+    try:
+        if a.model not in shapes:
+            raise TargetError(f"--model {a.model!r}: one of {', '.join(shapes)}")
+        if not 0 < a.live <= a.capacity:
+            raise TargetError(f"--live {a.live} must be in [1, --capacity {a.capacity}]")
+        if not a.tokens_per_forward >= 1:
+            raise TargetError(f"--tokens-per-forward {a.tokens_per_forward} must be >= 1")
+        names = [n.strip() for n in a.compile_for.split(",") if n.strip()]
+        if not names:
+            raise TargetError(f"--compile-for names no target; accepted: {FORMS}")
+        targets = [describe(n) for n in names]       # every name checked before any compile
+        _prepare_out(a.out)
+    except TargetError as e:
+        print(f"compile_for: {e}", file=sys.stderr)
+        return 2
+    import importlib.metadata as md
+
+    import jax
+    config = model_config(shapes[a.model]).replace(max_position_embeddings=1 << 20)
+    report = dict(command="python -m benchmarks.compile_for " + " ".join(argv or sys.argv[1:]),
+                  jax=jax.__version__, libtpu=md.version("libtpu"), model=a.model,
+                  tokens_per_forward=a.tokens_per_forward, targets=[])
+    for t in targets:
+        t0 = time.perf_counter()
+        rows = [decode_row(config, t, prog, a.capacity, a.live) for prog in decode_programs(a.quick)]
+        if not a.quick:
+            rows.append(prefill_row(config, t, 2048))
+            rows.append(train_row(t))
+        derive(rows, a.tokens_per_forward)
+        report["targets"].append(dict(
+            target=t.name, chips=t.chips, hbm_gib=t.hbm / GIB, peak_tflops=t.peak_flops / 1e12,
+            bandwidth_gbs=t.bandwidth / 1e9, compile_s=time.perf_counter() - t0, rows=rows))
+        print(f"compile_for: {t.name}: {len(rows)} programs in "
+              f"{time.perf_counter() - t0:.0f} s", flush=True)
+    _write(os.path.join(a.out, "compile_for.json"), json.dumps(report, indent=1))
+    text = markdown(report)
+    _write(os.path.join(a.out, "compile_for.md"), text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""benchmarks.compile_for: the report compiles for a TPU topology through libtpu (no TPU) at a toy
+shape, scales the cost to the whole depth, and refuses bad targets before compiling anything."""
+
+import json
+import os
+import subprocess
+import sys
+
+from tests import tpu_compiler
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", "benchmarks.compile_for", *args],
+                          env=tpu_compiler.env(), capture_output=True, text=True, timeout=400,
+                          cwd=ROOT)
+
+
+def test_quick_report_for_one_v5p_chip(tmp_path):
+    out = tmp_path / "report"
+    proc = _run("--compile-for", "v5p:1x1x1", "--model", "smoke", "--quick", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r = json.load(open(out / "compile_for.json"))
+    (t,) = r["targets"]
+    assert t["target"] == "v5p:1x1x1" and t["chips"] == 1
+    ar, st = t["rows"]
+    assert (ar["method"], st["method"], st["window"]) == ("ar", "streaming", 16)
+    for row in (ar, st):
+        assert row["fits"] is True and row["memory"]["total"] > 0
+        assert row["cost"]["flops"] > 0 and row["cost"]["bytes accessed"] > 0
+        assert row["roofline_s"] > 0 and row["bytes_over_floor"] > 0
+    assert st["step_over_ar"] > 0 and st["tokens_per_s"] > 0
+    md = (out / "compile_for.md").read_text()
+    assert "## v5p:1x1x1 (1 chips" in md and "| streaming W16 before | 8 |" in md
+
+
+def test_layer_scaling_counts_every_layer():
+    """cost_analysis counts the layer scan once; layer_scaled's 3-layer flops exceed what the
+    3-layer compile itself reports, by about two layers' worth."""
+    code = (
+        "import json, jax\n"
+        "from decode import aot\n"
+        "from benchmarks.accelerator import SMOKE_SHAPE, model_config\n"
+        "c = model_config(dict(SMOKE_SHAPE, num_layers=3)).replace(max_position_embeddings=4096)\n"
+        "cpu = jax.devices('cpu')[0]\n"
+        "kw = dict(method='ar', window=1, slots=2, capacity=256, dtype='float32', kv_tile=64)\n"
+        "raw = aot.compile_generate(c, cpu, **kw)\n"
+        "one = aot.compile_generate(c.replace(num_layers=1), cpu, **kw)\n"
+        "scaled = aot.layer_scaled(aot.compile_generate, c, cpu, **kw)\n"
+        "print(json.dumps([raw['cost']['flops'], one['cost']['flops'], scaled['flops']]))\n")
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    raw, one, scaled = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert abs(raw - one) <= 0.01 * one          # the compiler counted one layer either way
+    per_layer = (scaled - one) / 2
+    assert per_layer > 0.3 * one and scaled > 2 * raw
+
+
+def test_bad_targets_are_named_before_compiling(tmp_path):
+    proc = _run("--compile-for", "v5p:1x1x1,h9000", "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2
+    assert "--compile-for 'h9000': unknown target; accepted: TPU topologies" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "o").exists()
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "keep.txt").write_text("mine")
+    proc = _run("--compile-for", "v5p:1x1x1", "--out", str(tmp_path / "busy"))
+    assert proc.returncode == 2 and "holds files this report did not write" in proc.stderr
+    assert (tmp_path / "busy" / "keep.txt").read_text() == "mine"

@@ -1,0 +1,189 @@
+"""The OpenAI protocol of wedlm-serve: request bodies parsed into settings and token ids, and
+errors answered with OpenAI's error body. Pure functions of the body (and the tokenizer): nothing
+here touches the engine, so a bad request is a 400 naming the field before any device work.
+`tests/test_serve_fuzz.py` feeds it arbitrary JSON."""
+
+import dataclasses
+import secrets
+
+from decode.config import MAX_STOP_IDS, DecodeConfigError  # noqa: F401 (MAX_STOP_IDS: the bound)
+
+MAX_STOP_STRINGS = 8
+
+
+# ----------------------------------------------------------------------------------- errors
+
+class APIError(Exception):
+    """An error answered with the OpenAI error body {"error": {message, type, param, code}}."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 type: str = "invalid_request_error", code: str | None = None, headers=None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.type, self.code = status, message, param, type, code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+def bad(param: str | None, message: str, code: str | None = "invalid_value") -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+# ----------------------------------------------------------------------------------- request parsing
+
+@dataclasses.dataclass
+class Settings:
+    """A request's generation settings, validated."""
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    tau: float
+    lam: float
+    stop: list
+    stream: bool
+    include_usage: bool
+    max_tokens_given: bool = False   # the client named max_tokens (else the server's default)
+
+
+def _number(body, name, default, low=None, high=None, low_open=False):
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+        raise bad(name, f"'{name}' must be a number, got {v!r}", "invalid_type")
+    if low is not None and (v <= low if low_open else v < low):
+        raise bad(name, f"'{name}' must be {'>' if low_open else '>='} {low}, got {v!r}")
+    if high is not None and v > high:
+        raise bad(name, f"'{name}' must be <= {high}, got {v!r}")
+    return float(v)
+
+
+def _int(body, name, default, low=None):
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise bad(name, f"'{name}' must be an integer, got {v!r}", "invalid_type")
+    if low is not None and v < low:
+        raise bad(name, f"'{name}' must be >= {low}, got {v!r}")
+    return v
+
+
+def _bool(body, name, default=False):
+    v = body.get(name)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise bad(name, f"'{name}' must be a boolean, got {v!r}", "invalid_type")
+    return v
+
+
+def parse_settings(body: dict, default_max_tokens: int, max_tokens_names=("max_tokens",)) -> Settings:
+    """The settings shared by both endpoints; raises APIError(400) naming the field."""
+    for name, allowed in (("n", 1), ("best_of", 1)):
+        if body.get(name) is not None and _int(body, name, 1, 1) != allowed:
+            raise bad(name, f"'{name}' must be {allowed} (one choice per request)", "unsupported_value")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if _number(body, name, 0.0) != 0.0:
+            raise bad(name, f"'{name}' is not supported (must be 0)", "unsupported_value")
+    for name in ("logprobs", "top_logprobs", "logit_bias", "suffix", "tools", "functions"):
+        if body.get(name) not in (None, False, {}, []):
+            raise bad(name, f"'{name}' is not supported by this server", "unsupported_value")
+    if _bool(body, "echo"):
+        raise bad("echo", "'echo' is not supported by this server", "unsupported_value")
+    max_tokens, given = default_max_tokens, False
+    for name in max_tokens_names:
+        if body.get(name) is not None:
+            max_tokens, given = _int(body, name, None, 1), True
+    stop = body.get("stop")
+    if stop is None:
+        stop = []
+    elif isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise bad("stop", f"'stop' must be a string or a list of strings, got {body.get('stop')!r}",
+                  "invalid_type")
+    if any(s == "" for s in stop):
+        raise bad("stop", "'stop' strings must not be empty")
+    if len(stop) > MAX_STOP_STRINGS:
+        raise bad("stop", f"'stop' holds {len(stop)} sequences; at most {MAX_STOP_STRINGS}")
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise bad("stream_options", "'stream_options' must be an object", "invalid_type")
+    temperature = _number(body, "temperature", 0.0, 0.0)
+    seed = _int(body, "seed", None)
+    if seed is None:
+        seed = secrets.randbits(31) if temperature > 0 else 0
+    return Settings(max_tokens=max_tokens, temperature=temperature,
+                    top_p=_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
+                    top_k=max(0, _int(body, "top_k", 0, -1)), seed=seed,   # -1: off (vLLM's)
+                    tau=_number(body, "tau", None, 0.0), lam=_number(body, "lam", None, 0.0),
+                    stop=stop, stream=_bool(body, "stream"),
+                    include_usage=bool(opts and _bool(opts, "include_usage")),
+                    max_tokens_given=given)
+
+
+def parse_prompt(body: dict, tokenizer, vocab_size: int) -> list:
+    """/v1/completions `prompt`: a string, a list of token ids, or a list holding one of those."""
+    if "prompt" not in body or body["prompt"] is None:
+        raise bad("prompt", "'prompt' is required", "missing_required_parameter")
+    p = body["prompt"]
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
+        p = p[0]
+    if isinstance(p, str):
+        ids = tokenizer.encode(p)
+    elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+        if not all(0 <= t < vocab_size for t in p):
+            raise bad("prompt", f"'prompt' token ids must be in [0, {vocab_size})")
+        ids = list(p)
+    else:
+        raise bad("prompt", "'prompt' must be a string or a list of token ids (one prompt per request)",
+                  "invalid_type")
+    if not ids:
+        raise bad("prompt", "'prompt' encodes to no tokens")
+    return ids
+
+
+def parse_messages(body: dict, tokenizer) -> list:
+    """/v1/chat/completions `messages` through the checkpoint's chat template -> prompt ids."""
+    msgs = body.get("messages")
+    if msgs is None:
+        raise bad("messages", "'messages' is required", "missing_required_parameter")
+    if not isinstance(msgs, list) or not msgs:
+        raise bad("messages", "'messages' must be a non-empty list", "invalid_type")
+    clean = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise bad(f"messages[{i}].role", f"messages[{i}] needs a string 'role'", "invalid_type")
+        content = m.get("content")
+        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+            if not all(isinstance(c, dict) and c.get("type") == "text" and isinstance(c.get("text"), str)
+                       for c in content):
+                raise bad(f"messages[{i}].content", "only text content parts are supported", "invalid_type")
+            content = "".join(c["text"] for c in content)
+        if not isinstance(content, str):
+            raise bad(f"messages[{i}].content", f"messages[{i}].content must be a string", "invalid_type")
+        clean.append({"role": m["role"], "content": content})
+    if not tokenizer.chat_template:
+        raise bad("messages", "this checkpoint has no chat template; use /v1/completions")
+    try:
+        ids = tokenizer.encode(tokenizer.apply_chat_template(clean))
+    except ValueError as e:   # the template refuses these messages (ChatTemplateError)
+        raise bad("messages", str(e)) from None
+    if not ids:
+        raise bad("messages", "'messages' encode to no tokens")
+    return ids
+
+
+def _field_of(message: str, default: str) -> str:
+    """The request field a DecodeConfigError names (its messages start with the field)."""
+    names = {"max_new_tokens": "max_tokens", "tau": "tau", "lam": "lam", "temperature": "temperature",
+             "top_k": "top_k", "top_p": "top_p", "seed": "seed", "stop_token_ids": "stop", "prompt": default}
+    for word in message.replace("'", " ").split():
+        if word in names:
+            return names[word]
+    return default

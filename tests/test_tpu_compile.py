@@ -1,0 +1,130 @@
+"""The programs compile for a TPU (issue 21 item 6): libtpu (a test dependency) compiles them here
+for described topologies, no TPU needed, so a lowering that only fails on TPU fails the suite.
+
+- the decode step (`generate` of one step; AR, streaming with both refill orders, verified) at a
+  tiny shape in bf16 for one v5p chip, with the donated cache aliased (updated in place);
+- the train step through `wedlm-train --dry-run --topology tpu:v5p:2x2x2` (8 chips, fsdp 8): the
+  attention resolved for the TPU is splash and the compiled program holds the Pallas kernel
+  (`tpu_custom_call`); the same with the loss formed a chunk of slots at a time.
+
+Each compile runs in its own process with libtpu on its path (`tests/tpu_compiler.py`: one libtpu
+per process; ALLOW_MULTIPLE_LIBTPU_LOAD lets the two pytest workers each have one)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import yaml
+
+from tests import tpu_compiler
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TPU_MODEL = {"model_type": "qwen3", "vocab_size": 512, "hidden_size": 256,
+             "intermediate_size": 512, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1,
+             "head_dim": 128, "qk_norm": True, "max_position_embeddings": 4096}
+
+
+def _run(args, timeout=420):
+    proc = subprocess.run(args, env=tpu_compiler.env(), capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_libtpu_is_installed():
+    """The TPU compiler is a test dependency; without it the compiles below cannot run."""
+    assert tpu_compiler.installed(), (
+        f"libtpu is missing from {tpu_compiler.folder()}: run `make setup` (it installs the "
+        "libtpu the installed jax asks for there), or point $WEDLM_TPU_COMPILER at a folder "
+        "holding it")
+
+
+DECODE = textwrap.dedent("""
+    import json, sys
+    from jax.experimental import topologies
+    from decode.aot import compile_generate
+    from wedlm_jax.config import ModelConfig
+    dev = topologies.get_topology_desc(platform="tpu", topology_name="v5p:1x1x1",
+                                       chips_per_host_bounds=(1, 1, 1)).devices[0]
+    config = ModelConfig(**json.loads(sys.argv[1]))
+    out = []
+    for method, refill in (("ar", "before"), ("streaming", "before"), ("streaming", "after"),
+                           ("verified", "after")):
+        out.append([compile_generate(config, dev, method=method, window=8, refill=refill, slots=2,
+                                     capacity=cap, dtype="bfloat16", attention="tiled",
+                                     kv_tile=128, live_rows=256) for cap in (512, 4096)])
+    print(json.dumps(out))
+""")
+
+
+def test_decode_steps_compile_for_tpu_with_the_cache_in_place():
+    rc, out, err = _run([sys.executable, "-c", DECODE, json.dumps(TPU_MODEL)])
+    assert rc == 0, err[-4000:]
+    pairs = json.loads(out.strip().splitlines()[-1])
+    assert [(small["method"], small["refill"]) for small, _ in pairs] == [
+        ("ar", "before"), ("streaming", "before"), ("streaming", "after"), ("verified", "after")]
+    for small, big in pairs:
+        for f in (small, big):
+            assert f["platform"] == "tpu"
+            assert f["memory"]["alias"] >= f["cache_bytes"] > 0     # the donated cache, in place
+            assert f["cost"]["bytes accessed"] > 0 and f["cost"]["optimal_seconds"] > 0
+        # no cache-sized temporary: the temporaries do not grow with the capacity
+        growth = big["cache_bytes"] - small["cache_bytes"]
+        assert growth > 4 << 20
+        assert big["memory"]["temp"] - small["memory"]["temp"] < 0.05 * growth, (small, big)
+
+
+def _train_config(tmp_path, **top) -> str:
+    d = {"model": {"config": dict(TPU_MODEL)},
+         "data": {"train_files": [str(tmp_path / "absent.jsonl")], "seq_len": 128,
+                  "global_batch_size": 8},
+         "objective": {"kind": "dual_stream", "block_size": 32},
+         "mesh": {"data": -1, "fsdp": 8, "tensor": 1},
+         "optimizer": {"lr": 1e-3, "final_lr": 1e-4},
+         "steps": 10, "compute_dtype": "bf16", "remat": "full"}
+    d.update(top)
+    path = str(tmp_path / "cfg.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(d, f)
+    return path
+
+
+@pytest.mark.parametrize("loss_chunk", [0, 64])
+def test_train_step_compiles_for_tpu_with_splash(tmp_path, loss_chunk):
+    cfg = _train_config(tmp_path, loss_chunk=loss_chunk)
+    report = str(tmp_path / "dry.json")
+    rc, out, err = _run([sys.executable, "-m", "train.main", "--config", cfg, "--dry-run",
+                         "--topology", "tpu:v5p:2x2x2", "--device-memory", "95", "--json", report])
+    assert rc == 0, out[-2000:] + err[-4000:]
+    r = json.load(open(report))
+    assert r["attention"] == "splash" and r["fits"] is True
+    assert r["devices"].startswith("8 tpu devices")
+    assert r["kernels"].get("tpu_custom_call", 0) >= 1, r["kernels"]   # the Pallas kernel is there
+    assert "tpu_custom_call x" in out and "  kernels      " in out
+
+
+def test_serve_dry_run_compiles_the_server_programs_for_a_topology(tmp_path):
+    """`wedlm-serve --dry-run --topology` reads config.json alone, compiles the decode step and the
+    prefill for the chips laid out by --mesh / --dtype, and gives the verdict (0 fits, 1 does not,
+    2 bad input) in its own words."""
+    from wedlm_jax.config import ModelConfig
+    folder = tmp_path / "arch"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(
+        ModelConfig(**TPU_MODEL, mask_token_id=511).to_hf_dict()))
+    base = [sys.executable, "-m", "decode.serve", "--checkpoint", str(folder), "--dry-run",
+            "--slots", "4", "--capacity", "1024", "--window", "8", "--dtype", "bf16"]
+    rc, out, err = _run(base + ["--topology", "v5p:2x2x2", "--mesh", "data=2"])
+    assert rc == 0, out + err[-3000:]
+    assert "wedlm-serve dry run for v5p:2x2x2: 2 of its 8 chips" in out
+    assert "decode step" in out and "prefill of a 1024-token prompt" in out
+    assert "verdict      FITS in 95.00 GiB per chip" in out
+    rc, out, err = _run(base + ["--topology", "v5p:1x1x1", "--device-memory", "0.001"])
+    assert rc == 1 and "DOES NOT FIT" in out, out + err[-2000:]
+    rc, out, err = _run(base + ["--topology", "v9x:2x2"])
+    assert rc == 2 and "wedlm-serve: error: 'v9x:2x2': unknown target; accepted: TPU topologies" in err
+    assert "Traceback" not in err

@@ -1,0 +1,74 @@
+"""Failures that end a run, told in one line (README, "When something fails").
+
+    full = disk_full(exc)     # the ENOSPC / EDQUOT OSError anywhere in exc's chain, or None
+    check_space(path, need)   # DiskFullError before writing `need` bytes where there is less room
+
+Writers wrap the errors of the thread that hit the disk (Orbax re-raises its writer's error from
+`wait_until_finished`, sometimes as another type), so the cause is looked for along the whole
+`__cause__` / `__context__` chain and in exception groups, and by the C library's message when a
+wrapper dropped the errno.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_DISK_FULL_TEXT = ("no space left on device", "disk quota exceeded")
+GIB = 1 << 30
+
+
+class DiskFullError(OSError):
+    """Not enough room to write what comes next (checked before writing it)."""
+
+    def __init__(self, message: str):
+        super().__init__(errno.ENOSPC, message)
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+def disk_full(exc: BaseException | None) -> BaseException | None:
+    """The exception in `exc`'s chain that says the disk (or quota) is full, or None."""
+    seen, todo = set(), [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS:
+            return e
+        if any(t in str(e).lower() for t in _DISK_FULL_TEXT):
+            return e
+        todo += [e.__cause__, e.__context__, *getattr(e, "exceptions", ())]
+    return None
+
+
+def mount_point(path: str) -> str:
+    """The mount point of the file system holding `path` (its nearest existing parent)."""
+    path = os.path.realpath(path)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    dev = os.stat(path).st_dev
+    while path != os.path.dirname(path) and os.stat(os.path.dirname(path)).st_dev == dev:
+        path = os.path.dirname(path)
+    return path
+
+
+def free_bytes(path: str) -> int:
+    """Free bytes on the file system holding `path` (its nearest existing parent)."""
+    p = os.path.abspath(path)
+    while not os.path.exists(p) and os.path.dirname(p) != p:
+        p = os.path.dirname(p)
+    return shutil.disk_usage(p).free
+
+
+def check_space(path: str, need: int, what: str) -> None:
+    """DiskFullError naming `what`, `path` and both sizes when `path`'s file system has fewer than
+    `need` bytes free."""
+    free = free_bytes(path)
+    if free < need:
+        raise DiskFullError(f"{what} needs about {need / GIB:.2f} GiB under {path}, only "
+                            f"{free / GIB:.2f} GiB free on {mount_point(path)}")
