@@ -19,8 +19,9 @@ bf16, with the slots over data and the heads over `tensor` = all chips of the to
             attention resolved for the target (splash on TPU)
 and reports per program: memory per device from the full-depth compile (fits or not in the chip's
 HBM, the compiler's own out-of-memory verdict included), flops / bytes accessed / libtpu's
-optimal_seconds scaled to the whole depth (`decode.aot.layer_scaled`: cost_analysis counts the
-layer scan's body once), the analytic floor (decode), the roofline step time max(flops / peak,
+optimal_seconds of the whole depth (`decode.aot.unrolled_cost`: the layer scan unrolled, since
+cost_analysis counts a loop body once; the live K/V tiles past the first, read in a loop of runtime
+trip count, added analytically), the analytic floor (decode), the roofline step time max(flops / peak,
 bytes / bandwidth), the streaming / AR step ratio at equal batch, estimated decode tokens/s (AR:
 batch / step; streaming: batch x --tokens-per-forward / step, an assumption stated in the report)
 and the train step's MFU estimate (model FLOPs / (roofline time x peak x chips)).
@@ -107,7 +108,12 @@ def decode_row(config, t: Target, prog: dict, capacity: int, live: int) -> dict:
     row = dict(prog, kind="decode", chips_used=len(devices), capacity=capacity, live_rows=live)
     if "oom" in full:
         return dict(row, fits=False, oom=full["oom"])
-    cost = aot.layer_scaled(aot.compile_generate, config, devices, **settings)
+    cost = aot.unrolled_cost(aot.compile_generate, config, devices, **settings)
+    if cost:   # the live K/V tiles the compiler's count misses (a runtime trip count)
+        tensor_used = mesh[2] if mesh else 1
+        cost["kv_not_counted"] = aot.kv_not_counted(prog, config, live, 256, "bfloat16",
+                                                    tensor_used)
+        cost["bytes accessed"] += cost["kv_not_counted"]
     step = roofline(cost, t)
     floor = full["floor"]["total"]
     return dict(row, memory=full["memory"], fits=full["memory"]["total"] <= t.hbm, cost=cost,
@@ -125,7 +131,7 @@ def prefill_row(config, t: Target, prompt_len: int) -> dict:
     row = dict(kind="prefill", prompt_len=prompt_len, chips_used=len(devices))
     if "oom" in full:
         return dict(row, fits=False, oom=full["oom"])
-    cost = aot.layer_scaled(aot.compile_prefill, config, devices, **kw)
+    cost = aot.unrolled_cost(aot.compile_prefill, config, devices, **kw)
     step = roofline(cost, t)
     return dict(row, memory=full["memory"], fits=full["memory"]["total"] <= t.hbm, cost=cost,
                 roofline_s=step, tokens_per_s=prompt_len / step if step else None)
@@ -154,13 +160,10 @@ def train_row(t: Target, seq_len: int = 4096) -> dict:
         cfg, backend="tpu"), params=dry_run.model_config_for(cfg).num_params())
     if "oom" in full:
         return dict(row, fits=False, oom=full["oom"])
-    # cost from a 1-layer and an unrolled 2-layer compile with the loss unchunked (cost_analysis
+    # cost from the program with the layer scan unrolled and the loss unchunked (cost_analysis
     # counts a loop body once: a chunked loss is a scan too, it would count one chunk of the head)
-    one, two = (compile_train(dataclasses.replace(
-        cfg, loss_chunk=0, model=dataclasses.replace(cfg.model, config=dict(TRAIN_SHAPE, num_layers=n))),
-        unroll=n).get("cost") or {} for n in (1, 2))
-    depth = TRAIN_SHAPE["num_layers"]
-    cost = {k: one[k] + (depth - 1) * (two[k] - one[k]) for k in one if k in two}
+    cost = compile_train(dataclasses.replace(cfg, loss_chunk=0),
+                         unroll=TRAIN_SHAPE["num_layers"]).get("cost") or {}
     step = roofline(cost, t)
     mc = dry_run.model_config_for(cfg)
     model_flops = step_lib.model_flops_per_row(mc, seq_len, "dual_stream", 32) * t.chips

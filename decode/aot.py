@@ -7,13 +7,13 @@ device of the target needed (forced CPU devices, or a TPU topology jax describes
            libtpu's optimal_seconds where the compiler gives it) of one `generate` call of one
            step, the cache's size, and the analytic floor of that step (`step_floor`)
     compile_prefill(config, devices, prompt_len=..., ...)   the same for one prompt's prefill
-    layer_scaled(compile_fn, config, **kw)                   cost figures of the whole network
+    unrolled_cost(compile_fn, config, **kw)                  cost figures of the whole network
 
 `cost_analysis` counts a loop body once: the `generate` call of k = 1 step is one pass of the
 decode loop's body, i.e. one decoding step, but its layer scan is counted once too, so its flops
-and bytes are one layer plus the rest of the step. `layer_scaled` compiles the same program with
-1 and 2 layers and extrapolates linearly to the model's depth (cost of L layers = c1 + (L - 1) x
-(c2 - c1)); the memory figures come from the full-depth compile.
+and bytes are one layer plus the rest of the step. `unrolled_cost` compiles the same program with
+the layer scan unrolled, which counts every layer; the memory figures come from the rolled
+program (the one that runs).
 """
 
 from __future__ import annotations
@@ -101,11 +101,13 @@ def abstract_args(decoder, device=None):
 
 def step_floor(static, live_rows: int, tensor: int = 1, batch_shards: int = 1) -> dict:
     """The bytes one decoding step cannot avoid moving, per device: every weight once (split over
-    `tensor`), the live K/V of every slot (`live_rows` committed rows) once, the step's own K/V
-    rows written, the logits written (K/V and logits split over the slots' `batch_shards` and the
-    heads' / vocabulary's `tensor` shards)."""
+    `tensor`; an untied input embedding only for the rows the step looks up), the live K/V of
+    every slot (`live_rows` committed rows) once, the step's own K/V rows written, the logits
+    written (K/V and logits split over the slots' `batch_shards` and the heads' / vocabulary's
+    `tensor` shards)."""
     c, item = static.config, jnp.dtype(static.dtype).itemsize
-    weights = c.num_params() * item / tensor
+    looked_up = 0 if c.tie_word_embeddings else (c.vocab_size - static.slots * static.span)
+    weights = (c.num_params() - max(looked_up, 0) * c.hidden_size) * item / tensor
     kv_row = 2 * c.num_layers * c.num_kv_heads * c.head_dim * item / (tensor * batch_shards)
     kv = static.slots * live_rows * kv_row
     new = static.slots * static.span * kv_row
@@ -188,7 +190,7 @@ def compile_generate(config, devices, *, live_rows: int | None = None, **setting
 def compile_prefill(config, devices, *, prompt_len: int = 2048, **settings) -> dict:
     """Compile the prefill of one `prompt_len`-token prompt and return its figures. The prompt is
     one chunk unless `prefill_chunk` says otherwise (cost_analysis counts one chunk's pass of one
-    layer: scale with `layer_scaled`, and by the chunk count when chunked)."""
+    layer: see `unrolled_cost`, and scale by the chunk count when chunked)."""
     from decode.decoder import _prefill
     settings = dict(dict(prefill_chunk=prompt_len, capacity=prompt_len), **settings)
     dec = make_decoder(config, devices, **settings)
@@ -206,15 +208,24 @@ def compile_prefill(config, devices, *, prompt_len: int = 2048, **settings) -> d
                 mesh=None if dec.mesh is None else dict(dec.mesh.shape), **figures(compiled))
 
 
-def layer_scaled(compile_fn, config, *args, **kwargs) -> dict:
-    """compile_fn(config with 1 layer) and (2 layers, the scan unrolled: XLA counts a loop body
-    once, so an unrolled pair is what shows one layer's cost): the cost of the full depth by
-    linear extrapolation, {key: c1 + (L - 1) * (c2 - c1)} over COST_KEYS the compiler reports;
-    {} when it reports none (XLA:GPU without a device)."""
-    one = compile_fn(config.replace(num_layers=1), *args, **kwargs).get("cost") or {}
-    two = compile_fn(config.replace(num_layers=2), *args, scan_unroll=2, **kwargs).get("cost") or {}
-    depth = config.num_layers
-    return {k: one[k] + (depth - 1) * (two[k] - one[k]) for k in one if k in two}
+def unrolled_cost(compile_fn, config, *args, **kwargs) -> dict:
+    """The cost of the whole depth: `compile_fn` with the layer scan fully unrolled (XLA's
+    cost_analysis counts a loop body once, so the rolled program reports one layer). Extrapolating
+    from 1- and 2-layer compiles was tried and is not linear on TPU (per-layer byte deltas of 0.32,
+    0.38, 0.52 GB for the 8B decode step at 2, 3, 4 layers: fusion changes with depth). Loops
+    with a runtime trip count stay counted once: the cache attention's tile loop counts one KV
+    tile per row (`kv_not_counted`). {} when the compiler reports no cost (XLA:GPU)."""
+    return compile_fn(config, *args, scan_unroll=config.num_layers, **kwargs).get("cost") or {}
+
+
+def kv_not_counted(static_like: dict, config, live_rows: int, kv_tile: int, dtype: str,
+                   tensor: int = 1, batch_shards: int = 1) -> float:
+    """Bytes of live K/V a decode step reads that cost_analysis does not count: every live tile
+    past the first of each row and layer (the tile loop's trip count is a runtime value)."""
+    item = jnp.dtype(dtype).itemsize
+    kv_row = 2 * config.num_layers * config.num_kv_heads * config.head_dim * item
+    rows = max(live_rows - kv_tile, 0)
+    return static_like["slots"] * rows * kv_row / (tensor * batch_shards)
 
 
 def dry_run(config, target: str, placement, *, method: str, window: int, refill: str, slots: int,

@@ -301,7 +301,7 @@ class Decoder:
         self.slots, self.capacity, self.steps_per_call = slots, capacity, steps_per_call
         self.sampling, self.mesh, self.model_config = sampling, mesh, model_config
         self.mask_id = self._mask_id(model_config, mask_token_id, method)
-        spec = StepSpec(method=method, window=self.window, refill=refill)
+        spec = StepSpec(method=method, window=self.window, refill=refill, sampling=sampling)
         multiple = 1 if mesh is None else int(mesh.shape.get("data", 1)) * int(mesh.shape.get("fsdp", 1))
         if slots % multiple:
             raise DecodeConfigError(f"slots {slots} must be a multiple of the mesh's data x fsdp "

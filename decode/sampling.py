@@ -71,11 +71,15 @@ def row_keys(seed: jnp.ndarray, steps: jnp.ndarray) -> jnp.ndarray:
     return jax.vmap(lambda s, n: jax.random.fold_in(jax.random.key(s), n))(seed, steps)
 
 
-def choose_tokens(logits: jnp.ndarray, keys: jnp.ndarray, settings) -> jnp.ndarray:
+def choose_tokens(logits: jnp.ndarray, keys: jnp.ndarray, settings,
+                  sampling: bool = True) -> jnp.ndarray:
     """logits [B, S, V] -> token ids [B, S]: the argmax for greedy rows (temperature 0), a draw
     from the filtered distribution for the others. The sampling work runs only when some row
-    samples (`lax.cond`), so an all-greedy batch pays for the argmax alone."""
+    samples (`lax.cond`), so an all-greedy batch pays for the argmax alone; with `sampling`
+    False (a static flag: no request may sample) the program holds the argmax only."""
     greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    if not sampling:
+        return greedy
     sampled_rows = settings.temperature > 0
 
     def draw(_):

@@ -40,10 +40,13 @@ from decode.config import REFILLS  # noqa: E402  (defined once, in decode.config
 
 @dataclasses.dataclass(frozen=True)
 class StepSpec:
-    """The static shape of a step."""
+    """The static shape of a step. `sampling`: whether any request may sample (temperature > 0);
+    a greedy-only program holds no sampling code (a `lax.cond` branch still costs its bytes in
+    the compiler's accounting, and compile time)."""
     method: str
     window: int
     refill: str
+    sampling: bool = True
 
     @property
     def span(self) -> int:
@@ -164,7 +167,8 @@ def window_step(forward, params, st: DecodeState, spec: StepSpec, mask_id):
     logits, layers, inv, phys_tok, phys_pos = forward_window(forward, params, st, filled, active,
                                                              mask_id)
     ent = jnp.take_along_axis(entropy(logits), inv, axis=1)
-    cand = jnp.take_along_axis(choose_tokens(logits, row_keys(s.seed, st.steps), s), inv, axis=1)
+    cand = jnp.take_along_axis(choose_tokens(logits, row_keys(s.seed, st.steps), s, spec.sampling),
+                               inv, axis=1)
     emitted = st.tok[:, :spec.window]
     k_emit, stopped = emit_until_stop(emitted, c, s.stop_ids)
     remaining = active & ~filled & (idx >= c[:, None])
@@ -182,7 +186,7 @@ def ar_step(forward, params, st: DecodeState, spec: StepSpec, mask_id):
     """Cached next-token decoding: feed the pending token (slot 0, position n), choose the next."""
     s = st.settings
     logits, layers = forward(params, st.tok[:, :1], st.n[:, None], st.cache.layers, st.n)
-    nxt = choose_tokens(logits, row_keys(s.seed, st.steps), s)
+    nxt = choose_tokens(logits, row_keys(s.seed, st.steps), s, spec.sampling)
     one = jnp.ones_like(st.n)
     k_emit, stopped = emit_until_stop(nxt, one, s.stop_ids)
     n_new = st.n + 1

@@ -35,9 +35,9 @@ def test_quick_report_for_one_v5p_chip(tmp_path):
     assert "## v5p:1x1x1 (1 chips" in md and "| streaming W16 before | 8 |" in md
 
 
-def test_layer_scaling_counts_every_layer():
-    """cost_analysis counts the layer scan once; layer_scaled's 3-layer flops exceed what the
-    3-layer compile itself reports, by about two layers' worth."""
+def test_unrolled_cost_counts_every_layer():
+    """cost_analysis counts the layer scan once; the unrolled program's flops are about three
+    times the 1-layer program's layer part for 3 layers."""
     code = (
         "import json, jax\n"
         "from decode import aot\n"
@@ -47,17 +47,20 @@ def test_layer_scaling_counts_every_layer():
         "kw = dict(method='ar', window=1, slots=2, capacity=256, dtype='float32', kv_tile=64)\n"
         "raw = aot.compile_generate(c, cpu, **kw)\n"
         "one = aot.compile_generate(c.replace(num_layers=1), cpu, **kw)\n"
-        "scaled = aot.layer_scaled(aot.compile_generate, c, cpu, **kw)\n"
-        "print(json.dumps([raw['cost']['flops'], one['cost']['flops'], scaled['flops']]))\n")
+        "two = aot.compile_generate(c.replace(num_layers=2), cpu, scan_unroll=2, **kw)\n"
+        "full = aot.unrolled_cost(aot.compile_generate, c, cpu, **kw)\n"
+        "print(json.dumps([raw['cost']['flops'], one['cost']['flops'], two['cost']['flops'],\n"
+        "                  full['flops']]))\n")
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                PYTHONPATH=os.pathsep.join([ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    raw, one, scaled = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert abs(raw - one) <= 0.01 * one          # the compiler counted one layer either way
-    per_layer = (scaled - one) / 2
-    assert per_layer > 0.3 * one and scaled > 2 * raw
+    raw, one, two, full = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert abs(raw - one) <= 0.01 * one          # the rolled program counts one layer
+    layer = two - one
+    assert layer > 0.3 * one
+    assert abs(full - (one + 2 * layer)) <= 0.02 * full      # flops are linear in the layers
 
 
 def test_bad_targets_are_named_before_compiling(tmp_path):
