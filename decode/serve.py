@@ -458,6 +458,7 @@ def build_server(args):
 def dry_run_main(args) -> int:
     """`--dry-run --topology T`: the decode step and the prefill compiled for T from config.json,
     per-chip memory and a verdict; exit 0 (fits), 1 (does not), 2 (bad input)."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")   # compile-only devices: no local TPU backend
     from decode import aot
     from wedlm_jax.config import ConfigError
     from wedlm_jax.convert import read_config
