@@ -41,6 +41,7 @@ from decode.sampling import SAMPLING_ORDERS
 from decode.state import DecodeState, KVCache, Prefix, Settings
 from decode.steps import REFILLS, StepSpec, ar_step, window_step
 from decode.verified import verified_step
+from wedlm_jax import attention_backends as attn_backends
 from wedlm_jax import cache_attention as ca
 from wedlm_jax import model as model_lib
 from wedlm_jax.config import ModelConfig
@@ -81,6 +82,7 @@ class Static:
     attention: str = "tiled"   # the cache-attention backend (wedlm_jax.attention_backends)
     mesh: Any = None           # a hashable key of the mesh (or None)
     scan_unroll: int = 1       # layers per iteration of the layer scan (decode.aot's cost counts)
+    platform: str | None = None  # the mesh's platform the attention is resolved for (None: jax's)
 
     @property
     def span(self) -> int:
@@ -122,7 +124,7 @@ def _forward(static: Static):
     Cache attention reads only the cache tiles holding live keys (`kv_tile` rows each)."""
     model = model_lib.Transformer(static.config, dtype=jnp.dtype(static.dtype),
                                   attention=static.attention, kv_tile=static.kv_tile,
-                                  scan_unroll=static.scan_unroll)
+                                  scan_unroll=static.scan_unroll, platform=static.platform)
 
     def forward(params, tokens, positions, layers, n):
         return model.apply({"params": params}, tokens, positions, kv_cache=layers, cache_len=n)
@@ -307,8 +309,10 @@ class Decoder:
             raise DecodeConfigError(f"slots {slots} must be a multiple of the mesh's data x fsdp "
                                     f"size {multiple}")
         rows = _round_up(capacity + spec.span, ROW_ALIGN)
-        if attention == "pallas":   # the Triton kernel's tile must fit the device's shared memory
-            device = mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
+        device = mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
+        if attention == "pallas" or (attention == "auto" and attn_backends.resolve(
+                "auto", "cache", backend=device.platform, dtype=dtype) == "pallas"):
+            # the Triton kernel's tile must fit the device's shared memory
             q_rows = max(spec.span, prefill_chunk) * (model_config.num_heads // model_config.num_kv_heads)
             try:
                 kv_tile = ca.pallas_tile(min(kv_tile, rows), q_rows, model_config.head_dim,
@@ -323,7 +327,8 @@ class Decoder:
             prefill_chunk=min(prefill_chunk, rows), keep_q=(method == "verified" and sampling),
             attention=attention,
             mesh=None if mesh is None else (tuple(mesh.axis_names), tuple(mesh.devices.shape),
-                                             tuple(d.id for d in mesh.devices.flat)))
+                                             tuple(d.id for d in mesh.devices.flat)),
+            platform=None if mesh is None else mesh.devices.flat[0].platform)
         self.memory_estimate = estimate_memory(self.static)
         limit = memory_limit_bytes if memory_limit_bytes is not None else available_memory(mesh)
         if limit is not None and self.memory_estimate["total"] > limit:

@@ -327,6 +327,7 @@ def test_selection_by_backend_and_layout():
     assert ab.resolve("auto", "structure", backend="gpu", dtype=jnp.bfloat16) == "tiled"
     assert ab.resolve("auto", "structure", backend="tpu") == "splash"
     assert ab.resolve("auto", "cache", backend="tpu") == "tiled"
+    assert ab.resolve("auto", "cache", backend="gpu", dtype=jnp.bfloat16) == "pallas"
     assert ab.resolve("splash", "structure", backend="tpu") == "splash"
     assert ab.resolve("cudnn", "causal", backend="cuda", dtype=jnp.bfloat16) == "cudnn"
     assert jax.default_backend() == "cpu"

@@ -13,8 +13,9 @@
             (`cache_attention.attend_cache_pallas`)
     auto    per backend and layout (`resolve`): TPU -> splash for causal and structured
             training layouts, tiled for cache mode; GPU -> cudnn for causal / segment-causal in
-            bf16/fp16, tiled otherwise (cache mode included, until a kernel is measured faster);
-            CPU -> tiled. An explicit dense mask always means dense.
+            bf16/fp16, pallas for cache mode (the XLA:GPU compile of the tiled path keeps a
+            cache-sized copy), tiled otherwise; CPU -> tiled. An explicit dense mask always means
+            dense.
 
 Cache mode (layout "cache") has one path whatever the implementation:
 `cache_attention.attend_cache(impl, ...)` with impl dense | tiled | pallas | cudnn, reached through
@@ -121,7 +122,12 @@ def resolve(name: str, layout: str, *, backend: str | None = None, dtype=None,
             return "splash"
         if platform == "gpu" and layout == "causal" and _half(dtype):
             return "cudnn"
-        return "tiled"   # cache mode too, until a kernel is measured faster on the hardware
+        if platform == "gpu" and layout == "cache":
+            # XLA:GPU keeps a cache-sized copy around the tiled path's reads (H100 compile of the
+            # 8B step: 4.70 GiB of temporaries at capacity 4096, 1.33 at 1024); the Pallas kernel
+            # reads the cache in place (0.44 GiB): BENCHMARKS.md, issue 21
+            return "pallas"
+        return "tiled"
     if _runs(name, layout, platform, dtype, interpret):
         return name
     here = ", ".join(available(layout, backend=platform, dtype=dtype, interpret=interpret))
