@@ -32,9 +32,11 @@ class Engine:
     """The one thread that owns the device: admits requests (bounded), calls `Batcher.step()`,
     and hands tokens and finishes to the callbacks (which must be cheap and thread-safe)."""
 
-    def __init__(self, batcher, max_pending: int):
+    def __init__(self, batcher, max_pending: int, scorer=None):
         self.batcher = batcher
         self.max_pending = max_pending
+        self.scorer = scorer             # scorer(sequences, top_n) -> per-sequence logprobs
+        self._scores: list = []          # (sequences, top_n, on_done) waiting for the thread
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._live: dict = {}            # request id -> on_error(message, status)
@@ -98,8 +100,30 @@ class Engine:
             self.finished[fin.finish] = self.finished.get(fin.finish, 0) + 1
         on_finish(fin)
 
+    def score(self, sequences, top_n: int, on_done) -> None:
+        """Score token sequences with the AR reading on the engine thread, between decode steps;
+        on_done(result list, or the exception) is called from that thread."""
+        with self._lock:
+            if not self.accepting:
+                raise RuntimeError(self.error or "the server is shutting down")
+            if self.scorer is None:
+                raise RuntimeError("this engine has no scorer")
+            self._scores.append((sequences, top_n, on_done))
+        self._wake.set()
+
+    def _run_scores(self) -> None:
+        with self._lock:
+            jobs, self._scores = self._scores, []
+        for sequences, top_n, on_done in jobs:
+            try:
+                result = self.scorer(sequences, top_n)
+            except Exception as e:  # noqa: BLE001 - this request's failure, answered to it alone
+                result = e
+            _guarded(on_done)(result)
+
     def _loop(self):
         while True:
+            self._run_scores()
             with self._lock:
                 if self._stop and self._pending == 0:
                     return

@@ -9,6 +9,8 @@ import secrets
 from decode.config import MAX_STOP_IDS, DecodeConfigError  # noqa: F401 (MAX_STOP_IDS: the bound)
 
 MAX_STOP_STRINGS = 8
+MAX_LOGPROBS = 20   # top alternatives per token (OpenAI's and vLLM's limit)
+MAX_BATCH = 64      # prompts in one completions request
 
 
 # ----------------------------------------------------------------------------------- errors
@@ -47,6 +49,8 @@ class Settings:
     stream: bool
     include_usage: bool
     max_tokens_given: bool = False   # the client named max_tokens (else the server's default)
+    logprobs: int | None = None      # completions: the top alternatives per token (0: the token's own)
+    echo: bool = False               # completions: the prompt is part of the answer (and scored)
 
 
 def _number(body, name, default, low=None, high=None, low_open=False):
@@ -82,23 +86,36 @@ def _bool(body, name, default=False):
     return v
 
 
-def parse_settings(body: dict, default_max_tokens: int, max_tokens_names=("max_tokens",)) -> Settings:
-    """The settings shared by both endpoints; raises APIError(400) naming the field."""
+def parse_settings(body: dict, default_max_tokens: int, max_tokens_names=("max_tokens",),
+                   scoring: bool = False) -> Settings:
+    """The settings shared by both endpoints; raises APIError(400) naming the field. `scoring`:
+    the completions endpoint, which takes `logprobs` (0..MAX_LOGPROBS) and `echo` (with
+    `max_tokens: 0`, the prompt is scored and nothing generated)."""
     for name, allowed in (("n", 1), ("best_of", 1)):
         if body.get(name) is not None and _int(body, name, 1, 1) != allowed:
             raise bad(name, f"'{name}' must be {allowed} (one choice per request)", "unsupported_value")
     for name in ("presence_penalty", "frequency_penalty"):
         if _number(body, name, 0.0) != 0.0:
             raise bad(name, f"'{name}' is not supported (must be 0)", "unsupported_value")
-    for name in ("logprobs", "top_logprobs", "logit_bias", "suffix", "tools", "functions"):
+    unsupported = ("top_logprobs", "logit_bias", "suffix", "tools", "functions")
+    for name in unsupported + (() if scoring else ("logprobs",)):
         if body.get(name) not in (None, False, {}, []):
             raise bad(name, f"'{name}' is not supported by this server", "unsupported_value")
-    if _bool(body, "echo"):
-        raise bad("echo", "'echo' is not supported by this server", "unsupported_value")
+    echo = _bool(body, "echo") if scoring else False
+    if not scoring and _bool(body, "echo"):
+        raise bad("echo", "'echo' is not supported by this endpoint", "unsupported_value")
+    logprobs = None
+    if scoring and body.get("logprobs") is not None:
+        logprobs = _int(body, "logprobs", None, 0)
+        if logprobs > MAX_LOGPROBS:
+            raise bad("logprobs", f"'logprobs' is at most {MAX_LOGPROBS}, got {logprobs}")
+    if echo and _bool(body, "stream"):
+        raise bad("echo", "'echo' with 'stream': true is not supported (score without streaming)",
+                  "unsupported_value")
     max_tokens, given = default_max_tokens, False
     for name in max_tokens_names:
         if body.get(name) is not None:
-            max_tokens, given = _int(body, name, None, 1), True
+            max_tokens, given = _int(body, name, None, 0 if echo else 1), True
     stop = body.get("stop")
     if stop is None:
         stop = []
@@ -124,7 +141,7 @@ def parse_settings(body: dict, default_max_tokens: int, max_tokens_names=("max_t
                     tau=_number(body, "tau", None, 0.0), lam=_number(body, "lam", None, 0.0),
                     stop=stop, stream=_bool(body, "stream"),
                     include_usage=bool(opts and _bool(opts, "include_usage")),
-                    max_tokens_given=given)
+                    max_tokens_given=given, logprobs=logprobs, echo=echo)
 
 
 def parse_prompt(body: dict, tokenizer, vocab_size: int) -> list:
@@ -138,7 +155,9 @@ def parse_prompt(body: dict, tokenizer, vocab_size: int) -> list:
         ids = tokenizer.encode(p)
     elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
         if not all(0 <= t < vocab_size for t in p):
-            raise bad("prompt", f"'prompt' token ids must be in [0, {vocab_size})")
+            j = next(j for j, t in enumerate(p) if not 0 <= t < vocab_size)
+            raise bad("prompt", f"'prompt' token ids must be in [0, {vocab_size}); token {j} is "
+                                f"{p[j]}")
         ids = list(p)
     else:
         raise bad("prompt", "'prompt' must be a string or a list of token ids (one prompt per request)",
@@ -146,6 +165,24 @@ def parse_prompt(body: dict, tokenizer, vocab_size: int) -> list:
     if not ids:
         raise bad("prompt", "'prompt' encodes to no tokens")
     return ids
+
+
+def parse_prompts(body: dict, tokenizer, vocab_size: int, max_batch: int) -> list:
+    """/v1/completions `prompt` as a batch: a string, a list of token ids, or a list of strings /
+    of token-id lists (one choice each, in order; at most `max_batch`)."""
+    p = body.get("prompt")
+    if isinstance(p, list) and p and all(isinstance(x, (str, list)) for x in p):
+        if len(p) > max_batch:
+            raise bad("prompt", f"'prompt' holds {len(p)} prompts; this server takes at most "
+                                f"{max_batch} per request")
+        out = []
+        for i, one in enumerate(p):
+            try:
+                out.append(parse_prompt({"prompt": one}, tokenizer, vocab_size))
+            except APIError as e:
+                raise bad("prompt", f"prompt {i} of the batch: {e.message}", e.code) from None
+        return out
+    return [parse_prompt(body, tokenizer, vocab_size)]
 
 
 def parse_messages(body: dict, tokenizer) -> list:

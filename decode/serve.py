@@ -43,8 +43,9 @@ import uuid
 
 from decode.config import MAX_STOP_IDS, DecodeConfigError, Placement
 from decode.engine import Busy, Engine  # noqa: F401 (the engine thread; re-exported)
-from decode.protocol import (MAX_STOP_STRINGS, APIError, Settings, _field_of, bad,  # noqa: F401
-                             parse_messages, parse_prompt, parse_settings)
+from decode.protocol import (MAX_BATCH, MAX_STOP_STRINGS, APIError, Settings,  # noqa: F401
+                             _field_of, bad, parse_messages, parse_prompt, parse_prompts,
+                             parse_settings)
 from decode.text import TextStream, split_stop_strings  # noqa: F401 (the one stop handler)
 from wedlm_jax import compile_cache
 
@@ -194,6 +195,19 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
             return StreamingResponse(stream(rid, q, text, head, s, chat, len(ids)),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        text, reason, fin = await collect(http, rid, q, text)
+        if reason is None:
+            return JSONResponse({}, status_code=499)
+        n_out = text.n_used
+        choice = ({"index": 0, "message": {"role": "assistant", "content": text.sent},
+                   "logprobs": None, "finish_reason": reason} if chat else
+                  {"index": 0, "text": text.sent, "logprobs": None, "finish_reason": reason})
+        return JSONResponse(dict(head, object="chat.completion" if chat else "text_completion",
+                                 choices=[choice], usage=usage(len(ids), n_out), wedlm=stats(fin, n_out)))
+
+    async def collect(http, rid, q, text: TextStream):
+        """A request's tokens until it finishes: (text, finish reason, Finished); the reason is
+        None when the client went away (the request is cancelled)."""
         fin, reason = None, None
         try:
             while reason is None:
@@ -202,7 +216,7 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
                 except asyncio.TimeoutError:
                     if await http.is_disconnected():
                         engine.cancel(rid)
-                        return JSONResponse({}, status_code=499)
+                        return text, None, None
                     continue
                 if kind == "tokens":
                     text.add(val)
@@ -225,12 +239,72 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
         except asyncio.CancelledError:
             engine.cancel(rid)
             raise
-        n_out = text.n_used
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text.sent},
-                   "logprobs": None, "finish_reason": reason} if chat else
-                  {"index": 0, "text": text.sent, "logprobs": None, "finish_reason": reason})
-        return JSONResponse(dict(head, object="chat.completion" if chat else "text_completion",
-                                 choices=[choice], usage=usage(len(ids), n_out), wedlm=stats(fin, n_out)))
+        return text, reason, fin
+
+    async def engine_score(sequences, top_n: int) -> list:
+        """The AR reading's log-probabilities of `sequences`, computed on the engine thread."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+
+        def settle(result):
+            if fut.done():
+                return
+            if isinstance(result, BaseException):
+                fut.set_exception(result)
+            else:
+                fut.set_result(result)
+        try:
+            engine.score(sequences, top_n, lambda r: loop.call_soon_threadsafe(settle, r))
+        except RuntimeError as e:
+            raise APIError(503, str(e), type="server_error", code="unavailable",
+                           headers={"Retry-After": "5"}) from None
+        try:
+            return await fut
+        except DecodeConfigError as e:
+            raise bad("prompt", str(e)) from None
+
+    def logprobs_object(seq: list, scored: dict, start: int, top_n: int) -> dict:
+        """OpenAI's completions `logprobs` for seq[start:]: token strings, their log-probabilities
+        (null for the sequence's first token), the top alternatives, and character offsets into
+        the returned text (which starts at seq[start])."""
+        base = len(tokenizer.decode(seq[:start]))
+        tokens = [tokenizer.decode([t]) for t in seq[start:]]
+        offsets = [len(tokenizer.decode(seq[:j])) - base for j in range(start, len(seq))]
+        top = None
+        if top_n:
+            top = [None if d is None else {tokenizer.decode([t]): v for t, v in d.items()}
+                   for d in scored["top_logprobs"][start:]]
+        return {"tokens": tokens, "token_logprobs": scored["token_logprobs"][start:],
+                "top_logprobs": top, "text_offset": offsets}
+
+    async def scored_choices(http, prompts: list, s: Settings):
+        """/v1/completions with `echo`, `logprobs` or several prompts: one choice per prompt (each
+        generated as its own request through the engine, then prompt and completion scored
+        together by the AR reading when logprobs are asked for)."""
+        async def one(i, ids):
+            out, sent, reason, fin = [], "", "length", None
+            if s.max_tokens > 0:
+                rid, q = submit(make_request(ids, s, "prompt"), "prompt")
+                text, reason, fin = await collect(http, rid, q, TextStream(tokenizer, s.stop))
+                if reason is None:
+                    return None
+                out, sent = text.ids[:text.n_used], text.sent
+            choice = {"index": i, "text": (tokenizer.decode(ids) if s.echo else "") + sent,
+                      "logprobs": None, "finish_reason": reason}
+            if s.logprobs is not None:
+                seq = list(ids) + list(out)
+                scored = (await engine_score([seq], s.logprobs))[0]
+                choice["logprobs"] = logprobs_object(seq, scored, 0 if s.echo else len(ids),
+                                                     s.logprobs)
+            return choice, len(ids), len(out), fin
+
+        results = await asyncio.gather(*(one(i, ids) for i, ids in enumerate(prompts)))
+        if any(r is None for r in results):
+            return JSONResponse({}, status_code=499)
+        n_prompt, n_out = sum(r[1] for r in results), sum(r[2] for r in results)
+        head = dict(id="cmpl-" + uuid.uuid4().hex, created=int(time.time()), model=cfg.model_name)
+        return JSONResponse(dict(head, object="text_completion", choices=[r[0] for r in results],
+                                 usage=usage(n_prompt, n_out)))
 
     async def stream(rid, q, text: TextStream, head, s: Settings, chat: bool, n_prompt: int):
         obj = "chat.completion.chunk" if chat else "text_completion"
@@ -290,9 +364,15 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
     async def completions(http: HTTPRequest):
         check_auth(http)
         body = await read_body(http)
-        s = parse_settings(body, cfg.default_max_tokens)
-        ids = await asyncio.to_thread(parse_prompt, body, tokenizer, cfg.vocab_size)   # off the loop
-        return await run(http, ids, s, chat=False, param="prompt")
+        s = parse_settings(body, cfg.default_max_tokens, scoring=True)
+        prompts = await asyncio.to_thread(parse_prompts, body, tokenizer, cfg.vocab_size,
+                                          MAX_BATCH)                                  # off the loop
+        if len(prompts) == 1 and s.logprobs is None and not s.echo:
+            return await run(http, prompts[0], s, chat=False, param="prompt")
+        if s.stream:
+            raise bad("stream", "'stream': true takes one prompt without 'logprobs' or 'echo'",
+                      "unsupported_value")
+        return await scored_choices(http, prompts, s)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(http: HTTPRequest):
@@ -445,13 +525,21 @@ def warm_up(batcher, capacity: int, every_bucket: bool = True) -> float:
     return time.perf_counter() - t0
 
 
+def scorer_for(decoder):
+    """The engine's scorer: the AR reading of the Decoder's own weights (decode.scoring)."""
+    from decode.scoring import score
+    return lambda sequences, top_n: score(decoder.params, decoder.model_config, sequences, top_n,
+                                          decoder.static.dtype)
+
+
 def build_server(args):
     """(engine, app, ServerConfig): load, compile, start the engine thread."""
     from decode.batching import Batcher
     decoder, tokenizer, cfg = load_decoder(args)
     batcher = Batcher(decoder)
     log.info("compiled in %.1f s", warm_up(batcher, cfg.capacity, every_bucket=not args.lazy_compile))
-    engine = Engine(batcher, max_pending=args.slots + args.max_queue).start()
+    engine = Engine(batcher, max_pending=args.slots + args.max_queue,
+                    scorer=scorer_for(decoder)).start()
     return engine, build_app(engine, tokenizer, cfg), cfg
 
 

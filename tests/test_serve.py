@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 
 pytest.importorskip("fastapi")
@@ -93,7 +94,7 @@ def server(ckpt):
     decoder, tokenizer, cfg = serve.load_decoder(args)
     gate = Gate(Batcher(decoder))
     serve.warm_up(gate.inner, CAPACITY, every_bucket=False)
-    engine = serve.Engine(gate, max_pending=SLOTS + 64).start()
+    engine = serve.Engine(gate, max_pending=SLOTS + 64, scorer=serve.scorer_for(decoder)).start()
     app = serve.build_app(engine, tokenizer, cfg)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -217,6 +218,49 @@ def test_every_door_cuts_the_same_output_the_same_way(server, ckpt, tmp_path, ca
     assert r.choices[0].text == streamed == row["text"] == job["text"] == want
     assert r.choices[0].finish_reason == row["finish"] == job["finish_reason"] == "stop"
     assert r.usage.completion_tokens == len(row["ids"]) == job["completion_tokens"]
+
+
+def test_echo_and_logprobs_score_through_the_engine(server):
+    """`echo` + `logprobs` + `max_tokens: 0` scores a batch of prompts (one choice each, in order)
+    with the AR reading, as decode.scoring does (itself equal to transformers, tests/test_scoring.py);
+    with generation the completion's tokens are scored after the prompt; bad combinations are 400s
+    naming the field."""
+    from decode.scoring import score
+    s, tok = server, server["tokenizer"]
+    a, b = tok.encode("count with me: one, two"), tok.encode("the cat sat on")
+    r = s["client"].completions.create(model="tiny", prompt=[a, b], max_tokens=0, echo=True,
+                                       logprobs=2)
+    assert [c.index for c in r.choices] == [0, 1]
+    for ids, c in zip((a, b), r.choices):
+        want = score(s["params"], s["config"], [ids], top_n=2)[0]
+        lp = c.logprobs
+        assert c.text == tok.decode(ids) and c.finish_reason == "length"
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        np.testing.assert_allclose(lp.token_logprobs[1:], want["token_logprobs"][1:], atol=1e-5)
+        assert [len(d) for d in lp.top_logprobs[1:]] == [2] * (len(ids) - 1)
+        assert "".join(lp.tokens) == c.text
+        assert lp.text_offset == [len(tok.decode(ids[:j])) for j in range(len(ids))]
+    assert r.usage.prompt_tokens == len(a) + len(b) and r.usage.completion_tokens == 0
+    g = s["client"].completions.create(model="tiny", prompt=a, max_tokens=5, logprobs=0,
+                                       extra_body={"tau": TAU})
+    out = _alone(s, a, 5)
+    assert g.choices[0].text == tok.decode(out)
+    want = score(s["params"], s["config"], [a + out])[0]["token_logprobs"][len(a):]
+    np.testing.assert_allclose(g.choices[0].logprobs.token_logprobs, want, atol=1e-5)
+    assert g.choices[0].logprobs.top_logprobs is None
+    bad = lambda **body: httpx.post(s["url"] + "/v1/completions", json=dict(
+        {"model": "tiny", "prompt": "hi"}, **body), timeout=30)
+    r = bad(logprobs=21)
+    assert r.status_code == 400 and "'logprobs' is at most 20" in r.json()["error"]["message"]
+    r = bad(echo=True, stream=True, max_tokens=0)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
+    r = bad(prompt=[[1, 2]] * 65, max_tokens=0, echo=True)
+    assert r.status_code == 400 and "at most 64 per request" in r.json()["error"]["message"]
+    r = bad(prompt=[[1, 2], [3, 4, 999]], max_tokens=0, echo=True)
+    assert r.status_code == 400 and "prompt 1 of the batch" in r.json()["error"]["message"]
+    assert "token 2 is 999" in r.json()["error"]["message"]
+    r = bad(max_tokens=0)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
 
 
 def test_24_concurrent_mixed_requests_equal_alone(server):

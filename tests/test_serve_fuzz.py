@@ -90,7 +90,7 @@ def live(ckpt):
     decoder, tokenizer, cfg = serve.load_decoder(args)
     batcher = Batcher(decoder)
     serve.warm_up(batcher, CAPACITY, every_bucket=False)
-    engine = serve.Engine(batcher, max_pending=4 + 16).start()
+    engine = serve.Engine(batcher, max_pending=4 + 16, scorer=serve.scorer_for(decoder)).start()
     app = serve.build_app(engine, tokenizer, cfg)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
