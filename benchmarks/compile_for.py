@@ -67,7 +67,7 @@ def describe(name: str) -> Target:
 
 def _verdict_or_raise(fn, *a, **kw) -> dict:
     """fn(*a, **kw), or {'oom': the compiler's reason} when it refuses for want of memory."""
-    from train.dry_run import out_of_memory
+    from wedlm_jax.failures import out_of_memory
     try:
         return fn(*a, **kw)
     except Exception as e:  # noqa: BLE001 - only an out-of-memory compile is a verdict

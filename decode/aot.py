@@ -234,7 +234,7 @@ def dry_run(config, target: str, placement, *, method: str, window: int, refill:
     """The programs a decoding door runs (one decode step of `generate`, one prompt's prefill at
     the largest bucket) compiled for a TPU topology from config.json alone, laid out as
     `placement` says; (report text, fits). An out-of-memory compile is the verdict, not an error."""
-    from train.dry_run import out_of_memory
+    from wedlm_jax.failures import out_of_memory
     name = target.split(":", 1)[1] if target.startswith("tpu:") else target
     devices, (_, _, hbm) = describe_tpu(name)
     if placement.devices_needed > len(devices):

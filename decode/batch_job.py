@@ -235,8 +235,8 @@ def run_job(args) -> int:
     from wedlm_jax.convert import read_config
     model_config = read_config(args.checkpoint)   # config.json only: the weights are read last
     placement.check_model(model_config)
-    args.mask_token_id = _mask_token_id(args, model_config)   # released checkpoints: null mask id
     tokenizer = load_tokenizer(args.checkpoint)
+    args.mask_token_id = _mask_token_id(args, model_config, tokenizer)  # null: released / tokenizer
     cli_stop_ids, _ = split_stop_strings(tokenizer, args.stop)
     base_ids = list(args.stop_id) + cli_stop_ids
     if not args.no_default_stops:

@@ -23,6 +23,7 @@ from decode.config import (METHODS, REFILLS, SAMPLING_ORDERS, DecodeConfig, Deco
                            Placement)
 from wedlm_jax import compile_cache
 from wedlm_jax.config import released_mask_token_id
+from wedlm_jax.tokenizer import find_mask_token
 from decode.text import ChatTemplateError, load_tokenizer, split_stop_strings, stop_at_strings
 
 
@@ -138,10 +139,11 @@ def _read_prompts(args, tokenizer) -> list[tuple[str, list[int]]]:
     return out
 
 
-def _mask_token_id(args, config) -> int | None:
+def _mask_token_id(args, config, tokenizer=None) -> int | None:
     """--mask-token-id (checked against the vocabulary before anything is loaded), else None (the
-    config's own), except for a `wedlm` config with `mask_token_id: null`: the released
-    checkpoints' id when the vocabulary holds it (said once on stderr), else an error."""
+    config's own), except for a config with `mask_token_id: null`: a `wedlm` one decodes with the
+    released checkpoints' id when the vocabulary holds it (said once on stderr; else an error),
+    any other with the tokenizer's mask token when it has one (as training finds it)."""
     if args.mask_token_id is not None:
         if not 0 <= args.mask_token_id < config.vocab_size:
             raise DecodeConfigError(f"--mask-token-id {args.mask_token_id} is outside the vocabulary "
@@ -154,6 +156,10 @@ def _mask_token_id(args, config) -> int | None:
         print(f"wedlm-decode: {os.path.join(args.checkpoint, 'config.json')} has mask_token_id null: "
               f"decoding with [MASK] id {mask}, as the official WeDLM engine does "
               f"(--mask-token-id overrides)", file=sys.stderr)
+    elif config.mask_token_id is None and tokenizer is not None:
+        found = find_mask_token(tokenizer)
+        if found is not None and 0 <= found < config.vocab_size:
+            mask = found
     return mask
 
 
@@ -178,7 +184,7 @@ def run(args) -> dict:
                                     "leave --dtype and --mesh at their defaults with it")
     model_config = read_config(args.checkpoint)
     placement.check_model(model_config)
-    args.mask_token_id = _mask_token_id(args, model_config)
+    args.mask_token_id = _mask_token_id(args, model_config, tokenizer)
     mesh = placement.make_mesh()
     config, params = load_model(args.checkpoint, mesh=mesh, dtype=placement.dtype)
     if not args.no_default_stops:
@@ -248,7 +254,7 @@ def _write_trace(args, tokenizer, prompts, config, params, dc, res) -> dict:
 
 
 def main(argv=None) -> int:
-    from wedlm_jax.failures import disk_full
+    from wedlm_jax.failures import disk_full, out_of_memory
     args = _parser().parse_args(argv)
     try:
         compile_cache.enable(args.compile_cache)
@@ -261,7 +267,12 @@ def main(argv=None) -> int:
     except (DecodeConfigError, ValueError, FileNotFoundError) as e:  # TraceError is a ValueError
         print(f"wedlm-decode: error: {e}", file=sys.stderr)
         return 2
-    except OSError as e:
+    except Exception as e:  # noqa: BLE001 - a full disk or memory is one line; anything else a bug
+        oom = out_of_memory(e)
+        if oom is not None:
+            print(f"wedlm-decode: error: out of device memory: {oom}; lower --capacity, "
+                  "--slots or --window, or use --dtype bfloat16 / a --mesh", file=sys.stderr)
+            return 1
         full = disk_full(e)
         if full is None:
             raise

@@ -490,8 +490,8 @@ def load_decoder(args):
     model_config = read_config(args.checkpoint)
     placement = Placement.from_args(args)
     placement.check_model(model_config)
-    args.mask_token_id = _mask_token_id(args, model_config)   # released checkpoints: null mask id
     tokenizer = load_tokenizer(args.checkpoint)
+    args.mask_token_id = _mask_token_id(args, model_config, tokenizer)  # null: released / tokenizer
     stops = () if args.no_default_stops else tuple(tokenizer.default_stop_ids(model_config.eos_token_id))
     if len(stops) > MAX_STOP_IDS:
         raise DecodeConfigError(f"the checkpoint's default stops are {len(stops)} ids, more than {MAX_STOP_IDS}")

@@ -264,3 +264,49 @@ def test_disk_full_while_the_batch_job_writes_is_one_line(tmp_path, tiny, capsys
     monkeypatch.setattr(batch_job, "_append", real)
     assert cli.main(argv) == 0                                      # the rerun completes the rest
     assert sorted(json.loads(x)["id"] for x in out.read_text().splitlines()) == [0, 1, 2, 3]
+
+
+def test_out_of_device_memory_is_one_line(tmp_path, capsys, monkeypatch, tiny):
+    """XLA's RESOURCE_EXHAUSTED (at compile or run time) ends wedlm-train and wedlm-decode with one
+    line naming what to lower, exit 1, no traceback."""
+    import jax
+
+    from decode import cli
+    from train import main as main_lib
+    oom = jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
+                                     "19.27GiB.\nBufferAssignment OOM Debugging.")
+
+    def boom(*a, **k):
+        raise oom
+    monkeypatch.setattr(main_lib, "run", boom)
+    assert main_lib.main(["--config", _tiny_run(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    (line,) = _wedlm_lines(err)
+    assert line.startswith("wedlm-train: error: out of device memory: RESOURCE_EXHAUSTED: Out of "
+                           "memory while trying to allocate 19.27GiB.; lower data.global_batch_size")
+    monkeypatch.setattr(cli, "run", boom)
+    assert cli.main(["--checkpoint", tiny[0], "--prompt", "hi"]) == 1
+    (line,) = _wedlm_lines(capsys.readouterr().err)
+    assert line.startswith("wedlm-decode: error: out of device memory: RESOURCE_EXHAUSTED") \
+        and "lower --capacity" in line
+
+
+def test_decoding_takes_the_tokenizers_mask_token_when_the_config_has_none(tmp_path, capsys):
+    """A config with `mask_token_id: null` (not a released `wedlm` one) decodes with the
+    tokenizer's <|mask|>, as training finds it: the same text as the config that states it."""
+    import shutil
+
+    from decode import cli
+    from demo.eval import DEMO_MODEL
+    folder = tmp_path / "model"
+    shutil.copytree(DEMO_MODEL, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["mask_token_id"] == 2
+    cfg["mask_token_id"] = None
+    (folder / "config.json").write_text(json.dumps(cfg))
+    argv = ["--prompt", "Count by 3 from 1521 to 1551:\n1521, 1524, ", "--max-new-tokens", "16",
+            "--window", "8", "--json"]
+    assert cli.main(["--checkpoint", DEMO_MODEL, *argv]) == 0
+    want = json.loads(capsys.readouterr().out)["results"][0]["ids"]
+    assert cli.main(["--checkpoint", str(folder), *argv]) == 0
+    assert json.loads(capsys.readouterr().out)["results"][0]["ids"] == want

@@ -44,8 +44,8 @@ import grain
 import numpy as np
 
 from wedlm_jax import tokenizer as tokenizer_lib
+from wedlm_jax.tokenizer import MASK_TOKEN_CANDIDATES, find_mask_token  # noqa: F401 (re-exported)
 
-MASK_TOKEN_CANDIDATES = ("<|mask|>", "[MASK]", "<mask>", "<|MASK|>", "<MASK>")
 
 
 class DataError(ValueError):
@@ -65,14 +65,6 @@ def load_tokenizer(folder: str) -> TokenizerInfo:
     `special_tokens_map.json`) of a checkpoint folder."""
     return tokenizer_lib.load_tokenizer(
         folder, error=DataError, hint=" (set data.tokenizer to a folder holding one)")
-
-
-def find_mask_token(info: TokenizerInfo) -> int | None:
-    for cand in MASK_TOKEN_CANDIDATES:
-        i = info.tokenizer.token_to_id(cand)
-        if i is not None:
-            return int(i)
-    return None
 
 
 def resolve_mask_token_id(model_mask_id: int | None, info: TokenizerInfo, vocab_size: int) -> int:

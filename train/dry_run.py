@@ -25,6 +25,8 @@ import re
 import sys
 import time
 
+from wedlm_jax.failures import out_of_memory  # the verdict's one-line reason
+
 GIB = 1024 ** 3
 FORCE_FLAG = "--xla_force_host_platform_device_count"
 
@@ -242,21 +244,6 @@ def format_report(r: dict, device_memory_gib: float, source: str) -> tuple[str, 
                      f"temporaries {m['temp'] / GIB:.2f} + unaliased outputs "
                      f"{(m['output'] - m['alias']) / GIB:.2f} GiB)")
     return "\n".join(lines), fits
-
-
-OOM_MARKERS = ("exceeds available hbm", "resource_exhausted", "out of memory",
-               "exceeds the memory", "ran out of memory")
-
-
-def out_of_memory(error: BaseException) -> str | None:
-    """The compiler's one-line reason when `error` is an out-of-memory compile (libtpu: "HLO
-    temporaries (27.67G) exceeds available HBM (15.75G)"; XLA GPU: RESOURCE_EXHAUSTED), else None."""
-    text = str(error)
-    if not any(m in text.lower() for m in OOM_MARKERS):
-        return None
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    hit = next((ln for ln in lines if any(m in ln.lower() for m in OOM_MARKERS)), lines[0])
-    return hit[:400]
 
 
 def run(cfg, device_memory_gib: float, devices=None, topology=None, json_out=None,

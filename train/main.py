@@ -405,7 +405,7 @@ def main(argv=None) -> int:
     from train.data import DataError
     from wedlm_jax.config import ConfigError
     from wedlm_jax.convert import CheckpointError
-    from wedlm_jax.failures import disk_full
+    from wedlm_jax.failures import disk_full, out_of_memory
     cfg = None
     try:
         cfg = config_from_args(args)
@@ -415,11 +415,17 @@ def main(argv=None) -> int:
     except (TrainConfigError, DataError, ConfigError, CheckpointError, ResumeError) as e:
         print(f"wedlm-train: error: {e}", file=sys.stderr)
         return 2
-    except Exception as e:  # noqa: BLE001 - a full disk is one line; anything else is a bug
-        full = disk_full(e)
-        if full is None:
+    except Exception as e:  # noqa: BLE001 - a full disk or memory is one line; anything else a bug
+        full, oom = disk_full(e), out_of_memory(e)
+        if full is not None:
+            print(f"wedlm-train: error: disk full: {full}; {kept_line(cfg)}", file=sys.stderr)
+        elif oom is not None:
+            print(f"wedlm-train: error: out of device memory: {oom}; lower data.global_batch_size "
+                  "(or raise optimizer.grad_accum) or data.seq_len, or set remat: full and "
+                  f"loss_chunk (`--dry-run --device-memory G` checks a config first); "
+                  f"{kept_line(cfg)}", file=sys.stderr)
+        else:
             raise
-        print(f"wedlm-train: error: disk full: {full}; {kept_line(cfg)}", file=sys.stderr)
         return 1
     if result.get("already_done"):
         print(f"wedlm-train: {cfg.checkpoint.dir} already holds the final checkpoint (step "

@@ -2,6 +2,8 @@
 
     full = disk_full(exc)     # the ENOSPC / EDQUOT OSError anywhere in exc's chain, or None
     check_space(path, need)   # DiskFullError before writing `need` bytes where there is less room
+    reason = out_of_memory(exc)  # the compiler's / runtime's one-line reason when it ran out of
+                                 # device memory, or None
 
 Writers wrap the errors of the thread that hit the disk (Orbax re-raises its writer's error from
 `wait_until_finished`, sometimes as another type), so the cause is looked for along the whole
@@ -72,3 +74,19 @@ def check_space(path: str, need: int, what: str) -> None:
     if free < need:
         raise DiskFullError(f"{what} needs about {need / GIB:.2f} GiB under {path}, only "
                             f"{free / GIB:.2f} GiB free on {mount_point(path)}")
+
+
+OOM_MARKERS = ("exceeds available hbm", "resource_exhausted", "out of memory",
+               "exceeds the memory", "ran out of memory")
+
+
+def out_of_memory(error: BaseException) -> str | None:
+    """The compiler's or runtime's one-line reason when `error` says the device ran out of memory
+    (libtpu: "HLO temporaries (27.67G) exceeds available HBM (15.75G)"; XLA: RESOURCE_EXHAUSTED),
+    else None."""
+    text = str(error)
+    if not any(m in text.lower() for m in OOM_MARKERS):
+        return None
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    hit = next((ln for ln in lines if any(m in ln.lower() for m in OOM_MARKERS)), lines[0])
+    return hit[:400]

@@ -42,6 +42,7 @@ SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_t
 # Chat turns of the Qwen family (and the released WeDLM checkpoints) end with <|im_end|>; documents
 # with <|endoftext|>. The official WeDLM example stops on eos and both.
 DEFAULT_STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
+MASK_TOKEN_CANDIDATES = ("<|mask|>", "[MASK]", "<mask>", "<|MASK|>", "<MASK>")
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 
@@ -266,6 +267,16 @@ def _chat_template(folder: str, cfg: dict, error) -> tuple[str | None, str]:
     if template is not None and not isinstance(template, str):
         raise error(f"{source}: 'chat_template' must be a string or a list of named templates")
     return template, source
+
+
+def find_mask_token(tok: "Tokenizer") -> int | None:
+    """The id of the tokenizer's mask token (the first of MASK_TOKEN_CANDIDATES it has), or None:
+    the one rule training and decoding share when a config states no mask_token_id."""
+    for cand in MASK_TOKEN_CANDIDATES:
+        i = tok.tokenizer.token_to_id(cand)
+        if i is not None:
+            return int(i)
+    return None
 
 
 def load_tokenizer(folder, *, error=TokenizerError, hint: str = "") -> Tokenizer:
