@@ -111,8 +111,8 @@ def decode_row(config, t: Target, prog: dict, capacity: int, live: int) -> dict:
     cost = aot.unrolled_cost(aot.compile_generate, config, devices, **settings)
     if cost:   # the live K/V tiles the compiler's count misses (a runtime trip count)
         tensor_used = mesh[2] if mesh else 1
-        cost["kv_not_counted"] = aot.kv_not_counted(prog, config, live, 256, "bfloat16",
-                                                    tensor_used)
+        cost["kv_not_counted"] = aot.kv_not_counted(prog["slots"], config, live,
+                                                    settings["kv_tile"], "bfloat16", tensor_used)
         cost["bytes accessed"] += cost["kv_not_counted"]
     step = roofline(cost, t)
     floor = full["floor"]["total"]

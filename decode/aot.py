@@ -218,14 +218,14 @@ def unrolled_cost(compile_fn, config, *args, **kwargs) -> dict:
     return compile_fn(config, *args, scan_unroll=config.num_layers, **kwargs).get("cost") or {}
 
 
-def kv_not_counted(static_like: dict, config, live_rows: int, kv_tile: int, dtype: str,
+def kv_not_counted(slots: int, config, live_rows: int, kv_tile: int, dtype: str,
                    tensor: int = 1, batch_shards: int = 1) -> float:
     """Bytes of live K/V a decode step reads that cost_analysis does not count: every live tile
     past the first of each row and layer (the tile loop's trip count is a runtime value)."""
     item = jnp.dtype(dtype).itemsize
     kv_row = 2 * config.num_layers * config.num_kv_heads * config.head_dim * item
     rows = max(live_rows - kv_tile, 0)
-    return static_like["slots"] * rows * kv_row / (tensor * batch_shards)
+    return slots * rows * kv_row / (tensor * batch_shards)
 
 
 def dry_run(config, target: str, placement, *, method: str, window: int, refill: str, slots: int,

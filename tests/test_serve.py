@@ -72,6 +72,39 @@ class Gate:
         return self.inner.num_waiting
 
 
+def serve_in_thread(app, log_level="warning"):
+    """(url, uvicorn server, thread, socket): `app` served on 127.0.0.1 from a thread, started."""
+    import uvicorn
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    srv = uvicorn.Server(uvicorn.Config(app, log_level=log_level))
+    thread = threading.Thread(target=srv.run, kwargs=dict(sockets=[sock]), daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not srv.started and time.time() < deadline:
+        time.sleep(0.02)
+    assert srv.started
+    return f"http://127.0.0.1:{sock.getsockname()[1]}", srv, thread, sock
+
+
+def _start_subprocess_server(path, *args, env=None):
+    """(process, url): `python -m decode.serve` on a free port, answering /health."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "decode.serve", "--checkpoint", path,
+                             "--port", str(port), *args],
+                            cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu", **(env or {})),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.2)
+    return proc, url
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -85,7 +118,6 @@ def ckpt(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(ckpt):
-    import uvicorn
     from decode.batching import Batcher
     path, config, params = ckpt
     args = serve._parser().parse_args(["--checkpoint", path, "--slots", str(SLOTS), "--window", str(WINDOW),
@@ -96,17 +128,7 @@ def server(ckpt):
     serve.warm_up(gate.inner, CAPACITY, every_bucket=False)
     engine = serve.Engine(gate, max_pending=SLOTS + 64, scorer=serve.scorer_for(decoder)).start()
     app = serve.build_app(engine, tokenizer, cfg)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=srv.run, kwargs=dict(sockets=[sock]), daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not srv.started and time.time() < deadline:
-        time.sleep(0.02)
-    assert srv.started
-    url = f"http://127.0.0.1:{port}"
+    url, srv, thread, sock = serve_in_thread(app)
     yield dict(url=url, gate=gate, engine=engine, tokenizer=tokenizer, config=config, params=params,
                client=openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60))
     gate.open()
@@ -445,21 +467,11 @@ def test_429_beyond_the_queue(server):
 
 def test_subprocess_api_key_and_sigterm(ckpt, tmp_path):
     path = ckpt[0]
-    port = _free_port()
-    env = dict(os.environ, WEDLM_API_KEY="sekrit", JAX_PLATFORMS="cpu")
-    proc = subprocess.Popen([sys.executable, "-m", "decode.serve", "--checkpoint", path, "--port", str(port),
-                             "--slots", "2", "--window", "4", "--capacity", "256", "--steps-per-call", "1",
-                             "--no-default-stops", "--lazy-compile", "--log-level", "warning"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    proc, url = _start_subprocess_server(
+        path, "--slots", "2", "--window", "4", "--capacity", "256", "--steps-per-call", "1",
+        "--no-default-stops", "--lazy-compile", "--log-level", "warning",
+        env={"WEDLM_API_KEY": "sekrit"})
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline and proc.poll() is None:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
         assert proc.poll() is None, proc.stdout.read().decode()
         assert httpx.get(url + "/v1/models", timeout=5).status_code == 401
         r = httpx.get(url + "/v1/models", headers={"Authorization": "Bearer nope"}, timeout=5)
@@ -488,22 +500,10 @@ def test_sigterm_past_the_shutdown_timeout_answers_the_streams(ckpt):
     """Streams still running when --shutdown-timeout runs out end with an error event (503) and
     [DONE], never cut; the process exits 0 with no traceback."""
     path = ckpt[0]
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "decode.serve", "--checkpoint", path, "--port", str(port),
-                             "--slots", "2", "--method", "ar", "--capacity", "2048",
-                             "--steps-per-call", "1", "--no-default-stops", "--lazy-compile",
-                             "--log-level", "warning", "--shutdown-timeout", "1"],
-                            cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    proc, url = _start_subprocess_server(
+        path, "--slots", "2", "--method", "ar", "--capacity", "2048", "--steps-per-call", "1",
+        "--no-default-stops", "--lazy-compile", "--log-level", "warning", "--shutdown-timeout", "1")
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline and proc.poll() is None:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
         assert proc.poll() is None, proc.stdout.read().decode()
         body = {"model": "model", "prompt": "count with me", "max_tokens": 2000, "stream": True,
                 "tau": 0.0, "lam": 0.0}

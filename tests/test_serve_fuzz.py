@@ -13,7 +13,6 @@ import concurrent.futures
 import json
 import os
 import resource
-import socket
 import threading
 import time
 
@@ -27,6 +26,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E
 
 from decode import serve  # noqa: E402
 from decode.text import load_tokenizer  # noqa: E402
+from tests.test_serve import serve_in_thread  # noqa: E402
 from tests.tiny_checkpoint import make_checkpoint  # noqa: E402
 
 CAPACITY = 256
@@ -80,7 +80,6 @@ def _tokenizer(path):
 
 @pytest.fixture(scope="module")
 def live(ckpt):
-    import uvicorn
     from decode.batching import Batcher
     path = ckpt[0]
     args = serve._parser().parse_args(["--checkpoint", path, "--slots", "4", "--window", "4",
@@ -92,16 +91,7 @@ def live(ckpt):
     serve.warm_up(batcher, CAPACITY, every_bucket=False)
     engine = serve.Engine(batcher, max_pending=4 + 16, scorer=serve.scorer_for(decoder)).start()
     app = serve.build_app(engine, tokenizer, cfg)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    srv = uvicorn.Server(uvicorn.Config(app, log_level="error"))
-    thread = threading.Thread(target=srv.run, kwargs=dict(sockets=[sock]), daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not srv.started and time.time() < deadline:
-        time.sleep(0.02)
-    assert srv.started
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    url, srv, thread, sock = serve_in_thread(app, log_level="error")
     with httpx.Client(base_url=url, timeout=60) as client:
         yield dict(client=client, engine=engine, batcher=batcher)
     srv.should_exit = True
