@@ -11,7 +11,8 @@ checkpoint is read; a bad line is named by its line number and field.
 
 Output: one JSON line per request, written (flushed and fsynced) as the request finishes, in finish
 order: id, text, token_ids, finish_reason ('stop' | 'length'), prompt_tokens, completion_tokens,
-steps (forwards while the request was live), n_fwd (token slots those forwards processed). A
+cached_tokens (prompt rows reused from earlier requests: --page-size), steps (forwards while the
+request was live), n_fwd (token slots those forwards processed). A
 request the engine fails on is written with finish_reason 'error' and the error, the job goes on
 with the others and exits 1 at the end naming how many failed (a rerun does not retry them:
 delete their lines to). A stop
@@ -34,7 +35,8 @@ import time
 
 from decode.config import DecodeConfig, DecodeConfigError, Placement
 
-SETTINGS = ("max_new_tokens", "tau", "lam", "temperature", "top_k", "top_p", "seed")
+SETTINGS = ("max_new_tokens", "tau", "lam", "temperature", "top_k", "top_p", "seed",
+            "sampling_order")
 FIELDS = ("id", "prompt", "messages", "max_tokens", "stop") + SETTINGS
 
 
@@ -212,8 +214,8 @@ def _append(f, record: dict) -> None:
 
 def run_job(args) -> int:
     """The `--input/--output` path of wedlm-decode. Returns the exit code."""
-    from decode.cli import load_model
-    from decode.text import load_tokenizer, split_stop_strings
+    from decode.checkpoint import OpenCheckpoint
+    from decode.text import split_stop_strings
 
     if args.output is None:
         raise DecodeConfigError("--input needs --output (the results file; rerunning resumes it)")
@@ -221,8 +223,10 @@ def run_job(args) -> int:
         if on:
             raise DecodeConfigError(f"{flag} does not apply to --input (results go to --output)")
     defaults = dict(max_new_tokens=args.max_new_tokens, tau=args.tau, lam=args.lam,
-                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    DecodeConfig(method=args.method, window=args.window, **defaults)
+                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                    sampling_order=args.sampling_order)
+    DecodeConfig(method=args.method, window=args.window, refill=args.refill,
+                 prefill_chunk=args.prefill_chunk, **defaults)
     for name in ("slots", "steps_per_call"):
         v = getattr(args, name)
         if v < 1:
@@ -231,16 +235,12 @@ def run_job(args) -> int:
     if args.slots % placement.batch_shards:
         raise DecodeConfigError(f"--slots {args.slots} must be a multiple of the mesh's data x "
                                 f"fsdp = {placement.batch_shards}")
-    from decode.cli import _mask_token_id
-    from wedlm_jax.convert import read_config
-    model_config = read_config(args.checkpoint)   # config.json only: the weights are read last
-    placement.check_model(model_config)
-    tokenizer = load_tokenizer(args.checkpoint)
-    args.mask_token_id = _mask_token_id(args, model_config, tokenizer)  # null: released / tokenizer
+    ckpt = OpenCheckpoint.open(args.checkpoint, placement, method=args.method,   # no weights yet
+                               mask_token_id=args.mask_token_id, default_stops=not args.no_default_stops)
+    model_config, tokenizer = ckpt.config, ckpt.tokenizer
+    args.mask_token_id = ckpt.mask_token_id
     cli_stop_ids, _ = split_stop_strings(tokenizer, args.stop)
-    base_ids = list(args.stop_id) + cli_stop_ids
-    if not args.no_default_stops:
-        base_ids = tokenizer.default_stop_ids(model_config.eos_token_id) + base_ids
+    base_ids = list(ckpt.default_stop_ids) + list(args.stop_id) + cli_stop_ids
     items = read_input(args.input, tokenizer, defaults, list(dict.fromkeys(base_ids)), list(args.stop),
                        args.chat, args.method, args.window, args.capacity, model_config.vocab_size)
     check_output(args.output, args.input)
@@ -261,10 +261,11 @@ def run_job(args) -> int:
 
     from decode.batching import Batcher
     from decode.decoder import Decoder, Request
-    mesh = placement.make_mesh()
-    config, params = load_model(args.checkpoint, mesh=mesh, dtype=placement.dtype)
+    config, params, mesh = ckpt.load()
     decoder = Decoder(params, config, method=args.method, window=args.window, slots=args.slots,
-                      capacity=capacity, steps_per_call=args.steps_per_call,
+                      capacity=capacity, steps_per_call=args.steps_per_call, refill=args.refill,
+                      prefill_chunk=args.prefill_chunk, allow_long=args.allow_long,
+                      page_size=placement.page_size, num_pages=placement.num_pages,
                       mask_token_id=args.mask_token_id, mesh=mesh, dtype=placement.dtype,
                       attention=placement.attention, kv_tile=placement.kv_tile)
     requests = []
@@ -314,7 +315,7 @@ def _decode_all(batcher, todo, requests, tokenizer, out) -> dict:
             raise RuntimeError(f"request {item.id!r} was cancelled without a stop string")
         _append(out, dict(id=item.id, text=text, token_ids=ids, finish_reason=finish,
                           prompt_tokens=len(item.prompt_ids), completion_tokens=len(ids),
-                          steps=fin.steps, n_fwd=fin.n_fwd))
+                          cached_tokens=fin.cached_tokens, steps=fin.steps, n_fwd=fin.n_fwd))
         stats["requests"] += 1
         stats["tokens"] += len(ids)
         if fin.steps:   # a slot cancelled at a stop string may come back without its counts

@@ -9,6 +9,13 @@ and leave it the moment they finish, so no slot idles while a slower neighbour r
 `submit` and `cancel` are thread-safe; `step` must be called from one thread (the one that owns
 the device) and the callbacks run on it: on_tokens(request_id, new_ids) after every chunk that
 gave the request ids, on_finish(Finished) once.
+
+With a paged Decoder (`page_size`), admission is by free pages: a request takes the pages of its
+budget (`Decoder.pages_needed`) from the pool (`decode.pages.PagePool`) when it gets a slot, the
+full pages of a prompt prefix an earlier request computed are mapped instead of computed again
+(`prefix_reuse`; `Finished.cached_tokens` counts their rows), and its pages go back when it ends.
+A request the pool cannot hold yet waits at the head of the queue (first come, first served; no
+preemption); one larger than the whole pool is refused at submit.
 """
 
 from __future__ import annotations
@@ -21,7 +28,9 @@ from typing import Callable
 
 import jax
 
+from decode.config import DecodeConfigError
 from decode.decoder import Decoder, Request
+from decode.pages import PagePool
 
 
 @dataclasses.dataclass
@@ -35,6 +44,7 @@ class Finished:
     rejected: int = 0     # verified: drafts rejected
     wall_s: float = 0.0   # submit to finish
     error: str | None = None   # finish 'error': what failed (the other requests go on)
+    cached_tokens: int = 0     # paged cache: prompt rows reused from earlier requests
 
 
 @dataclasses.dataclass
@@ -45,13 +55,17 @@ class _Live:
     on_finish: Callable | None
     submitted: float
     tokens: list = dataclasses.field(default_factory=list)
+    pages: list = dataclasses.field(default_factory=list)   # paged cache: the pages it holds
+    cached_tokens: int = 0
 
 
 class Batcher:
     """Slot-based continuous batching over one Decoder."""
 
-    def __init__(self, decoder: Decoder):
+    def __init__(self, decoder: Decoder, prefix_reuse: bool = True):
         self.decoder = decoder
+        self.prefix_reuse = prefix_reuse
+        self.pool = self._new_pool()
         self._lock = threading.Lock()
         self._waiting: collections.deque = collections.deque()
         self._cancelled: set = set()
@@ -70,10 +84,20 @@ class Batcher:
     def num_active(self) -> int:
         return sum(s is not None for s in self._slots)
 
+    def _new_pool(self):
+        st = self.decoder.static
+        return PagePool(st.num_pages, st.page_size) if st.paged else None
+
     def submit(self, request: Request, on_tokens: Callable | None = None,
                on_finish: Callable | None = None) -> int:
         """Validate (DecodeConfigError names the field) and queue a request; returns its id."""
         request = self.decoder.check_request(request)
+        if self.pool is not None and self.decoder.pages_needed(request) > self.pool.num_pages:
+            st = self.decoder.static
+            raise DecodeConfigError(
+                f"the request needs {self.decoder.pages_needed(request)} pages of {st.page_size} "
+                f"rows (prompt {len(request.prompt)} + max_new_tokens {request.max_new_tokens} + "
+                f"a window's {st.span}); the whole pool holds {self.pool.num_pages}")
         with self._lock:
             rid = self._next_id
             self._next_id += 1
@@ -87,9 +111,12 @@ class Batcher:
 
     def _finish(self, live: _Live, finish: str, stats=(0, 0, 0, 0), error: str | None = None) -> None:
         steps, n_fwd, acc, rej = stats
+        if live.pages:
+            self.pool.release(live.pages)      # its slot is unmapped (or the state rebuilt) by now
+            live.pages = []
         if live.on_finish is not None:
             live.on_finish(Finished(live.request_id, live.tokens, finish, steps, n_fwd, acc, rej,
-                                    time.perf_counter() - live.submitted, error))
+                                    time.perf_counter() - live.submitted, error, live.cached_tokens))
 
     def _state_lost(self) -> bool:
         """Was the (donated) state consumed by a call that then failed?"""
@@ -98,11 +125,12 @@ class Batcher:
     def _reset(self, error: str) -> None:
         """After a failed device call: every live request ends with 'error', the state is built
         anew, the queue is kept; the next `step` goes on with the waiting requests."""
+        self.state = self.decoder.init_state()
         for slot, live in enumerate(self._slots):
             if live is not None:
                 self._slots[slot] = None
                 self._finish(live, "error", error=error)
-        self.state = self.decoder.init_state()
+        self.pool = self._new_pool()           # the pool's contents went with the state
         self.resets += 1
 
     def _take_cancelled(self):
@@ -140,17 +168,29 @@ class Batcher:
             if self._slots[slot] is not None:
                 continue
             with self._lock:
-                live = self._waiting.popleft() if self._waiting else None
+                live = self._waiting[0] if self._waiting else None
             if live is None:
                 break
+            pages = self._pages_for(live) if self.pool is not None else None
+            if self.pool is not None and pages is None:
+                break                          # the pool cannot hold it yet: it waits, first in line
+            with self._lock:
+                self._waiting.popleft()
             try:
-                self.state = dec.insert(dec.prefill(live.request), self.state, slot)
+                if pages is None:
+                    self.state = dec.insert(dec.prefill(live.request), self.state, slot)
+                else:
+                    live.pages = pages
+                    self.state = dec.prefill_into_slot(self.state, live.request, slot, pages,
+                                                       live.cached_tokens)
+                    self.pool.publish(self._prefilled(live.request), pages)
             except Exception as e:  # noqa: BLE001 - this request fails alone
                 error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-                self._finish(live, "error", error=error)
                 if self._state_lost():
+                    live.pages = []                # the pool is rebuilt with the state
                     self._reset(f"the decoding state was lost while admitting request "
                                 f"{live.request_id} ({error})")
+                self._finish(live, "error", error=error)
                 continue
             self._slots[slot] = live
         if self.num_active == 0:
@@ -173,6 +213,8 @@ class Batcher:
         finished = [slot for slot, live in enumerate(self._slots)
                     if live is not None and bool(result.done[slot])]
         counts = self._counts() if finished else None
+        if finished and self.pool is not None:   # before their pages go back to the pool
+            self.state = dec.unmap(self.state, finished)
         for slot in finished:
             live = self._slots[slot]
             stops = set(live.request.stop_token_ids)
@@ -180,6 +222,24 @@ class Batcher:
             self._slots[slot] = None
             self._finish(live, finish, tuple(int(c[slot]) for c in counts))
         return self.num_active > 0 or self.num_waiting > 0
+
+    def _prefilled(self, request: Request) -> tuple:
+        """The prompt rows the prefill writes (AR and verified hold the last token back)."""
+        held = 1 if self.decoder.method in ("ar", "verified") else 0
+        return tuple(request.prompt[:len(request.prompt) - held])
+
+    def _pages_for(self, live: _Live):
+        """The pages a waiting request gets now: its cached prefix (when reused) and fresh ones
+        for the rest of its budget; None (nothing taken) when the pool cannot give them yet."""
+        pool, need = self.pool, self.decoder.pages_needed(live.request)
+        rows = self._prefilled(live.request)
+        hit = pool.match(rows, len(rows) // pool.page_size) if self.prefix_reuse else []
+        more = pool.allocate(need - len(hit))
+        if more is None:
+            pool.release(hit)
+            return None
+        live.cached_tokens = len(hit) * pool.page_size
+        return hit + more
 
     def run_until_idle(self) -> None:
         while self.step():

@@ -21,10 +21,9 @@ import sys
 
 from decode.config import (METHODS, REFILLS, SAMPLING_ORDERS, DecodeConfig, DecodeConfigError,
                            Placement)
+from decode.checkpoint import OpenCheckpoint
+from decode.text import ChatTemplateError, split_stop_strings, stop_at_strings
 from wedlm_jax import compile_cache
-from wedlm_jax.config import released_mask_token_id
-from wedlm_jax.tokenizer import find_mask_token
-from decode.text import ChatTemplateError, load_tokenizer, split_stop_strings, stop_at_strings
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -83,14 +82,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def load_model(checkpoint, mesh=None, dtype=None):
-    """(ModelConfig, params) of an Orbax or Hugging Face checkpoint folder (no progress bar for HF),
-    in `dtype` (None: as stored) and laid out on `mesh` (None: the default device)."""
-    from wedlm_jax.convert import checkpoint_kind, load_checkpoint
-    quiet = {} if checkpoint_kind(checkpoint) == "orbax" else {"progress": False}
-    return load_checkpoint(checkpoint, mesh=mesh, dtype=dtype, **quiet)
-
-
 PROMPT_KEYS = frozenset({"prompt", "text", "messages", "tools"})
 
 
@@ -139,57 +130,37 @@ def _read_prompts(args, tokenizer) -> list[tuple[str, list[int]]]:
     return out
 
 
-def _mask_token_id(args, config, tokenizer=None) -> int | None:
-    """--mask-token-id (checked against the vocabulary before anything is loaded), else None (the
-    config's own), except for a config with `mask_token_id: null`: a `wedlm` one decodes with the
-    released checkpoints' id when the vocabulary holds it (said once on stderr; else an error),
-    any other with the tokenizer's mask token when it has one (as training finds it)."""
-    if args.mask_token_id is not None:
-        if not 0 <= args.mask_token_id < config.vocab_size:
-            raise DecodeConfigError(f"--mask-token-id {args.mask_token_id} is outside the vocabulary "
-                                    f"[0, {config.vocab_size})")
-        return args.mask_token_id
-    if args.method == "ar":
-        return None
-    mask = released_mask_token_id(config, os.path.join(args.checkpoint, "config.json"))
-    if mask is not None:
-        print(f"wedlm-decode: {os.path.join(args.checkpoint, 'config.json')} has mask_token_id null: "
-              f"decoding with [MASK] id {mask}, as the official WeDLM engine does "
-              f"(--mask-token-id overrides)", file=sys.stderr)
-    elif config.mask_token_id is None and tokenizer is not None:
-        found = find_mask_token(tokenizer)
-        if found is not None and 0 <= found < config.vocab_size:
-            mask = found
-    return mask
-
-
 def run(args) -> dict:
     from decode.static_batch import generate
-    from wedlm_jax.convert import read_config
 
-    tokenizer = load_tokenizer(args.checkpoint)
     dc_kw = dict(method=args.method, window=args.window, tau=args.tau, lam=args.lam,
                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                  max_new_tokens=args.max_new_tokens, seed=args.seed, prefill_chunk=args.prefill_chunk,
                  refill=args.refill, sampling_order=args.sampling_order)
     DecodeConfig(**dc_kw)  # every setting checked before the checkpoint is read
     placement = Placement.from_args(args)
-    stop_ids, cut_strings = split_stop_strings(tokenizer, args.stop)
-    prompts = _read_prompts(args, tokenizer)
-    if args.trace is not None:
-        from decode.trace import check_request
-        check_request(args.trace, args.method, len(prompts))
-        if placement != Placement(attention=placement.attention, kv_tile=placement.kv_tile):
-            raise DecodeConfigError("--trace steps through the decode on one device in float32; "
-                                    "leave --dtype and --mesh at their defaults with it")
-    model_config = read_config(args.checkpoint)
-    placement.check_model(model_config)
-    args.mask_token_id = _mask_token_id(args, model_config, tokenizer)
-    mesh = placement.make_mesh()
-    config, params = load_model(args.checkpoint, mesh=mesh, dtype=placement.dtype)
-    if not args.no_default_stops:
-        stop_ids = tokenizer.default_stop_ids(config.eos_token_id) + stop_ids
-    stop_ids = list(dict.fromkeys(stop_ids + list(args.stop_id)))
+    if placement.page_size is not None:
+        raise DecodeConfigError("--page-size applies to continuous batching: --input and "
+                                "wedlm-serve (--prompt / --prompts-file decode one static batch)")
+    read = {}
+
+    def read_inputs(tokenizer):   # the prompts and stops, refused before config.json is read
+        read["stops"] = split_stop_strings(tokenizer, args.stop)
+        read["prompts"] = _read_prompts(args, tokenizer)
+        if args.trace is not None:
+            from decode.trace import check_request
+            check_request(args.trace, args.method, len(read["prompts"]))
+            if placement != Placement(attention=placement.attention, kv_tile=placement.kv_tile):
+                raise DecodeConfigError("--trace steps through the decode on one device in "
+                                        "float32; leave --dtype and --mesh at their defaults with it")
+    ckpt = OpenCheckpoint.open(args.checkpoint, placement, method=args.method,
+                               mask_token_id=args.mask_token_id, default_stops=not args.no_default_stops,
+                               with_tokenizer=read_inputs)
+    tokenizer, prompts = ckpt.tokenizer, read["prompts"]
+    stop_ids, cut_strings = read["stops"]
+    args.mask_token_id = ckpt.mask_token_id
+    config, params, mesh = ckpt.load()
+    stop_ids = list(dict.fromkeys(list(ckpt.default_stop_ids) + stop_ids + list(args.stop_id)))
     dc = DecodeConfig(stop_token_ids=tuple(stop_ids), **dc_kw)
 
     on_commit = None

@@ -162,6 +162,8 @@ class Placement:
     mesh: tuple = (1, 1, 1)
     attention: str = "auto"
     kv_tile: int = 256
+    page_size: int | None = None    # a paged KV cache of pages of this many rows (None: dense)
+    num_pages: int | None = None    # the paged cache's pages per layer (None: slots x per sequence)
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -176,6 +178,12 @@ class Placement:
             raise DecodeConfigError(f"attention {self.attention!r} is unknown; allowed: "
                                     f"{', '.join(CACHE_ATTENTION)}")
         check_int("kv_tile", self.kv_tile, 1)
+        if self.page_size is not None:
+            check_int("page_size", self.page_size, 1)
+        if self.num_pages is not None:
+            if self.page_size is None:
+                raise DecodeConfigError("--num-pages needs --page-size (a paged cache)")
+            check_int("num_pages", self.num_pages, 1)
 
     @property
     def devices_needed(self) -> int:
@@ -220,8 +228,16 @@ class Placement:
                        help=f"cache-attention backend: one of {', '.join(CACHE_ATTENTION)}")
         g.add_argument("--kv-tile", type=int, default=d.kv_tile,
                        help="KV cache rows per attention tile (tiled, pallas)")
+        g.add_argument("--page-size", type=int, default=None,
+                       help="a paged KV cache shared by the slots, pages of this many rows, with "
+                            "prompt-prefix reuse (--input and wedlm-serve; default: each slot "
+                            "reserves its capacity)")
+        g.add_argument("--num-pages", type=int, default=None,
+                       help="the paged cache's pages (default: slots x pages of one sequence at "
+                            "the capacity)")
 
     @classmethod
     def from_args(cls, args) -> "Placement":
         return cls(dtype=args.dtype, mesh=parse_mesh(args.mesh), attention=args.attention,
-                   kv_tile=args.kv_tile)
+                   kv_tile=args.kv_tile, page_size=getattr(args, "page_size", None),
+                   num_pages=getattr(args, "num_pages", None))

@@ -26,24 +26,25 @@ token (slot 0) at position P-1.
 from __future__ import annotations
 
 import dataclasses
-import functools
-from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
 
 from decode.config import (MAX_STOP_IDS, METHODS, SEED_MAX, DecodeConfigError, check_int,
                            check_number)
+from decode.programs import (STEPS, Static, _forward, _free, _generate, _insert,  # noqa: F401
+                             _one_step, _prefill, _prefill_into, _prefill_slot, _unmap,
+                             compiled_count)
 from decode.sampling import SAMPLING_ORDERS
 from decode.state import DecodeState, KVCache, Prefix, Settings
-from decode.steps import REFILLS, StepSpec, ar_step, window_step
-from decode.verified import verified_step
+from decode.steps import REFILLS, StepSpec
 from wedlm_jax import attention_backends as attn_backends
 from wedlm_jax import cache_attention as ca
 from wedlm_jax import model as model_lib
+from wedlm_jax import paged_attention as paged
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.sharding import DEFAULT_RULES, is_axes, spec_for, tree_shardings
 
@@ -65,28 +66,6 @@ class Request:
     stop_token_ids: tuple = ()      # at most MAX_STOP_IDS
     seed: int = 0
     sampling_order: str = "filter_first"
-
-
-@dataclasses.dataclass(frozen=True)
-class Static:
-    """Everything that shapes the compiled programs."""
-    config: ModelConfig        # token ids stripped (runtime values)
-    dtype: str
-    spec: StepSpec
-    slots: int
-    capacity: int
-    rows: int                  # cache rows R >= capacity + span
-    kv_tile: int
-    prefill_chunk: int
-    keep_q: bool               # verified with sampling carries the drafts' distributions
-    attention: str = "tiled"   # the cache-attention backend (wedlm_jax.attention_backends)
-    mesh: Any = None           # a hashable key of the mesh (or None)
-    scan_unroll: int = 1       # layers per iteration of the layer scan (decode.aot's cost counts)
-    platform: str | None = None  # the mesh's platform the attention is resolved for (None: jax's)
-
-    @property
-    def span(self) -> int:
-        return self.spec.span
 
 
 def _round_up(x: int, m: int) -> int:
@@ -112,136 +91,6 @@ def _as_float(x):
 
 def _is_num(x) -> bool:
     return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and x == x
-
-
-# ----------------------------------------------------------------------------- compiled pieces
-
-STEPS = {"streaming": window_step, "block": window_step, "ar": ar_step, "verified": verified_step}
-
-
-def _forward(static: Static):
-    """The network in cache mode: (params, tokens, positions, cache layers, n) -> (logits, layers).
-    Cache attention reads only the cache tiles holding live keys (`kv_tile` rows each)."""
-    model = model_lib.Transformer(static.config, dtype=jnp.dtype(static.dtype),
-                                  attention=static.attention, kv_tile=static.kv_tile,
-                                  scan_unroll=static.scan_unroll, platform=static.platform)
-
-    def forward(params, tokens, positions, layers, n):
-        return model.apply({"params": params}, tokens, positions, kv_cache=layers, cache_len=n)
-    return forward
-
-
-def _constrain_state(static: Static, st):
-    """Pin the state's layout (slots over data/fsdp; a no-op without a mesh)."""
-    if static.mesh is None:
-        return st
-    axes = model_lib.kv_cache_logical_axes(static.config)
-    layers = jax.tree.map(lambda ax, x: nn.with_logical_constraint(x, ax), axes, st.cache.layers,
-                          is_leaf=is_axes)
-    rest = jax.tree.map(lambda x: nn.with_logical_constraint(x, ("batch",) + (None,) * (x.ndim - 1)),
-                        st.replace(cache=st.cache.replace(layers=None)))
-    return rest.replace(cache=rest.cache.replace(layers=layers))
-
-
-@functools.partial(jax.jit, static_argnums=(0,))
-def _prefill(static: Static, params, tokens, prefill_len):
-    """K/V of rows 0..prefill_len-1 of one prompt ([1, Pb] tokens) in chunks; the trip count
-    ceil(prefill_len / chunk) is a runtime value; the last chunk's start is pulled back inside the
-    buffer (recomputing final rows gives the same values)."""
-    pb = tokens.shape[1]
-    chunk = min(static.prefill_chunk, pb)
-    forward = _forward(static)
-    kv = model_lib.init_kv_cache(static.config, 1, pb, jnp.dtype(static.dtype))
-
-    def body(k, kv):
-        start = jnp.minimum(k * chunk, pb - chunk)
-        toks = jax.lax.dynamic_slice_in_dim(tokens, start, chunk, axis=1)
-        pos = start + jnp.arange(chunk, dtype=jnp.int32)[None, :]
-        _, kv = forward(params, toks, pos, kv, jnp.full((1,), start, jnp.int32))
-        return kv
-
-    return jax.lax.fori_loop(0, (prefill_len[0] + chunk - 1) // chunk, body, kv)
-
-
-@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
-def _prefill_into(static: Static, params, state: DecodeState, tokens, prefill_len):
-    """Every slot's prompt K/V (rows 0..prefill_len[b]-1, tokens [B, Pb]) written straight into
-    the state's cache in chunks: the static-batch prefill (`Decoder.start`)."""
-    pb = tokens.shape[1]
-    chunk = min(static.prefill_chunk, pb)
-    forward = _forward(static)
-    b = tokens.shape[0]
-
-    def body(k, layers):
-        start = jnp.minimum(k * chunk, pb - chunk)
-        toks = jax.lax.dynamic_slice_in_dim(tokens, start, chunk, axis=1)
-        pos = jnp.broadcast_to(start + jnp.arange(chunk, dtype=jnp.int32), (b, chunk))
-        _, layers = forward(params, toks, pos, layers, jnp.full((b,), start, jnp.int32))
-        return layers
-
-    n = (jnp.max(prefill_len) + chunk - 1) // chunk
-    layers = jax.lax.fori_loop(0, n, body, state.cache.layers)
-    return _constrain_state(static, state.replace(cache=state.cache.replace(layers=layers)))
-
-
-@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(1,))
-def _insert(static: Static, state: DecodeState, prefix: Prefix, slot):
-    """Write a prefilled request into `slot`: its K/V rows 0..Pb-1 and its row of every field."""
-    axes = model_lib.kv_cache_logical_axes(static.config)
-
-    def put_kv(ax, full, part):
-        starts = [slot if a == "batch" else 0 for a in ax]
-        return jax.lax.dynamic_update_slice(full, part.astype(full.dtype), starts)
-
-    layers = jax.tree.map(put_kv, axes, state.cache.layers, prefix.kv, is_leaf=is_axes)
-    put = lambda full, part: jax.lax.dynamic_update_index_in_dim(full, part[0].astype(full.dtype),
-                                                                  slot, 0)
-    bare = lambda st: st.replace(cache=st.cache.replace(layers=None))
-    rest = jax.tree.map(put, bare(state), bare(prefix.row))
-    return _constrain_state(static, rest.replace(cache=rest.cache.replace(layers=layers)))
-
-
-@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(1,))
-def _free(static: Static, state: DecodeState, slot):
-    return state.replace(done=state.done.at[slot].set(True))
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))
-def _generate(static: Static, k: int, params, state: DecodeState, mask_id, run):
-    """Up to `run` (a runtime value <= k) steps of every slot. Returns (state, tokens [B, k, E],
-    counts [B, k], steps run)."""
-    step = STEPS[static.spec.method]
-    forward = _forward(static)
-    b, e = static.slots, static.spec.emit_width
-
-    def cond(carry):
-        i, st, _, _ = carry
-        return (i < jnp.minimum(run, k)) & ~jnp.all(st.done)
-
-    def body(carry):
-        i, st, toks, counts = carry
-        st, emitted, k_emit, _ = step(forward, params, st, static.spec, mask_id)
-        return (i + 1, _constrain_state(static, st), toks.at[:, i].set(emitted),
-                counts.at[:, i].set(k_emit))
-
-    init = (jnp.zeros((), jnp.int32), state, jnp.zeros((b, k, e), jnp.int32),
-            jnp.zeros((b, k), jnp.int32))
-    i, state, toks, counts = jax.lax.while_loop(cond, body, init)
-    return state, toks, counts, i
-
-
-@functools.partial(jax.jit, static_argnums=(0,))
-def _one_step(static: Static, params, state: DecodeState, mask_id):
-    """One step with its aux (the trace and the cache-consistency checks)."""
-    new, emitted, k_emit, aux = STEPS[static.spec.method](_forward(static), params, state,
-                                                          static.spec, mask_id)
-    return new, dict(aux, emitted_tokens=emitted, emitted_count=k_emit)
-
-
-def compiled_count() -> int:
-    """How many programs the decoder's jitted functions hold (jax's cache; a compile-once check)."""
-    return sum(f._cache_size() for f in (_prefill, _prefill_into, _insert, _free, _generate,
-                                         _one_step))
 
 
 # ----------------------------------------------------------------------------- the Decoder
@@ -271,16 +120,21 @@ class Decoder:
     distributions); mesh: a ('data', 'fsdp', 'tensor') mesh, slots over data/fsdp, heads over
     tensor; attention: the cache-attention backend (tiled, dense, pallas, cudnn, auto; see
     wedlm_jax.attention_backends); allow_long: capacity past the model's max_position_embeddings;
-    memory_limit_bytes:
-    the budget the cache and logits estimate is checked against (default: what the device
-    reports, or the host's available memory on CPU)."""
+    memory_limit_bytes: the budget the cache and logits estimate is checked against (default:
+    what the device reports, or the host's available memory on CPU).
+
+    page_size: a paged KV cache (issue 25) of pages of that many rows, `num_pages` per layer
+    (default slots x pages per sequence: the dense cache's memory), shared by the slots: a
+    request holds the pages `decode.batching` gives it (`prefill_into_slot`), from a prefix it
+    shares with earlier requests on. One device for now (no mesh)."""
 
     def __init__(self, params, model_config: ModelConfig, *, method: str = "streaming",
                  window: int = 16, refill: str = "before", slots: int = 8, capacity: int = 1024,
                  steps_per_call: int = 16, dtype=jnp.float32, mesh=None,
                  mask_token_id: int | None = None, kv_tile: int = DEFAULT_KV_TILE,
                  prefill_chunk: int = 128, sampling: bool = True, allow_long: bool = False,
-                 memory_limit_bytes: int | None = None, attention: str = "tiled"):
+                 memory_limit_bytes: int | None = None, attention: str = "tiled",
+                 page_size: int | None = None, num_pages: int | None = None):
         if method not in METHODS:
             raise DecodeConfigError(f"method {method!r} is unknown; allowed: {', '.join(METHODS)}")
         if refill not in REFILLS:
@@ -319,6 +173,7 @@ class Decoder:
                                          jnp.dtype(dtype).itemsize, ca.smem_limit(device))
             except ValueError as e:
                 raise DecodeConfigError(str(e)) from None
+        page_size, num_pages = self._pages(page_size, num_pages, rows, slots, mesh)
         shape_config = model_config.replace(mask_token_id=None, bos_token_id=None,
                                             eos_token_id=None, pad_token_id=None)
         self.static = Static(
@@ -328,7 +183,8 @@ class Decoder:
             attention=attention,
             mesh=None if mesh is None else (tuple(mesh.axis_names), tuple(mesh.devices.shape),
                                              tuple(d.id for d in mesh.devices.flat)),
-            platform=None if mesh is None else mesh.devices.flat[0].platform)
+            platform=None if mesh is None else mesh.devices.flat[0].platform,
+            page_size=page_size, num_pages=num_pages)
         self.memory_estimate = estimate_memory(self.static)
         limit = memory_limit_bytes if memory_limit_bytes is not None else available_memory(mesh)
         if limit is not None and self.memory_estimate["total"] > limit:
@@ -342,6 +198,34 @@ class Decoder:
         self.params = self._place(params, self._shardings["params"]) if mesh is not None else params
 
     # -- construction helpers
+    @staticmethod
+    def _pages(page_size, num_pages, rows: int, slots: int, mesh) -> tuple[int, int]:
+        """(page_size, pages per layer) of a paged cache, (0, 0) for the dense one; checked."""
+        if page_size is None:
+            if num_pages is not None:
+                raise DecodeConfigError("num_pages needs page_size (a paged cache)")
+            return 0, 0
+        if not _is_int(page_size) or page_size < 1:
+            raise DecodeConfigError(f"page_size must be an int >= 1, got {page_size!r}")
+        if mesh is not None:
+            raise DecodeConfigError("the paged cache runs on one device for now (no mesh)")
+        per_seq = -(-rows // page_size)
+        num_pages = slots * per_seq if num_pages is None else num_pages
+        if not _is_int(num_pages) or num_pages < 1:
+            raise DecodeConfigError(f"num_pages must be an int >= 1 (a sequence at the capacity "
+                                    f"holds {per_seq} pages of {page_size} rows), got {num_pages!r}")
+        return int(page_size), int(num_pages)
+
+    @property
+    def paged(self) -> bool:
+        return self.static.paged
+
+    def pages_needed(self, request: Request) -> int:
+        """Pages a request holds from admission to its end: its budget plus a window's span
+        (the rows its last forwards write), as the dense cache reserves rows."""
+        end = min(len(request.prompt) + request.max_new_tokens, self.capacity)
+        return -(-min(end + self.static.span, self.static.rows) // self.static.page_size)
+
     @staticmethod
     def _mask_id(config: ModelConfig, given, method: str) -> int:
         mask_id = given if given is not None else config.mask_token_id
@@ -448,8 +332,7 @@ class Decoder:
         """A state with every slot free (done)."""
         st = self.static
         host = self._host_free()
-        layers = model_lib.init_kv_cache(st.config, st.slots, st.rows, jnp.dtype(st.dtype))
-        state = host.replace(cache=host.cache.replace(layers=layers))
+        state = host.replace(cache=host.cache.replace(layers=self._empty_layers()))
         if self.mesh is None:
             return jax.tree.map(jnp.asarray, state)
         return self._place(state, self._state_shardings(state))
@@ -513,22 +396,82 @@ class Decoder:
             tokens[i, :len(prompt)] = prompt
             for dst, src in zip(jax.tree.leaves(host), jax.tree.leaves(row)):
                 dst[i] = src[0]
-        layers = model_lib.init_kv_cache(self.static.config, self.slots, self.static.rows,
-                                         jnp.dtype(self.static.dtype))
+        layers = self._empty_layers()
+        if self.paged:   # the static batch: slot b holds pages b * per_seq .. (fixed)
+            per_seq = self.static.pages_per_seq
+            if self.static.num_pages < self.slots * per_seq:
+                raise DecodeConfigError(f"a static batch needs slots x pages per sequence = "
+                                        f"{self.slots * per_seq} pages; the pool has "
+                                        f"{self.static.num_pages}")
+            table = np.arange(self.slots * per_seq, dtype=np.int32).reshape(self.slots, per_seq)
+            live = np.asarray([r is not None for r in requests] + [False] * (self.slots - len(requests)))
+            layers["table"] = jnp.asarray(np.where(live[:, None], table, paged.UNMAPPED))
         state = host.replace(cache=host.cache.replace(layers=layers))
         state = (jax.tree.map(jnp.asarray, state) if self.mesh is None
                  else self._place(state, self._state_shardings(state)))
         return self._call(_prefill_into, self.static, self.params, state, tokens, plen)
 
     def insert(self, prefix: Prefix, state: DecodeState, slot: int) -> DecodeState:
-        """Place a prefilled request in `slot` (the state is donated)."""
-        if not _is_int(slot) or not 0 <= slot < self.slots:
-            raise DecodeConfigError(f"slot must be an int in [0, {self.slots}), got {slot!r}")
+        """Place a prefilled request in `slot` (the state is donated). Dense cache only: a paged
+        cache takes `prefill_into_slot`."""
+        self._check_slot(slot)
+        if self.paged:
+            raise DecodeConfigError("a paged cache admits requests with prefill_into_slot")
         return self._call(_insert, self.static, state, prefix, jnp.int32(slot))
 
+    def prefill_into_slot(self, state: DecodeState, request: Request, slot: int, pages,
+                          start: int = 0) -> DecodeState:
+        """Paged cache: admit `request` into `slot` holding `pages` (its page ids in order, at
+        least `pages_needed`); its prompt rows from `start` on (a multiple of the page size: the
+        rows before it are a prefix shared with earlier requests, already in its first pages)
+        are computed straight into them. The state is donated."""
+        self._check_slot(slot)
+        if not self.paged:
+            raise DecodeConfigError("prefill_into_slot is for a paged cache (page_size=...)")
+        r = self.check_request(request)
+        prompt, n0, row = self._host_row(r)
+        per_seq, page = self.static.pages_per_seq, self.static.page_size
+        if not self.pages_needed(r) <= len(pages) <= per_seq:
+            raise DecodeConfigError(f"the request needs {self.pages_needed(r)} pages (at most "
+                                    f"{per_seq}); got {len(pages)}")
+        if not _is_int(start) or start % page or not 0 <= start <= n0:
+            raise DecodeConfigError(f"start must be a multiple of the page size {page} in [0, "
+                                    f"{n0}], got {start!r}")
+        suffix = list(prompt[start:n0]) or [0]
+        tokens = np.zeros((1, self.prompt_bucket(len(suffix))), np.int32)
+        tokens[0, :len(suffix)] = suffix
+        table = np.full((per_seq,), paged.UNMAPPED, np.int32)
+        table[:len(pages)] = pages
+        return self._call(_prefill_slot, self.static, self.params, state,
+                          jax.tree.map(jnp.asarray, row), jnp.int32(slot), jnp.asarray(table),
+                          jnp.asarray(tokens), jnp.int32(start), jnp.int32(n0))
+
     def free(self, state: DecodeState, slot: int) -> DecodeState:
-        """Mark `slot` done (a cancelled request); the state is donated."""
+        """Mark `slot` done (a cancelled request); a paged cache's page row is unmapped too.
+        The state is donated."""
+        self._check_slot(slot)
+        if self.paged:
+            return self.unmap(state, [slot])
         return self._call(_free, self.static, state, jnp.int32(slot))
+
+    def unmap(self, state: DecodeState, slots) -> DecodeState:
+        """Paged cache: `slots` done and their page rows unmapped (before their pages go to
+        another request). The state is donated."""
+        mask = np.zeros((self.slots,), bool)
+        mask[list(slots)] = True
+        return self._call(_unmap, self.static, state, jnp.asarray(mask))
+
+    def _check_slot(self, slot) -> None:
+        if not _is_int(slot) or not 0 <= slot < self.slots:
+            raise DecodeConfigError(f"slot must be an int in [0, {self.slots}), got {slot!r}")
+
+    def _empty_layers(self):
+        st = self.static
+        if st.paged:
+            c = st.config
+            return paged.init_paged_cache(c.num_layers, st.num_pages, st.page_size, c.num_kv_heads,
+                                          c.head_dim, st.slots, st.pages_per_seq, jnp.dtype(st.dtype))
+        return model_lib.init_kv_cache(st.config, st.slots, st.rows, jnp.dtype(st.dtype))
 
     def generate(self, state: DecodeState, k: int | None = None):
         """Run up to k (default and at most steps_per_call; 0 compiles and runs nothing) steps of
@@ -559,7 +502,8 @@ def estimate_memory(static: Static) -> dict:
     distributions, and a prefill chunk's logits."""
     c = static.config
     item = jnp.dtype(static.dtype).itemsize
-    cache = 2 * c.num_layers * static.slots * static.rows * c.num_kv_heads * c.head_dim * item
+    rows = static.num_pages * static.page_size if static.paged else static.slots * static.rows
+    cache = 2 * c.num_layers * rows * c.num_kv_heads * c.head_dim * item
     logits = 2 * static.slots * static.span * c.vocab_size * 4
     q = static.slots * static.span * c.vocab_size * 4 if static.keep_q else 0
     prefill = 2 * static.prefill_chunk * c.vocab_size * 4

@@ -32,10 +32,12 @@ class Engine:
     """The one thread that owns the device: admits requests (bounded), calls `Batcher.step()`,
     and hands tokens and finishes to the callbacks (which must be cheap and thread-safe)."""
 
-    def __init__(self, batcher, max_pending: int, scorer=None):
+    def __init__(self, batcher, max_pending: int, scorer=None, score_batch: int = 64):
         self.batcher = batcher
         self.max_pending = max_pending
         self.scorer = scorer             # scorer(sequences, top_n) -> per-sequence logprobs
+        self.score_batch = score_batch   # sequences per scoring forward (jobs are batched)
+        self.score_calls = 0             # scoring forwards run (one per batch of jobs)
         self._scores: list = []          # (sequences, top_n, on_done) waiting for the thread
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -112,14 +114,37 @@ class Engine:
         self._wake.set()
 
     def _run_scores(self) -> None:
+        """Every scoring job waiting, batched: the jobs that ask for the same number of top
+        alternatives share forwards of up to `score_batch` sequences; a batch that fails is
+        scored again job by job, so one bad request fails alone."""
         with self._lock:
             jobs, self._scores = self._scores, []
-        for sequences, top_n, on_done in jobs:
-            try:
-                result = self.scorer(sequences, top_n)
-            except Exception as e:  # noqa: BLE001 - this request's failure, answered to it alone
-                result = e
-            _guarded(on_done)(result)
+        groups: dict = {}
+        for job in jobs:
+            groups.setdefault(job[1], []).append(job)
+        for top_n, group in groups.items():
+            while group:
+                batch, n = [], 0
+                while group and (not batch or n + len(group[0][0]) <= self.score_batch):
+                    batch.append(group.pop(0))
+                    n += len(batch[-1][0])
+                self._score_together(batch, top_n)
+
+    def _score_together(self, batch, top_n: int) -> None:
+        try:
+            results = self.scorer([seq for job in batch for seq in job[0]], top_n)
+        except Exception as e:  # noqa: BLE001 - a request's failure, answered to it alone
+            if len(batch) == 1:
+                _guarded(batch[0][2])(e)
+            else:               # which job failed: score them one by one
+                for job in batch:
+                    self._score_together([job], top_n)
+            return
+        self.score_calls += 1
+        at = 0
+        for sequences, _, on_done in batch:
+            _guarded(on_done)(results[at:at + len(sequences)])
+            at += len(sequences)
 
     def _loop(self):
         while True:

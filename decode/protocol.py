@@ -6,7 +6,7 @@ here touches the engine, so a bad request is a 400 naming the field before any d
 import dataclasses
 import secrets
 
-from decode.config import MAX_STOP_IDS, DecodeConfigError  # noqa: F401 (MAX_STOP_IDS: the bound)
+from decode.config import MAX_STOP_IDS, SAMPLING_ORDERS, DecodeConfigError  # noqa: F401 (MAX_STOP_IDS: the bound)
 
 MAX_STOP_STRINGS = 8
 MAX_LOGPROBS = 20   # top alternatives per token (OpenAI's and vLLM's limit)
@@ -51,6 +51,7 @@ class Settings:
     max_tokens_given: bool = False   # the client named max_tokens (else the server's default)
     logprobs: int | None = None      # completions: the top alternatives per token (0: the token's own)
     echo: bool = False               # completions: the prompt is part of the answer (and scored)
+    sampling_order: str | None = None  # filter_first | temper_first (None: the server's default)
 
 
 def _number(body, name, default, low=None, high=None, low_open=False):
@@ -87,18 +88,20 @@ def _bool(body, name, default=False):
 
 
 def parse_settings(body: dict, default_max_tokens: int, max_tokens_names=("max_tokens",),
-                   scoring: bool = False) -> Settings:
+                   scoring: bool = False, chat: bool = False) -> Settings:
     """The settings shared by both endpoints; raises APIError(400) naming the field. `scoring`:
     the completions endpoint, which takes `logprobs` (0..MAX_LOGPROBS) and `echo` (with
-    `max_tokens: 0`, the prompt is scored and nothing generated)."""
+    `max_tokens: 0`, the prompt is scored and nothing generated). `chat`: the chat endpoint, which
+    takes `logprobs: true` and `top_logprobs` (0..MAX_LOGPROBS) for the generated tokens."""
     for name, allowed in (("n", 1), ("best_of", 1)):
         if body.get(name) is not None and _int(body, name, 1, 1) != allowed:
             raise bad(name, f"'{name}' must be {allowed} (one choice per request)", "unsupported_value")
     for name in ("presence_penalty", "frequency_penalty"):
         if _number(body, name, 0.0) != 0.0:
             raise bad(name, f"'{name}' is not supported (must be 0)", "unsupported_value")
-    unsupported = ("top_logprobs", "logit_bias", "suffix", "tools", "functions")
-    for name in unsupported + (() if scoring else ("logprobs",)):
+    unsupported = ("logit_bias", "suffix", "tools", "functions")
+    unsupported += () if chat else ("top_logprobs",) if scoring else ("top_logprobs", "logprobs")
+    for name in unsupported:
         if body.get(name) not in (None, False, {}, []):
             raise bad(name, f"'{name}' is not supported by this server", "unsupported_value")
     echo = _bool(body, "echo") if scoring else False
@@ -109,6 +112,15 @@ def parse_settings(body: dict, default_max_tokens: int, max_tokens_names=("max_t
         logprobs = _int(body, "logprobs", None, 0)
         if logprobs > MAX_LOGPROBS:
             raise bad("logprobs", f"'logprobs' is at most {MAX_LOGPROBS}, got {logprobs}")
+    if chat and _bool(body, "logprobs"):
+        logprobs = _int(body, "top_logprobs", 0, 0)
+        if logprobs > MAX_LOGPROBS:
+            raise bad("top_logprobs", f"'top_logprobs' is at most {MAX_LOGPROBS}, got {logprobs}")
+    elif chat and body.get("top_logprobs") is not None:
+        raise bad("top_logprobs", "'top_logprobs' needs 'logprobs': true")
+    if chat and logprobs is not None and _bool(body, "stream"):
+        raise bad("logprobs", "'logprobs' with 'stream': true is not supported (ask without streaming)",
+                  "unsupported_value")
     if echo and _bool(body, "stream"):
         raise bad("echo", "'echo' with 'stream': true is not supported (score without streaming)",
                   "unsupported_value")
@@ -132,6 +144,10 @@ def parse_settings(body: dict, default_max_tokens: int, max_tokens_names=("max_t
     if opts is not None and not isinstance(opts, dict):
         raise bad("stream_options", "'stream_options' must be an object", "invalid_type")
     temperature = _number(body, "temperature", 0.0, 0.0)
+    order = body.get("sampling_order")
+    if order is not None and order not in SAMPLING_ORDERS:
+        raise bad("sampling_order", f"'sampling_order' must be one of {', '.join(SAMPLING_ORDERS)}, "
+                                    f"got {order!r}")
     seed = _int(body, "seed", None)
     if seed is None:
         seed = secrets.randbits(31) if temperature > 0 else 0
@@ -141,7 +157,7 @@ def parse_settings(body: dict, default_max_tokens: int, max_tokens_names=("max_t
                     tau=_number(body, "tau", None, 0.0), lam=_number(body, "lam", None, 0.0),
                     stop=stop, stream=_bool(body, "stream"),
                     include_usage=bool(opts and _bool(opts, "include_usage")),
-                    max_tokens_given=given, logprobs=logprobs, echo=echo)
+                    max_tokens_given=given, logprobs=logprobs, echo=echo, sampling_order=order)
 
 
 def parse_prompt(body: dict, tokenizer, vocab_size: int) -> list:
@@ -185,7 +201,39 @@ def parse_prompts(body: dict, tokenizer, vocab_size: int, max_batch: int) -> lis
     return [parse_prompt(body, tokenizer, vocab_size)]
 
 
-def parse_messages(body: dict, tokenizer) -> list:
+def parse_tokenize(body: dict, tokenizer) -> list:
+    """POST /tokenize (vLLM's shape, what lm-eval's remote tokenizer sends): `prompt` (a string) or
+    `messages` (through the chat template, `add_generation_prompt` default true) -> token ids.
+    `add_special_tokens` is accepted; this server's tokenizers add none either way."""
+    _bool(body, "add_special_tokens")
+    if body.get("messages") is not None:
+        if body.get("prompt") is not None:
+            raise bad("prompt", "give 'prompt' or 'messages', not both")
+        return parse_messages(body, tokenizer, _bool(body, "add_generation_prompt", True),
+                              allow_empty=True)
+    p = body.get("prompt")
+    if p is None:
+        raise bad("prompt", "'prompt' (a string) or 'messages' is required", "missing_required_parameter")
+    if not isinstance(p, str):
+        raise bad("prompt", f"'prompt' must be a string, got {type(p).__name__}", "invalid_type")
+    return tokenizer.encode(p)
+
+
+def parse_detokenize(body: dict, vocab_size: int) -> list:
+    """POST /detokenize: `tokens`, a list of token ids in the vocabulary."""
+    t = body.get("tokens")
+    if t is None:
+        raise bad("tokens", "'tokens' is required", "missing_required_parameter")
+    if not isinstance(t, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in t):
+        raise bad("tokens", "'tokens' must be a list of integer token ids", "invalid_type")
+    for j, x in enumerate(t):
+        if not 0 <= x < vocab_size:
+            raise bad("tokens", f"'tokens' ids must be in [0, {vocab_size}); token {j} is {x}")
+    return t
+
+
+def parse_messages(body: dict, tokenizer, add_generation_prompt: bool = True,
+                   allow_empty: bool = False) -> list:
     """/v1/chat/completions `messages` through the checkpoint's chat template -> prompt ids."""
     msgs = body.get("messages")
     if msgs is None:
@@ -208,12 +256,47 @@ def parse_messages(body: dict, tokenizer) -> list:
     if not tokenizer.chat_template:
         raise bad("messages", "this checkpoint has no chat template; use /v1/completions")
     try:
-        ids = tokenizer.encode(tokenizer.apply_chat_template(clean))
+        ids = tokenizer.encode(tokenizer.apply_chat_template(clean, add_generation_prompt))
     except ValueError as e:   # the template refuses these messages (ChatTemplateError)
         raise bad("messages", str(e)) from None
-    if not ids:
+    if not ids and not allow_empty:
         raise bad("messages", "'messages' encode to no tokens")
     return ids
+
+
+# ----------------------------------------------------------------------------------- answers
+
+def logprobs_object(tokenizer, seq: list, scored: dict, start: int, top_n: int) -> dict:
+    """OpenAI's completions `logprobs` for seq[start:]: token strings, their log-probabilities
+    (null for the sequence's first token), the top alternatives, and character offsets into
+    the returned text (which starts at seq[start])."""
+    pieces = [tokenizer.decode([t]) for t in seq]
+    ends = [0]
+    for piece in pieces:
+        ends.append(ends[-1] + len(piece))
+    if "".join(pieces) != tokenizer.decode(seq):   # a character split across tokens: decode prefixes
+        ends = [len(tokenizer.decode(seq[:j])) for j in range(len(seq) + 1)]
+    top = None
+    if top_n:
+        top = [None if d is None else {tokenizer.decode([t]): v for t, v in d.items()}
+               for d in scored["top_logprobs"][start:]]
+    return {"tokens": pieces[start:], "token_logprobs": scored["token_logprobs"][start:],
+            "top_logprobs": top, "text_offset": [ends[j] - ends[start] for j in range(start, len(seq))]}
+
+
+def chat_logprobs_object(tokenizer, seq: list, scored: dict, start: int, top_n: int) -> dict:
+    """OpenAI's chat `logprobs`: {"content": [{token, logprob, bytes, top_logprobs}]} for the
+    generated tokens seq[start:]."""
+    def entry(t, lp):
+        piece = tokenizer.decode([t])
+        return {"token": piece, "logprob": lp, "bytes": list(piece.encode("utf-8"))}
+    content = []
+    for j in range(start, len(seq)):
+        e = entry(seq[j], scored["token_logprobs"][j])
+        e["top_logprobs"] = ([entry(t, v) for t, v in scored["top_logprobs"][j].items()]
+                             if top_n else [])
+        content.append(e)
+    return {"content": content}
 
 
 def _field_of(message: str, default: str) -> str:

@@ -4,7 +4,10 @@
                                   --window 16 --api-key KEY]
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions (the checkpoint's chat template),
-GET /v1/models, GET /health. `stream: true` answers with server-sent events in the OpenAI chunk
+GET /v1/models, GET /health, and the tokenizer's: GET /tokenizer_info, POST /tokenize, POST
+/detokenize (vLLM's shapes; lm-eval's `tokenizer_backend=remote` uses them). Scoring: completions
+take `echo` and `logprobs` (0-20), chat `logprobs: true` and `top_logprobs`; the log-probabilities
+are the AR reading's (decode/scoring.py), computed on the engine thread, batched across requests. `stream: true` answers with server-sent events in the OpenAI chunk
 format ending with `data: [DONE]` (`stream_options: {"include_usage": true}` adds the usage chunk);
 other answers carry `usage`. Request settings: max_tokens (chat: or max_completion_tokens),
 temperature, top_p, top_k, seed, stop (a string or up to MAX_STOP_STRINGS strings) and WeDLM's
@@ -44,8 +47,9 @@ import uuid
 from decode.config import MAX_STOP_IDS, DecodeConfigError, Placement
 from decode.engine import Busy, Engine  # noqa: F401 (the engine thread; re-exported)
 from decode.protocol import (MAX_BATCH, MAX_STOP_STRINGS, APIError, Settings,  # noqa: F401
-                             _field_of, bad, parse_messages, parse_prompt, parse_prompts,
-                             parse_settings)
+                             _field_of, bad, chat_logprobs_object, logprobs_object,
+                             parse_detokenize, parse_messages, parse_prompt,
+                             parse_prompts, parse_settings, parse_tokenize)
 from decode.text import TextStream, split_stop_strings  # noqa: F401 (the one stop handler)
 from wedlm_jax import compile_cache
 
@@ -69,6 +73,7 @@ class ServerConfig:
     method: str = ""
     window: int = 0
     max_body_bytes: int = 8 << 20   # larger bodies are refused with 413 before they are read
+    default_sampling_order: str = "filter_first"
 
 
 def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
@@ -93,10 +98,11 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
             raise APIError(401, "missing or wrong API key (Authorization: Bearer KEY)",
                            type="authentication_error", code="invalid_api_key")
 
-    async def read_body(http: HTTPRequest) -> dict:
+    async def read_body(http: HTTPRequest, need_model: bool = True) -> dict:
         """The JSON object of the request: refused with 413 past `max_body_bytes` (by its
         Content-Length before reading, else while reading), parsed off the event loop (a large
-        body never stalls /health), nesting beyond what the parser takes a 400."""
+        body never stalls /health), nesting beyond what the parser takes a 400. `model` is
+        required when `need_model` (the /v1 endpoints), else checked only when given."""
         limit = cfg.max_body_bytes
         declared = http.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -120,9 +126,9 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
         if not isinstance(body, dict):
             raise bad(None, "the request body must be a JSON object", "invalid_type")
         model = body.get("model")
-        if model is None:
+        if model is None and need_model:
             raise bad("model", "'model' is required", "missing_required_parameter")
-        if model != cfg.model_name:
+        if model is not None and model != cfg.model_name:
             raise bad("model", f"model {model!r} does not exist; this server serves {cfg.model_name!r}",
                       "model_not_found")
         return body
@@ -155,7 +161,8 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
                        tau=cfg.default_tau if s.tau is None else s.tau,
                        lam=cfg.default_lam if s.lam is None else s.lam,
                        temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                       stop_token_ids=stop_ids, seed=s.seed)
+                       stop_token_ids=stop_ids, seed=s.seed,
+                       sampling_order=s.sampling_order or cfg.default_sampling_order)
 
     def submit(request, param):
         """-> (request id, asyncio queue of ('tokens', ids) / ('finish', Finished) / ('error', msg))."""
@@ -177,8 +184,11 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
                            headers={"Retry-After": "5"}) from None
         return rid, q
 
-    def usage(n_prompt, n_out):
-        return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
+    def usage(n_prompt, n_out, fin=None):
+        out = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
+        if fin is not None and getattr(fin, "cached_tokens", 0):   # prefix reuse (--page-size)
+            out["prompt_tokens_details"] = {"cached_tokens": fin.cached_tokens}
+        return out
 
     def stats(fin, n_out):
         if fin is None:
@@ -202,8 +212,14 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
         choice = ({"index": 0, "message": {"role": "assistant", "content": text.sent},
                    "logprobs": None, "finish_reason": reason} if chat else
                   {"index": 0, "text": text.sent, "logprobs": None, "finish_reason": reason})
+        if chat and s.logprobs is not None:
+            seq = list(ids) + list(text.ids[:n_out])
+            scored = (await engine_score([seq], s.logprobs))[0]
+            choice["logprobs"] = await asyncio.to_thread(chat_logprobs_object, tokenizer, seq, scored,
+                                                          len(ids), s.logprobs)
         return JSONResponse(dict(head, object="chat.completion" if chat else "text_completion",
-                                 choices=[choice], usage=usage(len(ids), n_out), wedlm=stats(fin, n_out)))
+                                 choices=[choice], usage=usage(len(ids), n_out, fin),
+                                 wedlm=stats(fin, n_out)))
 
     async def collect(http, rid, q, text: TextStream):
         """A request's tokens until it finishes: (text, finish reason, Finished); the reason is
@@ -263,20 +279,6 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
         except DecodeConfigError as e:
             raise bad("prompt", str(e)) from None
 
-    def logprobs_object(seq: list, scored: dict, start: int, top_n: int) -> dict:
-        """OpenAI's completions `logprobs` for seq[start:]: token strings, their log-probabilities
-        (null for the sequence's first token), the top alternatives, and character offsets into
-        the returned text (which starts at seq[start])."""
-        base = len(tokenizer.decode(seq[:start]))
-        tokens = [tokenizer.decode([t]) for t in seq[start:]]
-        offsets = [len(tokenizer.decode(seq[:j])) - base for j in range(start, len(seq))]
-        top = None
-        if top_n:
-            top = [None if d is None else {tokenizer.decode([t]): v for t, v in d.items()}
-                   for d in scored["top_logprobs"][start:]]
-        return {"tokens": tokens, "token_logprobs": scored["token_logprobs"][start:],
-                "top_logprobs": top, "text_offset": offsets}
-
     async def scored_choices(http, prompts: list, s: Settings):
         """/v1/completions with `echo`, `logprobs` or several prompts: one choice per prompt (each
         generated as its own request through the engine, then prompt and completion scored
@@ -294,8 +296,8 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
             if s.logprobs is not None:
                 seq = list(ids) + list(out)
                 scored = (await engine_score([seq], s.logprobs))[0]
-                choice["logprobs"] = logprobs_object(seq, scored, 0 if s.echo else len(ids),
-                                                     s.logprobs)
+                choice["logprobs"] = await asyncio.to_thread(logprobs_object, tokenizer, seq, scored,
+                                                             0 if s.echo else len(ids), s.logprobs)
             return choice, len(ids), len(out), fin
 
         results = await asyncio.gather(*(one(i, ids) for i, ids in enumerate(prompts)))
@@ -354,7 +356,7 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
                 yield chunk(None, reason, wedlm=stats(fin, text.n_used))
                 if s.include_usage:
                     yield "data: " + json.dumps(dict(head, object=obj, choices=[],
-                                                     usage=usage(n_prompt, text.n_used))) + "\n\n"
+                                                     usage=usage(n_prompt, text.n_used, fin))) + "\n\n"
             yield "data: [DONE]\n\n"
         finally:
             if not done:   # the client went away (or the server is stopping): free the slot
@@ -378,9 +380,34 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
     async def chat_completions(http: HTTPRequest):
         check_auth(http)
         body = await read_body(http)
-        s = parse_settings(body, cfg.default_max_tokens, ("max_tokens", "max_completion_tokens"))
+        s = parse_settings(body, cfg.default_max_tokens, ("max_tokens", "max_completion_tokens"),
+                           chat=True)
         ids = await asyncio.to_thread(parse_messages, body, tokenizer)                # off the loop
         return await run(http, ids, s, chat=True, param="messages")
+
+    # the tokenizer endpoints vLLM serves and lm-eval's remote tokenizer probes (no `model` needed)
+    @app.get("/tokenizer_info")
+    async def tokenizer_info(http: HTTPRequest):
+        check_auth(http)
+        sp = tokenizer.special
+        return {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.capacity,
+                "vocab_size": cfg.vocab_size, "eos_token": sp.get("eos_token"),
+                "bos_token": sp.get("bos_token"), "pad_token": sp.get("pad_token"),
+                "unk_token": sp.get("unk_token"), "chat_template": tokenizer.chat_template}
+
+    @app.post("/tokenize")
+    async def tokenize(http: HTTPRequest):
+        check_auth(http)
+        body = await read_body(http, need_model=False)
+        ids = await asyncio.to_thread(parse_tokenize, body, tokenizer)               # off the loop
+        return {"count": len(ids), "max_model_len": cfg.capacity, "tokens": ids}
+
+    @app.post("/detokenize")
+    async def detokenize(http: HTTPRequest):
+        check_auth(http)
+        body = await read_body(http, need_model=False)
+        ids = parse_detokenize(body, cfg.vocab_size)
+        return {"prompt": await asyncio.to_thread(tokenizer.decode, ids)}
 
     @app.get("/v1/models")
     async def models(http: HTTPRequest):
@@ -405,7 +432,7 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
 # ----------------------------------------------------------------------------------- main
 
 def _parser() -> argparse.ArgumentParser:
-    from decode.config import METHODS, DecodeConfig
+    from decode.config import METHODS, REFILLS, SAMPLING_ORDERS, DecodeConfig
     d = DecodeConfig()
     p = argparse.ArgumentParser(prog="wedlm-serve", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -420,6 +447,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--window", type=int, default=d.window)
     p.add_argument("--capacity", type=int, default=2048, help="prompt + generated tokens per request")
     p.add_argument("--steps-per-call", type=int, default=8, help="decode steps per device call (a chunk)")
+    p.add_argument("--refill", default=d.refill, help=f"window refill order: one of {', '.join(REFILLS)}")
+    p.add_argument("--prefill-chunk", type=int, default=d.prefill_chunk,
+                   help="prompt rows per prefill forward")
+    p.add_argument("--allow-long", action="store_true",
+                   help="allow a capacity past the model's max_position_embeddings")
+    p.add_argument("--sampling-order", default=d.sampling_order,
+                   help=f"default sampling order of a request: one of {', '.join(SAMPLING_ORDERS)}")
     p.add_argument("--max-tokens", type=int, default=256, help="default max_tokens of a request")
     p.add_argument("--tau", type=float, default=d.tau, help="default tau of a request")
     p.add_argument("--lam", type=float, default=d.lam, help="default lambda of a request")
@@ -461,7 +495,8 @@ def check_port(host: str, port: int) -> None:
 def _check_args(args):
     from decode.config import DecodeConfig
     DecodeConfig(method=args.method, window=args.window, tau=args.tau, lam=args.lam,
-                 max_new_tokens=args.max_tokens)
+                 max_new_tokens=args.max_tokens, refill=args.refill, prefill_chunk=args.prefill_chunk,
+                 sampling_order=args.sampling_order)
     for name in ("slots", "capacity", "steps_per_call"):
         if getattr(args, name) < 1:
             raise DecodeConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -481,31 +516,30 @@ def _check_args(args):
 
 def load_decoder(args):
     """(Decoder, tokenizer, ServerConfig) from parsed arguments; reads the checkpoint."""
-    from decode.cli import load_model
+    from decode.checkpoint import OpenCheckpoint
     from decode.decoder import Decoder
-    from decode.text import load_tokenizer
-    from wedlm_jax.convert import read_config
 
-    from decode.cli import _mask_token_id
-    model_config = read_config(args.checkpoint)
     placement = Placement.from_args(args)
-    placement.check_model(model_config)
-    tokenizer = load_tokenizer(args.checkpoint)
-    args.mask_token_id = _mask_token_id(args, model_config, tokenizer)  # null: released / tokenizer
-    stops = () if args.no_default_stops else tuple(tokenizer.default_stop_ids(model_config.eos_token_id))
+    ckpt = OpenCheckpoint.open(args.checkpoint, placement, method=args.method,
+                               mask_token_id=args.mask_token_id,
+                               default_stops=not args.no_default_stops, prog="wedlm-serve")
+    tokenizer, stops = ckpt.tokenizer, ckpt.default_stop_ids
+    args.mask_token_id = ckpt.mask_token_id       # null in config.json: released / tokenizer
     if len(stops) > MAX_STOP_IDS:
         raise DecodeConfigError(f"the checkpoint's default stops are {len(stops)} ids, more than {MAX_STOP_IDS}")
-    mesh = placement.make_mesh()
-    config, params = load_model(args.checkpoint, mesh=mesh, dtype=placement.dtype)
+    config, params, mesh = ckpt.load()
     decoder = Decoder(params, config, method=args.method, window=args.window, slots=args.slots,
-                      capacity=args.capacity, steps_per_call=args.steps_per_call,
+                      capacity=args.capacity, steps_per_call=args.steps_per_call, refill=args.refill,
+                      prefill_chunk=args.prefill_chunk, allow_long=args.allow_long,
+                      page_size=placement.page_size, num_pages=placement.num_pages,
                       mask_token_id=args.mask_token_id, mesh=mesh, dtype=placement.dtype,
                       attention=placement.attention, kv_tile=placement.kv_tile)
     name = args.model_name or os.path.basename(os.path.normpath(args.checkpoint))
     cfg = ServerConfig(model_name=name, capacity=decoder.capacity, vocab_size=config.vocab_size,
                        default_stop_ids=stops, default_max_tokens=args.max_tokens, default_tau=args.tau,
                        default_lam=args.lam, api_key=args.api_key, slots=args.slots, method=args.method,
-                       window=args.window, max_body_bytes=args.max_body_bytes)
+                       window=args.window, max_body_bytes=args.max_body_bytes,
+                       default_sampling_order=args.sampling_order)
     return decoder, tokenizer, cfg
 
 

@@ -13,6 +13,7 @@ Quality, per regime (what the issue asks for):
   arith     the final line "<question> = <answer>" of the worked steps is present and right;
   lists     the copied / sorted list is right;
   records   the JSON lines are right;
+  answer    (any checkpoint's items: {"kind": "answer", "prompt", "answer"}) the line is the answer;
   code      not right/wrong: the AR-reading NLL per token of the generated continuation, reported
             beside AR greedy's own.
 """
@@ -52,6 +53,7 @@ REGIMES = {
     "code": Regime(max_new_tokens=64),
     "lists": Regime(max_new_tokens=48, stop_strings=("\n",)),
     "records": Regime(max_new_tokens=128, stop_strings=("\n\n",)),
+    "answer": Regime(max_new_tokens=64, stop_strings=("\n",)),   # any checkpoint: a short answer line
 }
 
 
@@ -102,13 +104,16 @@ def write_manifest(folder: str) -> None:
 
 
 def load_model(folder: str = DEMO_MODEL, check: bool = True):
-    """(ModelConfig, params, TextTokenizer) of the demo model (or any HF folder with a tokenizer)."""
-    from decode.text import load_tokenizer
-    from wedlm_jax.convert import load_checkpoint
+    """(ModelConfig, params, TextTokenizer) of the demo model (or any checkpoint folder with a
+    tokenizer), opened the way every door opens one (decode.checkpoint)."""
+    from decode.checkpoint import OpenCheckpoint
     if check:
         check_model(folder)
-    config, params = load_checkpoint(folder, progress=False)
-    return config, params, load_tokenizer(folder)
+    ckpt = OpenCheckpoint.open(folder)
+    config, params, _ = ckpt.load()
+    if config.mask_token_id is None and ckpt.mask_token_id is not None:
+        config = config.replace(mask_token_id=ckpt.mask_token_id)
+    return config, params, ckpt.tokenizer
 
 
 def eval_items(path: str, kind: str, n: int | None = None) -> list[dict]:
@@ -131,8 +136,8 @@ def eval_items(path: str, kind: str, n: int | None = None) -> list[dict]:
 
 def score(kind: str, item: dict, text: str, finished_by_stop: bool) -> bool | None:
     """Is `text` (the continuation, stop strings cut) right? None for code (scored by NLL)."""
-    target = item["target"]
     if kind == "counting":
+        target = item["target"]
         if finished_by_stop:
             return text.strip() == target.strip()
         return target.startswith(text)
@@ -141,8 +146,8 @@ def score(kind: str, item: dict, text: str, finished_by_stop: bool) -> bool | No
         question = question[2:].strip() if question.startswith("Q:") else question
         lines = [ln.strip() for ln in text.strip().splitlines()]
         return bool(lines) and lines[-1] == f"{question} = {item['answer']}"
-    if kind in ("lists", "records"):
-        return text.strip() == item["answer"]
+    if kind in ("lists", "records", "answer"):
+        return text.strip() == item["answer"].strip()
     return None
 
 
@@ -243,35 +248,23 @@ def quality(params, config, kind: str, result: dict) -> float:
     return result["accuracy"]
 
 
-_NLL_FN: dict = {}
-
-
 def ar_nll(params, config, pairs, length: int = 512) -> list[float]:
-    """Mean negative log-likelihood per token of each continuation under the AR reading (ordinary
-    causal forward of prompt + continuation). pairs: [(prompt_ids, continuation_ids)]."""
-    import jax
-    import jax.numpy as jnp
-    from wedlm_jax.model import Transformer
-    if config not in _NLL_FN:
-        model = Transformer(config)
-
-        @jax.jit
-        def logprobs(params, tokens):
-            pos = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-            logits = model.apply({"params": params}, tokens, pos)
-            lp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
-            return jnp.take_along_axis(lp, tokens[:, 1:, None], axis=-1)[..., 0]
-        _NLL_FN[config] = logprobs
-    out = []
+    """Mean negative log-likelihood per token of each continuation under the AR reading (one
+    causal forward of prompt + continuation: decode.scoring). pairs: [(prompt_ids, continuation_ids)];
+    NaN for an empty continuation."""
+    from decode.scoring import score
+    seqs = []
+    for p, c in pairs:
+        seq = list(p) + list(c)
+        if len(seq) > length:
+            raise ValueError(f"prompt + continuation is {len(seq)} tokens, more than {length}")
+        seqs.append(seq)
+    scored = score(params, config, [s for s, (_, c) in zip(seqs, pairs) if c]) if any(c for _, c in pairs) else []
+    out, it = [], iter(scored)
     for p, c in pairs:
         if not c:
             out.append(float("nan"))
             continue
-        seq = list(p) + list(c)
-        if len(seq) > length:
-            raise ValueError(f"prompt + continuation is {len(seq)} tokens, more than {length}")
-        toks = np.zeros((1, length), np.int32)
-        toks[0, :len(seq)] = seq
-        lp = np.asarray(_NLL_FN[config](params, toks))[0]
-        out.append(float(-lp[len(p) - 1:len(seq) - 1].mean()))
+        lps = next(it)["token_logprobs"][len(p):]
+        out.append(float(-np.mean(lps)))
     return out

@@ -187,3 +187,43 @@ def test_a_request_the_engine_fails_on_is_an_error_result_and_the_job_goes_on(ck
     for key in ("q0", "q2", "q3"):
         assert rows[key]["finish_reason"] in ("stop", "length") and rows[key]["completion_tokens"] >= 1
     assert cli.main(argv) == 0 and "nothing to do" in capsys.readouterr().err
+
+
+def test_input_honours_refill_prefill_chunk_and_sampling_order(ckpt, tmp_path, capsys, monkeypatch):
+    """Issue 23: --refill, --prefill-chunk and --allow-long reach the batch job's Decoder, and
+    --sampling-order (or a line's own `sampling_order`) its requests; greedy results equal
+    generate() with the same settings."""
+    from decode import decoder as decoder_lib
+    path, config, params = ckpt
+    made, seen = [], []
+    real_init = decoder_lib.Decoder.__init__
+
+    def spy_init(self, *a, **kw):
+        made.append(kw)
+        real_init(self, *a, **kw)
+    real_check = decoder_lib.Decoder.check_request
+
+    def spy_check(self, req):
+        seen.append((len(req.prompt), req.sampling_order))
+        return real_check(self, req)
+    monkeypatch.setattr(decoder_lib.Decoder, "__init__", spy_init)
+    monkeypatch.setattr(decoder_lib.Decoder, "check_request", spy_check)
+    src = _write(tmp_path / "in.jsonl", [{"id": "a", "prompt": "one two three", "max_tokens": 12},
+                                         {"id": "b", "prompt": "the cat", "max_tokens": 12,
+                                          "sampling_order": "filter_first"}])
+    out = tmp_path / "out.jsonl"
+    assert cli.main(["--checkpoint", path, "--input", src, "--output", str(out), "--window", str(WINDOW),
+                     "--capacity", str(CAPACITY), "--refill", "after", "--prefill-chunk", "16",
+                     "--sampling-order", "temper_first", "--no-default-stops"]) == 0, capsys.readouterr().err
+    assert made[-1]["refill"] == "after" and made[-1]["prefill_chunk"] == 16
+    assert made[-1]["allow_long"] is False
+    tok = load_tokenizer(path)
+    assert dict(seen) == {len(tok.encode("one two three")): "temper_first",
+                          len(tok.encode("the cat")): "filter_first"}
+    got = {r["id"]: r["token_ids"] for r in map(json.loads, open(out))}
+    for rid, text in (("a", "one two three"), ("b", "the cat")):
+        dc = DecodeConfig(method="streaming", window=WINDOW, refill="after", max_new_tokens=12)
+        assert got[rid] == generate(params, config, [tok.encode(text)], dc, capacity=CAPACITY).tokens[0]
+    bad = _write(tmp_path / "bad.jsonl", [{"prompt": "hi", "sampling_order": "random"}])
+    assert cli.main(["--checkpoint", path, "--input", bad, "--output", str(tmp_path / "o2.jsonl")]) == 2
+    assert "bad.jsonl:1: field 'sampling_order'" in capsys.readouterr().err

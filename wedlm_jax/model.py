@@ -42,6 +42,7 @@ import jax.numpy as jnp
 from wedlm_jax import attention as attn_lib
 from wedlm_jax import attention_backends as attn_backends
 from wedlm_jax import masking
+from wedlm_jax import paged_attention as paged
 from wedlm_jax import tiled_attention as tiled_lib
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.rope import apply_rope, rope_cos_sin, rope_frequencies
@@ -122,7 +123,14 @@ class Attention(nn.Module):
             k = RMSNorm(c.rms_norm_eps, "head_dim", self.param_dtype, name="k_norm")(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         new_cache = None
-        if kv_cache is not None:   # cache mode: always through an AttentionContext
+        if kv_cache is not None and paged.is_paged(kv_cache):   # paged cache mode (PagedContext)
+            first = layer * (kv_cache["pool"].shape[0] // c.num_layers)   # this layer's pages
+            pool = paged.write_pages(kv_cache["pool"], k, v, kv_cache["table"], cache_len, first)
+            new_cache = {"pool": pool, "table": kv_cache["table"]}
+            out = paged.attend_pages(mask.impl, q, pool, kv_cache["table"], cache_len,
+                                     c.head_dim ** -0.5, pages_per_tile=mask.pages_per_tile,
+                                     first_page=first)
+        elif kv_cache is not None:   # cache mode: always through an AttentionContext
             ck = attn_lib.cache_write(kv_cache["k"], k, cache_len, layer)
             cv = attn_lib.cache_write(kv_cache["v"], v, cache_len, layer)
             new_cache = {"k": ck, "v": cv}
@@ -288,6 +296,14 @@ def attention_input(c: ModelConfig, shape, attention: str, *, dtype, tile: int, 
     if structure is not None and (mask is not None or segment_ids is not None
                                   or kv_cache is not None):
         raise ValueError("pass a structure alone (no mask, segment_ids or kv_cache)")
+    if kv_cache is not None and paged.is_paged(kv_cache):
+        if mask is not None or segment_ids is not None or cache_len is None:
+            raise ValueError("cache mode takes kv_cache and cache_len, and no mask/segment_ids")
+        paged.check_paged_cache(c.num_layers, c.num_kv_heads, c.head_dim, b, kv_cache)
+        page = kv_cache["pool"].shape[1]
+        return paged.PagedContext(jnp.asarray(cache_len, jnp.int32),
+                                  paged.implementation_for(platform or jax.default_backend()),
+                                  max(1, kv_tile // page))
     layout = ("structure" if structure is not None else "cache" if kv_cache is not None
               else "mask" if mask is not None else "causal")
     impl = attn_backends.resolve(attention, layout, backend=platform, dtype=dtype,

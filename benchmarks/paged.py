@@ -1,0 +1,156 @@
+"""The paged KV cache measured (issue 25), on the demo model, side by side in one run.
+
+    python -m benchmarks.paged [--model demo/model] [--rounds 3] [--out benchmarks/results/paged.json]
+
+  prefix     a few-shot workload (a shared prefix of ~1K tokens: worked examples, then a short
+             question each) and a chat-like one (a shared ~300-token instruction, short questions):
+             time to first token and tokens/s with prefix reuse on and off (same paged Decoder,
+             rounds interleaved, medians)
+  inflight   requests in flight at one fixed cache memory, mixed prompt and output lengths: dense
+             slots (each reserves the capacity) against the paged pool (each holds its own budget)
+  step       one generate call with every slot live: paged against dense, same slots and capacity
+             (this CPU; target: no slowdown beyond 10%)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+
+from decode.batching import Batcher
+from decode.decoder import Decoder, Request
+from demo.eval import DEMO_MODEL, eval_items, load_model
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PAGE = 16
+
+
+def _serve(decoder, requests, prefix_reuse=True):
+    """Submit every request at once, run to idle: per request (TTFT s, finish wall s, tokens)."""
+    b = Batcher(decoder, prefix_reuse=prefix_reuse)
+    first, done, t0 = {}, {}, time.perf_counter()
+    for i, r in enumerate(requests):
+        b.submit(r, on_tokens=lambda rid, ids, i=i: first.setdefault(i, time.perf_counter() - t0),
+                 on_finish=lambda f, i=i: done.__setitem__(i, (time.perf_counter() - t0, f)))
+    b.run_until_idle()
+    wall = max(t for t, _ in done.values())
+    toks = sum(len(f.tokens) for _, f in done.values())
+    cached = sum(f.cached_tokens for _, f in done.values())
+    return dict(ttft_s=statistics.median(first.values()), wall_s=wall, tokens_per_s=toks / wall,
+                cached_tokens=cached, prompt_tokens=sum(len(r.prompt) for r in requests))
+
+
+def prefix_workloads(config, params, tok, rounds: int) -> dict:
+    items = eval_items(DEMO_MODEL, "counting") + eval_items(DEMO_MODEL, "arith")
+    shots = "\n\n".join(it["prompt"] + it["target"] for it in items[:40:5])   # worked examples
+    few = tok.encode(shots + "\n\n")
+    while len(few) < 900:
+        few = few + few[:900 - len(few)]
+    system = tok.encode(("You count and add exactly. Answer with the numbers only. " * 12) + "\n")
+    questions = [tok.encode(it["prompt"]) for it in items[40:56]]
+    out = {}
+    for name, prefix in (("few-shot", few), ("chat", system)):
+        reqs = [Request(prompt=tuple(prefix + q), max_new_tokens=16) for q in questions]
+        cap = max(len(r.prompt) for r in reqs) + 32
+        dec = Decoder(params, config, method="streaming", window=8, slots=4, capacity=cap,
+                      steps_per_call=8, page_size=PAGE)
+        _serve(dec, reqs[:2], True)                   # compile
+        _serve(dec, reqs[:2], False)
+        runs = {"on": [], "off": []}
+        for _ in range(rounds):
+            for mode in ("on", "off"):
+                runs[mode].append(_serve(dec, reqs, mode == "on"))
+        med = {m: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for m, rs in runs.items()}
+        med["prefix_tokens"] = len(prefix)
+        med["ttft_off_over_on"] = med["off"]["ttft_s"] / med["on"]["ttft_s"]
+        out[name] = med
+    return out
+
+
+def inflight(config, params, rounds: int) -> dict:
+    """Same cache memory (rows x layers x heads): dense 4 slots of capacity 1024; paged 32 slots
+    over a pool of 4 x 1024 rows. Mixed lengths: prompts 16-400, outputs 8-96 tokens."""
+    rng = random.Random(0)
+    reqs = [Request(prompt=tuple(rng.randrange(3, 500) for _ in range(rng.randrange(16, 400))),
+                    max_new_tokens=rng.randrange(8, 96)) for _ in range(48)]
+    cap = 1024
+    dense = Decoder(params, config, method="streaming", window=8, slots=4, capacity=cap, steps_per_call=8)
+    rows = dense.static.rows
+    paged = Decoder(params, config, method="streaming", window=8, slots=32, capacity=cap,
+                    steps_per_call=8, page_size=PAGE, num_pages=4 * rows // PAGE)
+    res = {}
+    for name, dec in (("dense", dense), ("paged", paged)):
+        b = Batcher(dec, prefix_reuse=False)
+        for r in reqs:
+            b.submit(r)
+        live, t0 = [], time.perf_counter()
+        while b.step():
+            live.append(b.num_active)
+        res[name] = dict(slots=dec.slots, cache_rows=4 * rows, mean_in_flight=statistics.mean(live),
+                         max_in_flight=max(live), wall_s=time.perf_counter() - t0)
+    res["in_flight_ratio"] = res["paged"]["mean_in_flight"] / res["dense"]["mean_in_flight"]
+    return res
+
+
+def step_time(config, params, rounds: int) -> dict:
+    reqs = [Request(prompt=tuple(range(3, 3 + 200)), max_new_tokens=400)] * 8
+    out = {}
+    decs = {"dense": Decoder(params, config, method="streaming", window=8, slots=8, capacity=1024,
+                             steps_per_call=8),
+            "paged": Decoder(params, config, method="streaming", window=8, slots=8, capacity=1024,
+                             steps_per_call=8, page_size=PAGE)}
+    states = {}
+    for name, dec in decs.items():
+        if dec.paged:
+            st = dec.init_state()
+            for i, r in enumerate(reqs):
+                st = dec.prefill_into_slot(st, r, i, list(range(i * 64, i * 64 + 64)))
+        else:
+            st = dec.start(reqs)
+        st, _ = dec.generate(st)                       # compile
+        states[name] = st
+    times = {n: [] for n in decs}
+    for _ in range(max(3, rounds) * 3):
+        for name, dec in decs.items():
+            t0 = time.perf_counter()
+            states[name], res = dec.generate(states[name])
+            times[name].append((time.perf_counter() - t0) / max(res.steps, 1))
+    for name in decs:
+        out[name] = dict(ms_per_step=1e3 * statistics.median(times[name]))
+    out["paged_over_dense"] = out["paged"]["ms_per_step"] / out["dense"]["ms_per_step"]
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.paged", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=DEMO_MODEL)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--only", default="prefix,inflight,step")
+    p.add_argument("--out", default=os.path.join(HERE, "results", "paged.json"))
+    args = p.parse_args(argv)
+    config, params, tok = load_model(args.model)
+    t0 = time.time()
+    res = {}
+    for name in args.only.split(","):
+        fn = {"prefix": lambda: prefix_workloads(config, params, tok, args.rounds),
+              "inflight": lambda: inflight(config, params, args.rounds),
+              "step": lambda: step_time(config, params, args.rounds)}[name]
+        res[name] = fn()
+        print(name, json.dumps(res[name], indent=1), flush=True)
+    meta = dict(command="python -m benchmarks.paged " + " ".join(argv if argv is not None else sys.argv[1:]),
+                machine=f"{platform.machine()}, {os.cpu_count()} CPUs", seconds=round(time.time() - t0, 1),
+                page_size=PAGE)
+    with open(args.out, "w") as f:
+        json.dump(dict(meta=meta, results=res), f, indent=1)
+    print(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

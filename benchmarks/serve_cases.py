@@ -1,0 +1,338 @@
+"""Issue 22's cases, run as a user runs them against a checkout: the server (one process, requests
+over loopback), wedlm-decode (the three prompt doors) and the training data reader. Per case: the
+HTTP status or exit code, the first line of the answer, and what was lost.
+
+    python -m benchmarks.serve_cases --root /path/to/old/checkout --label before --out before.json
+    python -m benchmarks.serve_cases --root . --label after --out after.json
+    python -m benchmarks.serve_cases --table before.json after.json
+
+`--root` is the checkout whose code runs (PYTHONPATH); the tiny checkpoint and the data files are
+made by this checkout (tests.tiny_checkpoint) in a temp folder. Disk-full cases are not here: a
+full disk cannot be made without privileges; tests/test_robustness.py injects ENOSPC instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+PY = sys.executable
+BIG = 2 ** 40
+
+
+def _env(root):
+    return dict(os.environ, PYTHONPATH=os.path.abspath(root), JAX_PLATFORMS="cpu",
+                TF_CPP_MIN_LOG_LEVEL="3", WEDLM_COMPILE_CACHE="off")
+
+
+def _first(text: str) -> str:
+    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
+    for ln in lines:
+        if ln.startswith("wedlm-"):
+            return ln[:200]
+    tb = [ln for ln in lines if ln.startswith("Traceback")]
+    if tb:
+        last = [x for x in lines if x.split(":")[0].endswith(("Error", "Exception"))]
+        return f"Traceback x{len(tb)} ({len(lines)} lines): {last[-1] if last else ''}"[:200]
+    return lines[-1][:200] if lines else "(no output)"
+
+
+def _cli(root, cwd, *args, timeout=300):
+    p = subprocess.run([PY, "-m", "decode.cli", *args], cwd=cwd, env=_env(root), capture_output=True,
+                       text=True, timeout=timeout)
+    return {"rc": p.returncode, "message": _first(p.stderr + p.stdout)}
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _answer(r) -> dict:
+    try:
+        body = r.json()
+        msg = body.get("error", {}).get("message") if isinstance(body, dict) and "error" in body else \
+            json.dumps(body)[:120]
+    except ValueError:
+        msg = r.text[:120]
+    return {"rc": r.status_code, "message": str(msg)[:200]}
+
+
+# ----------------------------------------------------------------------------------- server
+
+def server_cases(root, work, ckpt) -> dict:
+    import httpx
+    port = _free_port()
+    proc = subprocess.Popen([PY, "-m", "decode.serve", "--checkpoint", ckpt, "--port", str(port),
+                             "--slots", "4", "--window", "8", "--capacity", "256", "--model-name", "tiny",
+                             "--no-default-stops", "--lazy-compile", "--shutdown-timeout", "3"],
+                            cwd=work, env=_env(root), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 180
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.3)
+    post = lambda body, **kw: httpx.post(url + "/v1/completions", timeout=300, **kw,
+                                         **({} if "content" in kw else {"json": body}))
+    ok = {"model": "tiny", "prompt": "the cat sat on", "max_tokens": 8}
+    out = {}
+
+    def after(label, r):
+        """The answer, then whether the server still serves a normal request and /health."""
+        res = _answer(r)
+        good = post(ok)
+        res["effect"] = f"then: completion {good.status_code}, /health {httpx.get(url + '/health').status_code}"
+        out[label] = res
+
+    def health_during(label, body_bytes: bytes):
+        """The request, with /health probed every 50 ms while it runs: the slowest probe."""
+        worst, done = [0.0], threading.Event()
+
+        def probe():
+            while not done.is_set():
+                t0 = time.perf_counter()
+                try:
+                    httpx.get(url + "/health", timeout=120)
+                except httpx.TransportError:
+                    pass
+                worst[0] = max(worst[0], time.perf_counter() - t0)
+                time.sleep(0.05)
+        t = threading.Thread(target=probe)
+        t.start()
+        r = post(None, content=body_bytes, headers={"content-type": "application/json"})
+        done.set()
+        t.join()
+        res = _answer(r)
+        res["effect"] = f"slowest /health during it: {worst[0] * 1000:.0f} ms"
+        out[label] = res
+
+    try:
+        after("1a completion with top_k 2**40", post(dict(ok, top_k=BIG)))
+        after("4d JSON nested 100000 deep", post(None, content=b"[" * 100000 + b"]" * 100000,
+                                                 headers={"content-type": "application/json"}))
+        after("5a max_tokens past the capacity (256)", post(dict(ok, max_tokens=1000)))
+        after("5b prompt exactly at the capacity", post(dict(ok, prompt=[5] * 256, max_tokens=None)))
+        health_during("3a 5 MB prompt", json.dumps(dict(ok, prompt="the cat " * 655360)).encode())
+        health_during("3b 50 MB prompt", json.dumps(dict(ok, prompt="the cat " * 6553600)).encode())
+        out["6 soak: 160 mixed requests, 6 clients"] = soak(url, proc.pid)
+        # 4c: SIGTERM while two long streams run, --shutdown-timeout 3
+        streams = []
+
+        def stream():
+            lines = []
+            try:
+                with httpx.stream("POST", url + "/v1/completions", timeout=60,
+                                  json=dict(ok, max_tokens=240, stream=True)) as r:
+                    for ln in r.iter_lines():
+                        lines.append(ln)
+            except httpx.HTTPError as e:
+                lines.append(f"({type(e).__name__})")
+            streams.append(lines)
+        threads = [threading.Thread(target=stream) for _ in range(2)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(60)
+        rc = proc.wait(60)
+        log = proc.stdout.read().decode(errors="replace")
+        ends = [(s[-1] if s else "(nothing)") for s in streams]
+        errors = sum(any('"error"' in ln for ln in s) for s in streams)
+        out["4c SIGTERM with 2 long streams, --shutdown-timeout 3"] = {
+            "rc": rc, "message": f"streams ended with {ends}; {errors} carried an error event",
+            "effect": f"{log.count('Traceback')} tracebacks in the server's output"}
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return out
+
+
+def _rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def soak(url: str, pid: int, n: int = 160) -> dict:
+    """Mixed valid, invalid, oversized, nested, cancelled and streamed requests from 6 client
+    threads against the server process, /health probed every 50 ms from another: the status mix,
+    the server's RSS before and after, the probe's p99."""
+    import concurrent.futures
+    import httpx
+    kinds = ["ok", "stream", "bad", "huge", "cancel", "chat", "nested", "long"]
+    health, stop = [], threading.Event()
+
+    def prober():
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            try:
+                httpx.get(url + "/health", timeout=30)
+            except httpx.TransportError:
+                pass
+            health.append((time.perf_counter() - t0) * 1e3)
+            time.sleep(0.05)
+
+    def one(i):
+        kind = kinds[i % len(kinds)]
+        with httpx.Client(base_url=url, timeout=120) as c:
+            if kind == "ok":
+                return c.post("/v1/completions", json={"model": "tiny", "prompt": f"request {i}",
+                                                      "max_tokens": 8}).status_code
+            if kind == "stream":
+                with c.stream("POST", "/v1/completions", json={"model": "tiny", "prompt": f"s {i}",
+                                                               "max_tokens": 8, "stream": True}) as r:
+                    list(r.iter_lines())
+                    return r.status_code
+            if kind == "bad":
+                return c.post("/v1/completions", json={"model": "tiny", "prompt": "x",
+                                                      "top_k": BIG}).status_code
+            if kind == "huge":
+                return c.post("/v1/completions", content=b'{"model": "tiny", "prompt": "' + b"a" * (9 << 20)
+                              + b'"}').status_code
+            if kind == "cancel":
+                try:
+                    c.post("/v1/completions", json={"model": "tiny", "prompt": "c", "max_tokens": 200},
+                           timeout=0.05)
+                except httpx.TimeoutException:
+                    pass
+                return "cancelled"
+            if kind == "chat":
+                return c.post("/v1/chat/completions", json={"model": "tiny", "max_tokens": 6, "messages": [
+                    {"role": "user", "content": f"hi {i}"}]}).status_code
+            if kind == "nested":
+                return c.post("/v1/completions", content=b'{"model": "tiny", "prompt": ' + b"[" * 5000
+                              + b"]" * 5000 + b"}").status_code
+            return c.post("/v1/completions", json={"model": "tiny", "prompt": "z " * 120,
+                                                  "max_tokens": 8}).status_code
+
+    rss0 = _rss_mib(pid)
+    t = threading.Thread(target=prober)
+    t.start()
+    t0 = time.time()
+    status: dict = {}
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        for code in pool.map(one, range(n)):
+            status[str(code)] = status.get(str(code), 0) + 1
+    stop.set()
+    t.join()
+    health.sort()
+    p99 = health[min(len(health) - 1, int(0.99 * len(health)))] if health else float("nan")
+    return {"rc": "", "message": f"{n} requests in {time.time() - t0:.0f} s: {dict(sorted(status.items()))}",
+            "effect": f"server RSS {rss0:.0f} -> {_rss_mib(pid):.0f} MiB; /health p99 {p99:.0f} ms, "
+                      f"max {health[-1] if health else float('nan'):.0f} ms ({len(health)} probes)"}
+
+
+# ----------------------------------------------------------------------------------- CLI
+
+def cli_cases(root, work, ckpt) -> dict:
+    out = {}
+    base = ["--checkpoint", ckpt, "--max-new-tokens", "4", "--window", "4"]
+    out["1b wedlm-decode --top-k 2**40"] = _cli(root, work, *base, "--prompt", "hi", "--top-k", str(BIG))
+    with open(os.path.join(work, "in_big.jsonl"), "w") as f:
+        f.write(json.dumps({"id": "a", "prompt": "hi"}) + "\n")
+        f.write(json.dumps({"id": "b", "prompt": "hi", "top_k": BIG}) + "\n")
+    r = _cli(root, work, *base, "--input", "in_big.jsonl", "--output", "out_big.jsonl")
+    r["effect"] = f"results written: {_lines(os.path.join(work, 'out_big.jsonl'))}"
+    out["1c --input line 2 with top_k 2**40"] = r
+    with open(os.path.join(work, "in_bytes.jsonl"), "wb") as f:
+        f.write(b'{"id": "a", "prompt": "hi"}\n{"id": "b", "prompt": "h\xff"}\n')
+    out["2d --input with a non-UTF-8 byte on line 2"] = _cli(root, work, *base, "--input", "in_bytes.jsonl",
+                                                             "--output", "out_bytes.jsonl")
+    with open(os.path.join(work, "prompts.jsonl"), "w") as f:
+        f.write('"one"\n{"prompt": "two"}\n{"prompt": 3}\n')
+    out["5d --prompts-file bad line 3"] = _cli(root, work, *base, "--prompts-file", "prompts.jsonl")
+    with open(os.path.join(work, "typo.jsonl"), "w") as f:
+        f.write('{"prompt": "one", "temprature": 0.7}\n')
+    out["5e --prompts-file key typo 'temprature'"] = _cli(root, work, *base, "--prompts-file", "typo.jsonl")
+    return out
+
+
+def _lines(path):
+    return sum(1 for _ in open(path)) if os.path.exists(path) else 0
+
+
+# ----------------------------------------------------------------------------------- data
+
+def data_cases(root, work, ckpt) -> dict:
+    """`train.pretokenize` (the same line reader as training) over files with one bad byte."""
+    out = {}
+    for n, bad in ((100, 57), (2000, 900)):
+        path = os.path.join(work, f"docs_{n}.jsonl")
+        with open(path, "wb") as f:
+            for i in range(1, n + 1):
+                f.write(b'{"text": "caf\xe9 line"}\n' if i == bad else
+                        json.dumps({"text": f"document {i}"}).encode() + b"\n")
+        for mode in ("skip", "strict"):
+            dest = os.path.join(work, f"packed_{n}_{mode}")
+            args = [PY, "-m", "train.pretokenize", path, "--tokenizer", ckpt, "--out", dest,
+                    "--seq-len", "32"] + (["--skip-bad-lines"] if mode == "skip" else [])
+            p = subprocess.run(args, cwd=work, env=_env(root), capture_output=True, text=True,
+                               timeout=300)
+            text = p.stdout + p.stderr
+            said = [ln for ln in text.splitlines() if ln.startswith("pretokenize:")]
+            out[f"2{'a' if n == 100 else 'b'} pretokenize {n} lines, bad byte on line {bad}, {mode}"] = {
+                "rc": p.returncode, "message": (said[0] if said else _first(text))[:200],
+                "effect": (said[-1][:160] if len(said) > 1 else "") + f" ({n - 1} good lines in the file)"}
+    return out
+
+
+def run_all(root, label) -> dict:
+    work = tempfile.mkdtemp(prefix=f"serve-cases-{label}-")
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, here)
+    from tests.tiny_checkpoint import make_checkpoint
+    ckpt, _, _ = make_checkpoint(os.path.join(work, "ckpt"))
+    results = {}
+    results.update(data_cases(root, work, ckpt))
+    results.update(cli_cases(root, work, ckpt))
+    results.update(server_cases(root, work, ckpt))
+    return results
+
+
+def table(before: dict, after: dict) -> str:
+    esc = lambda s: str(s).replace("|", "\\|").replace("\n", " ")
+    cell = lambda r: esc(r.get("message", "")) + (f" — {esc(r['effect'])}" if r.get("effect") else "")
+    rows = ["| case | before | before: answer / effect | after | after: answer / effect |",
+            "|---|---|---|---|---|"]
+    for case in sorted(set(before) | set(after)):
+        b, a = before.get(case, {}), after.get(case, {})
+        rows.append(f"| {case} | {b.get('rc', '')} | {cell(b)} | {a.get('rc', '')} | {cell(a)} |")
+    return "\n".join(rows)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--root", default=".")
+    p.add_argument("--label", default="run")
+    p.add_argument("--out")
+    p.add_argument("--table", nargs=2, metavar=("BEFORE", "AFTER"))
+    args = p.parse_args(argv)
+    if args.table:
+        print(table(*(json.load(open(f)) for f in args.table)))
+        return 0
+    results = run_all(args.root, args.label)
+    text = json.dumps(results, indent=1)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Opening a checkpoint folder to decode with: the one way every door does it (wedlm-decode, the
+batch job, wedlm-serve, the demo).
+
+    ckpt = OpenCheckpoint.open(folder, placement, method="streaming", mask_token_id=None)
+    ...                                  # config.json and the tokenizer are read and checked;
+                                         # check the requests against them here
+    config, params, mesh = ckpt.load()   # then the weights, on the placement's mesh and dtype
+
+Two phases so that a bad request or setting is refused before any weight is read. What decoding
+needs from the folder is decided here once: the model config (config.json), the tokenizer, the
+[MASK] id (`mask_token_id`) and the default stop ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+from decode.config import DecodeConfigError, Placement
+from decode.text import TextTokenizer, load_tokenizer
+from wedlm_jax.config import ModelConfig, released_mask_token_id
+from wedlm_jax.tokenizer import find_mask_token
+
+
+def resolve_mask_token_id(folder: str, config: ModelConfig, tokenizer: TextTokenizer | None,
+                          method: str, given: int | None, announce=None) -> int | None:
+    """The [MASK] id to decode with: `given` (checked against the vocabulary), else None (the
+    config's own), except for a config with `mask_token_id: null`: a `wedlm` one decodes with the
+    released checkpoints' id when the vocabulary holds it (`announce`d once; else an error), any
+    other with the tokenizer's mask token when it has one (as training finds it). AR needs none."""
+    if given is not None:
+        if not 0 <= given < config.vocab_size:
+            raise DecodeConfigError(f"--mask-token-id {given} is outside the vocabulary "
+                                    f"[0, {config.vocab_size})")
+        return given
+    if method == "ar":
+        return None
+    path = os.path.join(folder, "config.json")
+    mask = released_mask_token_id(config, path)
+    if mask is not None and announce is not None:
+        announce(f"{path} has mask_token_id null: decoding with [MASK] id {mask}, as the official "
+                 f"WeDLM engine does (--mask-token-id overrides)")
+    elif config.mask_token_id is None and tokenizer is not None:
+        found = find_mask_token(tokenizer)
+        if found is not None and 0 <= found < config.vocab_size:
+            mask = found
+    return mask
+
+
+def _stderr(prog: str):
+    return lambda message: print(f"{prog}: {message}", file=sys.stderr)
+
+
+@dataclasses.dataclass(frozen=True)
+class OpenCheckpoint:
+    """A checkpoint folder whose config.json and tokenizer are read and checked (no weights yet)."""
+    folder: str
+    config: ModelConfig            # config.json
+    tokenizer: TextTokenizer
+    mask_token_id: int | None      # what the Decoder gets (None: the config's own)
+    default_stop_ids: tuple        # eos and friends (decode.text); () with default_stops=False
+    placement: Placement
+
+    @classmethod
+    def open(cls, folder: str, placement: Placement | None = None, *, method: str = "streaming",
+             mask_token_id: int | None = None, default_stops: bool = True,
+             prog: str = "wedlm-decode", with_tokenizer=None) -> "OpenCheckpoint":
+        """Read and check the tokenizer, then config.json (against the placement: dtype, mesh);
+        `with_tokenizer(tokenizer)` runs between the two (what can be checked with the tokenizer
+        alone, the prompts, is refused before config.json is read). DecodeConfigError /
+        ConfigError / FileNotFoundError name what is wrong."""
+        from wedlm_jax.convert import read_config
+        placement = placement or Placement()
+        tokenizer = load_tokenizer(folder)
+        if with_tokenizer is not None:
+            with_tokenizer(tokenizer)
+        config = read_config(folder)
+        placement.check_model(config)
+        mask = resolve_mask_token_id(folder, config, tokenizer, method, mask_token_id, _stderr(prog))
+        stops = tuple(tokenizer.default_stop_ids(config.eos_token_id)) if default_stops else ()
+        return cls(folder, config, tokenizer, mask, stops, placement)
+
+    def load(self):
+        """(ModelConfig, params, mesh): the weights in the placement's dtype on its mesh (None: the
+        default device)."""
+        from wedlm_jax.convert import checkpoint_kind, load_checkpoint
+        mesh = self.placement.make_mesh()
+        quiet = {} if checkpoint_kind(self.folder) == "orbax" else {"progress": False}
+        config, params = load_checkpoint(self.folder, mesh=mesh, dtype=self.placement.dtype, **quiet)
+        return config, params, mesh

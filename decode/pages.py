@@ -1,0 +1,191 @@
+"""The host side of the paged KV cache (issue 25): which pages of the pool each sequence holds,
+and which full prompt pages can be shared by a later request with the same prefix.
+
+    pool = PagePool(num_pages, page_size)
+    hit = pool.match(prompt)           # the longest run of cached full pages that starts the prompt
+    pages = pool.allocate(n)           # n more pages (None when the pool cannot give them)
+    pool.publish(prompt, hit + pages)  # the prompt's full pages become shareable once written
+    pool.release(hit + pages)          # the sequence ended: its references go
+
+A page's content is named by its tokens and everything before them: the key of a full page is
+(key of the page before it, its page_size tokens), a chain that starts at ROOT. Keys are exact
+(tuples of ids, no hash that could collide). A page is in one of three states:
+
+    free      in no sequence, holding nothing anyone can ask for;
+    held      referenced by at least one live sequence (`refs` > 0); a published page may be held
+              by several sequences at once (a shared prefix);
+    cached    published, referenced by no live sequence: kept for a later prefix hit, evicted
+              least recently used when `allocate` needs pages and none is free.
+
+Every page is exactly one of them at all times (`check()` verifies it; the tests run it after every
+operation of random workloads). Page 0..num_pages-1 are the pool's rows; nothing here touches a
+device: the Decoder maps these ids into its page table between device calls.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+ROOT = 0   # the key of the empty prefix
+
+
+class PoolError(ValueError):
+    pass
+
+
+@dataclasses.dataclass
+class Stats:
+    lookups: int = 0          # match() calls
+    hit_pages: int = 0        # pages matched (their rows need no prefill)
+    evictions: int = 0        # cached pages taken back for reuse
+
+
+class PagePool:
+    def __init__(self, num_pages: int, page_size: int):
+        if num_pages < 1 or page_size < 1:
+            raise PoolError(f"a page pool needs num_pages >= 1 and page_size >= 1, got {num_pages}, "
+                            f"{page_size}")
+        self.num_pages, self.page_size = num_pages, page_size
+        self._free = list(range(num_pages - 1, -1, -1))      # a stack: low ids first
+        self._refs = [0] * num_pages
+        self._key_of: dict = {}                              # page -> its content key
+        self._page_of: dict = {}                             # content key -> page
+        self._node_of: dict = {}                             # page -> its chain id (for children)
+        self._next_node = ROOT + 1
+        self._cached: collections.OrderedDict = collections.OrderedDict()   # LRU: oldest first
+        self.stats = Stats()
+
+    # ------------------------------------------------------------------ what the pool holds
+    @property
+    def num_free(self) -> int:
+        """Pages `allocate` can give now: free ones plus cached ones it may evict."""
+        return len(self._free) + len(self._cached)
+
+    @property
+    def num_held(self) -> int:
+        return sum(1 for r in self._refs if r > 0)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._cached)
+
+    def pages_for(self, rows: int) -> int:
+        """Pages that hold `rows` rows."""
+        return -(-rows // self.page_size)
+
+    # ------------------------------------------------------------------ prefix reuse
+    def _keys(self, tokens):
+        """The content keys of the full pages of `tokens`, in order."""
+        node, out, p = ROOT, [], self.page_size
+        for i in range(len(tokens) // p):
+            key = (node, tuple(int(t) for t in tokens[i * p:(i + 1) * p]))
+            out.append(key)
+            page = self._page_of.get(key)
+            node = self._node_of[page] if page is not None else None
+            if node is None:      # nothing cached past here: later keys cannot match
+                break
+        return out
+
+    def match(self, tokens, limit: int | None = None) -> list[int]:
+        """Take a reference on the cached full pages that start `tokens` (at most `limit` pages;
+        callers keep at least the last prompt token out of the match, so the first forward has a
+        token to read). Returns the pages in order; they are the sequence's first pages."""
+        self.stats.lookups += 1
+        pages = []
+        for key in self._keys(tokens):
+            if limit is not None and len(pages) >= limit:
+                break
+            page = self._page_of.get(key)
+            if page is None:
+                break
+            pages.append(page)
+        for page in pages:
+            self._take(page)
+        self.stats.hit_pages += len(pages)
+        return pages
+
+    def publish(self, tokens, pages) -> int:
+        """After the rows of `tokens` are written into `pages` (the sequence's pages in order):
+        make its full pages shareable. A full page whose content is already published under
+        another page stays private (the first copy is the shared one). Returns pages published."""
+        n = 0
+        node = ROOT
+        p = self.page_size
+        for i in range(min(len(tokens) // p, len(pages))):
+            key = (node, tuple(int(t) for t in tokens[i * p:(i + 1) * p]))
+            page = pages[i]
+            owner = self._page_of.get(key)
+            if owner is None and page not in self._key_of:
+                self._page_of[key], self._key_of[page] = page, key
+                self._node_of[page] = self._next_node
+                self._next_node += 1
+                owner = page
+                n += 1
+            if owner is None:       # this page already names other content: stop the chain
+                break
+            node = self._node_of[owner]
+        return n
+
+    # ------------------------------------------------------------------ allocation
+    def allocate(self, n: int) -> list[int] | None:
+        """n pages for a sequence (each with one reference), or None (nothing taken) when fewer
+        than n are free or evictable."""
+        if n < 0:
+            raise PoolError(f"cannot allocate {n} pages")
+        if n > self.num_free:
+            return None
+        out = []
+        for _ in range(n):
+            if not self._free:
+                self._evict_one()
+            page = self._free.pop()
+            self._refs[page] = 1
+            out.append(page)
+        return out
+
+    def release(self, pages) -> None:
+        """Drop one reference on each page (a sequence ended or was cancelled)."""
+        for page in pages:
+            if not 0 <= page < self.num_pages or self._refs[page] <= 0:
+                raise PoolError(f"page {page} is not held")
+            self._refs[page] -= 1
+            if self._refs[page] == 0:
+                if page in self._key_of:
+                    self._cached[page] = None          # most recently used at the end
+                else:
+                    self._free.append(page)
+
+    def _take(self, page: int) -> None:
+        if self._refs[page] == 0:
+            self._cached.pop(page)
+        self._refs[page] += 1
+
+    def _evict_one(self) -> None:
+        page, _ = self._cached.popitem(last=False)
+        key = self._key_of.pop(page)
+        del self._page_of[key]
+        del self._node_of[page]
+        self._free.append(page)
+        self.stats.evictions += 1
+
+    # ------------------------------------------------------------------ invariants
+    def check(self) -> None:
+        """Every page is exactly one of free / held / cached; the key maps agree."""
+        free = set(self._free)
+        if len(free) != len(self._free):
+            raise PoolError("a page is on the free list twice")
+        held = {p for p, r in enumerate(self._refs) if r > 0}
+        cached = set(self._cached)
+        if free & held or free & cached or held & cached:
+            raise PoolError(f"a page is in two states: free&held {free & held}, free&cached "
+                            f"{free & cached}, held&cached {held & cached}")
+        if free | held | cached != set(range(self.num_pages)):
+            raise PoolError(f"pages lost: {set(range(self.num_pages)) - (free | held | cached)}")
+        if any(self._refs[p] < 0 for p in range(self.num_pages)):
+            raise PoolError("a negative reference count")
+        if {self._page_of[k] for k in self._page_of} != set(self._key_of) or \
+                any(self._page_of[k] != p for p, k in self._key_of.items()):
+            raise PoolError("the key maps disagree")
+        if not cached <= set(self._key_of) or free & set(self._key_of):
+            raise PoolError("a cached page without a key, or a free page with one")

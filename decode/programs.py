@@ -1,0 +1,234 @@
+"""The Decoder's compiled programs (decode/decoder.py drives them): each a jitted pure function
+of the static settings (`Static`, hashable: Decoders with equal settings share the programs) and
+of donated state.
+
+    _prefill        one prompt's K/V (batch 1, dense) for `insert`
+    _prefill_into   every slot's prompt straight into the state's cache (the static batch)
+    _insert         a prefilled request into a slot
+    _prefill_slot   paged cache: a prompt's rows from `start` on written straight into the pool
+                    through the slot's page row, and the slot's fields set (no dense copy; the
+                    rows before `start` are a reused prefix)
+    _free / _unmap  a slot done (and, paged, its page row unmapped: its pages may go to another)
+    _generate       up to k steps of every slot in one `lax.while_loop`
+    _one_step       one step with its aux (traces, checks)
+
+Dense cache: layers {'k', 'v'} [L, B, R, KVH, D]. Paged cache: layers {'pool': [L * P, page,
+2 KVH, D], 'table': [B, pages_per_seq]} (wedlm_jax.paged_attention); the model's cache mode
+takes either, so the decoding steps are the same code for both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from decode.state import DecodeState, Prefix
+from decode.steps import StepSpec, ar_step, window_step
+from decode.verified import verified_step
+from wedlm_jax import model as model_lib
+from wedlm_jax import paged_attention as paged
+from wedlm_jax.config import ModelConfig
+from wedlm_jax.sharding import is_axes
+
+
+@dataclasses.dataclass(frozen=True)
+class Static:
+    """Everything that shapes the compiled programs."""
+    config: ModelConfig        # token ids stripped (runtime values)
+    dtype: str
+    spec: StepSpec
+    slots: int
+    capacity: int
+    rows: int                  # cache rows R >= capacity + span
+    kv_tile: int
+    prefill_chunk: int
+    keep_q: bool               # verified with sampling carries the drafts' distributions
+    attention: str = "tiled"   # the cache-attention backend (wedlm_jax.attention_backends)
+    mesh: Any = None           # a hashable key of the mesh (or None)
+    scan_unroll: int = 1       # layers per iteration of the layer scan (decode.aot's cost counts)
+    platform: str | None = None  # the mesh's platform the attention is resolved for (None: jax's)
+    page_size: int = 0         # the paged cache's rows per page (0: the dense cache)
+    num_pages: int = 0         # paged: pages per layer in the pool
+
+    @property
+    def paged(self) -> bool:
+        return self.page_size > 0
+
+    @property
+    def pages_per_seq(self) -> int:
+        return -(-self.rows // self.page_size) if self.page_size else 0
+
+    @property
+    def span(self) -> int:
+        return self.spec.span
+
+
+STEPS = {"streaming": window_step, "block": window_step, "ar": ar_step, "verified": verified_step}
+
+
+def _forward(static: Static):
+    """The network in cache mode: (params, tokens, positions, cache layers, n) -> (logits, layers).
+    Cache attention reads only the cache tiles holding live keys (`kv_tile` rows each)."""
+    model = model_lib.Transformer(static.config, dtype=jnp.dtype(static.dtype),
+                                  attention=static.attention, kv_tile=static.kv_tile,
+                                  scan_unroll=static.scan_unroll, platform=static.platform)
+
+    def forward(params, tokens, positions, layers, n):
+        return model.apply({"params": params}, tokens, positions, kv_cache=layers, cache_len=n)
+    return forward
+
+
+def _constrain_state(static: Static, st):
+    """Pin the state's layout (slots over data/fsdp; a no-op without a mesh)."""
+    if static.mesh is None:
+        return st
+    axes = model_lib.kv_cache_logical_axes(static.config)
+    layers = jax.tree.map(lambda ax, x: nn.with_logical_constraint(x, ax), axes, st.cache.layers,
+                          is_leaf=is_axes)
+    rest = jax.tree.map(lambda x: nn.with_logical_constraint(x, ("batch",) + (None,) * (x.ndim - 1)),
+                        st.replace(cache=st.cache.replace(layers=None)))
+    return rest.replace(cache=rest.cache.replace(layers=layers))
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _prefill(static: Static, params, tokens, prefill_len):
+    """K/V of rows 0..prefill_len-1 of one prompt ([1, Pb] tokens) in chunks; the trip count
+    ceil(prefill_len / chunk) is a runtime value; the last chunk's start is pulled back inside the
+    buffer (recomputing final rows gives the same values)."""
+    pb = tokens.shape[1]
+    chunk = min(static.prefill_chunk, pb)
+    forward = _forward(static)
+    kv = model_lib.init_kv_cache(static.config, 1, pb, jnp.dtype(static.dtype))
+
+    def body(k, kv):
+        start = jnp.minimum(k * chunk, pb - chunk)
+        toks = jax.lax.dynamic_slice_in_dim(tokens, start, chunk, axis=1)
+        pos = start + jnp.arange(chunk, dtype=jnp.int32)[None, :]
+        _, kv = forward(params, toks, pos, kv, jnp.full((1,), start, jnp.int32))
+        return kv
+
+    return jax.lax.fori_loop(0, (prefill_len[0] + chunk - 1) // chunk, body, kv)
+
+
+@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
+def _prefill_into(static: Static, params, state: DecodeState, tokens, prefill_len):
+    """Every slot's prompt K/V (rows 0..prefill_len[b]-1, tokens [B, Pb]) written straight into
+    the state's cache in chunks: the static-batch prefill (`Decoder.start`)."""
+    pb = tokens.shape[1]
+    chunk = min(static.prefill_chunk, pb)
+    forward = _forward(static)
+    b = tokens.shape[0]
+
+    def body(k, layers):
+        start = jnp.minimum(k * chunk, pb - chunk)
+        toks = jax.lax.dynamic_slice_in_dim(tokens, start, chunk, axis=1)
+        pos = jnp.broadcast_to(start + jnp.arange(chunk, dtype=jnp.int32), (b, chunk))
+        _, layers = forward(params, toks, pos, layers, jnp.full((b,), start, jnp.int32))
+        return layers
+
+    n = (jnp.max(prefill_len) + chunk - 1) // chunk
+    layers = jax.lax.fori_loop(0, n, body, state.cache.layers)
+    return _constrain_state(static, state.replace(cache=state.cache.replace(layers=layers)))
+
+
+@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(1,))
+def _insert(static: Static, state: DecodeState, prefix: Prefix, slot):
+    """Write a prefilled request into `slot`: its K/V rows 0..Pb-1 and its row of every field."""
+    axes = model_lib.kv_cache_logical_axes(static.config)
+
+    def put_kv(ax, full, part):
+        starts = [slot if a == "batch" else 0 for a in ax]
+        return jax.lax.dynamic_update_slice(full, part.astype(full.dtype), starts)
+
+    layers = jax.tree.map(put_kv, axes, state.cache.layers, prefix.kv, is_leaf=is_axes)
+    put = lambda full, part: jax.lax.dynamic_update_index_in_dim(full, part[0].astype(full.dtype),
+                                                                  slot, 0)
+    bare = lambda st: st.replace(cache=st.cache.replace(layers=None))
+    rest = jax.tree.map(put, bare(state), bare(prefix.row))
+    return _constrain_state(static, rest.replace(cache=rest.cache.replace(layers=layers)))
+
+
+@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(1,))
+def _free(static: Static, state: DecodeState, slot):
+    return state.replace(done=state.done.at[slot].set(True))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))
+def _generate(static: Static, k: int, params, state: DecodeState, mask_id, run):
+    """Up to `run` (a runtime value <= k) steps of every slot. Returns (state, tokens [B, k, E],
+    counts [B, k], steps run)."""
+    step = STEPS[static.spec.method]
+    forward = _forward(static)
+    b, e = static.slots, static.spec.emit_width
+
+    def cond(carry):
+        i, st, _, _ = carry
+        return (i < jnp.minimum(run, k)) & ~jnp.all(st.done)
+
+    def body(carry):
+        i, st, toks, counts = carry
+        st, emitted, k_emit, _ = step(forward, params, st, static.spec, mask_id)
+        return (i + 1, _constrain_state(static, st), toks.at[:, i].set(emitted),
+                counts.at[:, i].set(k_emit))
+
+    init = (jnp.zeros((), jnp.int32), state, jnp.zeros((b, k, e), jnp.int32),
+            jnp.zeros((b, k), jnp.int32))
+    i, state, toks, counts = jax.lax.while_loop(cond, body, init)
+    return state, toks, counts, i
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _one_step(static: Static, params, state: DecodeState, mask_id):
+    """One step with its aux (the trace and the cache-consistency checks)."""
+    new, emitted, k_emit, aux = STEPS[static.spec.method](_forward(static), params, state,
+                                                          static.spec, mask_id)
+    return new, dict(aux, emitted_tokens=emitted, emitted_count=k_emit)
+
+
+@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
+def _prefill_slot(static: Static, params, state: DecodeState, row: DecodeState, slot, pages,
+                  tokens, start, prefill_len):
+    """Paged cache: set `slot`'s page row to `pages` [pages_per_seq], compute rows start ..
+    prefill_len-1 of its prompt in chunks straight into the pool (tokens [1, Pb]: the prompt from
+    row `start` on; rows before `start` are a reused prefix, read, never written), and put the
+    request's first `row` (a batch-1 DecodeState without layers) into the slot."""
+    pb = tokens.shape[1]
+    chunk = min(static.prefill_chunk, pb)
+    forward = _forward(static)
+    table = state.cache.layers["table"].at[slot].set(pages)
+
+    def body(k, pool):
+        local = jnp.minimum(k * chunk, pb - chunk)       # pulled back inside the suffix only
+        toks = jax.lax.dynamic_slice_in_dim(tokens, local, chunk, axis=1)
+        pos = start + local + jnp.arange(chunk, dtype=jnp.int32)[None, :]
+        _, layers = forward(params, toks, pos, {"pool": pool, "table": pages[None]},
+                            jnp.reshape(start + local, (1,)))
+        return layers["pool"]
+
+    n = (prefill_len - start + chunk - 1) // chunk
+    pool = jax.lax.fori_loop(0, n, body, state.cache.layers["pool"])
+    put = lambda full, part: jax.lax.dynamic_update_index_in_dim(full, part[0].astype(full.dtype),
+                                                                  slot, 0)
+    bare = lambda st: st.replace(cache=st.cache.replace(layers=None))
+    rest = jax.tree.map(put, bare(state), bare(row))
+    return rest.replace(cache=rest.cache.replace(layers={"pool": pool, "table": table}))
+
+
+@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(1,))
+def _unmap(static: Static, state: DecodeState, slots):
+    """Paged cache: the slots where `slots` [B] is True are done and their page rows unmapped, so
+    the forwards that still run over them write nothing into pages handed to others."""
+    table = jnp.where(slots[:, None], paged.UNMAPPED, state.cache.layers["table"])
+    return state.replace(done=state.done | slots,
+                         cache=state.cache.replace(layers=dict(state.cache.layers, table=table)))
+
+
+def compiled_count() -> int:
+    """How many programs the decoder's jitted functions hold (jax's cache; a compile-once check)."""
+    return sum(f._cache_size() for f in (_prefill, _prefill_into, _insert, _free, _generate,
+                                         _one_step, _prefill_slot, _unmap))

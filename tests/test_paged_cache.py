@@ -1,0 +1,249 @@
+"""The paged KV cache's pieces (issue 25): the host page pool with prefix reuse (decode/pages.py),
+checked by brute force against a shadow of what every page holds, and the device side
+(wedlm_jax/paged_attention.py) against the dense cache and against jax's own reference of the TPU
+ragged paged attention kernel."""
+
+from __future__ import annotations
+
+import random
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from decode.pages import PagePool, PoolError
+from wedlm_jax import paged_attention as pa
+from wedlm_jax.attention import cache_write
+from wedlm_jax.cache_attention import attend_cache_dense
+
+
+# ----------------------------------------------------------------------------------- the pool
+
+def _run_workload(seed: int, requests: int, num_pages: int = 48, page: int = 4):
+    """Random requests over a few shared prefixes: each matches its cached prefix, allocates the
+    rest of its prompt and some generated rows, publishes its prompt, grows, and ends or is
+    cancelled (in random order, several alive at once). A shadow records the tokens written to
+    every page; a match must return pages whose shadow equals the prompt's pages. check() after
+    every operation."""
+    rng = random.Random(seed)
+    pool = PagePool(num_pages, page)
+    shadow: dict = {}                       # page -> the tokens its rows hold
+    prefixes = [[rng.randrange(50) for _ in range(rng.randrange(4, 20))] for _ in range(4)]
+    live, done, hits, refused = [], 0, 0, 0
+    while done < requests:
+        if live and (rng.random() < 0.45 or len(live) > 6):
+            seq = live.pop(rng.randrange(len(live)))
+            pool.release(seq["pages"])
+            pool.check()
+            done += 1
+            continue
+        prompt = rng.choice(prefixes) + [rng.randrange(50) for _ in range(rng.randrange(1, 9))]
+        limit = (len(prompt) - 1) // page
+        hit = pool.match(prompt, limit)
+        for i, p in enumerate(hit):        # what a hit maps is what the prompt would have written
+            assert shadow[p] == prompt[i * page:(i + 1) * page]
+        hits += len(hit)
+        total = pool.pages_for(len(prompt) + rng.randrange(0, 9))
+        more = pool.allocate(total - len(hit))
+        if more is None:                    # the pool is full: the request waits (dropped here)
+            pool.release(hit)
+            pool.check()
+            refused += 1
+            if not live:
+                done += 1
+            continue
+        pages = hit + more
+        for i, p in enumerate(more, start=len(hit)):   # prefill writes the prompt's rows
+            shadow[p] = prompt[i * page:(i + 1) * page]
+        pool.publish(prompt, pages)
+        pool.check()
+        live.append({"pages": pages})
+    for seq in live:
+        pool.release(seq["pages"])
+    pool.check()
+    return pool, hits, refused
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_pool_brute_force_no_leak_after_1000_requests(seed):
+    pool, hits, _ = _run_workload(seed, 1000)
+    assert pool.num_held == 0 and pool.num_free == pool.num_pages   # every page free or cached
+    assert hits > 200                                                # shared prefixes were reused
+    assert pool.stats.hit_pages == hits
+
+
+def test_pool_allocate_refuses_whole_and_evicts_least_recent_first():
+    pool = PagePool(4, 2)
+    a = pool.allocate(2)
+    pool.publish([1, 2, 3, 4], a)
+    pool.release(a)                         # both cached now (a[0] older? released together)
+    b = pool.allocate(2)
+    pool.publish([9, 9, 8, 8], b)
+    pool.release(b)
+    assert pool.num_cached == 4 and pool.allocate(5) is None
+    pool.check()
+    assert pool.match([1, 2, 3, 4, 5]) == a                  # touched: now the most recent
+    pool.release(a)
+    got = pool.allocate(2)                   # evicts b's pages (least recently used)
+    assert sorted(got) == sorted(b) and pool.stats.evictions == 2
+    assert pool.match([9, 9, 8, 8, 7]) == []
+    assert pool.match([1, 2, 3, 4, 7]) == a
+    with pytest.raises(PoolError, match="is not held"):
+        pool.release([got[0], got[0], got[0]])
+
+
+def test_pool_same_content_twice_stays_one_shared_copy():
+    pool = PagePool(8, 2)
+    x, y = pool.allocate(2), pool.allocate(2)
+    assert pool.publish([5, 6, 7, 8], x) == 2
+    assert pool.publish([5, 6, 7, 8], y) == 0          # computed twice at once: x is the shared one
+    pool.release(y)
+    assert pool.num_cached == 0 and pool.match([5, 6, 7, 8, 1]) == x
+    pool.check()
+
+
+# ------------------------------------------------------------------------------- device side
+
+def _random_case(seed, b=3, s=4, kvh=2, g=2, d=16, page=4, width=6, num_pages=24):
+    rng = np.random.default_rng(seed)
+    pool = rng.standard_normal((num_pages, page, 2 * kvh, d)).astype(np.float32)
+    perm = rng.permutation(num_pages)
+    table = np.full((b, width), pa.UNMAPPED, np.int32)
+    lens = np.array([0, 9, page * width - s][:b], np.int32)
+    for i in range(b):
+        n = -(-(int(lens[i]) + s) // page)
+        table[i, :n] = perm[i * width:i * width + n]
+    q = rng.standard_normal((b, s, kvh * g, d)).astype(np.float32)
+    return jnp.asarray(q), jnp.asarray(pool), jnp.asarray(table), jnp.asarray(lens)
+
+
+def _dense(pool, table):
+    """The dense cache [B, width * page, KVH, D] the page table describes (zeros where unmapped)."""
+    k, v, mapped = pa.gather_rows(pool, table, 0, table.shape[1])
+    return (jnp.where(mapped[..., None, None], k, 0.0), jnp.where(mapped[..., None, None], v, 0.0))
+
+
+@pytest.mark.parametrize("pages_per_tile", [1, 2, 4, 6])
+def test_gather_attention_equals_the_dense_cache(pages_per_tile):
+    q, pool, table, lens = _random_case(0)
+    k, v = _dense(pool, table)
+    want = attend_cache_dense(q, k, v, lens, 0.25)
+    got = pa.attend_pages("gather", q, pool, table, lens, 0.25, pages_per_tile=pages_per_tile)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
+
+
+def test_write_pages_equals_the_dense_cache_write_and_drops_unmapped_rows():
+    q, pool, table, lens = _random_case(1)
+    rng = np.random.default_rng(2)
+    kn = jnp.asarray(rng.standard_normal((3, 4, 2, 16)).astype(np.float32))
+    vn = jnp.asarray(rng.standard_normal((3, 4, 2, 16)).astype(np.float32))
+    k0, v0 = _dense(pool, table)
+    new_pool = pa.write_pages(pool, kn, vn, table, lens)
+    k1, v1 = _dense(new_pool, table)
+    dense_write = lambda buf, new: cache_write(buf[None], new, lens, 0)[0]   # one layer
+    np.testing.assert_array_equal(np.asarray(k1), np.asarray(dense_write(k0, kn)))
+    np.testing.assert_array_equal(np.asarray(v1), np.asarray(dense_write(v0, vn)))
+    untouched = np.setdiff1d(np.arange(pool.shape[0]), np.asarray(table)[np.asarray(table) >= 0])
+    np.testing.assert_array_equal(np.asarray(new_pool)[untouched], np.asarray(pool)[untouched])
+    # rows past a sequence's pages: dropped, nothing else changes
+    short = jnp.asarray(np.where(np.arange(6)[None] < 1, np.asarray(table), pa.UNMAPPED).astype(np.int32))
+    out = pa.write_pages(pool, kn, vn, short, jnp.asarray([2, 2, 2], jnp.int32))
+    changed = np.flatnonzero(np.any(np.asarray(out) != np.asarray(pool), axis=(1, 2, 3)))
+    assert set(changed) <= set(np.asarray(short)[:, 0])
+
+
+def test_layout_is_the_tpu_kernels_own():
+    """jax's reference of the TPU ragged paged attention kernel (plain JAX) reads our pool and
+    table the way attend_pages does: same outputs."""
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ref_ragged_paged_attention
+    q, pool, table, lens = _random_case(3)
+    b, s, h, d = q.shape
+    want = ref_ragged_paged_attention(q.reshape(b * s, h, d), pool, lens + s, jnp.maximum(table, 0),
+                                      jnp.arange(b + 1, dtype=jnp.int32) * s,
+                                      jnp.array([b], jnp.int32), sm_scale=0.25)
+    got = pa.attend_pages("gather", q, pool, table, lens, 0.25)
+    np.testing.assert_allclose(np.asarray(got).reshape(b * s, h, d), np.asarray(want), atol=1e-5)
+
+
+def test_unknown_implementation_is_named():
+    q, pool, table, lens = _random_case(0)
+    with pytest.raises(ValueError, match="gather, ragged"):
+        pa.attend_pages("flash", q, pool, table, lens, 0.25)
+    assert jax.devices()   # the CPU backend is up
+
+
+RAGGED_TPU = """
+import json
+import jax, jax.numpy as jnp
+from jax.experimental import topologies
+from wedlm_jax import paged_attention as pa
+dev = topologies.get_topology_desc(platform="tpu", topology_name="v5p:1x1x1",
+                                   chips_per_host_bounds=(1, 1, 1)).devices[0]
+sh = jax.sharding.SingleDeviceSharding(dev)
+B, S, H, KVH, D, PAGE, WIDTH, P = 4, 16, 8, 2, 128, 64, 16, 64
+args = [jax.ShapeDtypeStruct(s, t, sharding=sh) for s, t in (
+    ((B, S, H, D), jnp.bfloat16), ((P, PAGE, 2 * KVH, D), jnp.bfloat16),
+    ((B, WIDTH), jnp.int32), ((B,), jnp.int32))]
+f = jax.jit(lambda q, pool, table, lens: pa.attend_pages("ragged", q, pool, table, lens, 0.088))
+with jax.default_device(dev):   # the Mosaic lowering reads the TPU generation from the default device
+    text = f.lower(*args).compile().as_text()
+print(json.dumps({"custom_call": "tpu_custom_call" in text}))
+"""
+
+
+def test_ragged_kernel_compiles_for_a_tpu_over_this_layout():
+    """jax's TPU ragged paged attention kernel, called the way attend_pages('ragged') calls it on
+    this pool layout, compiles for one v5p chip (libtpu, no TPU) into a Mosaic custom call."""
+    import json
+    import subprocess
+    import sys
+    from tests import tpu_compiler
+    if not tpu_compiler.installed():
+        pytest.fail(f"libtpu is missing from {tpu_compiler.folder()}: run `make setup`")
+    proc = subprocess.run([sys.executable, "-c", RAGGED_TPU], env=tpu_compiler.env(),
+                          capture_output=True, text=True, timeout=420, cwd=tpu_compiler.ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"custom_call": True}
+
+
+def test_first_page_reads_and_writes_one_layers_pages():
+    """The stacked pool [L * P, ...]: layer l is the offset l * P, never a slice."""
+    q, pool, table, lens = _random_case(4)
+    p = pool.shape[0]
+    other = jnp.asarray(np.random.default_rng(5).standard_normal(pool.shape).astype(np.float32))
+    stacked = jnp.concatenate([other, pool])                     # layer 1 = `pool`
+    np.testing.assert_allclose(
+        np.asarray(pa.attend_pages("gather", q, stacked, table, lens, 0.25, first_page=p)),
+        np.asarray(pa.attend_pages("gather", q, pool, table, lens, 0.25)), atol=1e-6)
+    kn = jnp.ones((3, 4, 2, 16))
+    out = pa.write_pages(stacked, kn, kn, table, lens, first_page=p)
+    np.testing.assert_array_equal(np.asarray(out[:p]), np.asarray(other))
+    np.testing.assert_array_equal(np.asarray(out[p:]), np.asarray(pa.write_pages(pool, kn, kn, table, lens)))
+
+
+def test_model_cache_mode_paged_equals_dense():
+    """The Transformer in cache mode over a paged cache (pages scattered over the pool) gives the
+    logits of the dense cache, a prefill then two window-sized steps, rows of different lengths."""
+    from tests.synthetic import random_params
+    from wedlm_jax import model as model_lib
+    from wedlm_jax.config import ModelConfig
+    config = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,
+                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True)
+    params = random_params(config, seed=1)
+    model = model_lib.Transformer(config, attention="tiled", kv_tile=8)
+    b, cap, page = 2, 48, 4
+    dense = model_lib.init_kv_cache(config, b, cap)
+    paged = pa.init_paged_cache(config.num_layers, 40, page, config.num_kv_heads, config.head_dim, b,
+                                cap // page)
+    perm = np.random.default_rng(0).permutation(40)[:2 * (cap // page)].reshape(b, cap // page)
+    paged["table"] = jnp.asarray(perm.astype(np.int32))
+    rng = np.random.default_rng(1)
+    n = jnp.zeros((b,), jnp.int32)
+    for s in (11, 6, 6):
+        toks = jnp.asarray(rng.integers(0, 64, (b, s)).astype(np.int32))
+        pos = n[:, None] + jnp.arange(s)[None]
+        ld, dense = model.apply({"params": params}, toks, pos, kv_cache=dense, cache_len=n)
+        lp, paged = model.apply({"params": params}, toks, pos, kv_cache=paged, cache_len=n)
+        np.testing.assert_allclose(np.asarray(lp), np.asarray(ld), atol=2e-5, rtol=2e-5)
+        n = n + jnp.asarray([s, s - 3])          # rows commit different amounts

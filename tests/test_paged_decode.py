@@ -1,0 +1,172 @@
+"""The paged KV cache in the Decoder and the Batcher (issue 25): every method gives the tokens of the
+dense cache, token for token, under random arrival, in a static batch, with prefix hits and
+without; a pool smaller than the slots' worst case queues instead of corrupting; no page leaks
+after 1000 requests with cancellations; a request larger than the pool is refused with the sizes."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from decode.batching import Batcher
+from decode.config import DecodeConfigError
+from decode.decoder import Decoder, Request
+from tests.synthetic import random_params
+from wedlm_jax.config import ModelConfig
+
+CONFIG = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,
+                     num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True,
+                     mask_token_id=63)
+CAPACITY, SLOTS, PAGE = 96, 4, 8
+METHODS = [("streaming", "before"), ("streaming", "after"), ("block", "before"), ("ar", "before"),
+           ("verified", "before")]
+
+
+@pytest.fixture(scope="module")
+def params():
+    return random_params(CONFIG, seed=2, head_scale=20.0)
+
+
+def _requests(n, seed=0, shared=3):
+    """Prompts over a few shared prefixes (longer than a page, so prefixes are reused)."""
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(1, 60) for _ in range(rng.randrange(9, 30))] for _ in range(shared)]
+    return [Request(prompt=tuple(rng.choice(prefixes) + [rng.randrange(1, 60)
+                                                        for _ in range(rng.randrange(1, 6))]),
+                    max_new_tokens=rng.randrange(4, 20), tau=rng.choice([0.0, 0.4, 1.0]))
+            for _ in range(n)]
+
+
+def _run(decoder, requests, seed=1, prefix_reuse=True, cancel=()):
+    """Random arrival: a few requests submitted between steps. {index: Finished}."""
+    rng = random.Random(seed)
+    b = Batcher(decoder, prefix_reuse=prefix_reuse)
+    out, todo = {}, list(enumerate(requests))
+    while todo or b.num_active or b.num_waiting:
+        for _ in range(rng.randrange(0, 4)):
+            if todo:
+                i, r = todo.pop(0)
+                rid = b.submit(r, on_finish=lambda f, i=i: out.__setitem__(i, f))
+                if i in cancel:
+                    b.cancel(rid)
+        b.step()
+        if b.pool is not None:
+            b.pool.check()
+    return out, b
+
+
+def _decoder(params, method, refill, **kw):
+    return Decoder(params, CONFIG, method=method, window=4, refill=refill, slots=SLOTS,
+                   capacity=CAPACITY, steps_per_call=3, kv_tile=16, **kw)
+
+
+@pytest.mark.parametrize("method, refill", METHODS)
+def test_paged_equals_dense_under_random_arrival(params, method, refill):
+    reqs = _requests(14, seed=METHODS.index((method, refill)))
+    dense, _ = _run(_decoder(params, method, refill), reqs)
+    paged, b = _run(_decoder(params, method, refill, page_size=PAGE), reqs)
+    assert [paged[i].tokens for i in range(len(reqs))] == [dense[i].tokens for i in range(len(reqs))]
+    assert [paged[i].finish for i in range(len(reqs))] == [dense[i].finish for i in range(len(reqs))]
+    assert sum(f.cached_tokens for f in paged.values()) > 0          # prefixes were reused
+    assert b.pool.num_held == 0
+    b.pool.check()
+
+
+def test_prefix_hits_give_the_tokens_of_misses_and_skip_the_rows(params):
+    reqs = _requests(10, seed=5)
+    dec = _decoder(params, "streaming", "before", page_size=PAGE)
+    hits, _ = _run(dec, reqs, prefix_reuse=True)
+    misses, _ = _run(dec, reqs, prefix_reuse=False)
+    assert [hits[i].tokens for i in range(10)] == [misses[i].tokens for i in range(10)]
+    assert all(f.cached_tokens == 0 for f in misses.values())
+    assert all(f.cached_tokens % PAGE == 0 and f.cached_tokens < len(r.prompt)
+               for f, r in zip((hits[i] for i in range(10)), reqs))
+    assert sum(f.cached_tokens for f in hits.values()) >= 3 * PAGE
+
+
+def test_static_batch_paged_equals_dense(params):
+    reqs = _requests(SLOTS, seed=9)
+    outs = []
+    for kw in ({}, {"page_size": PAGE}):
+        dec = _decoder(params, "streaming", "before", **kw)
+        state = dec.start(reqs)
+        tokens = [[] for _ in reqs]
+        while True:
+            state, res = dec.generate(state)
+            for i in range(len(reqs)):
+                tokens[i] += res.new_ids(i)
+            if res.done.all():
+                break
+        outs.append(tokens)
+    assert outs[0] == outs[1]
+
+
+def test_a_small_pool_queues_and_gives_the_same_tokens(params):
+    """A pool of about two requests' pages for four slots: requests wait for pages, none is
+    corrupted."""
+    reqs = _requests(8, seed=3)
+    dense, _ = _run(_decoder(params, "streaming", "before"), reqs)
+    dec = _decoder(params, "streaming", "before", page_size=PAGE, num_pages=2 * CAPACITY // PAGE)
+    small, b = _run(dec, reqs)
+    assert [small[i].tokens for i in range(8)] == [dense[i].tokens for i in range(8)]
+    assert b.pool.num_held == 0
+
+
+def test_no_page_leak_after_1000_requests_with_cancellations(params):
+    rng = random.Random(7)
+    reqs = [Request(prompt=tuple(rng.randrange(1, 60) for _ in range(rng.randrange(1, 20))),
+                    max_new_tokens=rng.randrange(1, 4)) for _ in range(1000)]
+    dec = _decoder(params, "streaming", "before", page_size=PAGE, num_pages=40)
+    out, b = _run(dec, reqs, cancel=set(range(0, 1000, 7)))
+    assert len(out) == 1000
+    assert sum(f.finish == "cancelled" for f in out.values()) > 50
+    assert b.pool.num_held == 0 and b.pool.num_free == b.pool.num_pages
+    b.pool.check()
+
+
+def test_a_request_larger_than_the_pool_is_refused_with_the_sizes(params):
+    dec = _decoder(params, "streaming", "before", page_size=PAGE, num_pages=10)
+    b = Batcher(dec)
+    with pytest.raises(DecodeConfigError, match=r"needs 13 pages of 8 rows .* the whole pool holds 10"):
+        b.submit(Request(prompt=(1,) * 60, max_new_tokens=36))  # 96 + a window's 8 rows: 13 pages
+    b.submit(Request(prompt=(1,) * 30, max_new_tokens=20))      # 58 rows: 8 pages, fits
+    with pytest.raises(DecodeConfigError, match="num_pages must be an int >= 1"):
+        _decoder(params, "streaming", "before", page_size=PAGE, num_pages=0)
+    with pytest.raises(DecodeConfigError, match="a static batch needs"):
+        dec.start(_requests(2))
+    with pytest.raises(DecodeConfigError, match="page_size must be an int >= 1"):
+        _decoder(params, "streaming", "before", page_size=0)
+    assert np.all(np.asarray(b.state.cache.layers["table"]) == -1)
+
+
+def test_server_with_pages_reports_cached_tokens(tmp_path):
+    """wedlm-serve --page-size: a request sharing a prompt with an earlier one reports the reused
+    rows as usage.prompt_tokens_details.cached_tokens (OpenAI's and vLLM's field) and answers the
+    same text."""
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    from decode import serve
+    from tests.test_serve import serve_in_thread
+    from tests.tiny_checkpoint import make_checkpoint
+    path, _, _ = make_checkpoint(tmp_path)
+    args = serve._parser().parse_args(["--checkpoint", path, "--slots", "2", "--window", "4",
+                                       "--capacity", "128", "--page-size", "8", "--model-name", "tiny",
+                                       "--no-default-stops", "--lazy-compile"])
+    engine, app, _ = serve.build_server(args)
+    url, srv, thread, sock = serve_in_thread(app)
+    try:
+        body = {"model": "tiny", "prompt": "one two three four five six seven eight nine ten " * 2,
+                "max_tokens": 6}
+        a = httpx.post(url + "/v1/completions", json=body, timeout=60).json()
+        b = httpx.post(url + "/v1/completions", json=body, timeout=60).json()
+        assert a["choices"][0]["text"] == b["choices"][0]["text"]
+        assert "prompt_tokens_details" not in a["usage"]
+        assert b["usage"]["prompt_tokens_details"]["cached_tokens"] >= 8
+        assert b["usage"]["prompt_tokens_details"]["cached_tokens"] % 8 == 0
+    finally:
+        srv.should_exit = True
+        thread.join(15)
+        engine.shutdown(timeout=15)
+        sock.close()

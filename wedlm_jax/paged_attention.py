@@ -1,0 +1,193 @@
+"""Attention over a paged KV cache (issue 25): the device side. `decode/pages.py` decides which
+pages each sequence holds; here they are read and written.
+
+Layout (the one jax's TPU ragged paged attention kernel reads, so no copy stands between them):
+
+    pool        [L * P, page, 2 * KVH, D]: the pages of every layer in one buffer, layer l's pages
+                at l * P .. l * P + P - 1 (`first_page` = l * P: a layer is an offset, never a
+                slice, so the kernel and the gathers read the stacked buffer in place); page p
+                holds `page` consecutive rows of one sequence; keys and values interleaved on
+                the head axis (k of head h at 2h, v at 2h + 1).
+    page_table  [B, pages_per_seq] int32: the pages of sequence b in order, ids in [0, P) the
+                same for every layer (row r of the sequence is row r % page of page
+                page_table[b, r // page]); entries past what a sequence holds are UNMAPPED.
+    cache_len   [B] int32: committed rows of each sequence (the cache rule is the dense cache's,
+                `attention.cache_last_key`: the query at physical index i of a forward, its K/V
+                written at row cache_len[b] + i, sees rows 0 .. cache_len[b] + i).
+
+    write_pages(pool, k, v, page_table, cache_len, first_page)  the S new rows of every sequence
+    attend_pages(impl, q, pool, page_table, cache_len, scale,   "gather" (XLA, any platform: a loop
+                 first_page=...)
+                                                              over tiles of pages, as many as the
+                                                              longest sequence needs) or "ragged"
+                                                              (jax's TPU Pallas kernel)
+
+Rows whose page is UNMAPPED (a free slot's window, a sequence's rows past its pages) are dropped on
+write and masked on read, so they cannot touch another sequence's pages.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from wedlm_jax.attention import NEG_SCORE, cache_last_key
+
+UNMAPPED = -1
+IMPLEMENTATIONS = ("gather", "ragged")
+
+
+@struct.dataclass
+class PagedContext:
+    """What every layer's attention gets in paged cache mode (built once per forward)."""
+    cache_len: jax.Array                                          # [B] int32
+    impl: str = struct.field(pytree_node=False, default="gather")  # gather | ragged
+    pages_per_tile: int = struct.field(pytree_node=False, default=4)
+
+
+def init_paged_cache(num_layers: int, num_pages: int, page_size: int, kv_heads: int, head_dim: int,
+                     batch: int, pages_per_seq: int, dtype=jnp.float32) -> dict:
+    """The paged cache, empty: {"pool": [L * P, page, 2 * KVH, D] zeros, "table": [B,
+    pages_per_seq] UNMAPPED}; P = `num_pages` pages per layer."""
+    return {"pool": jnp.zeros((num_layers * num_pages, page_size, 2 * kv_heads, head_dim), dtype),
+            "table": jnp.full((batch, pages_per_seq), UNMAPPED, jnp.int32)}
+
+
+def is_paged(kv_cache) -> bool:
+    return isinstance(kv_cache, dict) and "pool" in kv_cache
+
+
+def implementation_for(platform: str | None) -> str:
+    """The TPU kernel on TPU, the XLA gather path elsewhere."""
+    return "ragged" if platform == "tpu" else "gather"
+
+
+def check_paged_cache(num_layers: int, kv_heads: int, head_dim: int, batch: int, kv_cache) -> None:
+    """A ValueError naming what is wrong unless `kv_cache` is `init_paged_cache`'s structure."""
+    if set(kv_cache) != {"pool", "table"}:
+        raise ValueError(f"a paged cache is the dict {{'pool', 'table'}}; got keys {sorted(kv_cache)}")
+    pool, table = kv_cache["pool"], kv_cache["table"]
+    if pool.ndim != 4 or pool.shape[0] % num_layers or tuple(pool.shape[2:]) != (2 * kv_heads, head_dim):
+        raise ValueError(f"the page pool has shape {tuple(pool.shape)}; the model needs [layers x "
+                         f"pages, page, 2 x kv_heads = {2 * kv_heads}, head_dim = {head_dim}] with "
+                         f"a multiple of {num_layers} pages (paged_attention.init_paged_cache)")
+    if table.ndim != 2 or table.shape[0] != batch:
+        raise ValueError(f"the page table has shape {tuple(table.shape)}; expected [{batch}, pages "
+                         "per sequence]")
+
+
+def interleave(k, v):
+    """[.., KVH, D] keys and values -> [.., 2 * KVH, D] (k of head h at 2h, v at 2h + 1)."""
+    return jnp.stack([k, v], axis=-2).reshape(k.shape[:-2] + (2 * k.shape[-2], k.shape[-1]))
+
+
+def split(kv):
+    """The inverse of `interleave`: (k, v), each [.., KVH, D]."""
+    return kv[..., 0::2, :], kv[..., 1::2, :]
+
+
+def row_pages(page_table, rows, page_size: int):
+    """(page, offset in the page) of each row index in `rows` [B, N] of each sequence; a row
+    past the table or on an UNMAPPED entry comes back as page UNMAPPED."""
+    idx = jnp.clip(rows // page_size, 0, page_table.shape[1] - 1)
+    page = jnp.take_along_axis(page_table, idx, axis=1)
+    page = jnp.where(rows // page_size < page_table.shape[1], page, UNMAPPED)
+    return page, rows % page_size
+
+
+def write_pages(pool, k, v, page_table, cache_len, first_page=0):
+    """The new K/V [B, S, KVH, D] of every sequence written at rows cache_len[b] .. + S - 1 of its
+    pages (of the layer whose pages start at `first_page`; in place when `pool` is donated);
+    rows without a page are dropped."""
+    b, s = k.shape[:2]
+    p, page_size = pool.shape[:2]
+    rows = jnp.asarray(cache_len, jnp.int32)[:, None] + jnp.arange(s, dtype=jnp.int32)[None]
+    page, off = row_pages(page_table, rows, page_size)
+    page = jnp.where(page < 0, p, page + first_page)          # out of bounds: dropped
+    return pool.at[page, off].set(interleave(k, v).astype(pool.dtype), mode="drop")
+
+
+def gather_rows(pool, page_table, start_page, num_pages: int, first_page=0):
+    """Rows of pages start_page .. + num_pages - 1 of every sequence: (k, v) [B, num_pages * page,
+    KVH, D] and whether each row's page is mapped [B, num_pages * page]."""
+    b = page_table.shape[0]
+    cols = start_page + jnp.arange(num_pages, dtype=jnp.int32)
+    cols_c = jnp.clip(cols, 0, page_table.shape[1] - 1)
+    pages = page_table[:, cols_c]                                          # [B, n]
+    mapped = (pages >= 0) & (cols < page_table.shape[1])[None]
+    kv = jnp.take(pool, jnp.maximum(pages, 0) + first_page, axis=0)        # [B, n, page, 2KVH, D]
+    kv = kv.reshape(b, num_pages * pool.shape[1], pool.shape[2], pool.shape[3])
+    k, v = split(kv)
+    return k, v, jnp.repeat(mapped, pool.shape[1], axis=1)
+
+
+def attend_pages_gather(q, pool, page_table, cache_len, scale: float, pages_per_tile: int = 4,
+                        first_page=0):
+    """The cache rule over pages in pure JAX: an online softmax over tiles of `pages_per_tile`
+    pages of each sequence, ceil((max_b cache_len[b] + S) / tile rows) of them (a runtime trip
+    count: the tiles up to the longest live sequence, not the table's width)."""
+    b, s, h, d = q.shape
+    page_size, kvh = pool.shape[1], pool.shape[2] // 2
+    g = h // kvh
+    width = page_table.shape[1]
+    ppt = max(1, min(int(pages_per_tile), width))
+    tile = ppt * page_size
+    last = cache_last_key(jnp.asarray(cache_len, jnp.int32), s)                 # [B, S]
+    n_tiles = (jnp.max(last) + 1 + tile - 1) // tile
+    qr = q.reshape(b, s, kvh, g, d)
+
+    def body(t, carry):
+        m, l, acc = carry
+        kt, vt, mapped = gather_rows(pool, page_table, t * ppt, ppt, first_page)
+        idx = t * tile + jnp.arange(tile, dtype=jnp.int32)
+        ok = (idx[None, None, :] <= last[:, :, None]) & mapped[:, None, :]        # [B, S, tile]
+        ok = ok[:, None, None]
+        sc = jnp.einsum("bskgd,btkd->bkgst", qr, kt.astype(q.dtype),
+                        preferred_element_type=jnp.float32) * scale
+        sc = jnp.where(ok, sc, NEG_SCORE)
+        m_new = jnp.maximum(m, jnp.max(sc, axis=-1))
+        p = jnp.where(ok, jnp.exp(sc - m_new[..., None]), 0.0)
+        corr = jnp.exp(m - m_new)
+        l = l * corr + jnp.sum(p, axis=-1)
+        acc = acc * corr[..., None] + jnp.einsum("bkgst,btkd->bkgsd", p.astype(vt.dtype), vt,
+                                                 preferred_element_type=jnp.float32)
+        return m_new, l, acc
+
+    init = (jnp.full((b, kvh, g, s), NEG_SCORE, jnp.float32), jnp.zeros((b, kvh, g, s), jnp.float32),
+            jnp.zeros((b, kvh, g, s, d), jnp.float32))
+    _, l, acc = jax.lax.fori_loop(0, n_tiles, body, init)
+    out = jnp.where(l[..., None] > 0, acc / jnp.maximum(l, 1e-30)[..., None], 0.0)
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, s, h, d).astype(q.dtype)
+
+
+def attend_pages_ragged(q, pool, page_table, cache_len, scale: float, first_page=0, **kernel_args):
+    """The cache rule through jax's TPU ragged paged attention kernel: every sequence's S queries
+    are its newest rows (kv_lens = cache_len + S, new K/V already written), causal in physical
+    order, which is exactly the rule above. Unmapped table entries are pointed at page 0: the
+    kernel reads only the pages kv_lens covers, all mapped for live sequences."""
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
+    b, s, h, d = q.shape
+    # explicit block sizes: the kernel's own tuning reads the local device's TPU generation, which
+    # an ahead-of-time compile from another machine does not have
+    kernel_args.setdefault("num_kv_pages_per_block",
+                           max(1, min(page_table.shape[1], 128 // pool.shape[1])))
+    kernel_args.setdefault("num_queries_per_block", min(32, b * s))
+    kv_lens = jnp.asarray(cache_len, jnp.int32) + s
+    cu_q = jnp.arange(b + 1, dtype=jnp.int32) * s
+    out = ragged_paged_attention(q.reshape(b * s, h, d), pool, kv_lens,
+                                 jnp.maximum(page_table, 0) + first_page, cu_q,
+                                 jnp.array([b], jnp.int32),
+                                 sm_scale=float(scale), **kernel_args)
+    return out.reshape(b, s, h, d).astype(q.dtype)
+
+
+def attend_pages(impl: str, q, pool, page_table, cache_len, scale: float, *, pages_per_tile: int = 4,
+                 first_page=0, **kernel_args):
+    """Run paged implementation `impl` (one of IMPLEMENTATIONS) over the layer whose pages start
+    at `first_page` of the pool."""
+    if impl == "gather":
+        return attend_pages_gather(q, pool, page_table, cache_len, scale, pages_per_tile, first_page)
+    if impl == "ragged":
+        return attend_pages_ragged(q, pool, page_table, cache_len, scale, first_page, **kernel_args)
+    raise ValueError(f"paged attention must be one of {', '.join(IMPLEMENTATIONS)}; got {impl!r}")
