@@ -160,15 +160,34 @@ def parse_settings(body: dict, default_max_tokens: int, max_tokens_names=("max_t
                     max_tokens_given=given, logprobs=logprobs, echo=echo, sampling_order=order)
 
 
-def parse_prompt(body: dict, tokenizer, vocab_size: int) -> list:
-    """/v1/completions `prompt`: a string, a list of token ids, or a list holding one of those."""
+CHARS_PER_TOKEN_BOUND = 16   # a text this many times longer than the context is checked by a prefix
+
+
+def encode_within(tokenizer, text: str, context: int | None, param: str = "prompt") -> list:
+    """`tokenizer.encode(text)`, except that a text far longer than the context is first judged by
+    a prefix: when the first CHARS_PER_TOKEN_BOUND x (context + 2) characters alone make more than
+    context + 1 tokens (a prefix's tokens are at most one more than the whole text's), the text
+    cannot fit and is refused without tokenizing it all (a multi-megabyte prompt costs
+    microseconds, not seconds of the server's CPU)."""
+    if context is not None and len(text) > CHARS_PER_TOKEN_BOUND * (context + 2):
+        head = tokenizer.encode(text[:CHARS_PER_TOKEN_BOUND * (context + 2)])
+        if len(head) > context + 1:
+            raise bad(param, f"the prompt has more than {context} tokens; this server's context is "
+                             f"{context} tokens, which leaves no room to generate",
+                      "context_length_exceeded")
+    return tokenizer.encode(text)
+
+
+def parse_prompt(body: dict, tokenizer, vocab_size: int, context: int | None = None) -> list:
+    """/v1/completions `prompt`: a string, a list of token ids, or a list holding one of those;
+    `context`: the server's capacity (a string far beyond it is refused early, `encode_within`)."""
     if "prompt" not in body or body["prompt"] is None:
         raise bad("prompt", "'prompt' is required", "missing_required_parameter")
     p = body["prompt"]
     if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
         p = p[0]
     if isinstance(p, str):
-        ids = tokenizer.encode(p)
+        ids = encode_within(tokenizer, p, context)
     elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
         if not all(0 <= t < vocab_size for t in p):
             j = next(j for j, t in enumerate(p) if not 0 <= t < vocab_size)
@@ -183,7 +202,8 @@ def parse_prompt(body: dict, tokenizer, vocab_size: int) -> list:
     return ids
 
 
-def parse_prompts(body: dict, tokenizer, vocab_size: int, max_batch: int) -> list:
+def parse_prompts(body: dict, tokenizer, vocab_size: int, max_batch: int,
+                  context: int | None = None) -> list:
     """/v1/completions `prompt` as a batch: a string, a list of token ids, or a list of strings /
     of token-id lists (one choice each, in order; at most `max_batch`)."""
     p = body.get("prompt")
@@ -194,11 +214,11 @@ def parse_prompts(body: dict, tokenizer, vocab_size: int, max_batch: int) -> lis
         out = []
         for i, one in enumerate(p):
             try:
-                out.append(parse_prompt({"prompt": one}, tokenizer, vocab_size))
+                out.append(parse_prompt({"prompt": one}, tokenizer, vocab_size, context))
             except APIError as e:
                 raise bad("prompt", f"prompt {i} of the batch: {e.message}", e.code) from None
         return out
-    return [parse_prompt(body, tokenizer, vocab_size)]
+    return [parse_prompt(body, tokenizer, vocab_size, context)]
 
 
 def parse_tokenize(body: dict, tokenizer) -> list:
@@ -233,7 +253,7 @@ def parse_detokenize(body: dict, vocab_size: int) -> list:
 
 
 def parse_messages(body: dict, tokenizer, add_generation_prompt: bool = True,
-                   allow_empty: bool = False) -> list:
+                   allow_empty: bool = False, context: int | None = None) -> list:
     """/v1/chat/completions `messages` through the checkpoint's chat template -> prompt ids."""
     msgs = body.get("messages")
     if msgs is None:
@@ -256,9 +276,10 @@ def parse_messages(body: dict, tokenizer, add_generation_prompt: bool = True,
     if not tokenizer.chat_template:
         raise bad("messages", "this checkpoint has no chat template; use /v1/completions")
     try:
-        ids = tokenizer.encode(tokenizer.apply_chat_template(clean, add_generation_prompt))
+        text = tokenizer.apply_chat_template(clean, add_generation_prompt)
     except ValueError as e:   # the template refuses these messages (ChatTemplateError)
         raise bad("messages", str(e)) from None
+    ids = encode_within(tokenizer, text, context, "messages")
     if not ids and not allow_empty:
         raise bad("messages", "'messages' encode to no tokens")
     return ids

@@ -368,7 +368,7 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
         body = await read_body(http)
         s = parse_settings(body, cfg.default_max_tokens, scoring=True)
         prompts = await asyncio.to_thread(parse_prompts, body, tokenizer, cfg.vocab_size,
-                                          MAX_BATCH)                                  # off the loop
+                                          MAX_BATCH, cfg.capacity)                    # off the loop
         if len(prompts) == 1 and s.logprobs is None and not s.echo:
             return await run(http, prompts[0], s, chat=False, param="prompt")
         if s.stream:
@@ -382,7 +382,8 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
         body = await read_body(http)
         s = parse_settings(body, cfg.default_max_tokens, ("max_tokens", "max_completion_tokens"),
                            chat=True)
-        ids = await asyncio.to_thread(parse_messages, body, tokenizer)                # off the loop
+        ids = await asyncio.to_thread(parse_messages, body, tokenizer, True, False,
+                                      cfg.capacity)                                   # off the loop
         return await run(http, ids, s, chat=True, param="messages")
 
     # the tokenizer endpoints vLLM serves and lm-eval's remote tokenizer probes (no `model` needed)

@@ -115,3 +115,30 @@ def test_engine_batches_scoring_jobs_and_a_bad_one_fails_alone():
     assert calls == [(3, 0), (1, 0), (1, 0), (1, 0)]   # the batch failed: each job again, alone
     assert got["a"] == [{"n": 1, "top": 0}] and got["c"] == [{"n": 1, "top": 0}]
     assert isinstance(got["bad"], ValueError) and "-1" in str(got["bad"])
+
+
+def test_a_prompt_far_beyond_the_context_is_refused_by_a_prefix(server):
+    """A multi-megabyte prompt is judged by a bounded prefix (protocol.encode_within): a 400
+    context_length_exceeded without tokenizing the whole text; a prompt that fits is tokenized
+    whole."""
+    from decode import protocol
+    tok = server["tokenizer"]
+
+    class Spy:
+        def __init__(self):
+            self.longest = 0
+
+        def encode(self, text):
+            self.longest = max(self.longest, len(text))
+            return tok.encode(text)
+    spy = Spy()
+    big = "the cat sat on the mat " * 200_000            # 4.6 MB
+    with pytest.raises(protocol.APIError) as e:
+        protocol.encode_within(spy, big, CAPACITY)
+    assert e.value.code == "context_length_exceeded" and e.value.status == 400
+    assert spy.longest <= protocol.CHARS_PER_TOKEN_BOUND * (CAPACITY + 2)
+    fits = "the cat sat " * 20
+    assert protocol.encode_within(spy, fits, CAPACITY) == tok.encode(fits)
+    r = _post(server, "/v1/completions", {"model": "tiny", "prompt": big, "max_tokens": 4})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert httpx.get(server["url"] + "/health", timeout=30).status_code == 200

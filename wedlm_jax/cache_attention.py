@@ -92,27 +92,43 @@ def attend_cache_tiles(q, k, v, cache_len, scale: float, tile: int, layer=None):
     n_tiles = (need + tile - 1) // tile
 
     def body(t, carry):
-        m, l, acc = carry
         nominal = t * tile
         start = jnp.minimum(nominal, t_max - tile)
         kt, vt = read(k, start), read(v, start)
         idx = start + jnp.arange(tile, dtype=jnp.int32)
         allowed = (idx[None, None, :] <= last[:, :, None]) & (idx >= nominal)[None, None, :]
         allowed = allowed[:, None, None, :, :]                                   # [B,1,1,S,tile]
-        sc = jnp.einsum("bskgd,btkd->bkgst", qr, kt.astype(q.dtype),
-                        preferred_element_type=jnp.float32) * scale
-        sc = jnp.where(allowed, sc, NEG_SCORE)
-        m_new = jnp.maximum(m, jnp.max(sc, axis=-1))
-        p = jnp.where(allowed, jnp.exp(sc - m_new[..., None]), 0.0)
-        corr = jnp.exp(m - m_new)
-        l = l * corr + jnp.sum(p, axis=-1)
-        acc = acc * corr[..., None] + jnp.einsum(
-            "bkgst,btkd->bkgsd", p.astype(vt.dtype), vt, preferred_element_type=jnp.float32)
-        return m_new, l, acc
+        return online_softmax_step(carry, qr, kt, vt, allowed, scale)
 
-    init = (jnp.full((b, kvh, g, s), NEG_SCORE, jnp.float32),
-            jnp.zeros((b, kvh, g, s), jnp.float32), jnp.zeros((b, kvh, g, s, d), jnp.float32))
-    _, l, acc = jax.lax.fori_loop(0, n_tiles, body, init)
+    _, l, acc = jax.lax.fori_loop(0, n_tiles, body, online_softmax_init(b, kvh, g, s, d))
+    return online_softmax_result(l, acc, q)
+
+
+def online_softmax_init(b, kvh, g, s, d):
+    """The running (max, sum, weighted values) of an online softmax over key tiles, empty."""
+    return (jnp.full((b, kvh, g, s), NEG_SCORE, jnp.float32), jnp.zeros((b, kvh, g, s), jnp.float32),
+            jnp.zeros((b, kvh, g, s, d), jnp.float32))
+
+
+def online_softmax_step(carry, qr, kt, vt, allowed, scale):
+    """One key tile into the running softmax: qr [B, S, KVH, G, D], kt / vt [B, tile, KVH, D],
+    allowed [B, 1, 1, S, tile] (float32 scores and sums whatever the inputs' dtype)."""
+    m, l, acc = carry
+    sc = jnp.einsum("bskgd,btkd->bkgst", qr, kt.astype(qr.dtype),
+                    preferred_element_type=jnp.float32) * scale
+    sc = jnp.where(allowed, sc, NEG_SCORE)
+    m_new = jnp.maximum(m, jnp.max(sc, axis=-1))
+    p = jnp.where(allowed, jnp.exp(sc - m_new[..., None]), 0.0)
+    corr = jnp.exp(m - m_new)
+    l = l * corr + jnp.sum(p, axis=-1)
+    acc = acc * corr[..., None] + jnp.einsum(
+        "bkgst,btkd->bkgsd", p.astype(vt.dtype), vt, preferred_element_type=jnp.float32)
+    return m_new, l, acc
+
+
+def online_softmax_result(l, acc, q):
+    """[B, S, H, D] in q's dtype (0 for a query that saw no key)."""
+    b, s, h, d = q.shape
     out = jnp.where(l[..., None] > 0, acc / jnp.maximum(l, 1e-30)[..., None], 0.0)
     return out.transpose(0, 3, 1, 2, 4).reshape(b, s, h, d).astype(q.dtype)
 

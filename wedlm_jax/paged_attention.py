@@ -32,7 +32,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from wedlm_jax.attention import NEG_SCORE, cache_last_key
+from wedlm_jax import cache_attention as ca
+from wedlm_jax.attention import cache_last_key
 
 UNMAPPED = -1
 IMPLEMENTATIONS = ("gather", "ragged")
@@ -138,27 +139,13 @@ def attend_pages_gather(q, pool, page_table, cache_len, scale: float, pages_per_
     qr = q.reshape(b, s, kvh, g, d)
 
     def body(t, carry):
-        m, l, acc = carry
         kt, vt, mapped = gather_rows(pool, page_table, t * ppt, ppt, first_page)
         idx = t * tile + jnp.arange(tile, dtype=jnp.int32)
         ok = (idx[None, None, :] <= last[:, :, None]) & mapped[:, None, :]        # [B, S, tile]
-        ok = ok[:, None, None]
-        sc = jnp.einsum("bskgd,btkd->bkgst", qr, kt.astype(q.dtype),
-                        preferred_element_type=jnp.float32) * scale
-        sc = jnp.where(ok, sc, NEG_SCORE)
-        m_new = jnp.maximum(m, jnp.max(sc, axis=-1))
-        p = jnp.where(ok, jnp.exp(sc - m_new[..., None]), 0.0)
-        corr = jnp.exp(m - m_new)
-        l = l * corr + jnp.sum(p, axis=-1)
-        acc = acc * corr[..., None] + jnp.einsum("bkgst,btkd->bkgsd", p.astype(vt.dtype), vt,
-                                                 preferred_element_type=jnp.float32)
-        return m_new, l, acc
+        return ca.online_softmax_step(carry, qr, kt, vt, ok[:, None, None], scale)
 
-    init = (jnp.full((b, kvh, g, s), NEG_SCORE, jnp.float32), jnp.zeros((b, kvh, g, s), jnp.float32),
-            jnp.zeros((b, kvh, g, s, d), jnp.float32))
-    _, l, acc = jax.lax.fori_loop(0, n_tiles, body, init)
-    out = jnp.where(l[..., None] > 0, acc / jnp.maximum(l, 1e-30)[..., None], 0.0)
-    return out.transpose(0, 3, 1, 2, 4).reshape(b, s, h, d).astype(q.dtype)
+    _, l, acc = jax.lax.fori_loop(0, n_tiles, body, ca.online_softmax_init(b, kvh, g, s, d))
+    return ca.online_softmax_result(l, acc, q)
 
 
 def attend_pages_ragged(q, pool, page_table, cache_len, scale: float, first_page=0, **kernel_args):
