@@ -217,6 +217,9 @@ def iter_documents(files: Sequence[str], info: TokenizerInfo, *, vocab_size: int
     for path in files:
         with open(path, "rb") as f:          # bytes, decoded line by line: a bad byte costs
             for lineno, raw in enumerate(f, 1):    # exactly its own line, named file:line
+                if not raw.strip():
+                    continue
+                counts["lines"] += 1                 # every non-blank line, bad ones included
                 try:
                     line = raw.decode("utf-8")
                 except UnicodeDecodeError as e:
@@ -224,8 +227,8 @@ def iter_documents(files: Sequence[str], info: TokenizerInfo, *, vocab_size: int
                          f"not UTF-8 ({e.reason} at byte {e.start + 1} of the line)")
                     continue
                 if not line.strip():
+                    counts["lines"] -= 1             # blank once decoded (unicode white space)
                     continue
-                counts["lines"] += 1
                 try:
                     ids, tr = parse_line(line, info, vocab_size=vocab_size, append_eos=append_eos)
                 except json.JSONDecodeError as e:
