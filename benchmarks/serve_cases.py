@@ -102,18 +102,8 @@ def server_cases(root, work, ckpt, with_soak: bool = True) -> dict:
 
     def health_during(label, body_bytes: bytes):
         """The request, with /health probed every 50 ms while it runs: the slowest probe."""
-        worst, done = [0.0], threading.Event()
-
-        def probe():
-            while not done.is_set():
-                t0 = time.perf_counter()
-                try:
-                    httpx.get(url + "/health", timeout=120)
-                except httpx.TransportError:
-                    pass
-                worst[0] = max(worst[0], time.perf_counter() - t0)
-                time.sleep(0.05)
-        t = threading.Thread(target=probe)
+        ms, done = [], threading.Event()
+        t = threading.Thread(target=probe_health, args=(url, done, ms))
         t.start()
         try:
             res = _answer(post(None, content=body_bytes, headers={"content-type": "application/json"}))
@@ -121,7 +111,7 @@ def server_cases(root, work, ckpt, with_soak: bool = True) -> dict:
             res = {"rc": type(e).__name__, "message": str(e)[:200]}
         done.set()
         t.join()
-        res["effect"] = f"slowest /health during it: {worst[0] * 1000:.0f} ms"
+        res["effect"] = f"slowest /health during it: {max(ms, default=0.0):.0f} ms"
         out[label] = res
 
     try:
@@ -167,6 +157,19 @@ def server_cases(root, work, ckpt, with_soak: bool = True) -> dict:
     return out
 
 
+def probe_health(url: str, stop: threading.Event, ms: list) -> None:
+    """GET /health every 50 ms until `stop`, each answer's latency appended to `ms`."""
+    import httpx
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        try:
+            httpx.get(url + "/health", timeout=120)
+        except httpx.TransportError:
+            pass
+        ms.append((time.perf_counter() - t0) * 1e3)
+        time.sleep(0.05)
+
+
 def _rss_mib(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -183,16 +186,6 @@ def soak(url: str, pid: int, n: int = 160) -> dict:
     import httpx
     kinds = ["ok", "stream", "bad", "huge", "cancel", "chat", "nested", "long"]
     health, stop = [], threading.Event()
-
-    def prober():
-        while not stop.is_set():
-            t0 = time.perf_counter()
-            try:
-                httpx.get(url + "/health", timeout=30)
-            except httpx.TransportError:
-                pass
-            health.append((time.perf_counter() - t0) * 1e3)
-            time.sleep(0.05)
 
     def one(i):
         kind = kinds[i % len(kinds)]
@@ -228,7 +221,7 @@ def soak(url: str, pid: int, n: int = 160) -> dict:
                                                   "max_tokens": 8}).status_code
 
     rss0 = _rss_mib(pid)
-    t = threading.Thread(target=prober)
+    t = threading.Thread(target=probe_health, args=(url, stop, health))
     t.start()
     t0 = time.time()
     status: dict = {}

@@ -159,9 +159,12 @@ class Batcher:
                if live is not None and live.request_id in cancelled]
         if hit:
             counts = self._counts()
+            if self.pool is not None:          # one call unmaps every cancelled slot
+                self.state = dec.unmap(self.state, hit)
             for slot in hit:
                 live = self._slots[slot]
-                self.state = dec.free(self.state, slot)
+                if self.pool is None:
+                    self.state = dec.free(self.state, slot)
                 self._slots[slot] = None
                 self._finish(live, "cancelled", tuple(int(c[slot]) for c in counts))
         for slot in range(dec.slots):

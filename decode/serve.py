@@ -186,7 +186,7 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
 
     def usage(n_prompt, n_out, fin=None):
         out = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
-        if fin is not None and getattr(fin, "cached_tokens", 0):   # prefix reuse (--page-size)
+        if fin is not None and fin.cached_tokens:   # prefix reuse (--page-size)
             out["prompt_tokens_details"] = {"cached_tokens": fin.cached_tokens}
         return out
 
