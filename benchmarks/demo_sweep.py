@@ -25,19 +25,24 @@ import time
 BASE = ["optimizer.warmup_steps=30", "optimizer.lr=3e-3", "optimizer.final_lr=1e-4",
         "log_every=10", "checkpoint.export_hf=null"]
 # name: (vocab, steps, overrides). Steps are picked so each run takes about 5-6 minutes here.
-def _shape(h, mlp, layers, heads, kv, batch=16):
+def _shape(h, mlp, layers, heads, kv, batch=16, head_dim=64, lr=None):
     return [f"model.config.hidden_size={h}", f"model.config.intermediate_size={mlp}",
             f"model.config.num_layers={layers}", f"model.config.num_heads={heads}",
-            f"model.config.num_kv_heads={kv}", f"data.global_batch_size={batch}"]
+            f"model.config.num_kv_heads={kv}", f"model.config.head_dim={head_dim}",
+            f"data.global_batch_size={batch}"] + ([f"optimizer.lr={lr}"] if lr else [])
 
 
 # name: (vocab, steps, overrides); steps give each run about 5 minutes of training on this CPU
 # (measured step times, batch 16 x 256: A 2.2 s, B 0.95 s, C 1.45 s).
 CANDIDATES = {
     "A": (512, 130, _shape(256, 768, 6, 4, 2)),      # the old demo's body, small vocabulary
-    "B": (512, 300, _shape(192, 512, 4, 3, 1)),
+    "B": (512, 250, _shape(192, 512, 4, 3, 1)),
     "C": (512, 200, _shape(192, 576, 6, 3, 1)),
     "D": (2048, 280, _shape(192, 512, 4, 3, 1)),     # B with a 4x larger vocabulary
+    # fourth run (2026-11-24): B's body with 6 query and 6 KV heads of 32 (one KV head is what every
+    # digit-routing pattern shared); B at twice the learning rate
+    "E": (512, 230, _shape(192, 512, 4, 6, 6, head_dim=32)),
+    "G": (512, 250, _shape(192, 512, 4, 3, 1, lr=6e-3)),
 }
 KINDS = ("counting", "arith")
 
