@@ -3,7 +3,7 @@ target's own compiler on this machine (issue 21 item 2), side by side in one rep
 
     python -m benchmarks.compile_for --compile-for v5p:1x1x1,v5e:2x4,v6e:2x4,v5p:2x2x2
                                      [--model 8b|4b|1.7b|0.6b] [--quick] [--out DIR]
-                                     [--tokens-per-forward 2.0]
+                                     [--tokens-per-forward 2.0] [--page-size 64]
 
 Per target (a TPU topology libtpu describes; no TPU needed) and at the chosen decode shape in
 bf16, with the slots over data and the heads over `tensor` = all chips of the topology:
@@ -17,6 +17,8 @@ bf16, with the slots over data and the heads over `tensor` = all chips of the to
             compiles, see `train_row`) for the 1B-class shape
             (benchmarks.accelerator.TRAIN_SHAPE), fsdp over all chips, one row per chip, with the
             attention resolved for the target (splash on TPU)
+with --page-size, every decode program also with the paged cache (one chip; jax's ragged paged
+attention kernel on TPU: its custom call's bytes are what libtpu counts, no live-tile correction),
 and reports per program: memory per device from the full-depth compile (fits or not in the chip's
 HBM, the compiler's own out-of-memory verdict included), flops / bytes accessed / libtpu's
 optimal_seconds of the whole depth (`decode.aot.unrolled_cost`: the layer scan unrolled, since
@@ -97,19 +99,24 @@ def decode_programs(quick: bool) -> list[dict]:
     return out
 
 
-def decode_row(config, t: Target, prog: dict, capacity: int, live: int) -> dict:
+def decode_row(config, t: Target, prog: dict, capacity: int, live: int,
+               page_size: int | None = None) -> dict:
+    """One decode program's figures: the dense cache (slots over nothing, heads over all chips)
+    or, with `page_size`, the paged cache on one chip (its attention resolved for the target:
+    jax's ragged paged attention kernel on TPU)."""
     from decode import aot
-    tensor = t.chips if config.num_kv_heads % t.chips == 0 else 1
+    tensor = t.chips if config.num_kv_heads % t.chips == 0 and not page_size else 1
     mesh = (1, 1, tensor) if t.chips > 1 and tensor > 1 else None
     settings = dict(prog, capacity=capacity, dtype="bfloat16", attention="tiled", kv_tile=256,
-                    mesh_shape=mesh)
+                    mesh_shape=mesh, page_size=page_size)
     devices = list(t.devices[:tensor]) if mesh else [t.devices[0]]
     full = _verdict_or_raise(aot.compile_generate, config, devices, live_rows=live, **settings)
-    row = dict(prog, kind="decode", chips_used=len(devices), capacity=capacity, live_rows=live)
+    row = dict(prog, kind="decode", chips_used=len(devices), capacity=capacity, live_rows=live,
+               cache=f"paged {page_size}" if page_size else "dense")
     if "oom" in full:
         return dict(row, fits=False, oom=full["oom"])
     cost = aot.unrolled_cost(aot.compile_generate, config, devices, **settings)
-    if cost:   # the live K/V tiles the compiler's count misses (a runtime trip count)
+    if cost and not page_size:   # the live K/V tiles the compiler's count misses (a runtime trip count)
         tensor_used = mesh[2] if mesh else 1
         cost["kv_not_counted"] = aot.kv_not_counted(prog["slots"], config, live,
                                                     settings["kv_tile"], "bfloat16", tensor_used)
@@ -152,8 +159,8 @@ def train_row(t: Target, seq_len: int = 4096) -> dict:
     def compile_train(c, unroll=1):
         mc = dry_run.model_config_for(c)
         compiled = dry_run.compile_step(c, mc, list(t.devices), scan_unroll=unroll)[0]
-        from decode.aot import figures
-        return dict(figures(compiled), kernels=dry_run.compiled_kernels(compiled))
+        from wedlm_jax.compiled import figures
+        return figures(compiled)
 
     full = _verdict_or_raise(compile_train, cfg)
     row = dict(kind="train", seq_len=seq_len, rows_per_chip=1, attention=step_lib.attention_impl(
@@ -178,15 +185,15 @@ def _ms(x) -> str:
 
 def derive(rows: list[dict], tpf: float) -> None:
     """Streaming / AR roofline ratio at equal batch and the decode tokens/s estimates, in place."""
-    ar = {r["slots"]: r.get("roofline_s") for r in rows
+    ar = {(r["slots"], r["cache"]): r.get("roofline_s") for r in rows
           if r["kind"] == "decode" and r["method"] == "ar"}
     for r in rows:
         if r["kind"] != "decode" or not r.get("roofline_s"):
             continue
         per_fwd = 1.0 if r["method"] == "ar" else tpf
         r["tokens_per_s"] = r["slots"] * per_fwd / r["roofline_s"]
-        if r["method"] != "ar" and ar.get(r["slots"]):
-            r["step_over_ar"] = r["roofline_s"] / ar[r["slots"]]
+        if r["method"] != "ar" and ar.get((r["slots"], r["cache"])):
+            r["step_over_ar"] = r["roofline_s"] / ar[(r["slots"], r["cache"])]
 
 
 def markdown(report: dict) -> str:
@@ -203,8 +210,9 @@ def markdown(report: dict) -> str:
                 "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in t["rows"]:
             if r["kind"] == "decode":
-                name = r["method"] if r["method"] == "ar" else \
-                    f"{r['method']} W{r['window']} {r['refill']}"
+                name = (r["method"] if r["method"] == "ar" else
+                        f"{r['method']} W{r['window']} {r['refill']}") + \
+                    ("" if r["cache"] == "dense" else f", {r['cache']}")
                 batch = r["slots"]
             elif r["kind"] == "prefill":
                 name, batch = f"prefill {r['prompt_len']} tokens", 1
@@ -261,6 +269,9 @@ def main(argv=None) -> int:
     ap.add_argument("--live", type=int, default=2048, help="committed rows per slot (the floor)")
     ap.add_argument("--tokens-per-forward", type=float, default=2.0,
                     help="streaming tokens per forward assumed for the tokens/s estimate")
+    ap.add_argument("--page-size", type=int, default=None,
+                    help="also compile every decode program with the paged cache of pages of "
+                         "this many rows, on one chip (issue 25)")
     ap.add_argument("--out", default="benchmarks/results/compile_for")
     a = ap.parse_args(argv)
     from benchmarks.accelerator import DECODE_SHAPES, SMOKE_SHAPE, model_config
@@ -270,6 +281,8 @@ def main(argv=None) -> int:
             raise TargetError(f"--model {a.model!r}: one of {', '.join(shapes)}")
         if not 0 < a.live <= a.capacity:
             raise TargetError(f"--live {a.live} must be in [1, --capacity {a.capacity}]")
+        if a.page_size is not None and not 1 <= a.page_size <= a.capacity:
+            raise TargetError(f"--page-size {a.page_size} must be in [1, --capacity {a.capacity}]")
         if not a.tokens_per_forward >= 1:
             raise TargetError(f"--tokens-per-forward {a.tokens_per_forward} must be >= 1")
         names = [n.strip() for n in a.compile_for.split(",") if n.strip()]
@@ -289,7 +302,9 @@ def main(argv=None) -> int:
                   tokens_per_forward=a.tokens_per_forward, targets=[])
     for t in targets:
         t0 = time.perf_counter()
-        rows = [decode_row(config, t, prog, a.capacity, a.live) for prog in decode_programs(a.quick)]
+        rows = [decode_row(config, t, prog, a.capacity, a.live, page)
+                for prog in decode_programs(a.quick)
+                for page in ((None,) if a.page_size is None else (None, a.page_size))]
         if not a.quick:
             rows.append(prefill_row(config, t, 2048))
             rows.append(train_row(t))

@@ -32,6 +32,8 @@ import subprocess
 import sys
 import time
 
+from wedlm_jax import compiled as compiled_lib
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 GIB = 1024 ** 3
@@ -66,7 +68,7 @@ def measure(model: str, fsdp: int, remat: str, rows: int, seq_len: int, cache: d
         cfg = _cfg(model, fsdp, remat, rows, seq_len)
         mc = dry_run.model_config_for(cfg)
         compiled, lower_s, compile_s, _ = dry_run.compile_step(cfg, mc, jax.devices()[:fsdp])
-        mem = dry_run.memory_figures(compiled)
+        mem = compiled_lib.memory(compiled)
         del compiled
         cache[key] = {"model": model, "fsdp": fsdp, "remat": remat, "rows": rows,
                       "seq_len": seq_len, "grad_accum": cfg.optimizer.grad_accum,
@@ -158,7 +160,7 @@ def layers_scaling(args) -> None:
             compiled, lower_s, compile_s, _ = dry_run.compile_step(
                 cfg, dry_run.model_config_for(cfg), jax.devices()[:8])
             r = {"num_layers": layers, "rows": rows, "compile_s": compile_s,
-                 **{f"{k}_bytes": v for k, v in dry_run.memory_figures(compiled).items()}}
+                 **{f"{k}_bytes": v for k, v in compiled_lib.memory(compiled).items()}}
             out["runs"].append(r)
             print(json.dumps(r), flush=True)
     if args.out:

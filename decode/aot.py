@@ -26,8 +26,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from wedlm_jax import model as model_lib
+from wedlm_jax.compiled import figures  # noqa: F401 (memory, cost and kernels of a program)
 
-COST_KEYS = ("flops", "bytes accessed", "optimal_seconds", "transcendentals")
 GIB = 1 << 30
 # TPU generation -> (dense bf16 FLOP/s per chip, HBM bytes/s per chip, HBM bytes per chip): the
 # vendor's published figures
@@ -39,6 +39,9 @@ TPU_CHIPS = {
 }
 TPU_FORMS = ("TPU topologies GEN:AxB[xC] with GEN one of " + ", ".join(TPU_CHIPS)
              + " (e.g. v5p:1x1x1, v5e:2x4, v6e:2x4, v5p:2x2x2)")
+
+
+DRY_RUN_CAPACITY = 2048   # a door without --capacity (wedlm-decode sizes it from its prompts)
 
 
 class TargetError(ValueError):
@@ -86,8 +89,7 @@ def abstract_args(decoder, device=None):
     without a mesh, laid out as the Decoder lays them out on its mesh otherwise."""
     st = decoder.static
     host = decoder._host_free()
-    layers = jax.eval_shape(lambda: model_lib.init_kv_cache(st.config, st.slots, st.rows,
-                                                            jnp.dtype(st.dtype)))
+    layers = jax.eval_shape(decoder._empty_layers)          # dense or paged
     state = _abstract(host.replace(cache=host.cache.replace(layers=None)))
     state = state.replace(cache=state.cache.replace(layers=layers))
     scalar = jax.ShapeDtypeStruct((), jnp.int32)
@@ -116,29 +118,13 @@ def step_floor(static, live_rows: int, tensor: int = 1, batch_shards: int = 1) -
                 total=weights + kv + new + logits)
 
 
-def _first(x):
-    return x[0] if isinstance(x, (list, tuple)) and x else x
-
-
-def figures(compiled) -> dict:
-    """memory (per device) and cost (where the compiler reports it) of a compiled program."""
-    m = compiled.memory_analysis()
-    mem = {k: int(getattr(m, f"{k}_size_in_bytes", 0) or 0)
-           for k in ("argument", "output", "alias", "temp", "generated_code")}
-    mem["total"] = mem["argument"] + mem["output"] - mem["alias"] + mem["temp"]
-    cost = _first(compiled.cost_analysis()) or {}
-    out = dict(memory=mem)
-    if cost:
-        out["cost"] = {k: float(v) for k, v in cost.items() if k in COST_KEYS}
-    return out
-
-
 def make_decoder(config, devices, *, method="streaming", window=16, refill="before", slots=8,
                  capacity=4096, dtype="bfloat16", attention="tiled", kv_tile=256,
-                 prefill_chunk=128, mesh_shape=None, scan_unroll: int = 1):
+                 prefill_chunk=128, mesh_shape=None, scan_unroll: int = 1,
+                 page_size: int | None = None, num_pages: int | None = None):
     """A Decoder over abstract weights (shapes only) for `devices` (one device, or a
     ('data', 'fsdp', 'tensor') mesh of `mesh_shape` over the first devices); `scan_unroll`
-    layers per iteration of the layer scan."""
+    layers per iteration of the layer scan; `page_size` a paged cache (one device)."""
     import dataclasses
     from decode.decoder import Decoder
     from wedlm_jax.sharding import make_mesh
@@ -153,7 +139,7 @@ def make_decoder(config, devices, *, method="streaming", window=16, refill="befo
                   capacity=capacity, steps_per_call=1, dtype=jnp.dtype(dtype), attention=attention,
                   kv_tile=kv_tile, prefill_chunk=prefill_chunk, sampling=False,
                   mask_token_id=config.vocab_size - 1, memory_limit_bytes=1 << 62,
-                  allow_long=True, mesh=mesh)
+                  allow_long=True, mesh=mesh, page_size=page_size, num_pages=num_pages)
     if scan_unroll != 1:
         dec.static = dataclasses.replace(dec.static, scan_unroll=scan_unroll)
     return dec
@@ -174,11 +160,13 @@ def compile_generate(config, devices, *, live_rows: int | None = None, **setting
     dec = make_decoder(config, devices, **settings)
     dev = _device_list(devices)[0]
     p, s, mask_id, run = abstract_args(dec, dev)
-    compiled = dec._call(_generate.lower, dec.static, 1, p, s, mask_id, run).compile()
+    with jax.default_device(dev):   # a Mosaic kernel's lowering reads the TPU generation from it
+        compiled = dec._call(_generate.lower, dec.static, 1, p, s, mask_id, run).compile()
     tensor, batch_shards = _shards(dec)
     out = dict(platform=dev.platform, method=dec.method, window=dec.window, refill=dec.refill,
                slots=dec.slots, capacity=dec.capacity, rows=dec.static.rows,
                dtype=jnp.dtype(dec.static.dtype).name, attention=dec.static.attention,
+               page_size=dec.static.page_size,
                mesh=None if dec.mesh is None else dict(dec.mesh.shape),
                cache_bytes=estimate_memory(dec.static)["cache"] // (tensor * batch_shards),
                **figures(compiled))
@@ -244,17 +232,20 @@ def dry_run(config, target: str, placement, *, method: str, window: int, refill:
     devs = devices[:placement.devices_needed]
     settings = dict(method=method, window=window, refill=refill, slots=slots, capacity=capacity,
                     dtype=placement.dtype, attention=placement.attention,
-                    kv_tile=placement.kv_tile, mesh_shape=placement.mesh)
+                    kv_tile=placement.kv_tile, mesh_shape=placement.mesh,
+                    page_size=placement.page_size, num_pages=placement.num_pages)
     lines = [f"{who} dry run for {target}: {len(devs)} of its {len(devices)} chips, "
              f"{limit / GIB:.2f} GiB each; mesh data={placement.mesh[0]} fsdp={placement.mesh[1]} "
              f"tensor={placement.mesh[2]}, {placement.dtype}, cache attention "
              f"{placement.attention}; {method} W {window} refill {refill}, {slots} slots x "
-             f"capacity {capacity}"]
+             f"capacity {capacity}"
+             + (f"; paged cache, pages of {placement.page_size} rows" if placement.page_size else "")]
     fits = True
     prompt = min(1 << max(capacity - 1, 1).bit_length(), capacity + 2 * window)
     for label, fn, kw in (("decode step", compile_generate, {}),
                           (f"prefill of a {prompt}-token prompt", compile_prefill,
-                           dict(prompt_len=prompt, prefill_chunk=min(prefill_chunk, prompt)))):
+                           dict(prompt_len=prompt, prefill_chunk=min(prefill_chunk, prompt),
+                                page_size=None, num_pages=None))):   # the dense prefill
         try:
             f = fn(config, devs, **dict(settings, **kw))
         except Exception as e:  # noqa: BLE001 - only an out-of-memory compile is a verdict
@@ -272,3 +263,32 @@ def dry_run(config, target: str, placement, *, method: str, window: int, refill:
                      + ("" if ok else "  DOES NOT FIT"))
     lines.append(f"  verdict      {'FITS' if fits else 'DOES NOT FIT'} in {limit / GIB:.2f} GiB per chip")
     return "\n".join(lines), fits
+
+
+def dry_run_door(args, who: str) -> int:
+    """`--dry-run --topology T` of a decoding door (wedlm-decode, its batch job, wedlm-serve):
+    the door's decode step and prefill compiled for T from config.json with the door's own
+    settings and placement, per-chip memory and a verdict; exit 0 (fits), 1 (does not), 2 (bad
+    input, one line)."""
+    import os
+    import sys
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")   # compile-only devices: no local TPU backend
+    from decode.config import DecodeConfigError, Placement
+    from wedlm_jax.config import ConfigError
+    from wedlm_jax.convert import read_config
+    try:
+        if not args.topology:
+            raise DecodeConfigError("--dry-run needs --topology (e.g. v5e:2x4)")
+        config = read_config(args.checkpoint)
+        placement = Placement.from_args(args)
+        placement.check_model(config)
+        text, fits = dry_run(config, args.topology, placement, method=args.method,
+                             window=args.window, refill=args.refill, slots=args.slots,
+                             capacity=args.capacity or DRY_RUN_CAPACITY,
+                             prefill_chunk=args.prefill_chunk,
+                             device_memory_gib=args.device_memory, who=who)
+    except (DecodeConfigError, ConfigError, TargetError, FileNotFoundError) as e:
+        print(f"{who}: error: {e}", file=sys.stderr)
+        return 2
+    print(text, flush=True)
+    return 0 if fits else 1

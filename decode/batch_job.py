@@ -23,6 +23,14 @@ Resuming: when the output file exists, the ids already in it are skipped, so rer
 command after a crash decodes only what was in flight or not yet started. A torn last line (a crash
 mid-write: no newline at the end) is dropped from the file first; any other unreadable line stops
 the job without touching the file.
+
+Several processes (`--coordinator-address/--num-processes/--process-id` or the JAX_* environment,
+jax.distributed: one process per host, each on its own devices): every process reads and checks
+the whole input, takes the lines at positions k, k + N, k + 2N, ... (k its index, N the count) and
+writes them to its own part, OUTPUT.part-K-of-N (K and N five digits), resumable as above. When
+all have finished, `python -m decode.batch_job merge OUTPUT [--input INPUT]` joins the parts into
+OUTPUT (refused if OUTPUT exists, if a part is missing or torn, or if an id appears twice; with
+--input, also if an input id has no result), written beside it and renamed into place.
 """
 
 from __future__ import annotations
@@ -33,7 +41,8 @@ import os
 import sys
 import time
 
-from decode.config import DecodeConfig, DecodeConfigError, Placement
+from decode.config import (DecodeConfig, DecodeConfigError, Placement, decoder_kwargs,
+                           decoding_args_config)
 
 SETTINGS = ("max_new_tokens", "tau", "lam", "temperature", "top_k", "top_p", "seed",
             "sampling_order")
@@ -204,6 +213,70 @@ def drop_torn_tail(path: str, torn: int) -> None:
         os.fsync(f.fileno())
 
 
+def part_path(output: str, k: int, n: int) -> str:
+    """Process k of n writes its share of the results here."""
+    return f"{output}.part-{k:05d}-of-{n:05d}"
+
+
+def merge_parts(output: str, input_path: str | None = None) -> int:
+    """Join OUTPUT.part-*-of-N into OUTPUT (see the module docstring); returns the lines written.
+    Raises DecodeConfigError naming what is wrong; nothing is written then."""
+    import glob
+    import re
+    if os.path.exists(output):
+        raise DecodeConfigError(f"{output} exists; merge writes a new file (move it away first)")
+    parts = sorted(glob.glob(glob.escape(output) + ".part-*-of-*"))
+    counts = {int(m.group(1)) for p in parts if (m := re.search(r"-of-(\d{5})$", p))}
+    if not parts or len(counts) != 1:
+        raise DecodeConfigError(f"no parts of one job beside {output} (expected {output}.part-K-of-N; "
+                                f"found {len(parts)} with {len(counts)} different N)")
+    n = counts.pop()
+    missing = [k for k in range(n) if part_path(output, k, n) not in parts]
+    if missing:
+        raise DecodeConfigError(f"part {missing[0]} of {n} is missing ({part_path(output, missing[0], n)}):"
+                                " that process has not written anything yet")
+    lines, seen = [], set()
+    for k in range(n):
+        path = part_path(output, k, n)
+        ids, torn = scan_output(path)
+        if torn:
+            raise DecodeConfigError(f"{path} ends in a torn line: rerun process {k} to finish it")
+        dup = seen & ids
+        if dup:
+            raise DecodeConfigError(f"id {sorted(dup)[0]} is in {path} and in an earlier part")
+        seen |= ids
+        with open(path, "rb") as f:
+            lines += [line for line in f.read().split(b"\n") if line.strip()]
+    if input_path is not None:
+        want = input_ids(input_path)
+        left = [i for i in want if i not in seen]
+        if left:
+            raise DecodeConfigError(f"{len(left)} input id(s) have no result yet (first: {left[0]}); "
+                                    "rerun the processes to finish them")
+    tmp = output + ".merging"
+    with open(tmp, "wb") as f:
+        f.write(b"".join(line + b"\n" for line in lines))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, output)
+    return len(lines)
+
+
+def input_ids(path: str) -> list[str]:
+    """The id keys of an input file's non-blank lines (its `id`, else the line number), without
+    tokenizing: what a merge checks for completeness."""
+    out = []
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if raw.strip():
+                try:
+                    obj = json.loads(raw)
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    raise DecodeConfigError(f"--input {path}:{lineno}: not a JSON line") from None
+                out.append(_id_key(obj.get("id", lineno) if isinstance(obj, dict) else lineno))
+    return out
+
+
 def _append(f, record: dict) -> None:
     f.write(json.dumps(record, ensure_ascii=False) + "\n")
     f.flush()
@@ -216,25 +289,20 @@ def run_job(args) -> int:
     """The `--input/--output` path of wedlm-decode. Returns the exit code."""
     from decode.checkpoint import OpenCheckpoint
     from decode.text import split_stop_strings
+    from wedlm_jax import distributed
 
     if args.output is None:
         raise DecodeConfigError("--input needs --output (the results file; rerunning resumes it)")
     for flag, on in (("--json", args.json), ("--stream", args.stream), ("--trace", args.trace)):
         if on:
             raise DecodeConfigError(f"{flag} does not apply to --input (results go to --output)")
-    defaults = dict(max_new_tokens=args.max_new_tokens, tau=args.tau, lam=args.lam,
-                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                    sampling_order=args.sampling_order)
-    DecodeConfig(method=args.method, window=args.window, refill=args.refill,
-                 prefill_chunk=args.prefill_chunk, **defaults)
-    for name in ("slots", "steps_per_call"):
-        v = getattr(args, name)
-        if v < 1:
-            raise DecodeConfigError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
+    base = decoding_args_config(args)     # every option checked once, before anything loads
+    defaults = {k: getattr(base, k) for k in SETTINGS}
     placement = Placement.from_args(args)
-    if args.slots % placement.batch_shards:
-        raise DecodeConfigError(f"--slots {args.slots} must be a multiple of the mesh's data x "
-                                f"fsdp = {placement.batch_shards}")
+    k, n = distributed.initialize(args, "wedlm-decode")   # before anything touches a device
+    if n > 1:   # this process decodes on its own devices: new arrays go there, not to process 0's
+        import jax
+        jax.config.update("jax_default_device", jax.local_devices()[0])
     ckpt = OpenCheckpoint.open(args.checkpoint, placement, method=args.method,   # no weights yet
                                mask_token_id=args.mask_token_id, default_stops=not args.no_default_stops)
     model_config, tokenizer = ckpt.config, ckpt.tokenizer
@@ -243,15 +311,17 @@ def run_job(args) -> int:
     base_ids = list(ckpt.default_stop_ids) + list(args.stop_id) + cli_stop_ids
     items = read_input(args.input, tokenizer, defaults, list(dict.fromkeys(base_ids)), list(args.stop),
                        args.chat, args.method, args.window, args.capacity, model_config.vocab_size)
-    check_output(args.output, args.input)
-    done, torn = scan_output(args.output)
-    todo = [it for it in items if _id_key(it.id) not in done]
-    skipped = len(items) - len(todo)
+    output = args.output if n == 1 else part_path(args.output, k, n)
+    check_output(output, args.input)
+    mine = items[k::n]                    # this process's share (every process read every line)
+    done, torn = scan_output(output)
+    todo = [it for it in mine if _id_key(it.id) not in done]
+    skipped = len(mine) - len(todo)
     if torn:
-        drop_torn_tail(args.output, torn)
-        print(f"wedlm-decode: dropped a torn last line ({torn} bytes) from {args.output}", file=sys.stderr)
+        drop_torn_tail(output, torn)
+        print(f"wedlm-decode: dropped a torn last line ({torn} bytes) from {output}", file=sys.stderr)
     if skipped:
-        print(f"wedlm-decode: {skipped} of {len(items)} requests already in {args.output}; "
+        print(f"wedlm-decode: {skipped} of {len(mine)} requests already in {output}; "
               f"decoding the other {len(todo)}", file=sys.stderr)
     if not todo:
         print("wedlm-decode: nothing to do", file=sys.stderr)
@@ -262,12 +332,7 @@ def run_job(args) -> int:
     from decode.batching import Batcher
     from decode.decoder import Decoder, Request
     config, params, mesh = ckpt.load()
-    decoder = Decoder(params, config, method=args.method, window=args.window, slots=args.slots,
-                      capacity=capacity, steps_per_call=args.steps_per_call, refill=args.refill,
-                      prefill_chunk=args.prefill_chunk, allow_long=args.allow_long,
-                      page_size=placement.page_size, num_pages=placement.num_pages,
-                      mask_token_id=args.mask_token_id, mesh=mesh, dtype=placement.dtype,
-                      attention=placement.attention, kv_tile=placement.kv_tile)
+    decoder = Decoder(params, config, mesh=mesh, **decoder_kwargs(args, placement, capacity))
     requests = []
     for it in todo:
         req = Request(prompt=tuple(it.prompt_ids), stop_token_ids=it.stop_ids, **it.settings)
@@ -275,12 +340,12 @@ def run_job(args) -> int:
             requests.append(decoder.check_request(req))
         except DecodeConfigError as e:
             raise DecodeConfigError(f"{args.input}:{it.line}: {e}") from None
-    with open(args.output, "a", encoding="utf-8") as out:
+    with open(output, "a", encoding="utf-8") as out:
         stats = _decode_all(Batcher(decoder), todo, requests, tokenizer, out)
-    _summary(stats, args, skipped)
+    _summary(stats, args, skipped, output)
     if stats["errors"]:
         print(f"wedlm-decode: {stats['errors']} request(s) failed in the engine (finish_reason "
-              f"'error' in {args.output}); the others were written", file=sys.stderr)
+              f"'error' in {output}); the others were written", file=sys.stderr)
         return 1
     return 0
 
@@ -340,11 +405,34 @@ def _decode_all(batcher, todo, requests, tokenizer, out) -> dict:
     return stats
 
 
-def _summary(stats: dict, args, skipped: int) -> None:
+def _summary(stats: dict, args, skipped: int, output: str) -> None:
     n, tok, wall = stats["requests"], stats["tokens"], stats["wall_s"]
     counted = stats["tokens_counted"]   # the tokens of the requests whose forwards are known
     tpf = counted / stats["steps"] if stats["steps"] else 0.0
     pc = counted / stats["n_fwd"] if stats["n_fwd"] else 0.0
     print(f"[{args.method}] {n} requests ({skipped} skipped), {tok} tokens in {wall:.1f} s (compile "
           f"included): {tok / max(wall, 1e-9):.1f} tokens/s, {tpf:.2f} tokens/forward, p_cache {pc:.3f} "
-          f"-> {args.output}", file=sys.stderr)
+          f"-> {output}", file=sys.stderr)
+
+
+def main(argv=None) -> int:
+    """`python -m decode.batch_job merge OUTPUT [--input INPUT]`: join a multi-process job's parts."""
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m decode.batch_job",
+                                description="join the parts a multi-process batch job wrote")
+    sub = p.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("merge", help="OUTPUT.part-K-of-N -> OUTPUT")
+    m.add_argument("output")
+    m.add_argument("--input", help="also check that every input id has a result")
+    args = p.parse_args(argv)
+    try:
+        n = merge_parts(args.output, args.input)
+    except (DecodeConfigError, OSError) as e:
+        print(f"merge: error: {e}", file=sys.stderr)
+        return 2
+    print(f"merge: {n} results -> {args.output}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -45,6 +45,8 @@ class Finished:
     wall_s: float = 0.0   # submit to finish
     error: str | None = None   # finish 'error': what failed (the other requests go on)
     cached_tokens: int = 0     # paged cache: prompt rows reused from earlier requests
+    logprobs: list = dataclasses.field(default_factory=list)   # per token: (log-probability,
+    #                              {id: log-probability} of the Decoder's top_logprobs alternatives)
 
 
 @dataclasses.dataclass
@@ -55,6 +57,7 @@ class _Live:
     on_finish: Callable | None
     submitted: float
     tokens: list = dataclasses.field(default_factory=list)
+    logprobs: list = dataclasses.field(default_factory=list)
     pages: list = dataclasses.field(default_factory=list)   # paged cache: the pages it holds
     cached_tokens: int = 0
 
@@ -116,7 +119,8 @@ class Batcher:
             live.pages = []
         if live.on_finish is not None:
             live.on_finish(Finished(live.request_id, live.tokens, finish, steps, n_fwd, acc, rej,
-                                    time.perf_counter() - live.submitted, error, live.cached_tokens))
+                                    time.perf_counter() - live.submitted, error, live.cached_tokens,
+                                    live.logprobs))
 
     def _state_lost(self) -> bool:
         """Was the (donated) state consumed by a call that then failed?"""
@@ -211,6 +215,7 @@ class Batcher:
             new = result.new_ids(slot)
             if new:
                 live.tokens.extend(new)
+                live.logprobs.extend(result.new_logprobs(slot, live.request.top_logprobs))
                 if live.on_tokens is not None:
                     live.on_tokens(live.request_id, new)
         finished = [slot for slot, live in enumerate(self._slots)

@@ -10,6 +10,8 @@ prompt, the ids, the text and the statistics, and the totals. `--stream` prints 
 committed (a host callback from the decode loop); the result is the same as without it.
 `--trace FILE.html|FILE.png` also runs the same steps one at a time (`decode.static_batch.trace_steps`)
 and draws each step's window (`decode.trace`): at most 4 prompts in HTML, 1 in PNG (matplotlib).
+`--input/--output` is the batch job (`decode.batch_job`, also on several hosts); `--dry-run
+--topology T` compiles the door's programs for a TPU topology from config.json alone (`decode.aot`).
 """
 
 from __future__ import annotations
@@ -19,65 +21,35 @@ import json
 import os
 import sys
 
-from decode.config import (METHODS, REFILLS, SAMPLING_ORDERS, DecodeConfig, DecodeConfigError,
-                           Placement)
+from decode.config import (DecodeConfigError, Placement, add_decoding_arguments,
+                           decoding_args_config)
 from decode.checkpoint import OpenCheckpoint
 from decode.text import ChatTemplateError, split_stop_strings, stop_at_strings
-from wedlm_jax import compile_cache
+from wedlm_jax import compile_cache, distributed
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="wedlm-decode", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="Orbax or Hugging Face checkpoint folder")
-    src = p.add_mutually_exclusive_group(required=True)
+    src = p.add_mutually_exclusive_group()   # one is required, except with --dry-run
     src.add_argument("--prompt", help="one text prompt")
     src.add_argument("--prompts-file", help="JSONL: strings or objects with prompt/text/messages")
     src.add_argument("--input", help="batch job (decode.batch_job): JSONL of prompt/messages objects "
                                      "with optional id and settings; results go to --output")
     p.add_argument("--chat", action="store_true", help="wrap prompts in the tokenizer's chat template")
-    p.add_argument("--method", default="streaming", help=f"one of {', '.join(METHODS)}")
-    d = DecodeConfig()
-    p.add_argument("--window", type=int, default=d.window,
-                   help="W: undecided slots in the window (limited to the budget)")
-    p.add_argument("--refill", default=d.refill,
-                   help=f"one of {', '.join(REFILLS)}: 'before' is the official engine's order "
-                        "(up to 2W slots a forward, up to W tokens a forward), 'after' SPEC's "
-                        "(W slots, up to W/2 tokens)")
-    p.add_argument("--sampling-order", default=d.sampling_order,
-                   help=f"one of {', '.join(SAMPLING_ORDERS)}: filter_first is the official "
-                        "engine's (top-k, top-p, then temperature), temper_first transformers'")
-    p.add_argument("--tau", type=float, default=d.tau,
-                   help="commit every window slot whose adjusted entropy is below tau (>= 0)")
-    p.add_argument("--lam", type=float, default=d.lam,
-                   help="lambda: the distance penalty added to a slot's entropy per position it "
-                        "lies past the first undecided one (>= 0)")
-    p.add_argument("--temperature", type=float, default=d.temperature,
-                   help="0: greedy; > 0: sample the committed tokens")
-    p.add_argument("--top-k", type=int, default=d.top_k, help="sample among the k likeliest (0: all)")
-    p.add_argument("--top-p", type=float, default=d.top_p, help="nucleus mass in (0, 1]")
-    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens,
-                   help="tokens to generate per prompt")
-    p.add_argument("--seed", type=int, default=d.seed, help="sampling seed, in [0, 2**32)")
-    p.add_argument("--prefill-chunk", type=int, default=d.prefill_chunk,
-                   help="prompt tokens per prefill forward")
+    add_decoding_arguments(p, "wedlm-decode")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--stop-id", type=int, action="append", default=[], help="stop token id (repeatable)")
-    p.add_argument("--no-default-stops", action="store_true",
-                   help="do not add eos / <|im_end|> from the tokenizer and generation_config.json")
-    p.add_argument("--capacity", type=int, default=None, help="cache capacity (prompt + new tokens)")
-    p.add_argument("--mask-token-id", type=int, default=None, help="override the config's mask id")
-    p.add_argument("--allow-long", action="store_true",
-                   help="allow a capacity past the model's max_position_embeddings")
     p.add_argument("--json", action="store_true", help="print ids, text and statistics as JSON")
     p.add_argument("--stream", action="store_true", help="print text as it is committed")
     p.add_argument("--trace", default=None, metavar="FILE.html|FILE.png",
                    help="draw each decoding step's window into this file (streaming, block, ar)")
     p.add_argument("--output", help="--input's results (JSONL, one line per request as it finishes; "
                                     "a rerun skips the ids already there)")
-    p.add_argument("--slots", type=int, default=16, help="--input: requests decoded at once")
-    p.add_argument("--steps-per-call", type=int, default=8, help="--input: decode steps per device call")
     Placement.add_arguments(p)
+    Placement.add_dry_run_arguments(p, "wedlm-decode (--slots x --capacity, default capacity 2048)")
+    distributed.add_arguments(p)     # --input on several hosts: each decodes its share of the lines
     compile_cache.add_arguments(p)
     return p
 
@@ -133,11 +105,7 @@ def _read_prompts(args, tokenizer) -> list[tuple[str, list[int]]]:
 def run(args) -> dict:
     from decode.static_batch import generate
 
-    dc_kw = dict(method=args.method, window=args.window, tau=args.tau, lam=args.lam,
-                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                 max_new_tokens=args.max_new_tokens, seed=args.seed, prefill_chunk=args.prefill_chunk,
-                 refill=args.refill, sampling_order=args.sampling_order)
-    DecodeConfig(**dc_kw)  # every setting checked before the checkpoint is read
+    base = decoding_args_config(args)   # every setting checked before the checkpoint is read
     placement = Placement.from_args(args)
     if placement.page_size is not None:
         raise DecodeConfigError("--page-size applies to continuous batching: --input and "
@@ -161,7 +129,7 @@ def run(args) -> dict:
     args.mask_token_id = ckpt.mask_token_id
     config, params, mesh = ckpt.load()
     stop_ids = list(dict.fromkeys(list(ckpt.default_stop_ids) + stop_ids + list(args.stop_id)))
-    dc = DecodeConfig(stop_token_ids=tuple(stop_ids), **dc_kw)
+    dc = base.replace(stop_token_ids=tuple(stop_ids))
 
     on_commit = None
     if args.stream:
@@ -226,7 +194,13 @@ def _write_trace(args, tokenizer, prompts, config, params, dc, res) -> dict:
 
 def main(argv=None) -> int:
     from wedlm_jax.failures import disk_full, out_of_memory
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.dry_run:
+        from decode.aot import dry_run_door
+        return dry_run_door(args, "wedlm-decode")
+    if args.prompt is None and args.prompts_file is None and args.input is None:
+        parser.error("one of the arguments --prompt --prompts-file --input is required")
     try:
         compile_cache.enable(args.compile_cache)
         if args.input is not None:
@@ -234,6 +208,9 @@ def main(argv=None) -> int:
             return run_job(args)
         if args.output is not None:
             raise DecodeConfigError("--output goes with --input (the batch job)")
+        if distributed.settings(args, "wedlm-decode") is not None:
+            raise DecodeConfigError("several processes decode a file: --input (--prompt and "
+                                    "--prompts-file run in one process)")
         out = run(args)
     except (DecodeConfigError, ValueError, FileNotFoundError) as e:  # TraceError is a ValueError
         print(f"wedlm-decode: error: {e}", file=sys.stderr)

@@ -22,6 +22,7 @@ SAMPLING_ORDERS = ("filter_first", "temper_first")   # decode.sampling: filter v
 MAX_STOP_IDS = 16  # stop ids travel as a fixed-size runtime array (padded with -1): no recompile per set
 INT32_MAX = 2**31 - 1   # integer settings travel as int32 on the device
 SEED_MAX = 2**32 - 1    # a request's seed is a uint32
+MAX_LOGPROBS = 20       # top alternatives per token (OpenAI's and vLLM's limit)
 
 
 class DecodeConfigError(ValueError):
@@ -194,13 +195,14 @@ class Placement:
         return self.mesh[0] * self.mesh[1]
 
     def make_mesh(self, devices=None):
-        """The mesh over the first `devices_needed` devices (None for a single device); a
-        DecodeConfigError naming both counts when there are fewer."""
+        """The mesh over the first `devices_needed` of this process's devices (None for a
+        single device; decoding never spans processes: on several hosts each decodes its own
+        share); a DecodeConfigError naming both counts when there are fewer."""
         if self.devices_needed == 1:
             return None
         import jax
         from wedlm_jax.sharding import make_mesh
-        devices = list(jax.devices() if devices is None else devices)
+        devices = list(jax.local_devices() if devices is None else devices)
         if len(devices) < self.devices_needed:
             raise DecodeConfigError(
                 f"--mesh data={self.mesh[0]},fsdp={self.mesh[1]},tensor={self.mesh[2]} needs "
@@ -236,8 +238,107 @@ class Placement:
                        help="the paged cache's pages (default: slots x pages of one sequence at "
                             "the capacity)")
 
+    @staticmethod
+    def add_dry_run_arguments(parser, who: str) -> None:
+        """`--dry-run --topology T [--device-memory GiB]` (decode.aot.dry_run_door): the door's
+        programs compiled for an accelerator from config.json alone."""
+        d = parser.add_argument_group(f"dry run: compile {who}'s programs for an accelerator from "
+                                      "config.json alone (no weights, no accelerator) and say if "
+                                      "they fit")
+        d.add_argument("--dry-run", action="store_true")
+        d.add_argument("--topology", help="a TPU topology libtpu describes, e.g. v5e:2x4 or "
+                                          "tpu:v5p:2x2x2")
+        d.add_argument("--device-memory", type=float, default=None,
+                       help="GiB per chip to fit in (default: the chip's HBM)")
+
     @classmethod
     def from_args(cls, args) -> "Placement":
         return cls(dtype=args.dtype, mesh=parse_mesh(args.mesh), attention=args.attention,
                    kv_tile=args.kv_tile, page_size=getattr(args, "page_size", None),
                    num_pages=getattr(args, "num_pages", None))
+
+
+# ------------------------------------------------------------------------- the doors' options
+
+DOORS = ("wedlm-decode", "wedlm-serve")
+SERVE_CAPACITY = 2048     # wedlm-serve's default capacity (wedlm-decode sizes it from its prompts)
+
+
+def add_decoding_arguments(parser, door: str) -> None:
+    """The decoding options the doors share (wedlm-decode with its batch job, wedlm-serve), each
+    defined once here with its default (DecodeConfig's) and its help: the compile-time group,
+    which fixes the Decoder's programs, and the per-request settings (on the server, every
+    request's defaults; a request may set its own). `decoding_args_config` checks them."""
+    if door not in DOORS:
+        raise ValueError(f"door must be one of {DOORS}, got {door!r}")
+    d, serve = DecodeConfig(), door == "wedlm-serve"
+    g = parser.add_argument_group("decoding, compile-time (the programs are built for these)")
+    g.add_argument("--method", default=d.method, help=f"one of {', '.join(METHODS)}")
+    g.add_argument("--window", type=int, default=d.window,
+                   help="W: undecided slots in the window (limited to the budget)")
+    g.add_argument("--refill", default=d.refill,
+                   help=f"one of {', '.join(REFILLS)}: 'before' is the official engine's order "
+                        "(up to 2W slots a forward, up to W tokens a forward), 'after' SPEC's "
+                        "(W slots, up to W/2 tokens)")
+    g.add_argument("--slots", type=int, default=16,
+                   help="requests decoded at once" + ("" if serve else " (--input)"))
+    g.add_argument("--steps-per-call", type=int, default=8,
+                   help="decode steps per device call (a chunk)" + ("" if serve else " (--input)"))
+    g.add_argument("--capacity", type=int, default=SERVE_CAPACITY if serve else None,
+                   help="cache capacity per request (prompt + generated tokens)"
+                        + ("" if serve else "; default: the longest prompt + its new tokens"))
+    g.add_argument("--prefill-chunk", type=int, default=d.prefill_chunk,
+                   help="prompt tokens per prefill forward")
+    g.add_argument("--allow-long", action="store_true",
+                   help="allow a capacity past the model's max_position_embeddings")
+    g.add_argument("--mask-token-id", type=int, default=None,
+                   help="the [MASK] id (default: config.json's, else the tokenizer's <|mask|>)")
+    g.add_argument("--no-default-stops", action="store_true",
+                   help="do not stop at eos / <|im_end|> from the tokenizer and generation_config.json")
+    r = parser.add_argument_group("per-request settings" + (" (a request's defaults)" if serve else ""))
+    r.add_argument("--tau", type=float, default=d.tau,
+                   help="commit every window slot whose adjusted entropy is below tau (>= 0)")
+    r.add_argument("--lam", type=float, default=d.lam,
+                   help="lambda: the distance penalty added to a slot's entropy per position it "
+                        "lies past the first undecided one (>= 0)")
+    r.add_argument("--sampling-order", default=d.sampling_order,
+                   help=f"one of {', '.join(SAMPLING_ORDERS)}: filter_first is the official "
+                        "engine's (top-k, top-p, then temperature), temper_first transformers'")
+    r.add_argument("--max-tokens" if serve else "--max-new-tokens", dest="max_new_tokens", type=int,
+                   default=d.max_new_tokens, help="tokens to generate per request")
+    if serve:      # the rest of a request's sampling settings come with the request
+        return
+    r.add_argument("--temperature", type=float, default=d.temperature,
+                   help="0: greedy; > 0: sample the committed tokens")
+    r.add_argument("--top-k", type=int, default=d.top_k, help="sample among the k likeliest (0: all)")
+    r.add_argument("--top-p", type=float, default=d.top_p, help="nucleus mass in (0, 1]")
+    r.add_argument("--seed", type=int, default=d.seed, help="sampling seed, in [0, 2**32)")
+
+
+def decoding_args_config(args) -> DecodeConfig:
+    """Every shared option of a door checked once, before anything loads (a DecodeConfigError
+    naming the option): the per-request settings as a DecodeConfig (its bounds), the
+    compile-time integers, and the slots against the placement's mesh."""
+    kw = {k: getattr(args, k) for k in ("temperature", "top_k", "top_p", "seed") if hasattr(args, k)}
+    dc = DecodeConfig(method=args.method, window=args.window, tau=args.tau, lam=args.lam,
+                      max_new_tokens=args.max_new_tokens, refill=args.refill,
+                      prefill_chunk=args.prefill_chunk, sampling_order=args.sampling_order, **kw)
+    for name in ("slots", "steps_per_call", "capacity"):
+        v = getattr(args, name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= INT32_MAX):
+            raise DecodeConfigError(f"--{name.replace('_', '-')} must be in [1, {INT32_MAX}], got {v}")
+    placement = Placement.from_args(args)
+    if args.slots % placement.batch_shards:
+        raise DecodeConfigError(f"--slots {args.slots} must be a multiple of the mesh's data x "
+                                f"fsdp = {placement.batch_shards}")
+    return dc
+
+
+def decoder_kwargs(args, placement: "Placement", capacity: int) -> dict:
+    """The Decoder's settings from a door's options: one construction for every door."""
+    return dict(method=args.method, window=args.window, slots=args.slots, capacity=capacity,
+                steps_per_call=args.steps_per_call, refill=args.refill,
+                prefill_chunk=args.prefill_chunk, allow_long=args.allow_long,
+                page_size=placement.page_size, num_pages=placement.num_pages,
+                mask_token_id=args.mask_token_id, dtype=placement.dtype,
+                attention=placement.attention, kv_tile=placement.kv_tile)

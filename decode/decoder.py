@@ -33,13 +33,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
-from decode.config import (MAX_STOP_IDS, METHODS, SEED_MAX, DecodeConfigError, check_int,
-                           check_number)
+from decode.config import (MAX_LOGPROBS, MAX_STOP_IDS, METHODS, SEED_MAX, DecodeConfigError,
+                           check_int, check_number)
 from decode.programs import (STEPS, Static, _forward, _free, _generate, _insert,  # noqa: F401
                              _one_step, _prefill, _prefill_into, _prefill_slot, _unmap,
-                             compiled_count)
+                             cache_axes, compiled_count)
 from decode.sampling import SAMPLING_ORDERS
-from decode.state import DecodeState, KVCache, Prefix, Settings
+from decode.state import DecodeState, KVCache, Prefix, Settings, TokenLogProbs
 from decode.steps import REFILLS, StepSpec
 from wedlm_jax import attention_backends as attn_backends
 from wedlm_jax import cache_attention as ca
@@ -66,6 +66,7 @@ class Request:
     stop_token_ids: tuple = ()      # at most MAX_STOP_IDS
     seed: int = 0
     sampling_order: str = "filter_first"
+    top_logprobs: int = 0           # alternatives wanted per generated token (<= the Decoder's)
 
 
 def _round_up(x: int, m: int) -> int:
@@ -99,15 +100,28 @@ def _is_num(x) -> bool:
 class ResultTokens:
     """What one `generate` call produced: tokens [B, k, E] with counts [B, k] (slot b emitted
     tokens[b, i, :counts[b, i]] at its i-th step of the call), `steps` loop iterations run, and
-    `done` [B] the slots finished (or free) after the call, fetched with the tokens."""
+    `done` [B] the slots finished (or free) after the call, fetched with the tokens; `logprobs`
+    (TokenLogProbs [B, k, E, ..] of NumPy arrays) the emitted tokens' log-probabilities."""
     tokens: np.ndarray
     counts: np.ndarray
     steps: int
     done: np.ndarray
+    logprobs: TokenLogProbs | None = None
+
+    def _emitted(self, slot: int):
+        return [(i, j) for i in range(self.steps) for j in range(int(self.counts[slot, i]))]
 
     def new_ids(self, slot: int) -> list[int]:
-        return [int(t) for i in range(self.steps)
-                for t in self.tokens[slot, i, :self.counts[slot, i]]]
+        return [int(self.tokens[slot, i, j]) for i, j in self._emitted(slot)]
+
+    def new_logprobs(self, slot: int, top_n: int = 0) -> list[tuple[float, dict]]:
+        """Per new id of `slot`: (its log-probability, {token id: log-probability} of the `top_n`
+        likeliest tokens, best first; top_n at most the request's `top_logprobs`)."""
+        lp = self.logprobs
+        return [(float(lp.lp[slot, i, j]),
+                 {int(t): float(v) for t, v in zip(lp.top_ids[slot, i, j, :top_n],
+                                                   lp.top_lp[slot, i, j, :top_n])})
+                for i, j in self._emitted(slot)]
 
 
 class Decoder:
@@ -126,7 +140,10 @@ class Decoder:
     page_size: a paged KV cache (issue 25) of pages of that many rows, `num_pages` per layer
     (default slots x pages per sequence: the dense cache's memory), shared by the slots: a
     request holds the pages `decode.batching` gives it (`prefill_into_slot`), from a prefix it
-    shares with earlier requests on. One device for now (no mesh)."""
+    shares with earlier requests on. One device for now (no mesh).
+
+    top_logprobs: how many likeliest alternatives every emitted token carries beside its own
+    log-probability (`ResultTokens.new_logprobs`; 0 to MAX_LOGPROBS, a compile-time width)."""
 
     def __init__(self, params, model_config: ModelConfig, *, method: str = "streaming",
                  window: int = 16, refill: str = "before", slots: int = 8, capacity: int = 1024,
@@ -134,7 +151,8 @@ class Decoder:
                  mask_token_id: int | None = None, kv_tile: int = DEFAULT_KV_TILE,
                  prefill_chunk: int = 128, sampling: bool = True, allow_long: bool = False,
                  memory_limit_bytes: int | None = None, attention: str = "tiled",
-                 page_size: int | None = None, num_pages: int | None = None):
+                 page_size: int | None = None, num_pages: int | None = None,
+                 top_logprobs: int = 0):
         if method not in METHODS:
             raise DecodeConfigError(f"method {method!r} is unknown; allowed: {', '.join(METHODS)}")
         if refill not in REFILLS:
@@ -157,13 +175,15 @@ class Decoder:
         self.slots, self.capacity, self.steps_per_call = slots, capacity, steps_per_call
         self.sampling, self.mesh, self.model_config = sampling, mesh, model_config
         self.mask_id = self._mask_id(model_config, mask_token_id, method)
-        spec = StepSpec(method=method, window=self.window, refill=refill, sampling=sampling)
+        check_int("top_logprobs", top_logprobs, 0, MAX_LOGPROBS)
+        spec = StepSpec(method=method, window=self.window, refill=refill, sampling=sampling,
+                        top_logprobs=int(top_logprobs))
         multiple = 1 if mesh is None else int(mesh.shape.get("data", 1)) * int(mesh.shape.get("fsdp", 1))
         if slots % multiple:
             raise DecodeConfigError(f"slots {slots} must be a multiple of the mesh's data x fsdp "
                                     f"size {multiple}")
         rows = _round_up(capacity + spec.span, ROW_ALIGN)
-        device = mesh.devices.flat[0] if mesh is not None else jax.devices()[0]
+        device = mesh.devices.flat[0] if mesh is not None else jax.local_devices()[0]
         if attention == "pallas" or (attention == "auto" and attn_backends.resolve(
                 "auto", "cache", backend=device.platform, dtype=dtype) == "pallas"):
             # the Triton kernel's tile must fit the device's shared memory
@@ -174,6 +194,11 @@ class Decoder:
             except ValueError as e:
                 raise DecodeConfigError(str(e)) from None
         page_size, num_pages = self._pages(page_size, num_pages, rows, slots, mesh)
+        if page_size and paged.implementation_for(device.platform) == "ragged":
+            try:
+                paged.check_ragged(model_config.num_heads, model_config.num_kv_heads, dtype)
+            except ValueError as e:
+                raise DecodeConfigError(f"--page-size on {device.platform}: {e}") from None
         shape_config = model_config.replace(mask_token_id=None, bos_token_id=None,
                                             eos_token_id=None, pad_token_id=None)
         self.static = Static(
@@ -207,8 +232,9 @@ class Decoder:
             return 0, 0
         if not _is_int(page_size) or page_size < 1:
             raise DecodeConfigError(f"page_size must be an int >= 1, got {page_size!r}")
-        if mesh is not None:
-            raise DecodeConfigError("the paged cache runs on one device for now (no mesh)")
+        if mesh is not None and mesh.devices.size > 1:
+            raise DecodeConfigError("the paged cache runs on one device for now (a mesh of "
+                                    f"{mesh.devices.size} devices was given)")
         per_seq = -(-rows // page_size)
         num_pages = slots * per_seq if num_pages is None else num_pages
         if not _is_int(num_pages) or num_pages < 1:
@@ -256,7 +282,7 @@ class Decoder:
 
     def _state_shardings(self, state):
         mesh = self.mesh
-        axes = model_lib.kv_cache_logical_axes(self.model_config)
+        axes = cache_axes(self.static)
         layers = jax.tree.map(lambda ax, x: NamedSharding(mesh, spec_for(ax, x.shape, mesh)),
                               axes, state.cache.layers, is_leaf=is_axes)
         bare = state.replace(cache=state.cache.replace(layers=None))
@@ -293,6 +319,9 @@ class Decoder:
         if not _is_num(r.top_p) or not 0 < r.top_p <= 1:
             raise DecodeConfigError(f"top_p must be in (0, 1], got {r.top_p!r}")
         check_int("seed", _as_int(r.seed), 0, SEED_MAX)
+        if not (_is_int(r.top_logprobs) and 0 <= r.top_logprobs <= self.static.spec.top_logprobs):
+            raise DecodeConfigError(f"top_logprobs must be an int in [0, {self.static.spec.top_logprobs}] "
+                                    f"(the Decoder's top_logprobs), got {r.top_logprobs!r}")
         if r.sampling_order not in SAMPLING_ORDERS:
             raise DecodeConfigError(f"sampling_order {r.sampling_order!r} is unknown; allowed: "
                                     f"{', '.join(SAMPLING_ORDERS)}")
@@ -320,12 +349,14 @@ class Decoder:
             tau=np.zeros((b,), np.float32), lam=np.zeros((b,), np.float32),
             temperature=np.zeros((b,), np.float32), top_k=zeros.copy(),
             top_p=np.ones((b,), np.float32), temper_first=np.zeros((b,), bool),
-            stop_ids=np.full((b, MAX_STOP_IDS), -1, np.int32), seed=np.zeros((b,), np.uint32))
+            stop_ids=np.full((b, MAX_STOP_IDS), -1, np.int32), seed=np.zeros((b,), np.uint32),
+            want_top=np.zeros((b,), bool))
         return DecodeState(
             cache=KVCache(layers=None, length=zeros.copy()),
             tok=np.full((b, s), self.mask_id, np.int32), filled=np.zeros((b, s), bool),
             end=zeros.copy(), done=np.ones((b,), bool), steps=zeros.copy(), n_fwd=zeros.copy(),
-            count=zeros.copy(), accepted=zeros.copy(), rejected=zeros.copy(), settings=settings,
+            count=zeros.copy(), accepted=zeros.copy(), rejected=zeros.copy(),
+            lps=TokenLogProbs.zeros(b, s, st.spec.top_logprobs), settings=settings,
             q=(np.zeros((b, s, st.config.vocab_size), np.float32) if st.keep_q else None))
 
     def init_state(self) -> DecodeState:
@@ -360,12 +391,14 @@ class Decoder:
             tau=one(r.tau, np.float32), lam=one(r.lam, np.float32),
             temperature=one(r.temperature, np.float32), top_k=one(r.top_k, np.int32),
             top_p=one(r.top_p, np.float32), temper_first=one(r.sampling_order == "temper_first", bool),
-            stop_ids=stops, seed=one(r.seed % (1 << 32), np.uint32))
+            stop_ids=stops, seed=one(r.seed % (1 << 32), np.uint32),
+            want_top=one(r.top_logprobs > 0, bool))
         zero = one(0, np.int32)
         row = DecodeState(
             cache=KVCache(layers=None, length=one(n0, np.int32)), tok=tok, filled=filled,
             end=one(end, np.int32), done=one(done, bool), steps=zero, n_fwd=zero, count=zero,
-            accepted=zero, rejected=zero, settings=settings,
+            accepted=zero, rejected=zero, lps=TokenLogProbs.zeros(1, s, st.spec.top_logprobs),
+            settings=settings,
             q=(np.zeros((1, s, st.config.vocab_size), np.float32) if st.keep_q else None))
         return r.prompt, n0, row
 
@@ -479,11 +512,12 @@ class Decoder:
         k = self.steps_per_call if k is None else k
         if not _is_int(k) or not 0 <= k <= self.steps_per_call:
             raise DecodeConfigError(f"k must be an int in [0, {self.steps_per_call}], got {k!r}")
-        state, toks, counts, steps = self._call(_generate, self.static, self.steps_per_call,
-                                                self.params, state, jnp.int32(self.mask_id),
-                                                jnp.int32(k))
-        toks, counts, steps, done = jax.device_get((toks, counts, steps, state.done))
-        return state, ResultTokens(tokens=toks, counts=counts, steps=int(steps), done=done)
+        state, toks, lps, counts, steps = self._call(_generate, self.static, self.steps_per_call,
+                                                     self.params, state, jnp.int32(self.mask_id),
+                                                     jnp.int32(k))
+        toks, lps, counts, steps, done = jax.device_get((toks, lps, counts, steps, state.done))
+        return state, ResultTokens(tokens=toks, counts=counts, steps=int(steps), done=done,
+                                   logprobs=lps)
 
     def step_with_aux(self, state: DecodeState):
         """One step (not donated) with its aux dict: for traces and checks."""
@@ -514,7 +548,7 @@ def estimate_memory(static: Static) -> dict:
 def available_memory(mesh=None) -> int | None:
     """Free bytes on the first device (the accelerator's own figure), or the host's available
     memory on CPU (/proc/meminfo); None when unknown."""
-    dev = (mesh.devices.flat[0] if mesh is not None else jax.devices()[0])
+    dev = (mesh.devices.flat[0] if mesh is not None else jax.local_devices()[0])
     try:
         stats = dev.memory_stats()
     except Exception:  # noqa: BLE001 - platforms without memory stats

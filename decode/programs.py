@@ -27,7 +27,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from decode.state import DecodeState, Prefix
+from decode.state import DecodeState, Prefix, TokenLogProbs
 from decode.steps import StepSpec, ar_step, window_step
 from decode.verified import verified_step
 from wedlm_jax import model as model_lib
@@ -83,11 +83,17 @@ def _forward(static: Static):
     return forward
 
 
+def cache_axes(static: Static):
+    """The logical axes of the state's cache layers: dense or paged."""
+    return (paged.paged_cache_logical_axes() if static.paged
+            else model_lib.kv_cache_logical_axes(static.config))
+
+
 def _constrain_state(static: Static, st):
     """Pin the state's layout (slots over data/fsdp; a no-op without a mesh)."""
     if static.mesh is None:
         return st
-    axes = model_lib.kv_cache_logical_axes(static.config)
+    axes = cache_axes(static)
     layers = jax.tree.map(lambda ax, x: nn.with_logical_constraint(x, ax), axes, st.cache.layers,
                           is_leaf=is_axes)
     rest = jax.tree.map(lambda x: nn.with_logical_constraint(x, ("batch",) + (None,) * (x.ndim - 1)),
@@ -161,33 +167,36 @@ def _free(static: Static, state: DecodeState, slot):
 @functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))
 def _generate(static: Static, k: int, params, state: DecodeState, mask_id, run):
     """Up to `run` (a runtime value <= k) steps of every slot. Returns (state, tokens [B, k, E],
-    counts [B, k], steps run)."""
+    their TokenLogProbs [B, k, E, ..], counts [B, k], steps run)."""
     step = STEPS[static.spec.method]
     forward = _forward(static)
     b, e = static.slots, static.spec.emit_width
 
     def cond(carry):
-        i, st, _, _ = carry
+        i, st, _, _, _ = carry
         return (i < jnp.minimum(run, k)) & ~jnp.all(st.done)
 
     def body(carry):
-        i, st, toks, counts = carry
-        st, emitted, k_emit, _ = step(forward, params, st, static.spec, mask_id)
-        return (i + 1, _constrain_state(static, st), toks.at[:, i].set(emitted),
+        i, st, toks, lps, counts = carry
+        st, emitted, emitted_lps, k_emit, _ = step(forward, params, st, static.spec, mask_id)
+        lps = jax.tree.map(lambda buf, x: buf.at[:, i].set(x), lps, emitted_lps)
+        return (i + 1, _constrain_state(static, st), toks.at[:, i].set(emitted), lps,
                 counts.at[:, i].set(k_emit))
 
-    init = (jnp.zeros((), jnp.int32), state, jnp.zeros((b, k, e), jnp.int32),
+    lps = jax.tree.map(lambda x: jnp.zeros((b, k) + x.shape[1:], x.dtype),
+                       TokenLogProbs.zeros(b, e, static.spec.top_logprobs, jnp))
+    init = (jnp.zeros((), jnp.int32), state, jnp.zeros((b, k, e), jnp.int32), lps,
             jnp.zeros((b, k), jnp.int32))
-    i, state, toks, counts = jax.lax.while_loop(cond, body, init)
-    return state, toks, counts, i
+    i, state, toks, lps, counts = jax.lax.while_loop(cond, body, init)
+    return state, toks, lps, counts, i
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
 def _one_step(static: Static, params, state: DecodeState, mask_id):
     """One step with its aux (the trace and the cache-consistency checks)."""
-    new, emitted, k_emit, aux = STEPS[static.spec.method](_forward(static), params, state,
-                                                          static.spec, mask_id)
-    return new, dict(aux, emitted_tokens=emitted, emitted_count=k_emit)
+    new, emitted, emitted_lps, k_emit, aux = STEPS[static.spec.method](
+        _forward(static), params, state, static.spec, mask_id)
+    return new, dict(aux, emitted_tokens=emitted, emitted_lps=emitted_lps, emitted_count=k_emit)
 
 
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))

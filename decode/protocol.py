@@ -6,10 +6,9 @@ here touches the engine, so a bad request is a 400 naming the field before any d
 import dataclasses
 import secrets
 
-from decode.config import MAX_STOP_IDS, SAMPLING_ORDERS, DecodeConfigError  # noqa: F401 (MAX_STOP_IDS: the bound)
+from decode.config import MAX_LOGPROBS, MAX_STOP_IDS, SAMPLING_ORDERS, DecodeConfigError  # noqa: F401 (the bounds)
 
 MAX_STOP_STRINGS = 8
-MAX_LOGPROBS = 20   # top alternatives per token (OpenAI's and vLLM's limit)
 MAX_BATCH = 64      # prompts in one completions request
 
 
@@ -286,6 +285,15 @@ def parse_messages(body: dict, tokenizer, add_generation_prompt: bool = True,
 
 
 # ----------------------------------------------------------------------------------- answers
+
+def generated_scores(logprobs: list, n_out: int, top_n: int) -> dict:
+    """decode.scoring's shape for the first `n_out` generated tokens from what their decoding
+    carried (`Finished.logprobs`: per token (log-probability, {id: log-probability} of the
+    likeliest, best first)), the alternatives cut to `top_n`."""
+    picked = logprobs[:n_out]
+    return {"token_logprobs": [lp for lp, _ in picked],
+            "top_logprobs": [dict(list(top.items())[:top_n]) for _, top in picked]}
+
 
 def logprobs_object(tokenizer, seq: list, scored: dict, start: int, top_n: int) -> dict:
     """OpenAI's completions `logprobs` for seq[start:]: token strings, their log-probabilities

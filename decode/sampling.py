@@ -34,6 +34,30 @@ def entropy(logits: jnp.ndarray) -> jnp.ndarray:
     return jnp.log(z) - jnp.sum(e * x, axis=-1) / z
 
 
+def token_logprobs(logits: jnp.ndarray, tokens: jnp.ndarray, top_n: int, want=None):
+    """The log-probabilities under softmax(logits) (the model's own distribution, before any
+    temperature or filter: what vLLM reports by default) of `tokens` [B, S] and of the `top_n`
+    likeliest tokens: (lp [B, S], top_ids [B, S, top_n], top_lp [B, S, top_n]); top_n 0 gives
+    empty top arrays (a static width: the decode state carries them, docs/algorithm.md §6). The
+    top-n search over the vocabulary runs only when some row `want`s it ([B] bool; zeros else)."""
+    x = logits.astype(jnp.float32)
+    lse = jax.nn.logsumexp(x, axis=-1)
+    lp = jnp.take_along_axis(x, tokens[..., None], axis=-1)[..., 0] - lse
+    if not top_n:
+        return lp, jnp.zeros(tokens.shape + (0,), jnp.int32), jnp.zeros(tokens.shape + (0,), jnp.float32)
+
+    def top(_):
+        vals, ids = jax.lax.top_k(x, top_n)
+        return ids.astype(jnp.int32), vals - lse[..., None]
+
+    def none(_):
+        return (jnp.zeros(tokens.shape + (top_n,), jnp.int32),
+                jnp.zeros(tokens.shape + (top_n,), jnp.float32))
+
+    ids, vals = top(None) if want is None else jax.lax.cond(jnp.any(want), top, none, None)
+    return lp, ids, vals
+
+
 def _per_row(value, like: jnp.ndarray) -> jnp.ndarray:
     """A scalar or a [B] array of settings, shaped to broadcast against `like` ([B, ..., V])."""
     a = jnp.asarray(value)

@@ -19,10 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from decode.config import DecodeConfigError
+from decode.config import MAX_LOGPROBS, DecodeConfigError  # noqa: F401 (MAX_LOGPROBS: the bound)
 from wedlm_jax import model as model_lib
 
-MAX_LOGPROBS = 20      # the most top alternatives per token (OpenAI's and vLLM's limit)
 MIN_LENGTH_BUCKET = 16
 
 

@@ -44,10 +44,12 @@ import threading
 import time
 import uuid
 
-from decode.config import MAX_STOP_IDS, DecodeConfigError, Placement
+from decode.config import (MAX_LOGPROBS, MAX_STOP_IDS, DecodeConfigError, Placement,
+                           add_decoding_arguments, check_int, decoder_kwargs, decoding_args_config)
 from decode.engine import Busy, Engine  # noqa: F401 (the engine thread; re-exported)
 from decode.protocol import (MAX_BATCH, MAX_STOP_STRINGS, APIError, Settings,  # noqa: F401
-                             _field_of, bad, chat_logprobs_object, logprobs_object,
+                             _field_of, bad, chat_logprobs_object, generated_scores,
+                             logprobs_object,
                              parse_detokenize, parse_messages, parse_prompt,
                              parse_prompts, parse_settings, parse_tokenize)
 from decode.text import TextStream, split_stop_strings  # noqa: F401 (the one stop handler)
@@ -74,6 +76,7 @@ class ServerConfig:
     window: int = 0
     max_body_bytes: int = 8 << 20   # larger bodies are refused with 413 before they are read
     default_sampling_order: str = "filter_first"
+    max_logprobs: int = 5           # alternatives a generated token carries (the Decoder's top_logprobs)
 
 
 def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
@@ -137,6 +140,11 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
         """OpenAI's / vLLM's lengths: a prompt that leaves no room, or a named max_tokens that does
         not fit beside it, is a 400 context_length_exceeded; the server's default max_tokens is
         cut to the room left."""
+        if s.logprobs is not None and s.logprobs > cfg.max_logprobs and s.max_tokens > 0:
+            field = "top_logprobs" if param == "messages" else "logprobs"
+            raise bad(field, f"generated tokens carry at most {cfg.max_logprobs} alternatives on this "
+                             f"server (--max-logprobs), got {s.logprobs}; prompt scoring alone "
+                             f"(echo with max_tokens 0) takes up to {MAX_LOGPROBS}")
         if len(ids) >= cfg.capacity:
             raise bad(param, f"the prompt has {len(ids)} tokens; this server's context is "
                              f"{cfg.capacity} tokens, which leaves no room to generate",
@@ -162,7 +170,8 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
                        lam=cfg.default_lam if s.lam is None else s.lam,
                        temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
                        stop_token_ids=stop_ids, seed=s.seed,
-                       sampling_order=s.sampling_order or cfg.default_sampling_order)
+                       sampling_order=s.sampling_order or cfg.default_sampling_order,
+                       top_logprobs=s.logprobs or 0)
 
     def submit(request, param):
         """-> (request id, asyncio queue of ('tokens', ids) / ('finish', Finished) / ('error', msg))."""
@@ -205,7 +214,7 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
             return StreamingResponse(stream(rid, q, text, head, s, chat, len(ids)),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        text, reason, fin = await collect(http, rid, q, text)
+        text, reason, fin = await collect(http, rid, q, text, want_finish=s.logprobs is not None)
         if reason is None:
             return JSONResponse({}, status_code=499)
         n_out = text.n_used
@@ -214,16 +223,18 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
                   {"index": 0, "text": text.sent, "logprobs": None, "finish_reason": reason})
         if chat and s.logprobs is not None:
             seq = list(ids) + list(text.ids[:n_out])
-            scored = (await engine_score([seq], s.logprobs))[0]
+            scored = await sequence_scores(ids, fin, n_out, s.logprobs, echo=False)
             choice["logprobs"] = await asyncio.to_thread(chat_logprobs_object, tokenizer, seq, scored,
                                                           len(ids), s.logprobs)
         return JSONResponse(dict(head, object="chat.completion" if chat else "text_completion",
                                  choices=[choice], usage=usage(len(ids), n_out, fin),
                                  wedlm=stats(fin, n_out)))
 
-    async def collect(http, rid, q, text: TextStream):
+    async def collect(http, rid, q, text: TextStream, want_finish: bool = False):
         """A request's tokens until it finishes: (text, finish reason, Finished); the reason is
-        None when the client went away (the request is cancelled)."""
+        None when the client went away (the request is cancelled). A stop string cancels the
+        request; with `want_finish` its Finished (the generated tokens' log-probabilities) is
+        awaited all the same."""
         fin, reason = None, None
         try:
             while reason is None:
@@ -238,7 +249,7 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
                     text.add(val)
                     if text.stopped:
                         engine.cancel(rid)
-                        reason = "stop"
+                        reason = None if want_finish else "stop"
                 elif kind == "finish" and val.finish == "error":
                     raise APIError(500, f"request {rid} failed in the engine ({val.error}); the "
                                    "server goes on", type="server_error", code="request_failed")
@@ -279,15 +290,25 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
         except DecodeConfigError as e:
             raise bad("prompt", str(e)) from None
 
+    async def sequence_scores(ids, fin, n_out: int, top_n: int, echo: bool) -> dict:
+        """`scored` (decode.scoring's shape) for prompt + the first n_out generated tokens: the
+        prompt's by the AR reading on the engine thread when `echo` (else None entries), the
+        generated tokens' as the decoding carried them (docs/algorithm.md §6)."""
+        prompt = ((await engine_score([list(ids)], top_n))[0] if echo else
+                  {"token_logprobs": [None] * len(ids), "top_logprobs": [None] * len(ids)})
+        gen = generated_scores(fin.logprobs if fin is not None else [], n_out, top_n)
+        return {k: list(prompt[k]) + gen[k] for k in ("token_logprobs", "top_logprobs")}
+
     async def scored_choices(http, prompts: list, s: Settings):
         """/v1/completions with `echo`, `logprobs` or several prompts: one choice per prompt (each
-        generated as its own request through the engine, then prompt and completion scored
-        together by the AR reading when logprobs are asked for)."""
+        generated as its own request through the engine; the prompt scored by the AR reading
+        when echoed, the completion's log-probabilities as its decoding carried them)."""
         async def one(i, ids):
             out, sent, reason, fin = [], "", "length", None
             if s.max_tokens > 0:
                 rid, q = submit(make_request(ids, s, "prompt"), "prompt")
-                text, reason, fin = await collect(http, rid, q, TextStream(tokenizer, s.stop))
+                text, reason, fin = await collect(http, rid, q, TextStream(tokenizer, s.stop),
+                                                  want_finish=s.logprobs is not None)
                 if reason is None:
                     return None
                 out, sent = text.ids[:text.n_used], text.sent
@@ -295,7 +316,7 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
                       "logprobs": None, "finish_reason": reason}
             if s.logprobs is not None:
                 seq = list(ids) + list(out)
-                scored = (await engine_score([seq], s.logprobs))[0]
+                scored = await sequence_scores(ids, fin, len(out), s.logprobs, s.echo)
                 choice["logprobs"] = await asyncio.to_thread(logprobs_object, tokenizer, seq, scored,
                                                              0 if s.echo else len(ids), s.logprobs)
             return choice, len(ids), len(out), fin
@@ -433,8 +454,6 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
 # ----------------------------------------------------------------------------------- main
 
 def _parser() -> argparse.ArgumentParser:
-    from decode.config import METHODS, REFILLS, SAMPLING_ORDERS, DecodeConfig
-    d = DecodeConfig()
     p = argparse.ArgumentParser(prog="wedlm-serve", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="Orbax or Hugging Face checkpoint folder")
@@ -442,25 +461,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--model-name", default=None, help="the `model` clients name (default: the folder's name)")
     p.add_argument("--api-key", default=None, help=f"require this bearer token (default: ${API_KEY_ENV})")
-    p.add_argument("--slots", type=int, default=16, help="requests decoded at once")
     p.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot before 429")
-    p.add_argument("--method", default="streaming", help=f"one of {', '.join(METHODS)}")
-    p.add_argument("--window", type=int, default=d.window)
-    p.add_argument("--capacity", type=int, default=2048, help="prompt + generated tokens per request")
-    p.add_argument("--steps-per-call", type=int, default=8, help="decode steps per device call (a chunk)")
-    p.add_argument("--refill", default=d.refill, help=f"window refill order: one of {', '.join(REFILLS)}")
-    p.add_argument("--prefill-chunk", type=int, default=d.prefill_chunk,
-                   help="prompt rows per prefill forward")
-    p.add_argument("--allow-long", action="store_true",
-                   help="allow a capacity past the model's max_position_embeddings")
-    p.add_argument("--sampling-order", default=d.sampling_order,
-                   help=f"default sampling order of a request: one of {', '.join(SAMPLING_ORDERS)}")
-    p.add_argument("--max-tokens", type=int, default=256, help="default max_tokens of a request")
-    p.add_argument("--tau", type=float, default=d.tau, help="default tau of a request")
-    p.add_argument("--lam", type=float, default=d.lam, help="default lambda of a request")
-    p.add_argument("--mask-token-id", type=int, default=None)
-    p.add_argument("--no-default-stops", action="store_true",
-                   help="do not stop at eos / <|im_end|> from the tokenizer and generation_config.json")
+    p.add_argument("--max-logprobs", type=int, default=5,
+                   help=f"alternatives each generated token carries for `logprobs` / `top_logprobs` "
+                        f"(0-{MAX_LOGPROBS}; a compile-time width; prompt scoring takes up to "
+                        f"{MAX_LOGPROBS} regardless)")
+    add_decoding_arguments(p, "wedlm-serve")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="on SIGTERM, seconds in-flight requests may take before they are cancelled")
     p.add_argument("--lazy-compile", action="store_true",
@@ -470,12 +476,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="info")
     Placement.add_arguments(p)
     compile_cache.add_arguments(p)
-    d = p.add_argument_group("dry run: compile the server's programs for an accelerator from "
-                             "config.json alone (no weights, no accelerator) and say if they fit")
-    d.add_argument("--dry-run", action="store_true")
-    d.add_argument("--topology", help="a TPU topology libtpu describes, e.g. v5e:2x4 or tpu:v5p:2x2x2")
-    d.add_argument("--device-memory", type=float, default=None,
-                   help="GiB per chip to fit in (default: the chip's HBM)")
+    Placement.add_dry_run_arguments(p, "the server")
     return p
 
 
@@ -494,21 +495,12 @@ def check_port(host: str, port: int) -> None:
 
 
 def _check_args(args):
-    from decode.config import DecodeConfig
-    DecodeConfig(method=args.method, window=args.window, tau=args.tau, lam=args.lam,
-                 max_new_tokens=args.max_tokens, refill=args.refill, prefill_chunk=args.prefill_chunk,
-                 sampling_order=args.sampling_order)
-    for name in ("slots", "capacity", "steps_per_call"):
-        if getattr(args, name) < 1:
-            raise DecodeConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    decoding_args_config(args)       # the options every door shares, checked once
     if args.max_body_bytes < 1:
         raise DecodeConfigError(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
+    check_int("--max-logprobs", args.max_logprobs, 0, MAX_LOGPROBS)
     if args.max_queue < 0:
         raise DecodeConfigError(f"--max-queue must be >= 0, got {args.max_queue}")
-    placement = Placement.from_args(args)
-    if args.slots % placement.batch_shards:
-        raise DecodeConfigError(f"--slots {args.slots} must be a multiple of the mesh's data x "
-                                f"fsdp = {placement.batch_shards}")
     if not 0 <= args.port <= 65535:
         raise DecodeConfigError(f"--port must be in [0, 65535], got {args.port}")
     if args.api_key is not None and not args.api_key.strip():
@@ -529,18 +521,14 @@ def load_decoder(args):
     if len(stops) > MAX_STOP_IDS:
         raise DecodeConfigError(f"the checkpoint's default stops are {len(stops)} ids, more than {MAX_STOP_IDS}")
     config, params, mesh = ckpt.load()
-    decoder = Decoder(params, config, method=args.method, window=args.window, slots=args.slots,
-                      capacity=args.capacity, steps_per_call=args.steps_per_call, refill=args.refill,
-                      prefill_chunk=args.prefill_chunk, allow_long=args.allow_long,
-                      page_size=placement.page_size, num_pages=placement.num_pages,
-                      mask_token_id=args.mask_token_id, mesh=mesh, dtype=placement.dtype,
-                      attention=placement.attention, kv_tile=placement.kv_tile)
+    decoder = Decoder(params, config, mesh=mesh, top_logprobs=args.max_logprobs,
+                      **decoder_kwargs(args, placement, args.capacity))
     name = args.model_name or os.path.basename(os.path.normpath(args.checkpoint))
     cfg = ServerConfig(model_name=name, capacity=decoder.capacity, vocab_size=config.vocab_size,
-                       default_stop_ids=stops, default_max_tokens=args.max_tokens, default_tau=args.tau,
+                       default_stop_ids=stops, default_max_tokens=args.max_new_tokens, default_tau=args.tau,
                        default_lam=args.lam, api_key=args.api_key, slots=args.slots, method=args.method,
                        window=args.window, max_body_bytes=args.max_body_bytes,
-                       default_sampling_order=args.sampling_order)
+                       default_sampling_order=args.sampling_order, max_logprobs=args.max_logprobs)
     return decoder, tokenizer, cfg
 
 
@@ -578,29 +566,6 @@ def build_server(args):
     return engine, build_app(engine, tokenizer, cfg), cfg
 
 
-def dry_run_main(args) -> int:
-    """`--dry-run --topology T`: the decode step and the prefill compiled for T from config.json,
-    per-chip memory and a verdict; exit 0 (fits), 1 (does not), 2 (bad input)."""
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")   # compile-only devices: no local TPU backend
-    from decode import aot
-    from wedlm_jax.config import ConfigError
-    from wedlm_jax.convert import read_config
-    try:
-        if not args.topology:
-            raise DecodeConfigError("--dry-run needs --topology (e.g. v5e:2x4)")
-        config = read_config(args.checkpoint)
-        placement = Placement.from_args(args)
-        placement.check_model(config)
-        text, fits = aot.dry_run(config, args.topology, placement, method=args.method,
-                                 window=args.window, refill="before", slots=args.slots,
-                                 capacity=args.capacity, device_memory_gib=args.device_memory)
-    except (DecodeConfigError, ConfigError, aot.TargetError, FileNotFoundError) as e:
-        print(f"wedlm-serve: error: {e}", file=sys.stderr)
-        return 2
-    print(text, flush=True)
-    return 0 if fits else 1
-
-
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     if args.api_key is None:
@@ -609,7 +574,8 @@ def main(argv=None) -> int:
     try:
         _check_args(args)
         if args.dry_run:
-            return dry_run_main(args)
+            from decode.aot import dry_run_door
+            return dry_run_door(args, "wedlm-serve")
         import fastapi  # noqa: F401  (the optional `serve` extra)
         import uvicorn
         check_port(args.host, args.port)

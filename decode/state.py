@@ -10,6 +10,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 
@@ -37,6 +38,39 @@ class Settings:
     temper_first: jax.Array   # [B] bool: sampling order (decode.sampling)
     stop_ids: jax.Array       # [B, MAX_STOP_IDS] i32, padded with -1
     seed: jax.Array           # [B] u32 the request's seed
+    want_top: jax.Array       # [B] bool: the request wants top log-probability alternatives
+
+
+@struct.dataclass
+class TokenLogProbs:
+    """Log-probabilities of tokens (docs/algorithm.md §6), per slot: for the window, those of the
+    filled slots' tokens under the forward that chose them; for emitted tokens, the same carried
+    to the step that commits them. K = the Decoder's `top_logprobs` (a static width, 0: none).
+
+    lp:     [B, S] f32 the token's log-probability (the model's distribution, unfiltered)
+    top_ids [B, S, K] i32 / top_lp [B, S, K] f32: the K likeliest tokens of that distribution
+    """
+    lp: jax.Array
+    top_ids: jax.Array
+    top_lp: jax.Array
+
+    @staticmethod
+    def zeros(b: int, s: int, k: int, xp=np) -> "TokenLogProbs":
+        return TokenLogProbs(lp=xp.zeros((b, s), xp.float32), top_ids=xp.zeros((b, s, k), xp.int32),
+                             top_lp=xp.zeros((b, s, k), xp.float32))
+
+    def where(self, sel, other: "TokenLogProbs") -> "TokenLogProbs":
+        """self where `sel` [B, S], else `other`."""
+        return jax.tree.map(lambda a, b: jnp.where(sel.reshape(sel.shape + (1,) * (a.ndim - 2)), a, b),
+                            self, other)
+
+    def take(self, src) -> "TokenLogProbs":
+        """Slots gathered along axis 1 by `src` [B, S'] (a slide or a reorder)."""
+        return jax.tree.map(lambda a: jnp.take_along_axis(
+            a, src.reshape(src.shape + (1,) * (a.ndim - 2)), axis=1), self)
+
+    def head(self, n: int) -> "TokenLogProbs":
+        return jax.tree.map(lambda a: a[:, :n], self)
 
 
 @struct.dataclass
@@ -53,6 +87,8 @@ class DecodeState:
     n_fwd:    [B] i32 token slots those forwards processed for the row.
     count:    [B] i32 tokens emitted.
     accepted: [B] i32 verified drafts accepted; rejected: [B] i32 drafts that failed verification.
+    lps:      TokenLogProbs [B, S, ..] of the window's filled slots (streaming and block; AR and
+              verified read them from the step's own forward and leave these as they are).
     q:        [B, S, V] f32 or None: verified sampling's draft distributions (logical order).
     settings: Settings.
     """
@@ -66,6 +102,7 @@ class DecodeState:
     count: jax.Array
     accepted: jax.Array
     rejected: jax.Array
+    lps: TokenLogProbs
     settings: Settings
     q: Any = None
 

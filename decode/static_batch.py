@@ -92,6 +92,7 @@ class DecodeResult:
     accepted: int = 0
     rejected: int = 0
     interrupted: bool = False
+    logprobs: list | None = None   # per row, each token's log-probability (docs/algorithm.md §6)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -202,6 +203,7 @@ def generate(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]]
     # setup time (prefill included) when this call compiled anything, else 0
     setup_s = time.perf_counter() - t_setup if compiled_count() > programs else 0.0
     tokens = [[] for _ in prompts]
+    logprobs = [[] for _ in prompts]
     iterations, interrupted = 0, False
     max_chunks = (2 * (dc.max_new_tokens + 2 * decoder.window) + 8) // decoder.steps_per_call + 2
     t0 = time.perf_counter()
@@ -217,6 +219,7 @@ def generate(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]]
                 new = res.new_ids(i)
                 if new:
                     tokens[i].extend(new)
+                    logprobs[i].extend(lp for lp, _ in res.new_logprobs(i))
                     if on_commit is not None:
                         on_commit(i, new)
         else:
@@ -226,11 +229,12 @@ def generate(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]]
         interrupted = True
     wall = time.perf_counter() - t0
     host = jax.device_get((state.steps, state.n_fwd, state.accepted, state.rejected))
-    return _collect(tokens, host, requests, dc, wall, setup_s, iterations, tokenizer, interrupted)
+    return _collect(tokens, host, requests, dc, wall, setup_s, iterations, tokenizer, interrupted,
+                    logprobs)
 
 
 def _collect(tokens, host, requests, dc: DecodeConfig, wall, compile_s, iterations, tokenizer,
-             interrupted) -> DecodeResult:
+             interrupted, logprobs=None) -> DecodeResult:
     steps_a, nfwd_a, acc_a, rej_a = host
     rows = []
     stops = set(dc.stop_token_ids)
@@ -253,7 +257,8 @@ def _collect(tokens, host, requests, dc: DecodeConfig, wall, compile_s, iteratio
                         loop_iterations=iterations, wall_s=wall,
                         tokens_per_s=_ratio(n_gen, wall), compile_s=compile_s, method=dc.method,
                         text=text, accepted=sum(r.accepted for r in rows),
-                        rejected=sum(r.rejected for r in rows), interrupted=interrupted)
+                        rejected=sum(r.rejected for r in rows), interrupted=interrupted,
+                        logprobs=logprobs)
 
 
 def trace_steps(params, model_config: ModelConfig, prompts, decode_config: DecodeConfig, *,

@@ -14,8 +14,11 @@
 the AR reading of the same forward verifies, output equal to `ar`) is `decode.verified` on the
 same pieces.
 
-Each step returns (new state, emitted [B, E] tokens, k_emit [B] counts, aux) where aux holds the
-forward's inputs and logits in physical order for the trace and the cache-consistency checks.
+Each step returns (new state, emitted [B, E] tokens, their TokenLogProbs [B, E, ..], k_emit [B]
+counts, aux) where aux holds the forward's inputs and logits in physical order for the trace and the
+cache-consistency checks. An emitted token's log-probability is that of the forward that chose it
+(streaming and block: the step that filled its slot, carried in the window; AR and verified: the AR
+reading of this step's forward; docs/algorithm.md §6).
 
 Refill orders. 'after' (SPEC steps 1-5): the forward holds the window of W slots; tokens per
 forward top out at W/2 (every token spends one forward as a mask, one as a filled slot). 'before'
@@ -32,8 +35,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from decode.sampling import choose_tokens, entropy, row_keys
-from decode.state import DecodeState, keep_if_done
+from decode.sampling import choose_tokens, entropy, row_keys, token_logprobs
+from decode.state import DecodeState, TokenLogProbs, keep_if_done
 
 from decode.config import REFILLS  # noqa: E402  (defined once, in decode.config)
 
@@ -42,11 +45,13 @@ from decode.config import REFILLS  # noqa: E402  (defined once, in decode.config
 class StepSpec:
     """The static shape of a step. `sampling`: whether any request may sample (temperature > 0);
     a greedy-only program holds no sampling code (a `lax.cond` branch still costs its bytes in
-    the compiler's accounting, and compile time)."""
+    the compiler's accounting, and compile time). `top_logprobs`: how many alternatives each
+    emitted token carries with its log-probability (0: the token's own only)."""
     method: str
     window: int
     refill: str
     sampling: bool = True
+    top_logprobs: int = 0
 
     @property
     def span(self) -> int:
@@ -120,12 +125,15 @@ def fill_select(ent, remaining, idx, tau, lam):
     return sel | (~jnp.any(sel, axis=1, keepdims=True) & any_rem & best)
 
 
+def slide_source(s: int, shift):
+    """(src, inside) [B, S]: slot i takes slot i + shift[b] when that is inside the window."""
+    src = jnp.arange(s, dtype=jnp.int32)[None, :] + shift[:, None]
+    return jnp.minimum(src, s - 1), src < s
+
+
 def slide(tok, filled, shift, mask_id):
     """Drop the first `shift[b]` window slots of each row, [MASK] slots behind (docs/algorithm.md §3, step 5)."""
-    s = tok.shape[1]
-    src = jnp.arange(s, dtype=jnp.int32)[None, :] + shift[:, None]
-    inside = src < s
-    src = jnp.minimum(src, s - 1)
+    src, inside = slide_source(tok.shape[1], shift)
     return (jnp.where(inside, jnp.take_along_axis(tok, src, axis=1), mask_id),
             inside & jnp.take_along_axis(filled, src, axis=1))
 
@@ -133,7 +141,8 @@ def slide(tok, filled, shift, mask_id):
 def advance(st: DecodeState, *, layers, tok, filled, n_new, finished, k_emit, wlen, **extra):
     """The state after one step; rows that were already done keep every value."""
     live = ~st.done
-    kept = {k: keep_if_done(st.done, v, getattr(st, k)) for k, v in extra.items()}
+    kept = {k: jax.tree.map(lambda new, old: keep_if_done(st.done, new, old), v, getattr(st, k))
+            for k, v in extra.items()}
     return st.replace(
         cache=st.cache.replace(layers=layers, length=jnp.where(live, n_new, st.n)),
         tok=keep_if_done(st.done, tok, st.tok),
@@ -167,19 +176,21 @@ def window_step(forward, params, st: DecodeState, spec: StepSpec, mask_id):
     logits, layers, inv, phys_tok, phys_pos = forward_window(forward, params, st, filled, active,
                                                              mask_id)
     ent = jnp.take_along_axis(entropy(logits), inv, axis=1)
-    cand = jnp.take_along_axis(choose_tokens(logits, row_keys(s.seed, st.steps), s, spec.sampling),
-                               inv, axis=1)
-    emitted = st.tok[:, :spec.window]
+    chosen = choose_tokens(logits, row_keys(s.seed, st.steps), s, spec.sampling)
+    cand = jnp.take_along_axis(chosen, inv, axis=1)
+    cand_lps = TokenLogProbs(*token_logprobs(logits, chosen, spec.top_logprobs, s.want_top)).take(inv)
+    emitted, emitted_lps = st.tok[:, :spec.window], st.lps.head(spec.window)
     k_emit, stopped = emit_until_stop(emitted, c, s.stop_ids)
     remaining = active & ~filled & (idx >= c[:, None])
     sel = fill_select(ent, remaining, idx, s.tau, s.lam)
     tok, filled2 = slide(jnp.where(sel, cand, st.tok), filled | sel, c, mask_id)
+    lps = cand_lps.where(sel, st.lps).take(slide_source(spec.span, c)[0])
     n_new = st.n + k_emit
     new = advance(st, layers=layers, tok=tok, filled=filled2, n_new=n_new,
-                  finished=stopped | (n_new >= st.end), k_emit=k_emit, wlen=wlen)
+                  finished=stopped | (n_new >= st.end), k_emit=k_emit, wlen=wlen, lps=lps)
     aux = dict(tokens=phys_tok, positions=phys_pos, logits=logits, n=st.n, live=~st.done,
                wlen=wlen, commit=k_emit, filled_after=filled | sel)
-    return new, emitted, jnp.where(st.done, 0, k_emit), aux
+    return new, emitted, emitted_lps, jnp.where(st.done, 0, k_emit), aux
 
 
 def ar_step(forward, params, st: DecodeState, spec: StepSpec, mask_id):
@@ -187,6 +198,7 @@ def ar_step(forward, params, st: DecodeState, spec: StepSpec, mask_id):
     s = st.settings
     logits, layers = forward(params, st.tok[:, :1], st.n[:, None], st.cache.layers, st.n)
     nxt = choose_tokens(logits, row_keys(s.seed, st.steps), s, spec.sampling)
+    lps = TokenLogProbs(*token_logprobs(logits, nxt, spec.top_logprobs, s.want_top))
     one = jnp.ones_like(st.n)
     k_emit, stopped = emit_until_stop(nxt, one, s.stop_ids)
     n_new = st.n + 1
@@ -194,4 +206,4 @@ def ar_step(forward, params, st: DecodeState, spec: StepSpec, mask_id):
                   finished=stopped | (n_new + 1 >= st.end), k_emit=k_emit, wlen=one)
     aux = dict(tokens=st.tok[:, :1], positions=st.n[:, None], logits=logits, n=st.n,
                live=~st.done, wlen=one, commit=one)
-    return new, nxt, jnp.where(st.done, 0, k_emit), aux
+    return new, nxt, lps, jnp.where(st.done, 0, k_emit), aux

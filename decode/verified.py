@@ -57,8 +57,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from decode.sampling import entropy, filter_logits, row_keys
-from decode.state import DecodeState
+from decode.sampling import entropy, filter_logits, row_keys, token_logprobs
+from decode.state import DecodeState, TokenLogProbs
 from decode.steps import (StepSpec, advance, emit_until_stop, fill_select, forward_window, slide,
                           window_span)
 
@@ -133,6 +133,9 @@ def verified_step(forward, params, st: DecodeState, spec: StepSpec, mask_id):
     ext = jnp.concatenate([st.tok, jnp.zeros_like(st.tok[:, :1])], axis=1)
     ext = jnp.where(jnp.arange(w + 1)[None, :] == a[:, None], pend[:, None], ext)
     emitted = ext[:, 1:spec.window + 1]
+    # emitted token j is the AR reading's at slot j (inside the leading run: physical = logical)
+    emitted_lps = TokenLogProbs(*token_logprobs(logits[:, :spec.window], emitted, spec.top_logprobs,
+                                                s.want_top))
     k_emit, stopped = emit_until_stop(emitted, jnp.minimum(a, st.end - 1 - st.n), s.stop_ids)
     # next window (logical indices before the slide): drafts by the streaming fill rule
     ent = jnp.take_along_axis(entropy(logits), inv, axis=1)
@@ -155,4 +158,4 @@ def verified_step(forward, params, st: DecodeState, spec: StepSpec, mask_id):
     aux = dict(tokens=phys_tok, positions=phys_pos, logits=logits, n=st.n, live=~st.done,
                wlen=wlen, commit=a, emitted=k_emit, lead=c, reject=reject, pending=pend,
                filled_after=filled2, tok_after=tok)
-    return new, emitted, jnp.where(st.done, 0, k_emit), aux
+    return new, emitted, emitted_lps, jnp.where(st.done, 0, k_emit), aux

@@ -343,7 +343,8 @@ def test_sampler_frequencies_follow_temperature_top_k_top_p(order):
                       temperature=np.full((rows,), t, np.float32),
                       top_k=np.full((rows,), k, np.int32), top_p=np.full((rows,), p, np.float32),
                       temper_first=np.full((rows,), order == "temper_first"),
-                      stop_ids=np.full((rows, 1), -1, np.int32), seed=np.zeros(rows, np.uint32))
+                      stop_ids=np.full((rows, 1), -1, np.int32), seed=np.zeros(rows, np.uint32),
+                      want_top=np.zeros(rows, bool))
         draws = np.asarray(jax.jit(sampling.choose_tokens)(batch, keys, st))[:, 0]
         want = exact(t, k, p)
         counts = np.bincount(draws, minlength=5)

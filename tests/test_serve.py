@@ -138,10 +138,13 @@ def server(ckpt):
     sock.close()
 
 
-def _alone(s, ids, max_tokens, stop_ids=(), **kw):
+def _alone(s, ids, max_tokens, stop_ids=(), with_logprobs=False, **kw):
+    """The request decoded alone by the static batch (its tokens; with their log-probabilities
+    when `with_logprobs`)."""
     dc = DecodeConfig(method="streaming", window=WINDOW, max_new_tokens=max_tokens, stop_token_ids=tuple(stop_ids),
                       **{"tau": TAU, **kw})
-    return generate(s["params"], s["config"], [ids], dc, capacity=CAPACITY).tokens[0]
+    res = generate(s["params"], s["config"], [ids], dc, capacity=CAPACITY)
+    return (res.tokens[0], res.logprobs[0]) if with_logprobs else res.tokens[0]
 
 
 def _health(s):
@@ -245,7 +248,8 @@ def test_every_door_cuts_the_same_output_the_same_way(server, ckpt, tmp_path, ca
 def test_echo_and_logprobs_score_through_the_engine(server):
     """`echo` + `logprobs` + `max_tokens: 0` scores a batch of prompts (one choice each, in order)
     with the AR reading, as decode.scoring does (itself equal to transformers, tests/test_scoring.py);
-    with generation the completion's tokens are scored after the prompt; bad combinations are 400s
+    with generation the completion's log-probabilities are those its decoding carried (the static
+    batch's, tests/test_logprobs.py checks those against the trace); bad combinations are 400s
     naming the field."""
     from decode.scoring import score
     s, tok = server, server["tokenizer"]
@@ -265,11 +269,30 @@ def test_echo_and_logprobs_score_through_the_engine(server):
     assert r.usage.prompt_tokens == len(a) + len(b) and r.usage.completion_tokens == 0
     g = s["client"].completions.create(model="tiny", prompt=a, max_tokens=5, logprobs=0,
                                        extra_body={"tau": TAU})
-    out = _alone(s, a, 5)
+    out, want = _alone(s, a, 5, with_logprobs=True)
     assert g.choices[0].text == tok.decode(out)
-    want = score(s["params"], s["config"], [a + out])[0]["token_logprobs"][len(a):]
     np.testing.assert_allclose(g.choices[0].logprobs.token_logprobs, want, atol=1e-5)
     assert g.choices[0].logprobs.top_logprobs is None
+    # a stop string cancels the request; its tokens' log-probabilities still come back
+    j = next(j for j in range(1, len(out))             # the first token whose text is new there
+             if tok.decode(out[j:j + 1]).strip() and tok.decode(out[j:j + 1]) not in tok.decode(out[:j]))
+    st = s["client"].completions.create(model="tiny", prompt=a, max_tokens=5, logprobs=0,
+                                        stop=[tok.decode(out[j:j + 1])], extra_body={"tau": TAU})
+    lp = st.choices[0].logprobs
+    assert st.choices[0].finish_reason == "stop" and j <= len(lp.token_logprobs) <= j + 1
+    np.testing.assert_allclose(lp.token_logprobs, want[:len(lp.token_logprobs)], atol=1e-5)
+    # echo with generation: the prompt's AR reading, then the completion's carried values
+    e = s["client"].completions.create(model="tiny", prompt=a, max_tokens=5, logprobs=1, echo=True,
+                                       extra_body={"tau": TAU})
+    lp = e.choices[0].logprobs
+    prompt_want = score(s["params"], s["config"], [a], top_n=1)[0]["token_logprobs"]
+    assert lp.token_logprobs[0] is None and len(lp.token_logprobs) == len(a) + 5
+    np.testing.assert_allclose(lp.token_logprobs[1:len(a)], prompt_want[1:], atol=1e-5)
+    np.testing.assert_allclose(lp.token_logprobs[len(a):], want, atol=1e-5)
+    assert [len(d) for d in lp.top_logprobs[1:]] == [1] * (len(a) + 4)
+    r = httpx.post(s["url"] + "/v1/completions", json={
+        "model": "tiny", "prompt": "hi", "max_tokens": 3, "logprobs": 6}, timeout=30)
+    assert r.status_code == 400 and "--max-logprobs" in r.json()["error"]["message"]
     bad = lambda **body: httpx.post(s["url"] + "/v1/completions", json=dict(
         {"model": "tiny", "prompt": "hi"}, **body), timeout=30)
     r = bad(logprobs=21)

@@ -62,25 +62,31 @@ def test_lm_evals_remote_tokenizer_reads_this_server(server):
     assert remote.eos_token_id == tok.token_id("<|im_end|>")
 
 
-def test_chat_logprobs_are_the_ar_readings(server):
+def test_chat_logprobs_are_the_decodings(server):
+    """Chat logprobs of a streaming server: the log-probabilities the decoding carried (the
+    static batch's, checked against the step trace in tests/test_logprobs.py), greedy tokens
+    first among their 3 alternatives; the AR reading of the finished text differs."""
     s, tok = server, server["tokenizer"]
     msgs = [{"role": "user", "content": "count with me"}]
     r = s["client"].chat.completions.create(model="tiny", messages=msgs, max_tokens=6, logprobs=True,
                                             top_logprobs=3, extra_body={"tau": 0.4})
     ids = tok.encode(tok.apply_chat_template(msgs))
-    out = _alone(s, ids, 6)
+    out, want = _alone(s, ids, 6, with_logprobs=True)
     assert r.choices[0].message.content == tok.decode(out)
-    want = score(s["params"], s["config"], [ids + out], top_n=3)[0]
     content = r.choices[0].logprobs.content
     assert [c.token for c in content] == [tok.decode([t]) for t in out]
     assert all(c.bytes == list(c.token.encode()) for c in content)
-    np.testing.assert_allclose([c.logprob for c in content], want["token_logprobs"][len(ids):], atol=1e-5)
-    for c, top in zip(content, want["top_logprobs"][len(ids):]):
-        assert len(c.top_logprobs) == 3
-        np.testing.assert_allclose(sorted(a.logprob for a in c.top_logprobs), sorted(top.values()), atol=1e-5)
+    np.testing.assert_allclose([c.logprob for c in content], want, atol=1e-5)
+    for c in content:
+        assert len(c.top_logprobs) == 3 and c.top_logprobs[0].token == c.token
+        assert abs(c.top_logprobs[0].logprob - c.logprob) < 1e-5
+        assert [a.logprob for a in c.top_logprobs] == sorted((a.logprob for a in c.top_logprobs), reverse=True)
+    ar_view = score(s["params"], s["config"], [ids + out])[0]["token_logprobs"][len(ids):]
+    assert np.max(np.abs(np.asarray(ar_view) - np.asarray(want))) > 1e-4
     plain = s["client"].chat.completions.create(model="tiny", messages=msgs, max_tokens=6)
     assert plain.choices[0].logprobs is None
     for body, param in [({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+                        ({"logprobs": True, "top_logprobs": 6}, "top_logprobs"),   # --max-logprobs 5
                         ({"top_logprobs": 2}, "top_logprobs"),
                         ({"logprobs": 1}, "logprobs"),
                         ({"logprobs": True, "stream": True}, "logprobs")]:

@@ -61,6 +61,40 @@ DECODE = textwrap.dedent("""
 """)
 
 
+PAGED = textwrap.dedent("""
+    import json, sys
+    from jax.experimental import topologies
+    from decode.aot import compile_generate
+    from wedlm_jax.config import ModelConfig
+    dev = topologies.get_topology_desc(platform="tpu", topology_name="v5p:1x1x1",
+                                       chips_per_host_bounds=(1, 1, 1)).devices[0]
+    config = ModelConfig(**json.loads(sys.argv[1]))
+    out = []
+    for method, refill in (("ar", "before"), ("streaming", "before")):
+        out.append([compile_generate(config, dev, method=method, window=8, refill=refill, slots=2,
+                                     capacity=cap, dtype="bfloat16", page_size=64, live_rows=256)
+                    for cap in (512, 4096)])
+    print(json.dumps(out))
+""")
+
+
+def test_paged_decode_steps_compile_for_tpu_with_the_ragged_kernel_and_the_pool_in_place():
+    """The paged cache's decode step (issue 25) compiled for one v5p chip: the attention is jax's
+    ragged paged attention (a Mosaic custom call in the program), the donated pool is aliased and
+    no temporary grows with the pool."""
+    rc, out, err = _run([sys.executable, "-c", PAGED, json.dumps(TPU_MODEL)])
+    assert rc == 0, err[-4000:]
+    pairs = json.loads(out.strip().splitlines()[-1])
+    for small, big in pairs:
+        for f in (small, big):
+            assert f["platform"] == "tpu" and f["page_size"] == 64
+            assert f["memory"]["alias"] >= f["cache_bytes"] > 0
+            assert f["kernels"].get("tpu_custom_call", 0) >= 1, f["kernels"]   # the Mosaic kernel
+        growth = big["cache_bytes"] - small["cache_bytes"]
+        assert growth > 4 << 20
+        assert big["memory"]["temp"] - small["memory"]["temp"] < 0.05 * growth, (small, big)
+
+
 def test_decode_steps_compile_for_tpu_with_the_cache_in_place():
     rc, out, err = _run([sys.executable, "-c", DECODE, json.dumps(TPU_MODEL)])
     assert rc == 0, err[-4000:]
@@ -128,3 +162,35 @@ def test_serve_dry_run_compiles_the_server_programs_for_a_topology(tmp_path):
     rc, out, err = _run(base + ["--topology", "v9x:2x2"])
     assert rc == 2 and "wedlm-serve: error: 'v9x:2x2': unknown target; accepted: TPU topologies" in err
     assert "Traceback" not in err
+
+
+def test_decode_dry_run_compiles_the_batch_jobs_programs_for_a_topology(tmp_path):
+    """`wedlm-decode --dry-run --topology` (no prompts needed) compiles its programs the same way,
+    in its own name, with the paged cache when --page-size asks for it; bad input is one line."""
+    from wedlm_jax.config import ModelConfig
+    folder = tmp_path / "arch"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(
+        ModelConfig(**TPU_MODEL, mask_token_id=511).to_hf_dict()))
+    base = [sys.executable, "-m", "decode.cli", "--checkpoint", str(folder), "--dry-run",
+            "--slots", "4", "--capacity", "1024", "--window", "8", "--dtype", "bf16",
+            "--topology", "v5p:1x1x1"]
+    rc, out, err = _run(base)
+    assert rc == 0, out + err[-3000:]
+    assert "wedlm-decode dry run for v5p:1x1x1: 1 of its 1 chips" in out
+    assert "verdict      FITS" in out
+    rc, out, err = _run(base + ["--page-size", "64"])
+    assert rc == 0 and "verdict      FITS" in out, out + err[-3000:]
+    rc, out, err = _run(base + ["--page-size", "64", "--mesh", "data=2", "--topology", "v5p:2x2x2"])
+    assert rc == 2 and "wedlm-decode: error: the paged cache runs on one device" in err, err[-2000:]
+    assert "Traceback" not in err
+    # heads the TPU ragged kernel cannot tile (3 KV heads of float32: 6 interleaved rows) are
+    # refused before anything compiles
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    (odd / "config.json").write_text(json.dumps(ModelConfig(**dict(
+        TPU_MODEL, num_heads=6, num_kv_heads=3), mask_token_id=511).to_hf_dict()))
+    rc, out, err = _run([sys.executable, "-m", "decode.cli", "--checkpoint", str(odd), "--dry-run",
+                         "--slots", "4", "--capacity", "1024", "--topology", "v5p:1x1x1",
+                         "--page-size", "64"])
+    assert rc == 2 and "cannot tile 3 KV heads" in err and "Traceback" not in err, err[-2000:]

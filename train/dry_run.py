@@ -25,6 +25,7 @@ import re
 import sys
 import time
 
+from wedlm_jax import compiled as compiled_lib
 from wedlm_jax.failures import out_of_memory  # the verdict's one-line reason
 
 GIB = 1024 ** 3
@@ -145,33 +146,8 @@ def compile_step(cfg, mc, devices, scan_unroll: int = 1):
     return compiled, t1 - t0, t2 - t1, shape
 
 
-def compiled_kernels(compiled) -> dict:
-    """{custom-call target: count} in the compiled program's HLO: which kernels the compiler
-    really emitted (a TPU Pallas/Mosaic kernel such as splash shows as `tpu_custom_call`, a Triton
-    kernel on GPU as `__gpu$xla.gpu.triton`, cuDNN attention as `__cudnn$fmha...`)."""
-    import re
-    text = compiled.as_text() or ""
-    counts: dict = {}
-    for target in re.findall(r'custom_call_target="([^"]+)"', text):
-        counts[target] = counts.get(target, 0) + 1
-    return dict(sorted(counts.items()))
-
-
-def memory_figures(compiled) -> dict:
-    """Per-device bytes from XLA's memory analysis; total = arguments + outputs - aliased (the
-    donated state is updated in place) + temporaries."""
-    m = compiled.memory_analysis()
-    fig = {k: int(getattr(m, f"{k}_size_in_bytes")) for k in
-           ("argument", "output", "alias", "temp", "generated_code")}
-    fig["total"] = fig["argument"] + fig["output"] - fig["alias"] + fig["temp"]
-    return fig
-
-
 def step_flops(compiled) -> float | None:
-    cost = compiled.cost_analysis()
-    if isinstance(cost, (list, tuple)):
-        cost = cost[0] if cost else None
-    return None if not cost or "flops" not in cost else float(cost["flops"])
+    return compiled_lib.cost(compiled).get("flops")
 
 
 def report(cfg, devices_arg=None, topology=None) -> dict:
@@ -199,8 +175,8 @@ def report(cfg, devices_arg=None, topology=None) -> dict:
             "mesh": {"data": data, "fsdp": fsdp, "tensor": tensor}, "devices": where,
             "global_batch_size": cfg.data.global_batch_size,
             "grad_accum": cfg.optimizer.grad_accum, "rows_per_device_microbatch": rows,
-            "lower_s": lower_s, "compile_s": compile_s, "memory": memory_figures(compiled),
-            "kernels": compiled_kernels(compiled),
+            "lower_s": lower_s, "compile_s": compile_s, "memory": compiled_lib.memory(compiled),
+            "kernels": compiled_lib.kernels(compiled),
             "step_flops_per_device": step_flops(compiled), "model_flops_per_step": model_flops}
 
 

@@ -24,6 +24,8 @@ import os
 import sys
 import time
 
+from wedlm_jax import distributed
+
 log = logging.getLogger("wedlm-train")
 
 
@@ -35,10 +37,8 @@ def parse_args(argv=None):
     p.add_argument("overrides", nargs="*", help="section.key=value (YAML values), e.g. steps=100")
     p.add_argument("--skip-bad-lines", action="store_true",
                    help="skip and count malformed data lines instead of stopping")
-    p.add_argument("--coordinator-address", help="host:port of process 0 (multi-host)")
-    p.add_argument("--num-processes", type=int)
-    p.add_argument("--process-id", type=int)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    distributed.add_arguments(p)
     p.add_argument("--force", action="store_true",
                    help="replace an existing checkpoint at checkpoint.export_hf")
     d = p.add_argument_group("dry run (train/dry_run.py): compile the step from abstract shapes, "
@@ -85,25 +85,6 @@ def config_from_args(args):
     if getattr(args, "force", False):
         overrides.append("checkpoint.export_force=true")
     return load_config(args.config, overrides)
-
-
-def init_distributed(args, cfg) -> None:
-    import jax
-    addr = args.coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
-    nproc = args.num_processes or _env_int("JAX_NUM_PROCESSES")
-    pid = args.process_id if args.process_id is not None else _env_int("JAX_PROCESS_ID")
-    if addr or nproc:
-        if not (addr and nproc and pid is not None):
-            raise SystemExit("wedlm-train: multi-host needs the coordinator address, the number of "
-                             "processes and this process's id (flags or JAX_* environment)")
-        jax.distributed.initialize(coordinator_address=addr, num_processes=nproc, process_id=pid)
-    elif cfg.distributed:
-        jax.distributed.initialize()  # auto-detected cluster (TPU pod slice, Slurm, ...)
-
-
-def _env_int(name):
-    v = os.environ.get(name)
-    return int(v) if v else None
 
 
 def prepare(cfg):
@@ -409,7 +390,7 @@ def main(argv=None) -> int:
     cfg = None
     try:
         cfg = config_from_args(args)
-        init_distributed(args, cfg)
+        distributed.initialize(args, "wedlm-train", auto=cfg.distributed)
         result = run(cfg, progress=cfg.progress)
         records = result["records"]
     except (TrainConfigError, DataError, ConfigError, CheckpointError, ResumeError) as e:

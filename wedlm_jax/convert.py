@@ -98,7 +98,7 @@ def _names(items, limit: int = _LIST_LIMIT) -> str:
 
 def _target_shardings(config: ModelConfig, mesh, shapes):
     if mesh is None:
-        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         return jax.tree.map(lambda _: device, shapes)
     return sharding.tree_shardings(model.param_logical_axes(config), shapes, mesh)
 

@@ -47,6 +47,12 @@ class PagedContext:
     pages_per_tile: int = struct.field(pytree_node=False, default=4)
 
 
+def paged_cache_logical_axes() -> dict:
+    """Tree (matching `init_paged_cache`) of logical-axis tuples: the pool unsplit (the paged
+    cache runs on one device), the page table by slot."""
+    return {"pool": (None, None, None, None), "table": ("batch", None)}
+
+
 def init_paged_cache(num_layers: int, num_pages: int, page_size: int, kv_heads: int, head_dim: int,
                      batch: int, pages_per_seq: int, dtype=jnp.float32) -> dict:
     """The paged cache, empty: {"pool": [L * P, page, 2 * KVH, D] zeros, "table": [B,
@@ -62,6 +68,19 @@ def is_paged(kv_cache) -> bool:
 def implementation_for(platform: str | None) -> str:
     """The TPU kernel on TPU, the XLA gather path elsewhere."""
     return "ragged" if platform == "tpu" else "gather"
+
+
+def check_ragged(num_heads: int, kv_heads: int, dtype) -> None:
+    """A ValueError naming the heads unless jax's TPU ragged paged attention kernel can tile them:
+    the K/V heads interleaved in the pool (2 x KVH) must fill the TPU's tiles (the kernel's own
+    rule, asked of the kernel before anything compiles)."""
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention.kernel import get_min_heads_per_blk
+    try:
+        get_min_heads_per_blk(num_heads, 2 * kv_heads, dtype, dtype)
+    except (ValueError, AssertionError) as e:
+        raise ValueError(f"the TPU ragged paged attention kernel cannot tile {kv_heads} KV heads "
+                         f"(2 x {kv_heads} interleaved K/V rows of {jnp.dtype(dtype).name}): "
+                         f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
 
 def check_paged_cache(num_layers: int, kv_heads: int, head_dim: int, batch: int, kv_cache) -> None:
