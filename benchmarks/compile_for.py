@@ -18,7 +18,8 @@ bf16, with the slots over data and the heads over `tensor` = all chips of the to
             (benchmarks.accelerator.TRAIN_SHAPE), fsdp over all chips, one row per chip, with the
             attention resolved for the target (splash on TPU)
 with --page-size, every decode program also with the paged cache (one chip; jax's ragged paged
-attention kernel on TPU: its custom call's bytes are what libtpu counts, no live-tile correction),
+attention kernel on TPU: libtpu counts ~10 KB for the Mosaic call, so every layer's live K/V
+pages, queries and output are added analytically, `decode.aot.kernel_not_counted`),
 and reports per program: memory per device from the full-depth compile (fits or not in the chip's
 HBM, the compiler's own out-of-memory verdict included), flops / bytes accessed / libtpu's
 optimal_seconds of the whole depth (`decode.aot.unrolled_cost`: the layer scan unrolled, since
@@ -120,6 +121,10 @@ def decode_row(config, t: Target, prog: dict, capacity: int, live: int,
         tensor_used = mesh[2] if mesh else 1
         cost["kv_not_counted"] = aot.kv_not_counted(prog["slots"], config, live,
                                                     settings["kv_tile"], "bfloat16", tensor_used)
+        cost["bytes accessed"] += cost["kv_not_counted"]
+    elif cost:                   # the ragged kernel's pages, queries and output (a custom call)
+        span = 1 if prog["method"] == "ar" else (2 if prog["refill"] == "before" else 1) * prog["window"]
+        cost["kv_not_counted"] = aot.kernel_not_counted(prog["slots"], span, config, live, "bfloat16")
         cost["bytes accessed"] += cost["kv_not_counted"]
     step = roofline(cost, t)
     floor = full["floor"]["total"]

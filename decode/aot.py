@@ -216,6 +216,16 @@ def kv_not_counted(slots: int, config, live_rows: int, kv_tile: int, dtype: str,
     return slots * rows * kv_row / (tensor * batch_shards)
 
 
+def kernel_not_counted(slots: int, span: int, config, live_rows: int, dtype: str) -> float:
+    """Bytes a step's Mosaic paged-attention calls move that libtpu's cost analysis does not
+    count (it counts ~10 KB per call whatever the operands): every layer's live K/V pages, its
+    queries read and its output written."""
+    item = jnp.dtype(dtype).itemsize
+    kv = kv_not_counted(slots, config, live_rows, 0, dtype)
+    q_out = 2 * config.num_layers * slots * span * config.num_heads * config.head_dim * item
+    return kv + q_out
+
+
 def dry_run(config, target: str, placement, *, method: str, window: int, refill: str, slots: int,
             capacity: int, prefill_chunk: int = 128, device_memory_gib: float | None = None,
             who: str = "wedlm-serve") -> tuple[str, bool]:
