@@ -45,8 +45,8 @@ class Finished:
     wall_s: float = 0.0   # submit to finish
     error: str | None = None   # finish 'error': what failed (the other requests go on)
     cached_tokens: int = 0     # paged cache: prompt rows reused from earlier requests
-    logprobs: list = dataclasses.field(default_factory=list)   # per token: (log-probability,
-    #                              {id: log-probability} of the Decoder's top_logprobs alternatives)
+    # per token: (log-probability, {id: log-probability} of the alternatives the request asked for)
+    logprobs: list = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass

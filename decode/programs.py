@@ -183,8 +183,10 @@ def _generate(static: Static, k: int, params, state: DecodeState, mask_id, run):
         return (i + 1, _constrain_state(static, st), toks.at[:, i].set(emitted), lps,
                 counts.at[:, i].set(k_emit))
 
-    lps = jax.tree.map(lambda x: jnp.zeros((b, k) + x.shape[1:], x.dtype),
-                       TokenLogProbs.zeros(b, e, static.spec.top_logprobs, jnp))
+    top = static.spec.top_logprobs
+    lps = TokenLogProbs(lp=jnp.zeros((b, k, e), jnp.float32),
+                        top_ids=jnp.zeros((b, k, e, top), jnp.int32),
+                        top_lp=jnp.zeros((b, k, e, top), jnp.float32))
     init = (jnp.zeros((), jnp.int32), state, jnp.zeros((b, k, e), jnp.int32), lps,
             jnp.zeros((b, k), jnp.int32))
     i, state, toks, lps, counts = jax.lax.while_loop(cond, body, init)

@@ -55,9 +55,10 @@ class TokenLogProbs:
     top_lp: jax.Array
 
     @staticmethod
-    def zeros(b: int, s: int, k: int, xp=np) -> "TokenLogProbs":
-        return TokenLogProbs(lp=xp.zeros((b, s), xp.float32), top_ids=xp.zeros((b, s, k), xp.int32),
-                             top_lp=xp.zeros((b, s, k), xp.float32))
+    def zeros(b: int, s: int, k: int) -> "TokenLogProbs":
+        """Host zeros for b rows of s slots (a free state, a new request's window)."""
+        return TokenLogProbs(lp=np.zeros((b, s), np.float32), top_ids=np.zeros((b, s, k), np.int32),
+                             top_lp=np.zeros((b, s, k), np.float32))
 
     def where(self, sel, other: "TokenLogProbs") -> "TokenLogProbs":
         """self where `sel` [B, S], else `other`."""
