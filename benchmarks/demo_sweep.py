@@ -43,6 +43,10 @@ CANDIDATES = {
     # digit-routing pattern shared); B at twice the learning rate
     "E": (512, 230, _shape(192, 512, 4, 6, 6, head_dim=32)),
     "G": (512, 250, _shape(192, 512, 4, 3, 1, lr=6e-3)),
+    # fifth run (2026-11-25): B's body at smaller batches, so the hour holds more optimizer steps
+    # (run 4 said the worked arithmetic is learned after a number of steps, abruptly)
+    "H": (512, 450, _shape(192, 512, 4, 3, 1, batch=8)),
+    "I": (512, 800, _shape(192, 512, 4, 3, 1, batch=4, lr=2e-3)),
 }
 KINDS = ("counting", "arith")
 
