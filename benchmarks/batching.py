@@ -29,12 +29,12 @@ from demo.eval import DEMO_MODEL, eval_items, load_model
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def make_requests(tokenizer, n: int, seed: int = 0):
+def make_requests(tokenizer, n: int, seed: int = 0, model: str = DEMO_MODEL):
     from decode.decoder import Request
     rng = random.Random(seed)
     prompts = []
     for kind in ("counting", "arith", "code"):
-        prompts += [tokenizer.encode(it["prompt"]) for it in eval_items(DEMO_MODEL, kind)]
+        prompts += [tokenizer.encode(it["prompt"]) for it in eval_items(model, kind)]
     return [Request(prompt=tuple(rng.choice(prompts)), max_new_tokens=rng.randint(8, 256),
                     tau=0.6, lam=0.02) for _ in range(n)]
 
@@ -73,10 +73,12 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--window", type=int, default=8)
     ap.add_argument("--out", default=os.path.join(HERE, "results", "batching.json"))
+    ap.add_argument("--model", default=DEMO_MODEL, help="a demo-shaped model folder (default: the "
+                                                         "shipped one)")
     args = ap.parse_args(argv)
     from decode.decoder import Decoder
-    config, params, tok = load_model(DEMO_MODEL)
-    requests = make_requests(tok, args.requests)
+    config, params, tok = load_model(args.model)
+    requests = make_requests(tok, args.requests, model=args.model)
     capacity = max(len(r.prompt) + r.max_new_tokens for r in requests)
     out = dict(command=f"python -m benchmarks.batching --requests {args.requests} --slots {args.slots} "
                        f"--repeats {args.repeats} --window {args.window}",

@@ -170,6 +170,36 @@ def probe_health(url: str, stop: threading.Event, ms: list) -> None:
         time.sleep(0.05)
 
 
+# the same probe in a process of its own: the server's latency without the load generator's
+# threads (6 clients building multi-megabyte bodies) competing for the probe's GIL
+PROBE = """
+import os, sys, time, httpx
+url, stop = sys.argv[1], sys.argv[2]
+while not os.path.exists(stop):
+    t0 = time.perf_counter()
+    try:
+        httpx.get(url + "/health", timeout=120)
+    except httpx.TransportError:
+        pass
+    print(f"{(time.perf_counter() - t0) * 1e3:.3f}", flush=True)
+    time.sleep(0.05)
+"""
+
+
+def start_probe_process(url: str, stop_file: str):
+    """A /health prober in its own process (stop: create `stop_file`, then `finish_probe_process`)."""
+    return subprocess.Popen([PY, "-c", PROBE, url, stop_file], stdout=subprocess.PIPE, text=True)
+
+
+def finish_probe_process(proc) -> list:
+    out, _ = proc.communicate(timeout=180)
+    return sorted(float(x) for x in out.split())
+
+
+def _p99(ms: list) -> float:
+    return ms[min(len(ms) - 1, int(0.99 * len(ms)))] if ms else float("nan")
+
+
 def _rss_mib(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -223,6 +253,8 @@ def soak(url: str, pid: int, n: int = 160) -> dict:
     rss0 = _rss_mib(pid)
     t = threading.Thread(target=probe_health, args=(url, stop, health))
     t.start()
+    stop_file = tempfile.mktemp(prefix="probe-stop-")
+    own = start_probe_process(url, stop_file)
     t0 = time.time()
     status: dict = {}
     def safe(i):
@@ -235,12 +267,16 @@ def soak(url: str, pid: int, n: int = 160) -> dict:
         for code in pool.map(safe, range(n)):
             status[str(code)] = status.get(str(code), 0) + 1
     stop.set()
+    open(stop_file, "w").close()
     t.join()
+    apart = finish_probe_process(own)
+    os.unlink(stop_file)
     health.sort()
-    p99 = health[min(len(health) - 1, int(0.99 * len(health)))] if health else float("nan")
     return {"rc": "", "message": f"{n} requests in {time.time() - t0:.0f} s: {dict(sorted(status.items()))}",
-            "effect": f"server RSS {rss0:.0f} -> {_rss_mib(pid):.0f} MiB; /health p99 {p99:.0f} ms, "
-                      f"max {health[-1] if health else float('nan'):.0f} ms ({len(health)} probes)"}
+            "effect": f"server RSS {rss0:.0f} -> {_rss_mib(pid):.0f} MiB; /health p99 {_p99(apart):.0f} ms, "
+                      f"max {apart[-1] if apart else float('nan'):.0f} ms ({len(apart)} probes from a "
+                      f"process of their own); from a thread of the load generator: p99 "
+                      f"{_p99(health):.0f} ms, max {health[-1] if health else float('nan'):.0f} ms"}
 
 
 # ----------------------------------------------------------------------------------- CLI
@@ -297,6 +333,65 @@ def data_cases(root, work, ckpt) -> dict:
     return out
 
 
+# ----------------------------------------------------------------------------------- a full disk
+
+def _mount_tmpfs(path: str, size: str, remount: bool = False) -> bool:
+    opts = f"remount,size={size}" if remount else f"size={size}"
+    args = ["mount", "-o", opts, path] if remount else ["mount", "-t", "tmpfs", "-o", opts, "tmpfs", path]
+    return subprocess.run(args, capture_output=True).returncode == 0
+
+
+def disk_cases(root, work, ckpt) -> dict:
+    """A really full filesystem (a small tmpfs; needs root, else skipped): the batch job's results
+    and training's checkpoints written there, then the same command again once there is room."""
+    os.makedirs(disk := os.path.join(work, "disk"), exist_ok=True)
+    if os.geteuid() != 0 or not _mount_tmpfs(disk, "8k"):
+        return {}
+    out = {}
+    try:
+        src = os.path.join(work, "in_disk.jsonl")
+        with open(src, "w") as f:
+            f.writelines(json.dumps({"id": i, "prompt": f"line {i}", "max_tokens": 2}) + "\n" for i in range(80))
+        dest = os.path.join(disk, "out.jsonl")
+        args = ["--checkpoint", ckpt, "--input", src, "--output", dest, "--slots", "4", "--capacity", "32"]
+        r = _cli(root, work, *args)
+        kept = _lines(dest)
+        _mount_tmpfs(disk, "1m", remount=True)
+        again = _cli(root, work, *args)
+        ids = [json.loads(x)["id"] for x in open(dest)]
+        r["effect"] = (f"{kept} complete result lines kept; with room, the same command: exit {again['rc']}, "
+                       f"{len(ids)} results, {len(set(ids))} distinct ids of 80")
+        out["4b batch job results on a full disk (8 KB tmpfs)"] = r
+        sys.path.insert(0, os.path.abspath(root))
+        from tests.synthetic import train_data
+        paths = train_data.make_tiny_setup(os.path.join(work, "train_data"), num_docs=16)
+        ck = os.path.join(disk, "ck")
+        cfg = train_data.write_config(os.path.join(work, "disk_cfg.yaml"), train_data.tiny_config_dict(
+            paths, **{"steps": 2, "checkpoint.dir": ck, "checkpoint.every": 2, "checkpoint.async_save": False}))
+        train = lambda *extra: subprocess.run([PY, "-m", "train.main", "--config", cfg, *extra], cwd=work,
+                                              env=_env(root), capture_output=True, text=True, timeout=600)
+        os.unlink(dest)
+        _mount_tmpfs(disk, "64m", remount=True)
+        first = train()
+        st = os.statvfs(disk)
+        used = (st.f_blocks - st.f_bfree) * st.f_frsize
+        _mount_tmpfs(disk, str(int(used * 1.4) // 4096 * 4096 + 4096), remount=True)
+        p = train("steps=4")
+        kept = sorted(int(d) for d in os.listdir(ck) if d.isdigit())
+        res = {"rc": p.returncode, "message": _first(p.stderr + p.stdout)}
+        _mount_tmpfs(disk, "64m", remount=True)
+        again = train("steps=4")
+        res["effect"] = (f"the first run (to step 2) exit {first.returncode}; {used // 1024} KiB used, the "
+                         f"disk resized to 1.4x; checkpoints after the stop: {kept}; tracebacks: "
+                         f"{(p.stdout + p.stderr).count('Traceback')}; with room, the same command: "
+                         f"exit {again.returncode}, checkpoints then: "
+                         f"{sorted(int(d) for d in os.listdir(ck) if d.isdigit())}")
+        out["4a training checkpoints on a full disk (tmpfs, room for one)"] = res
+    finally:
+        subprocess.run(["umount", "-l", disk], capture_output=True)
+    return out
+
+
 def run_all(root, label, soak_too: bool = True) -> dict:
     work = tempfile.mkdtemp(prefix=f"serve-cases-{label}-")
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -306,6 +401,7 @@ def run_all(root, label, soak_too: bool = True) -> dict:
     results = {}
     results.update(data_cases(root, work, ckpt))
     results.update(cli_cases(root, work, ckpt))
+    results.update(disk_cases(root, work, ckpt))
     results.update(server_cases(root, work, ckpt, soak_too))
     return results
 

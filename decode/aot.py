@@ -124,7 +124,7 @@ def make_decoder(config, devices, *, method="streaming", window=16, refill="befo
                  page_size: int | None = None, num_pages: int | None = None):
     """A Decoder over abstract weights (shapes only) for `devices` (one device, or a
     ('data', 'fsdp', 'tensor') mesh of `mesh_shape` over the first devices); `scan_unroll`
-    layers per iteration of the layer scan; `page_size` a paged cache (one device)."""
+    layers per iteration of the layer scan; `page_size` a paged cache (heads over tensor)."""
     import dataclasses
     from decode.decoder import Decoder
     from wedlm_jax.sharding import make_mesh

@@ -41,11 +41,9 @@ import os
 import sys
 import time
 
-from decode.config import (DecodeConfig, DecodeConfigError, Placement, decoder_kwargs,
-                           decoding_args_config)
+from decode.config import DecodeConfigError, DoorOptions, Sampling
 
-SETTINGS = ("max_new_tokens", "tau", "lam", "temperature", "top_k", "top_p", "seed",
-            "sampling_order")
+SETTINGS = tuple(k for k in Sampling.options() if k != "stop_token_ids")   # a line's own settings
 FIELDS = ("id", "prompt", "messages", "max_tokens", "stop") + SETTINGS
 
 
@@ -55,8 +53,8 @@ class Item:
     id: object
     line: int
     prompt_ids: list
-    settings: dict          # Request fields except prompt and stop_token_ids
-    stop_ids: tuple         # default stops + single-token stop strings (the device stops there)
+    sampling: Sampling      # the command line's, overridden by the line's; stop ids: the
+                            # default stops + single-token stop strings (the device stops there)
     stop_strings: tuple     # every stop string of the line (checked on the host, text cut before it)
 
 
@@ -66,9 +64,8 @@ def _id_key(value) -> str:
     return json.dumps(value)
 
 
-def read_input(path: str, tokenizer, defaults: dict, base_stop_ids: list, base_stop_strings: list,
-               chat: bool, method: str, window: int, capacity: int | None,
-               vocab_size: int | None = None) -> list[Item]:
+def read_input(path: str, tokenizer, defaults: Sampling, base_stop_ids: list, base_stop_strings: list,
+               chat: bool, capacity: int | None, vocab_size: int | None = None) -> list[Item]:
     """Parse and validate every line; raises DecodeConfigError naming `path:line` and the field."""
     from decode.text import split_stop_strings
     if not os.path.isfile(path):
@@ -104,14 +101,11 @@ def read_input(path: str, tokenizer, defaults: dict, base_stop_ids: list, base_s
             if vocab_size is not None and max(ids) >= vocab_size:
                 raise DecodeConfigError(f"{where}: field 'prompt' has token id {max(ids)} outside the "
                                         f"vocabulary [0, {vocab_size})")
-            settings = dict(defaults)
             if "max_tokens" in obj and "max_new_tokens" in obj:
                 raise DecodeConfigError(f"{where}: give one of 'max_tokens' and 'max_new_tokens', not both")
-            for k in SETTINGS:
-                if k in obj:
-                    settings[k] = obj[k]
+            given = {k: obj[k] for k in SETTINGS if k in obj}
             if "max_tokens" in obj:
-                settings["max_new_tokens"] = obj["max_tokens"]
+                given["max_new_tokens"] = obj["max_tokens"]
             stops = obj.get("stop", [])
             if isinstance(stops, str):
                 stops = [stops]
@@ -120,17 +114,19 @@ def read_input(path: str, tokenizer, defaults: dict, base_stop_ids: list, base_s
                                         f"got {obj.get('stop')!r}")
             try:
                 one_token, _ = split_stop_strings(tokenizer, stops)
-                stop_ids = tuple(dict.fromkeys(list(base_stop_ids) + one_token))
-                DecodeConfig(method=method, window=window, stop_token_ids=stop_ids, **settings)
             except DecodeConfigError as e:
-                field = "stop" if "stop" in str(e) else str(e).split()[0]
-                if field == "max_new_tokens" and "max_tokens" in obj:
-                    field = "max_tokens"
+                raise DecodeConfigError(f"{where}: field 'stop': {e}") from None
+            try:
+                sampling = defaults.replace(**given, stop_token_ids=tuple(dict.fromkeys(
+                    list(base_stop_ids) + one_token)))
+            except DecodeConfigError as e:
+                field = {"max_new_tokens": "max_tokens" if "max_tokens" in obj else "max_new_tokens",
+                         "stop_token_ids": "stop"}.get(e.field, e.field)
                 raise DecodeConfigError(f"{where}: field {field!r}: {e}") from None
             if capacity is not None and len(ids) > capacity:
                 raise DecodeConfigError(f"{where}: field 'prompt' has {len(ids)} tokens, longer than the "
                                         f"capacity {capacity}")
-            items.append(Item(id=rid, line=lineno, prompt_ids=ids, settings=settings, stop_ids=stop_ids,
+            items.append(Item(id=rid, line=lineno, prompt_ids=ids, sampling=sampling,
                               stop_strings=tuple(dict.fromkeys(list(base_stop_strings) + stops))))
     if not items:
         raise DecodeConfigError(f"--input {path}: no prompts (every line is blank)")
@@ -296,9 +292,8 @@ def run_job(args) -> int:
     for flag, on in (("--json", args.json), ("--stream", args.stream), ("--trace", args.trace)):
         if on:
             raise DecodeConfigError(f"{flag} does not apply to --input (results go to --output)")
-    base = decoding_args_config(args)     # every option checked once, before anything loads
-    defaults = {k: getattr(base, k) for k in SETTINGS}
-    placement = Placement.from_args(args)
+    opts = DoorOptions.from_args(args)    # every option checked once, before anything loads
+    placement = opts.placement
     k, n = distributed.initialize(args, "wedlm-decode")   # before anything touches a device
     if n > 1:   # this process decodes on its own devices: new arrays go there, not to process 0's
         import jax
@@ -309,8 +304,8 @@ def run_job(args) -> int:
     args.mask_token_id = ckpt.mask_token_id
     cli_stop_ids, _ = split_stop_strings(tokenizer, args.stop)
     base_ids = list(ckpt.default_stop_ids) + list(args.stop_id) + cli_stop_ids
-    items = read_input(args.input, tokenizer, defaults, list(dict.fromkeys(base_ids)), list(args.stop),
-                       args.chat, args.method, args.window, args.capacity, model_config.vocab_size)
+    items = read_input(args.input, tokenizer, opts.sampling, list(dict.fromkeys(base_ids)),
+                       list(args.stop), args.chat, args.capacity, model_config.vocab_size)
     output = args.output if n == 1 else part_path(args.output, k, n)
     check_output(output, args.input)
     mine = items[k::n]                    # this process's share (every process read every line)
@@ -327,17 +322,17 @@ def run_job(args) -> int:
         print("wedlm-decode: nothing to do", file=sys.stderr)
         return 0
     # from every line, not only those left: a rerun compiles the same programs and decodes alike
-    capacity = args.capacity or max(len(it.prompt_ids) + it.settings["max_new_tokens"] for it in items)
+    capacity = args.capacity or max(len(it.prompt_ids) + it.sampling.max_new_tokens for it in items)
 
     from decode.batching import Batcher
     from decode.decoder import Decoder, Request
     config, params, mesh = ckpt.load()
-    decoder = Decoder(params, config, mesh=mesh, **decoder_kwargs(args, placement, capacity))
+    decoder = Decoder(params, config, mesh=mesh, **opts.decoder_kwargs(capacity, ckpt.mask_token_id))
     requests = []
     for it in todo:
-        req = Request(prompt=tuple(it.prompt_ids), stop_token_ids=it.stop_ids, **it.settings)
         try:
-            requests.append(decoder.check_request(req))
+            requests.append(decoder.check_request(Request(prompt=tuple(it.prompt_ids),
+                                                          **Sampling.pick(it.sampling))))
         except DecodeConfigError as e:
             raise DecodeConfigError(f"{args.input}:{it.line}: {e}") from None
     with open(output, "a", encoding="utf-8") as out:

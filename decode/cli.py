@@ -21,8 +21,8 @@ import json
 import os
 import sys
 
-from decode.config import (DecodeConfigError, Placement, add_decoding_arguments,
-                           decoding_args_config)
+from decode.config import (DecodeConfigError, DoorOptions, EngineOptions, Placement,
+                           add_decoding_arguments)
 from decode.checkpoint import OpenCheckpoint
 from decode.text import ChatTemplateError, split_stop_strings, stop_at_strings
 from wedlm_jax import compile_cache, distributed
@@ -105,10 +105,14 @@ def _read_prompts(args, tokenizer) -> list[tuple[str, list[int]]]:
 def run(args) -> dict:
     from decode.static_batch import generate
 
-    base = decoding_args_config(args)   # every setting checked before the checkpoint is read
-    placement = Placement.from_args(args)
+    opts = DoorOptions.from_args(args)   # every setting checked before the checkpoint is read
+    base, placement = opts.decode_config, opts.placement
+    batching_only = [f"--{n.replace('_', '-')}" for n in ("slots", "steps_per_call")
+                     if getattr(opts.engine, n) != getattr(EngineOptions(), n)]
     if placement.page_size is not None:
-        raise DecodeConfigError("--page-size applies to continuous batching: --input and "
+        batching_only.append("--page-size")
+    if batching_only:
+        raise DecodeConfigError(f"{batching_only[0]} applies to continuous batching: --input and "
                                 "wedlm-serve (--prompt / --prompts-file decode one static batch)")
     read = {}
 

@@ -1,7 +1,10 @@
-"""Decoding configuration: one frozen dataclass, validated on construction (before anything compiles).
+"""Decoding options, each defined once (default, bounds, help) and checked on construction, before
+anything compiles: `Sampling` (a request's runtime settings), `Method` and `EngineOptions` (what the
+programs are built for), `Placement` (dtype, mesh, attention backend, pages), `DecodeConfig` (a
+static batch: Method + Sampling) and `DoorOptions` (what a command-line door was given).
 
-Fields follow docs/algorithm.md §3 and the paper's names: `window` (W), `tau` (entropy threshold),
-`lam` (distance penalty lambda). Methods:
+Names follow docs/algorithm.md §3 and the paper: `window` (W), `tau` (entropy threshold), `lam`
+(distance penalty lambda). Methods:
 
   streaming  the paper's Algorithm 1 (reorder, forward, commit the leading filled run, fill, slide);
   block      stop-and-wait block decoding: a block of W masks is resolved with the same fill rule and
@@ -14,6 +17,7 @@ Fields follow docs/algorithm.md §3 and the paper's names: `window` (W), `tau` (
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Sequence
 
 METHODS = ("streaming", "block", "ar", "verified")
@@ -26,79 +30,198 @@ MAX_LOGPROBS = 20       # top alternatives per token (OpenAI's and vLLM's limit)
 
 
 class DecodeConfigError(ValueError):
-    """A decoding setting or input that the engine cannot honour."""
+    """A decoding setting or input that the engine cannot honour; `field` is the setting at fault
+    (as the door that checked it calls it) when one is."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
-@dataclasses.dataclass(frozen=True)
-class DecodeConfig:
-    method: str = "streaming"
-    window: int = 16
-    tau: float = 0.4
-    lam: float = 0.02
-    temperature: float = 0.0
-    top_k: int = 0          # 0: off
-    top_p: float = 1.0      # 1: off
-    max_new_tokens: int = 256
-    stop_token_ids: tuple = ()
-    seed: int = 0
-    prefill_chunk: int = 128  # static; the last chunk of a prompt is computed whole (padding included)
-    refill: str = "before"    # 'before': the official engine's order (up to 2W slots a forward)
-    sampling_order: str = "filter_first"  # the official engine's: top-k, top-p, then temperature
+# ------------------------------------------------------------------------------ the options
+#
+# Every decoding option is defined once, as a field of one of the options types below, with its
+# default, kind, bounds and help (`option`). The same definition checks the value (`check_value`,
+# on construction of every options type) and makes the doors' command-line flags
+# (`add_option_arguments`); the server and the batch job read a request's values into the same
+# types. Two kinds of options:
+#   compile time   Method (method, W, refill, prefill chunk) + EngineOptions (slots, steps per
+#                  call, capacity, ...) + Placement (dtype, mesh, attention backend, KV tile,
+#                  pages): what the Decoder's programs are built for;
+#   per request    Sampling (tau, lambda, temperature, top-k, top-p, sampling order, max new
+#                  tokens, stop ids, seed): runtime values, one set per request.
+
+
+def option(default, kind, help: str, *, low=None, high=None, low_open: bool = False,
+           choices: tuple = (), optional: bool = False):
+    """One option's definition: `kind` is int, float, str (one of `choices`), bool or 'ids' (stop
+    token ids); numbers lie in [low, high] ((low, high] with low_open; ints default high int32);
+    `optional`: None is allowed (the door decides)."""
+    return dataclasses.field(default=default, metadata=dict(
+        kind=kind, help=help, low=low, high=high, low_open=low_open, choices=tuple(choices),
+        optional=optional))
+
+
+def check_value(name: str, value, meta):
+    """`value` checked against an option's definition and normalised (NumPy scalars to Python
+    numbers, stop ids to a tuple without repeats); a DecodeConfigError naming `name` otherwise."""
+    kind = meta["kind"]
+    if value is None and meta["optional"]:
+        return None
+    if kind == "ids":
+        return _stop_ids(name, value)
+    if kind is str:
+        if value not in meta["choices"]:
+            raise DecodeConfigError(f"{name} {value!r} is unknown; allowed: {', '.join(meta['choices'])}",
+                                    name)
+        return value
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise DecodeConfigError(f"{name} must be true or false, got {value!r}", name)
+        return value
+    low, high = meta["low"], meta["high"]
+    if kind is int:
+        check_int(name, value, low, INT32_MAX if high is None else high)
+        return int(value)
+    ok = _is_number(value) and float(value) != float("inf")
+    if ok:
+        v = float(value)
+        ok = (v > low if meta["low_open"] else v >= low) and (high is None or v <= high)
+    if not ok:
+        if high is None:
+            raise DecodeConfigError(f"{name} must be a finite number >= {low:g}, got {_shown(value)}",
+                                    name)
+        raise DecodeConfigError(f"{name} must be in {'(' if meta['low_open'] else '['}{low:g}, {high:g}], "
+                                f"got {_shown(value)}", name)
+    return float(value)
+
+
+def _stop_ids(name: str, value) -> tuple:
+    stops = (value,) if _is_int(value) else value
+    if isinstance(stops, (str, bytes)) or not hasattr(stops, "__iter__"):
+        raise DecodeConfigError(f"{name} must be a list of token ids, got {value!r}", name)
+    stops = tuple(stops)
+    for s in stops:
+        if not _is_int(s) or not 0 <= s <= INT32_MAX:
+            raise DecodeConfigError(f"{name} must be ints in [0, {INT32_MAX}], got {s!r}", name)
+    stops = tuple(dict.fromkeys(int(s) for s in stops))
+    if len(stops) > MAX_STOP_IDS:
+        raise DecodeConfigError(f"{name}: at most {MAX_STOP_IDS}, got {len(stops)}", name)
+    return stops
+
+
+class _Checked:
+    """Checks (and normalises) every field defined with `option` on construction."""
 
     def __post_init__(self):
-        if self.method not in METHODS:
-            raise DecodeConfigError(f"method {self.method!r} is unknown; allowed: {', '.join(METHODS)}")
-        if self.refill not in REFILLS:
-            raise DecodeConfigError(f"refill {self.refill!r} is unknown; allowed: {', '.join(REFILLS)}")
-        if self.sampling_order not in SAMPLING_ORDERS:
-            raise DecodeConfigError(f"sampling_order {self.sampling_order!r} is unknown; allowed: "
-                                    f"{', '.join(SAMPLING_ORDERS)}")
-        check_int("window", self.window, 1)
-        check_number("tau", self.tau, 0.0)
-        check_number("lam", self.lam, 0.0)
-        check_number("temperature", self.temperature, 0.0)
-        check_int("top_k", self.top_k, 0)
-        if not _is_number(self.top_p) or not 0.0 < float(self.top_p) <= 1.0:
-            raise DecodeConfigError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        check_int("max_new_tokens", self.max_new_tokens, 1)
-        check_int("prefill_chunk", self.prefill_chunk, 1)
-        check_int("seed", self.seed, 0, SEED_MAX)
-        stops = self.stop_token_ids
-        if isinstance(stops, int):
-            stops = (stops,)
-        stops = tuple(stops)
-        for s in stops:
-            if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s <= INT32_MAX:
-                raise DecodeConfigError(f"stop_token_ids must be ints in [0, {INT32_MAX}], got {s!r}")
-        stops = tuple(dict.fromkeys(stops))
-        if len(stops) > MAX_STOP_IDS:
-            raise DecodeConfigError(f"at most {MAX_STOP_IDS} stop_token_ids, got {len(stops)}")
-        object.__setattr__(self, "stop_token_ids", stops)
+        for f in dataclasses.fields(self):
+            if "kind" in f.metadata:
+                object.__setattr__(self, f.name, check_value(f.name, getattr(self, f.name), f.metadata))
+
+    def replace(self, **kw):
+        return dataclasses.replace(self, **kw)
+
+    @classmethod
+    def options(cls) -> dict:
+        """{name: its definition} of the options this type holds."""
+        return {f.name: f for f in dataclasses.fields(cls) if "kind" in f.metadata}
+
+    @classmethod
+    def pick(cls, source) -> dict:
+        """The values of this type's options found in `source` (an object's attributes, e.g. an
+        argparse namespace or another options type, or a mapping)."""
+        get = source.get if isinstance(source, dict) else lambda k, d: getattr(source, k, d)
+        missing = object()
+        return {k: v for k in cls.options() if (v := get(k, missing)) is not missing}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Sampling(_Checked):
+    """A request's sampling settings (runtime values: changing them never recompiles).
+    docs/algorithm.md §3 (tau, lambda) and §5 (the sampling of a committed token)."""
+    tau: float = option(0.4, float, "commit every window slot whose adjusted entropy is below tau",
+                        low=0.0)
+    lam: float = option(0.02, float, "lambda: the distance penalty added to a slot's entropy per "
+                                     "position it lies past the first undecided one", low=0.0)
+    temperature: float = option(0.0, float, "0: greedy; > 0: sample the committed tokens", low=0.0)
+    top_k: int = option(0, int, "sample among the k likeliest (0: all)", low=0)
+    top_p: float = option(1.0, float, "nucleus mass in (0, 1] (1: all)", low=0.0, high=1.0,
+                          low_open=True)
+    sampling_order: str = option("filter_first", str, "filter_first is the official engine's "
+                                 "(top-k, top-p, then temperature), temper_first transformers'",
+                                 choices=SAMPLING_ORDERS)
+    max_new_tokens: int = option(256, int, "tokens to generate per request", low=1)
+    seed: int = option(0, int, "sampling seed, in [0, 2**32)", low=0, high=SEED_MAX)
+    stop_token_ids: tuple = option((), "ids", f"token ids that end a request (at most {MAX_STOP_IDS})")
 
     @property
     def greedy(self) -> bool:
         return float(self.temperature) == 0.0
 
-    def replace(self, **kw) -> "DecodeConfig":
-        return dataclasses.replace(self, **kw)
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Method(_Checked):
+    """How the programs decode (compile time): docs/algorithm.md §3-4."""
+    method: str = option("streaming", str, "the decoding method", choices=METHODS)
+    window: int = option(16, int, "W: undecided slots in the window (limited to the budget)", low=1)
+    refill: str = option("before", str, "when the window's masks are refilled: 'before' is the "
+                         "official engine's order (up to 2W slots a forward, up to W tokens a "
+                         "forward), 'after' SPEC's (W slots, up to W/2 tokens)", choices=REFILLS)
+    prefill_chunk: int = option(128, int, "prompt tokens per prefill forward (the last chunk of a "
+                                "prompt is computed whole, padding included)", low=1)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DecodeConfig(Method, Sampling):
+    """A static batch's settings (decode.static_batch.generate): the Method and one Sampling for
+    every prompt. Fields follow docs/algorithm.md §3 and the paper's names: `window` (W), `tau`
+    (entropy threshold), `lam` (distance penalty lambda)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineOptions(Method):
+    """What a continuous-batching Decoder is built for besides the Method (compile time; the
+    Placement holds the device side)."""
+    slots: int = option(16, int, "requests decoded at once", low=1)
+    steps_per_call: int = option(8, int, "decode steps per device call (a chunk)", low=1)
+    capacity: int | None = option(None, int, "cache capacity per request (prompt + generated "
+                                  "tokens)", low=1, optional=True)
+    allow_long: bool = option(False, bool, "allow a capacity past the model's "
+                              "max_position_embeddings")
+
+    def decoder_kwargs(self, placement: "Placement", capacity: int, mask_token_id) -> dict:
+        """The Decoder's settings: one construction for every door."""
+        return dict(**Method.pick(self), slots=self.slots, capacity=capacity,
+                    steps_per_call=self.steps_per_call, allow_long=self.allow_long,
+                    page_size=placement.page_size, num_pages=placement.num_pages,
+                    mask_token_id=mask_token_id, dtype=placement.dtype,
+                    attention=placement.attention, kv_tile=placement.kv_tile)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _shown(value) -> str:
+    """A value as the doors quote it: numbers alike whether they came as text (argparse: -1.0) or
+    JSON (-1); anything else by repr."""
+    if _is_int(value):
+        return str(int(value))
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return f"{float(value):g}"
+    return repr(value)
 
 
 def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x  # rejects NaN
-
-
-def check_number(name, value, low):
-    """A DecodeConfigError naming `name` unless `value` is a finite number >= low (the one check
-    of every float setting: DecodeConfig here, Request in decode.decoder)."""
-    if not _is_number(value) or float(value) < low or float(value) == float("inf"):
-        raise DecodeConfigError(f"{name} must be a finite number >= {low}, got {value!r}")
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and x == x  # rejects NaN
 
 
 def check_int(name, value, low, high=INT32_MAX):
     """A DecodeConfigError naming `name` unless `value` is an int in [low, high] (int32 by
     default: integer settings travel as int32 on the device)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise DecodeConfigError(f"{name} must be an int in [{low}, {high}], got {value!r}")
+    if not _is_int(value) or not low <= value <= high:
+        raise DecodeConfigError(f"{name} must be an int in [{low}, {high}], got "
+                                f"{_shown(value) if _is_int(value) else repr(value)}", name)
 
 
 def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int, capacity: int | None) -> list[list[int]]:
@@ -262,83 +385,80 @@ class Placement:
 
 DOORS = ("wedlm-decode", "wedlm-serve")
 SERVE_CAPACITY = 2048     # wedlm-serve's default capacity (wedlm-decode sizes it from its prompts)
+ENGINE_FLAGS = ("method", "window", "refill", "slots", "steps_per_call", "capacity", "prefill_chunk",
+                "allow_long")
+# the per-request settings a door takes on its command line (on the server, every request's
+# defaults; the server takes the others with each request, the batch job also per line)
+SAMPLING_FLAGS = {"wedlm-decode": ("tau", "lam", "sampling_order", "max_new_tokens", "temperature",
+                                   "top_k", "top_p", "seed"),
+                  "wedlm-serve": ("tau", "lam", "sampling_order", "max_new_tokens")}
+
+
+def add_option_arguments(group, cls, names, *, flags=None, defaults=None, notes=None) -> None:
+    """One flag per option of `cls` in `names`: `--name-with-dashes` (or flags[name]), its default
+    (the type's, or defaults[name]) and its help (its definition's, + notes[name]), all from the
+    option's one definition."""
+    base, defs = cls(), cls.options()
+    for name in names:
+        m = defs[name].metadata
+        flag = (flags or {}).get(name, "--" + name.replace("_", "-"))
+        text = m["help"] + (f" (one of {', '.join(m['choices'])})" if m["choices"] else "") \
+            + (notes or {}).get(name, "")
+        if m["kind"] is bool:
+            group.add_argument(flag, dest=name, action="store_true", help=text)
+            continue
+        group.add_argument(flag, dest=name, type=m["kind"] if m["kind"] in (int, float) else str,
+                           default=(defaults or {}).get(name, getattr(base, name)), help=text)
 
 
 def add_decoding_arguments(parser, door: str) -> None:
-    """The decoding options the doors share (wedlm-decode with its batch job, wedlm-serve), each
-    defined once here with its default (DecodeConfig's) and its help: the compile-time group,
-    which fixes the Decoder's programs, and the per-request settings (on the server, every
-    request's defaults; a request may set its own). `decoding_args_config` checks them."""
+    """The decoding options the doors share (wedlm-decode with its batch job, wedlm-serve): the
+    compile-time group (EngineOptions: the Decoder's programs are built for these) and the
+    per-request settings (Sampling; on the server, every request's defaults). `DoorOptions.from_args`
+    checks them."""
     if door not in DOORS:
         raise ValueError(f"door must be one of {DOORS}, got {door!r}")
-    d, serve = DecodeConfig(), door == "wedlm-serve"
+    serve = door == "wedlm-serve"
     g = parser.add_argument_group("decoding, compile-time (the programs are built for these)")
-    g.add_argument("--method", default=d.method, help=f"one of {', '.join(METHODS)}")
-    g.add_argument("--window", type=int, default=d.window,
-                   help="W: undecided slots in the window (limited to the budget)")
-    g.add_argument("--refill", default=d.refill,
-                   help=f"one of {', '.join(REFILLS)}: 'before' is the official engine's order "
-                        "(up to 2W slots a forward, up to W tokens a forward), 'after' SPEC's "
-                        "(W slots, up to W/2 tokens)")
-    g.add_argument("--slots", type=int, default=16,
-                   help="requests decoded at once" + ("" if serve else " (--input)"))
-    g.add_argument("--steps-per-call", type=int, default=8,
-                   help="decode steps per device call (a chunk)" + ("" if serve else " (--input)"))
-    g.add_argument("--capacity", type=int, default=SERVE_CAPACITY if serve else None,
-                   help="cache capacity per request (prompt + generated tokens)"
-                        + ("" if serve else "; default: the longest prompt + its new tokens"))
-    g.add_argument("--prefill-chunk", type=int, default=d.prefill_chunk,
-                   help="prompt tokens per prefill forward")
-    g.add_argument("--allow-long", action="store_true",
-                   help="allow a capacity past the model's max_position_embeddings")
+    only_input = "" if serve else " (--input)"
+    add_option_arguments(g, EngineOptions, ENGINE_FLAGS,
+                         defaults={"capacity": SERVE_CAPACITY} if serve else None,
+                         notes={"slots": only_input, "steps_per_call": only_input,
+                                "capacity": "" if serve else "; default: the longest prompt + its "
+                                                             "new tokens"})
     g.add_argument("--mask-token-id", type=int, default=None,
                    help="the [MASK] id (default: config.json's, else the tokenizer's <|mask|>)")
     g.add_argument("--no-default-stops", action="store_true",
                    help="do not stop at eos / <|im_end|> from the tokenizer and generation_config.json")
     r = parser.add_argument_group("per-request settings" + (" (a request's defaults)" if serve else ""))
-    r.add_argument("--tau", type=float, default=d.tau,
-                   help="commit every window slot whose adjusted entropy is below tau (>= 0)")
-    r.add_argument("--lam", type=float, default=d.lam,
-                   help="lambda: the distance penalty added to a slot's entropy per position it "
-                        "lies past the first undecided one (>= 0)")
-    r.add_argument("--sampling-order", default=d.sampling_order,
-                   help=f"one of {', '.join(SAMPLING_ORDERS)}: filter_first is the official "
-                        "engine's (top-k, top-p, then temperature), temper_first transformers'")
-    r.add_argument("--max-tokens" if serve else "--max-new-tokens", dest="max_new_tokens", type=int,
-                   default=d.max_new_tokens, help="tokens to generate per request")
-    if serve:      # the rest of a request's sampling settings come with the request
-        return
-    r.add_argument("--temperature", type=float, default=d.temperature,
-                   help="0: greedy; > 0: sample the committed tokens")
-    r.add_argument("--top-k", type=int, default=d.top_k, help="sample among the k likeliest (0: all)")
-    r.add_argument("--top-p", type=float, default=d.top_p, help="nucleus mass in (0, 1]")
-    r.add_argument("--seed", type=int, default=d.seed, help="sampling seed, in [0, 2**32)")
+    add_option_arguments(r, Sampling, SAMPLING_FLAGS[door],
+                         flags={"max_new_tokens": "--max-tokens"} if serve else None)
 
 
-def decoding_args_config(args) -> DecodeConfig:
-    """Every shared option of a door checked once, before anything loads (a DecodeConfigError
-    naming the option): the per-request settings as a DecodeConfig (its bounds), the
-    compile-time integers, and the slots against the placement's mesh."""
-    kw = {k: getattr(args, k) for k in ("temperature", "top_k", "top_p", "seed") if hasattr(args, k)}
-    dc = DecodeConfig(method=args.method, window=args.window, tau=args.tau, lam=args.lam,
-                      max_new_tokens=args.max_new_tokens, refill=args.refill,
-                      prefill_chunk=args.prefill_chunk, sampling_order=args.sampling_order, **kw)
-    for name in ("slots", "steps_per_call", "capacity"):
-        v = getattr(args, name)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= INT32_MAX):
-            raise DecodeConfigError(f"--{name.replace('_', '-')} must be in [1, {INT32_MAX}], got {v}")
-    placement = Placement.from_args(args)
-    if args.slots % placement.batch_shards:
-        raise DecodeConfigError(f"--slots {args.slots} must be a multiple of the mesh's data x "
-                                f"fsdp = {placement.batch_shards}")
-    return dc
+@dataclasses.dataclass(frozen=True)
+class DoorOptions:
+    """A door's decoding options (wedlm-decode, its batch job, wedlm-serve), each checked once,
+    before anything loads: the compile-time EngineOptions and Placement, and the per-request
+    Sampling (the defaults of every request the door makes)."""
+    engine: EngineOptions
+    sampling: Sampling
+    placement: Placement
 
+    @classmethod
+    def from_args(cls, args) -> "DoorOptions":
+        """From `add_decoding_arguments` + `Placement.add_arguments`' flags; a DecodeConfigError
+        naming the option otherwise."""
+        engine, sampling = EngineOptions(**EngineOptions.pick(args)), Sampling(**Sampling.pick(args))
+        placement = Placement.from_args(args)
+        if engine.slots % placement.batch_shards:
+            raise DecodeConfigError(f"--slots {engine.slots} must be a multiple of the mesh's data x "
+                                    f"fsdp = {placement.batch_shards}", "slots")
+        return cls(engine, sampling, placement)
 
-def decoder_kwargs(args, placement: "Placement", capacity: int) -> dict:
-    """The Decoder's settings from a door's options: one construction for every door."""
-    return dict(method=args.method, window=args.window, slots=args.slots, capacity=capacity,
-                steps_per_call=args.steps_per_call, refill=args.refill,
-                prefill_chunk=args.prefill_chunk, allow_long=args.allow_long,
-                page_size=placement.page_size, num_pages=placement.num_pages,
-                mask_token_id=args.mask_token_id, dtype=placement.dtype,
-                attention=placement.attention, kv_tile=placement.kv_tile)
+    @property
+    def decode_config(self) -> DecodeConfig:
+        """The static batch's settings (wedlm-decode --prompt / --prompts-file)."""
+        return DecodeConfig(**Method.pick(self.engine), **Sampling.pick(self.sampling))
+
+    def decoder_kwargs(self, capacity: int, mask_token_id) -> dict:
+        return self.engine.decoder_kwargs(self.placement, capacity, mask_token_id)

@@ -33,19 +33,18 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
-from decode.config import (MAX_LOGPROBS, MAX_STOP_IDS, METHODS, SEED_MAX, DecodeConfigError,
-                           check_int, check_number)
+from decode.config import (MAX_LOGPROBS, MAX_STOP_IDS, DecodeConfigError, EngineOptions, Sampling,
+                           check_int)
 from decode.programs import (STEPS, Static, _forward, _free, _generate, _insert,  # noqa: F401
                              _one_step, _prefill, _prefill_into, _prefill_slot, _unmap,
                              cache_axes, compiled_count)
-from decode.sampling import SAMPLING_ORDERS
 from decode.state import DecodeState, KVCache, Prefix, Settings, TokenLogProbs
-from decode.steps import REFILLS, StepSpec
+from decode.steps import StepSpec
 from wedlm_jax import attention_backends as attn_backends
 from wedlm_jax import cache_attention as ca
 from wedlm_jax import model as model_lib
 from wedlm_jax import paged_attention as paged
-from wedlm_jax.config import ModelConfig
+from wedlm_jax.config import ConfigError, ModelConfig, released_mask_token_id
 from wedlm_jax.sharding import DEFAULT_RULES, is_axes, spec_for, tree_shardings
 
 ROW_ALIGN = 64
@@ -53,19 +52,11 @@ DEFAULT_KV_TILE = 256
 MIN_PROMPT_BUCKET = 16
 
 
-@dataclasses.dataclass(frozen=True)
-class Request:
-    """One request and its runtime settings."""
-    prompt: tuple                   # token ids, at least one
-    max_new_tokens: int = 256
-    tau: float = 0.4
-    lam: float = 0.02
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    stop_token_ids: tuple = ()      # at most MAX_STOP_IDS
-    seed: int = 0
-    sampling_order: str = "filter_first"
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Request(Sampling):
+    """One request: its prompt (token ids, at least one) and its Sampling settings (checked on
+    construction; `Decoder.check_request` checks them against the Decoder: vocabulary, capacity)."""
+    prompt: tuple
     top_logprobs: int = 0           # alternatives wanted per generated token (<= the Decoder's)
 
 
@@ -81,20 +72,10 @@ def _is_int(x) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
-def _as_int(x):
-    """NumPy integers as Python ints (the checks in decode.config take Python numbers)."""
-    return int(x) if isinstance(x, np.integer) else x
-
-
-def _as_float(x):
-    return float(x) if isinstance(x, (np.integer, np.floating)) else x
-
-
-def _is_num(x) -> bool:
-    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and x == x
-
-
 # ----------------------------------------------------------------------------- the Decoder
+
+_D = EngineOptions()     # the Decoder's defaults are the doors'
+
 
 @dataclasses.dataclass
 class ResultTokens:
@@ -140,28 +121,26 @@ class Decoder:
     page_size: a paged KV cache (issue 25) of pages of that many rows, `num_pages` per layer
     (default slots x pages per sequence: the dense cache's memory), shared by the slots: a
     request holds the pages `decode.batching` gives it (`prefill_into_slot`), from a prefix it
-    shares with earlier requests on. One device for now (no mesh).
+    shares with earlier requests on. On a mesh: heads over tensor (the pool split by its K/V
+    heads), not slots over data/fsdp.
 
     top_logprobs: how many likeliest alternatives every emitted token carries beside its own
     log-probability (`ResultTokens.new_logprobs`; 0 to MAX_LOGPROBS, a compile-time width)."""
 
-    def __init__(self, params, model_config: ModelConfig, *, method: str = "streaming",
-                 window: int = 16, refill: str = "before", slots: int = 8, capacity: int = 1024,
-                 steps_per_call: int = 16, dtype=jnp.float32, mesh=None,
-                 mask_token_id: int | None = None, kv_tile: int = DEFAULT_KV_TILE,
-                 prefill_chunk: int = 128, sampling: bool = True, allow_long: bool = False,
+    def __init__(self, params, model_config: ModelConfig, *, method: str = _D.method,
+                 window: int = _D.window, refill: str = _D.refill, slots: int = _D.slots,
+                 capacity: int = 1024, steps_per_call: int = _D.steps_per_call,
+                 dtype=jnp.float32, mesh=None, mask_token_id: int | None = None,
+                 kv_tile: int = DEFAULT_KV_TILE, prefill_chunk: int = _D.prefill_chunk,
+                 sampling: bool = True, allow_long: bool = _D.allow_long,
                  memory_limit_bytes: int | None = None, attention: str = "tiled",
                  page_size: int | None = None, num_pages: int | None = None,
                  top_logprobs: int = 0):
-        if method not in METHODS:
-            raise DecodeConfigError(f"method {method!r} is unknown; allowed: {', '.join(METHODS)}")
-        if refill not in REFILLS:
-            raise DecodeConfigError(f"refill {refill!r} is unknown; allowed: {', '.join(REFILLS)}")
-        for name, v in (("window", window), ("slots", slots), ("capacity", capacity),
-                        ("steps_per_call", steps_per_call), ("kv_tile", kv_tile),
-                        ("prefill_chunk", prefill_chunk)):
-            if not _is_int(v) or v < 1:
-                raise DecodeConfigError(f"{name} must be an int >= 1, got {v!r}")
+        EngineOptions(method=method, window=window, refill=refill, slots=slots, capacity=capacity,
+                      steps_per_call=steps_per_call, prefill_chunk=prefill_chunk,
+                      allow_long=allow_long)                  # the doors' checks, the same code
+        check_int("capacity", capacity, 1)
+        check_int("kv_tile", kv_tile, 1)
         if method != "ar" and window > capacity:
             raise DecodeConfigError(f"window {window} is larger than the capacity {capacity}: "
                                     f"a slot never holds more than {capacity} positions")
@@ -196,7 +175,8 @@ class Decoder:
         page_size, num_pages = self._pages(page_size, num_pages, rows, slots, mesh)
         if page_size and paged.implementation_for(device.platform) == "ragged":
             try:
-                paged.check_ragged(model_config.num_heads, model_config.num_kv_heads, dtype)
+                paged.check_ragged(model_config.num_heads, model_config.num_kv_heads, dtype,
+                                   1 if mesh is None else int(mesh.shape.get("tensor", 1)))
             except ValueError as e:
                 raise DecodeConfigError(f"--page-size on {device.platform}: {e}") from None
         shape_config = model_config.replace(mask_token_id=None, bos_token_id=None,
@@ -232,9 +212,10 @@ class Decoder:
             return 0, 0
         if not _is_int(page_size) or page_size < 1:
             raise DecodeConfigError(f"page_size must be an int >= 1, got {page_size!r}")
-        if mesh is not None and mesh.devices.size > 1:
-            raise DecodeConfigError("the paged cache runs on one device for now (a mesh of "
-                                    f"{mesh.devices.size} devices was given)")
+        if mesh is not None and mesh.shape.get("data", 1) * mesh.shape.get("fsdp", 1) > 1:
+            raise DecodeConfigError("the paged cache splits heads over --mesh tensor=N; slots over "
+                                    "data/fsdp would need a page pool per shard, which is not built "
+                                    f"(mesh {dict(mesh.shape)})")
         per_seq = -(-rows // page_size)
         num_pages = slots * per_seq if num_pages is None else num_pages
         if not _is_int(num_pages) or num_pages < 1:
@@ -255,6 +236,11 @@ class Decoder:
     @staticmethod
     def _mask_id(config: ModelConfig, given, method: str) -> int:
         mask_id = given if given is not None else config.mask_token_id
+        if mask_id is None and method != "ar":   # a released `wedlm` config: its null means 151665
+            try:
+                mask_id = released_mask_token_id(config, "the model config", "mask_token_id=ID")
+            except ConfigError as e:
+                raise DecodeConfigError(str(e)) from None
         if mask_id is None:
             if method == "ar":
                 return 0
@@ -299,42 +285,31 @@ class Decoder:
     # -- requests
     def check_request(self, request: Request) -> Request:
         """Validate a request before any device work; raises DecodeConfigError naming the field.
-        Returns the request with its stop ids normalised (a tuple without repeats)."""
+        (Its own settings were checked when it was made: Sampling.) Returns it with the prompt
+        as a tuple of ints."""
         if not isinstance(request, Request):
             raise DecodeConfigError(f"expected a Request, got {type(request).__name__}")
         r, vocab = request, self.model_config.vocab_size
         prompt = r.prompt
         if isinstance(prompt, (str, bytes)) or not hasattr(prompt, "__len__") or len(prompt) == 0:
-            raise DecodeConfigError("prompt must be a non-empty sequence of token ids")
+            raise DecodeConfigError("prompt must be a non-empty sequence of token ids", "prompt")
         if not all(_is_int(t) and 0 <= t < vocab for t in prompt):
             bad = next(t for t in prompt if not (_is_int(t) and 0 <= t < vocab))
-            raise DecodeConfigError(f"prompt: token id {bad!r} is outside the vocabulary [0, {vocab})")
+            raise DecodeConfigError(f"prompt: token id {bad!r} is outside the vocabulary [0, {vocab})",
+                                    "prompt")
         if len(prompt) > self.capacity:
             raise DecodeConfigError(f"prompt: {len(prompt)} tokens, longer than the capacity "
-                                    f"{self.capacity}")
-        check_int("max_new_tokens", _as_int(r.max_new_tokens), 1)
-        for name in ("tau", "lam", "temperature"):
-            check_number(name, _as_float(getattr(r, name)), 0)
-        check_int("top_k", _as_int(r.top_k), 0)
-        if not _is_num(r.top_p) or not 0 < r.top_p <= 1:
-            raise DecodeConfigError(f"top_p must be in (0, 1], got {r.top_p!r}")
-        check_int("seed", _as_int(r.seed), 0, SEED_MAX)
+                                    f"{self.capacity}", "prompt")
         if not (_is_int(r.top_logprobs) and 0 <= r.top_logprobs <= self.static.spec.top_logprobs):
             raise DecodeConfigError(f"top_logprobs must be an int in [0, {self.static.spec.top_logprobs}] "
-                                    f"(the Decoder's top_logprobs), got {r.top_logprobs!r}")
-        if r.sampling_order not in SAMPLING_ORDERS:
-            raise DecodeConfigError(f"sampling_order {r.sampling_order!r} is unknown; allowed: "
-                                    f"{', '.join(SAMPLING_ORDERS)}")
+                                    f"(the Decoder's top_logprobs), got {r.top_logprobs!r}", "top_logprobs")
         if r.temperature > 0 and not self.sampling:
             raise DecodeConfigError("temperature > 0 needs a Decoder built with sampling=True")
-        stops = (r.stop_token_ids,) if _is_int(r.stop_token_ids) else tuple(r.stop_token_ids)
-        if not all(_is_int(s) and 0 <= s < vocab for s in stops):
-            bad = next(s for s in stops if not (_is_int(s) and 0 <= s < vocab))
-            raise DecodeConfigError(f"stop_token_ids: {bad!r} is outside the vocabulary [0, {vocab})")
-        stops = tuple(dict.fromkeys(int(s) for s in stops))
-        if len(stops) > MAX_STOP_IDS:
-            raise DecodeConfigError(f"stop_token_ids: at most {MAX_STOP_IDS}, got {len(stops)}")
-        return dataclasses.replace(r, prompt=tuple(int(t) for t in prompt), stop_token_ids=stops)
+        if not all(s < vocab for s in r.stop_token_ids):     # ids, normalised by Sampling
+            bad = next(s for s in r.stop_token_ids if s >= vocab)
+            raise DecodeConfigError(f"stop_token_ids: {bad!r} is outside the vocabulary [0, {vocab})",
+                                    "stop_token_ids")
+        return dataclasses.replace(r, prompt=tuple(int(t) for t in prompt))
 
     def prompt_bucket(self, prompt_len: int) -> int:
         return min(pow2_at_least(prompt_len, MIN_PROMPT_BUCKET), self.static.rows)

@@ -6,7 +6,7 @@ here touches the engine, so a bad request is a 400 naming the field before any d
 import dataclasses
 import secrets
 
-from decode.config import MAX_LOGPROBS, MAX_STOP_IDS, SAMPLING_ORDERS, DecodeConfigError  # noqa: F401 (the bounds)
+from decode.config import MAX_LOGPROBS, MAX_STOP_IDS, DecodeConfigError, Sampling  # noqa: F401 (the bounds)
 
 MAX_STOP_STRINGS = 8
 MAX_BATCH = 64      # prompts in one completions request
@@ -36,21 +36,20 @@ def bad(param: str | None, message: str, code: str | None = "invalid_value") -> 
 
 @dataclasses.dataclass
 class Settings:
-    """A request's generation settings, validated."""
-    max_tokens: int
-    temperature: float
-    top_p: float
-    top_k: int
-    seed: int
-    tau: float
-    lam: float
-    stop: list
+    """A request's settings, validated: its Sampling (the server's defaults, overridden by the
+    body; the stop ids come with the prompt) and how the answer is shaped."""
+    sampling: Sampling
+    max_tokens: int                  # sampling.max_new_tokens, or 0 (echo: score the prompt only)
+    stop: list                       # stop strings
     stream: bool
     include_usage: bool
     max_tokens_given: bool = False   # the client named max_tokens (else the server's default)
     logprobs: int | None = None      # completions: the top alternatives per token (0: the token's own)
     echo: bool = False               # completions: the prompt is part of the answer (and scored)
-    sampling_order: str | None = None  # filter_first | temper_first (None: the server's default)
+
+
+# the Sampling options a request body may set under their own names (max_tokens: parse_settings)
+WIRE = ("tau", "lam", "temperature", "top_k", "top_p", "seed", "sampling_order")
 
 
 def _number(body, name, default, low=None, high=None, low_open=False):
@@ -86,12 +85,14 @@ def _bool(body, name, default=False):
     return v
 
 
-def parse_settings(body: dict, default_max_tokens: int, max_tokens_names=("max_tokens",),
+def parse_settings(body: dict, defaults: Sampling, max_tokens_names=("max_tokens",),
                    scoring: bool = False, chat: bool = False) -> Settings:
-    """The settings shared by both endpoints; raises APIError(400) naming the field. `scoring`:
-    the completions endpoint, which takes `logprobs` (0..MAX_LOGPROBS) and `echo` (with
-    `max_tokens: 0`, the prompt is scored and nothing generated). `chat`: the chat endpoint, which
-    takes `logprobs: true` and `top_logprobs` (0..MAX_LOGPROBS) for the generated tokens."""
+    """The settings shared by both endpoints; raises APIError(400) naming the field. `defaults`:
+    the server's (its command line); a body's values are checked by Sampling, the one definition
+    of their bounds. `scoring`: the completions endpoint, which takes `logprobs`
+    (0..MAX_LOGPROBS) and `echo` (with `max_tokens: 0`, the prompt is scored and nothing
+    generated). `chat`: the chat endpoint, which takes `logprobs: true` and `top_logprobs`
+    (0..MAX_LOGPROBS) for the generated tokens."""
     for name, allowed in (("n", 1), ("best_of", 1)):
         if body.get(name) is not None and _int(body, name, 1, 1) != allowed:
             raise bad(name, f"'{name}' must be {allowed} (one choice per request)", "unsupported_value")
@@ -123,10 +124,12 @@ def parse_settings(body: dict, default_max_tokens: int, max_tokens_names=("max_t
     if echo and _bool(body, "stream"):
         raise bad("echo", "'echo' with 'stream': true is not supported (score without streaming)",
                   "unsupported_value")
-    max_tokens, given = default_max_tokens, False
+    given, max_tokens_name = {}, max_tokens_names[0]
     for name in max_tokens_names:
         if body.get(name) is not None:
-            max_tokens, given = _int(body, name, None, 0 if echo else 1), True
+            if not (echo and body[name] == 0 and not isinstance(body[name], bool)):
+                given["max_new_tokens"] = body[name]
+            max_tokens_name = name
     stop = body.get("stop")
     if stop is None:
         stop = []
@@ -142,21 +145,24 @@ def parse_settings(body: dict, default_max_tokens: int, max_tokens_names=("max_t
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
         raise bad("stream_options", "'stream_options' must be an object", "invalid_type")
-    temperature = _number(body, "temperature", 0.0, 0.0)
-    order = body.get("sampling_order")
-    if order is not None and order not in SAMPLING_ORDERS:
-        raise bad("sampling_order", f"'sampling_order' must be one of {', '.join(SAMPLING_ORDERS)}, "
-                                    f"got {order!r}")
-    seed = _int(body, "seed", None)
-    if seed is None:
-        seed = secrets.randbits(31) if temperature > 0 else 0
-    return Settings(max_tokens=max_tokens, temperature=temperature,
-                    top_p=_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
-                    top_k=max(0, _int(body, "top_k", 0, -1)), seed=seed,   # -1: off (vLLM's)
-                    tau=_number(body, "tau", None, 0.0), lam=_number(body, "lam", None, 0.0),
-                    stop=stop, stream=_bool(body, "stream"),
+    for name in WIRE:
+        if body.get(name) is not None:
+            given[name] = body[name]
+    if type(given.get("top_k")) is int and given["top_k"] == -1:
+        given["top_k"] = 0                                    # -1: off (vLLM's)
+    try:
+        sampling = defaults.replace(**given)
+        if "seed" not in given and sampling.temperature > 0:
+            sampling = sampling.replace(seed=secrets.randbits(31))
+    except DecodeConfigError as e:
+        if e.field == "max_new_tokens":
+            raise bad(max_tokens_name, str(e).replace("max_new_tokens", max_tokens_name)) from None
+        raise bad(e.field, str(e)) from None
+    max_given = any(body.get(name) is not None for name in max_tokens_names)
+    return Settings(sampling=sampling, max_tokens=sampling.max_new_tokens if "max_new_tokens" in given
+                    or not max_given else 0, stop=stop, stream=_bool(body, "stream"),
                     include_usage=bool(opts and _bool(opts, "include_usage")),
-                    max_tokens_given=given, logprobs=logprobs, echo=echo, sampling_order=order)
+                    max_tokens_given=max_given, logprobs=logprobs, echo=echo)
 
 
 CHARS_PER_TOKEN_BOUND = 16   # a text this many times longer than the context is checked by a prefix
@@ -328,11 +334,11 @@ def chat_logprobs_object(tokenizer, seq: list, scored: dict, start: int, top_n: 
     return {"content": content}
 
 
-def _field_of(message: str, default: str) -> str:
-    """The request field a DecodeConfigError names (its messages start with the field)."""
-    names = {"max_new_tokens": "max_tokens", "tau": "tau", "lam": "lam", "temperature": "temperature",
-             "top_k": "top_k", "top_p": "top_p", "seed": "seed", "stop_token_ids": "stop", "prompt": default}
-    for word in message.replace("'", " ").split():
-        if word in names:
-            return names[word]
-    return default
+def _field_of(e: DecodeConfigError, default: str) -> str:
+    """The request field a DecodeConfigError names (`e.field`, in the body's words); `default`
+    (the prompt's or the messages' field) for the prompt or when it names none."""
+    if e.field in (None, "prompt"):
+        return default
+    if e.field == "top_logprobs":
+        return "top_logprobs" if default == "messages" else "logprobs"
+    return {"max_new_tokens": "max_tokens", "stop_token_ids": "stop"}.get(e.field, e.field)

@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from decode.config import DecodeConfig, DecodeConfigError, check_prompts
+from decode.config import DecodeConfig, DecodeConfigError, Sampling, check_prompts
 from decode.decoder import DEFAULT_KV_TILE, Decoder, Request, compiled_count, pow2_at_least
 from wedlm_jax.config import ModelConfig
 
@@ -112,10 +112,8 @@ def _requests(prompts, dc: DecodeConfig, capacity: int) -> list[Request | None]:
     for i, p in enumerate(prompts):
         room = min(dc.max_new_tokens, capacity - len(p))
         out.append(None if room < 1 else Request(
-            prompt=tuple(p), max_new_tokens=room, tau=dc.tau, lam=dc.lam,
-            temperature=dc.temperature, top_k=dc.top_k, top_p=dc.top_p,
-            stop_token_ids=dc.stop_token_ids, seed=(dc.seed + i) % (1 << 32),
-            sampling_order=dc.sampling_order))
+            prompt=tuple(p), **{**Sampling.pick(dc), "max_new_tokens": room,
+                                "seed": (dc.seed + i) % (1 << 32)}))
     return out
 
 

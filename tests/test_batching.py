@@ -149,17 +149,18 @@ def test_two_decoders_in_two_threads(params):
 
 def test_bad_requests_and_settings_named(params):
     dec = Decoder(params, CONFIG, window=4, slots=2, capacity=CAP, kv_tile=TILE, sampling=False)
-    cases = [(Request(prompt=()), "prompt"), (Request(prompt=(1, 99)), "token id 99"),
-             (Request(prompt=(1,) * 65), "longer than the capacity 64"),
-             (Request(prompt=(1,), max_new_tokens=0), "max_new_tokens"),
-             (Request(prompt=(1,), tau=-1.0), "tau"), (Request(prompt=(1,), top_p=0.0), "top_p"),
-             (Request(prompt=(1,), stop_token_ids=tuple(range(17))), "at most 16"),
-             (Request(prompt=(1,), sampling_order="random"), "sampling_order"),
-             (Request(prompt=(1,), temperature=1.0), "sampling=True")]
+    # a Request's own settings are checked when it is made, the rest against the Decoder at submit
+    cases = [(dict(prompt=()), "prompt"), (dict(prompt=(1, 99)), "token id 99"),
+             (dict(prompt=(1,) * 65), "longer than the capacity 64"),
+             (dict(prompt=(1,), max_new_tokens=0), "max_new_tokens"),
+             (dict(prompt=(1,), tau=-1.0), "tau"), (dict(prompt=(1,), top_p=0.0), "top_p"),
+             (dict(prompt=(1,), stop_token_ids=tuple(range(17))), "at most 16"),
+             (dict(prompt=(1,), sampling_order="random"), "sampling_order"),
+             (dict(prompt=(1,), temperature=1.0), "sampling=True")]
     batcher = Batcher(dec)
-    for req, words in cases:
+    for kw, words in cases:
         with pytest.raises(DecodeConfigError, match=words.replace("(", r"\(")):
-            batcher.submit(req)
+            batcher.submit(Request(**kw))
     assert batcher.num_waiting == 0
     for kw, words in [(dict(refill="middle"), "refill 'middle' is unknown; allowed: before, after"),
                       (dict(window=100), "window 100 is larger than the capacity"),

@@ -252,7 +252,7 @@ def test_no_recompile_across_prompt_lengths_and_budgets(params):
 @pytest.mark.parametrize("kw, words", [
     (dict(window=0), ["window", "0"]),
     (dict(tau=-0.1), ["tau", "-0.1"]),
-    (dict(lam=-1.0), ["lam", "-1.0"]),
+    (dict(lam=-1.0), ["lam", "-1"]),
     (dict(temperature=-0.5), ["temperature", "-0.5"]),
     (dict(top_p=0.0), ["top_p", "(0, 1]"]),
     (dict(top_p=1.5), ["top_p", "1.5"]),

@@ -50,6 +50,17 @@ SCRIPT = textwrap.dedent('''
                       DecodeConfig(window=4, tau=2.5, lam=0.05, max_new_tokens=r.max_new_tokens),
                       capacity=40, kv_tile=16).tokens[0] for r in reqs]
     out["batcher"] = dict(sharded=[got[i] for i in range(len(reqs))], one=alone)
+    # the paged cache with heads over tensor (2 of the devices): the pool split by its K/V heads
+    paged_got = {}
+    dec = Decoder(params, cfg, window=4, slots=2, capacity=40, kv_tile=16, steps_per_call=3,
+                  mesh=make_mesh(data=1, fsdp=1, tensor=2, devices=jax.devices()[:2]),
+                  sampling=False, page_size=8)
+    b = Batcher(dec)
+    for r in reqs:
+        b.submit(r, on_finish=lambda f: paged_got.__setitem__(f.request_id, f.tokens))
+    b.run_until_idle()
+    out["paged_tensor2"] = dict(sharded=[paged_got[i] for i in range(len(reqs))], one=alone,
+                                pool_spec=str(b.state.cache.layers["pool"].sharding.spec))
     print("RESULT " + json.dumps(out))
 ''')
 
@@ -64,6 +75,9 @@ def test_mesh_data2_tensor2_same_tokens_as_one_device():
     out = json.loads(line[len("RESULT "):])
     batcher = out.pop("batcher")
     assert batcher["sharded"] == batcher["one"]
+    paged = out.pop("paged_tensor2")
+    assert paged["sharded"] == paged["one"]
+    assert paged["pool_spec"] == "P(None, None, 'tensor')", paged["pool_spec"]
     for method, r in out.items():
         assert r["sharded"] == r["one"], method
         assert r["sharded_steps"] == r["one_steps"], method
@@ -109,6 +123,22 @@ DOORS = textwrap.dedent('''
                            "--slots", "2", "--no-default-stops", "--window", "4", *extra)
         assert code == 0, err
         res[name] = sorted((json.loads(l)["id"], json.loads(l)["text"]) for l in open(out_file))
+    # wedlm-serve on a mesh: the same greedy completions as on one device
+    from fastapi.testclient import TestClient
+    from decode import serve
+    from decode.batching import Batcher
+    for name, extra in (("serve_one", []), ("serve_data2_tensor2", ["--mesh", "data=2,tensor=2"])):
+        args = serve._parser().parse_args(["--checkpoint", path, "--slots", "2", "--window", "4",
+                                           "--capacity", "64", "--no-default-stops",
+                                           "--model-name", "tiny", *extra])
+        serve._check_args(args)
+        decoder, tokenizer, cfg = serve.load_decoder(args)
+        engine = serve.Engine(Batcher(decoder), max_pending=4, scorer=serve.scorer_for(decoder)).start()
+        client = TestClient(serve.build_app(engine, tokenizer, cfg))
+        res[name] = [client.post("/v1/completions", json={"model": "tiny", "prompt": p, "max_tokens": 10,
+                                                           "tau": 0.5}).json()["choices"][0]["text"]
+                     for p in ("count with me", "the cat sat", "hello world")]
+        engine.shutdown(timeout=15)
     res["bad"] = [run(*base, *extra)[2].strip().splitlines()[-1] for extra in (
         ["--mesh", "tensor=3"], ["--mesh", "data=8"], ["--mesh", "model=2"], ["--dtype", "fp8"],
         ["--attention", "flash"])]
@@ -119,8 +149,8 @@ DOORS = textwrap.dedent('''
 
 
 def test_every_door_takes_the_mesh_dtype_and_attention(tmp_path):
-    """wedlm-decode and the batch job with --mesh (heads over tensor, slots over data) give the same
-    tokens as one device; --attention / --kv-tile reach the Decoder; a mesh the devices or the
+    """wedlm-decode, the batch job and wedlm-serve with --mesh (heads over tensor, slots over data)
+    give the same tokens as one device; --attention / --kv-tile reach the Decoder; a mesh the devices or the
     model cannot take, or an unknown dtype / backend, is refused in one line."""
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -132,6 +162,9 @@ def test_every_door_takes_the_mesh_dtype_and_attention(tmp_path):
     assert all(len(ids) == 10 for ids in r["one"])
     assert r["tensor2"] == r["one"] and r["data2_tensor2"] == r["one"] and r["tiles"] == r["one"]
     assert r["job_data2"] == r["job_one"] and len(r["job_one"]) == 5
+    assert r["serve_data2_tensor2"] == r["serve_one"] and all(r["serve_one"])
+    # the server's greedy text is the batch job's for the same prompt and settings
+    assert r["serve_one"] == [t for _, t in r["job_one"][:3]]
     assert r["bad"] == [
         "wedlm-decode: error: --mesh tensor=3 does not divide the model's 4 heads / 2 KV heads",
         "wedlm-decode: error: --mesh data=8,fsdp=1,tensor=1 needs 8 devices; 4 cpu device(s) here",

@@ -130,12 +130,13 @@ def test_a_bad_byte_costs_exactly_its_line(tmp_path, tiny):
 
 def test_batch_job_names_a_non_utf8_line(tmp_path, tiny):
     from decode.batch_job import read_input
+    from decode.config import Sampling
     from decode.text import load_tokenizer
     tok = load_tokenizer(tiny[0])
     path = tmp_path / "in.jsonl"
     path.write_bytes(b'{"prompt": "fine"}\n{"prompt": "bad \xff"}\n')
     with pytest.raises(DecodeConfigError, match=f"{path}:2: not UTF-8"):
-        read_input(str(path), tok, {}, [], [], False, "streaming", 4, 128)
+        read_input(str(path), tok, Sampling(), [], [], False, 128)
 
 
 def test_out_of_memory_compile_is_a_verdict(capsys, monkeypatch):
@@ -310,3 +311,82 @@ def test_decoding_takes_the_tokenizers_mask_token_when_the_config_has_none(tmp_p
     want = json.loads(capsys.readouterr().out)["results"][0]["ids"]
     assert cli.main(["--checkpoint", str(folder), *argv]) == 0
     assert json.loads(capsys.readouterr().out)["results"][0]["ids"] == want
+
+
+# ------------------------------------------------------------------ a real full disk (root only)
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A tmpfs mounted at tmp_path/disk, and a function to resize it (bytes); the test is skipped
+    where mounting is not allowed (it needs root; ENOSPC injection above covers every machine)."""
+    import shutil
+    import subprocess
+    where = tmp_path / "disk"
+    where.mkdir()
+    mount = shutil.which("mount")
+    if mount is None or os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root and mount(8)")
+    r = subprocess.run([mount, "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(where)], capture_output=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+
+    def resize(size: int):
+        subprocess.run([mount, "-o", f"remount,size={size}", str(where)], check=True)
+    try:
+        yield where, resize
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def _used(path) -> int:
+    st = os.statvfs(path)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+def test_a_really_full_disk_stops_training_in_one_line_and_the_rerun_resumes(tmp_path, small_disk, capsys):
+    """Checkpoints on a filesystem with room for one: the run stops at the next in one line,
+    the complete one kept; with room again, the same command resumes."""
+    from train import main as main_lib
+    from train.checkpoint import complete_steps
+    disk, resize = small_disk
+    cfg = _tiny_run(tmp_path, steps=2)
+    text = open(cfg).read().replace(str(tmp_path / "ck"), str(disk / "ck"))
+    open(cfg, "w").write(text)
+    assert main_lib.main(["--config", cfg]) == 0
+    one = _used(disk)
+    resize(int(one * 1.4) // 4096 * 4096 + 4096)        # room for the first, not for another
+    capsys.readouterr()
+    code = main_lib.main(["--config", cfg, "steps=4"])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    (line,) = _wedlm_lines(err)
+    assert line.startswith("wedlm-train: error: disk full") and "kept the complete checkpoint of step 2" in line
+    assert "Traceback" not in err and complete_steps(str(disk / "ck")) == [2]
+    resize(64 << 20)
+    assert main_lib.main(["--config", cfg, "steps=4"]) == 0
+    assert complete_steps(str(disk / "ck"))[0] == 4
+
+
+def test_a_really_full_disk_stops_the_batch_job_in_one_line_and_the_rerun_completes(tmp_path, tiny,
+                                                                                    small_disk, capsys):
+    from decode import cli
+    disk, resize = small_disk
+    resize(8192)
+    src = tmp_path / "in.jsonl"
+    n = 80
+    src.write_text("".join(json.dumps({"id": i, "prompt": f"line {i}", "max_tokens": 2}) + "\n"
+                           for i in range(n)))
+    out = disk / "out.jsonl"
+    argv = ["--checkpoint", tiny[0], "--input", str(src), "--output", str(out), "--slots", "4",
+            "--capacity", "32", "--no-compile-cache"]
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    assert code == 1, err
+    (line,) = _wedlm_lines(err)
+    assert line.startswith("wedlm-decode: error: disk full") and "Traceback" not in err, line
+    kept = out.read_bytes()
+    assert 0 < kept.count(b"\n") < n
+    resize(1 << 20)
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    ids = [json.loads(x)["id"] for x in out.read_text().splitlines()]
+    assert sorted(ids) == list(range(n))                # every line once: none lost, none twice

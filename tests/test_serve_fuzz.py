@@ -25,6 +25,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
 from decode import serve  # noqa: E402
+from decode.config import Sampling  # noqa: E402
 from decode.text import load_tokenizer  # noqa: E402
 from tests.test_serve import serve_in_thread  # noqa: E402
 from tests.tiny_checkpoint import make_checkpoint  # noqa: E402
@@ -62,7 +63,7 @@ def test_parser_answers_400_or_parses(ckpt, body):
     for parse in (lambda: serve.parse_prompt(body, tokenizer, 100),
                   lambda: serve.parse_messages(body, tokenizer)):
         try:
-            serve.parse_settings(body, 16)
+            serve.parse_settings(body, Sampling(max_new_tokens=16))
             ids = parse()
             assert isinstance(ids, list) and all(isinstance(t, int) for t in ids)
         except serve.APIError as e:

@@ -182,8 +182,18 @@ def test_decode_dry_run_compiles_the_batch_jobs_programs_for_a_topology(tmp_path
     rc, out, err = _run(base + ["--page-size", "64"])
     assert rc == 0 and "verdict      FITS" in out, out + err[-3000:]
     rc, out, err = _run(base + ["--page-size", "64", "--mesh", "data=2", "--topology", "v5p:2x2x2"])
-    assert rc == 2 and "wedlm-decode: error: the paged cache runs on one device" in err, err[-2000:]
+    assert rc == 2 and "wedlm-decode: error: the paged cache splits heads over --mesh tensor=N" in err, \
+        err[-2000:]
     assert "Traceback" not in err
+    # heads over tensor: the pool split by its K/V heads, the ragged kernel per device (shard_map)
+    wide = tmp_path / "wide"
+    wide.mkdir()
+    (wide / "config.json").write_text(json.dumps(ModelConfig(**dict(
+        TPU_MODEL, num_heads=8, num_kv_heads=4), mask_token_id=511).to_hf_dict()))
+    rc, out, err = _run([sys.executable, "-m", "decode.cli", "--checkpoint", str(wide), "--dry-run",
+                         "--slots", "4", "--capacity", "1024", "--window", "8", "--dtype", "bf16",
+                         "--page-size", "64", "--mesh", "tensor=2", "--topology", "v5p:2x2x2"])
+    assert rc == 0 and "verdict      FITS" in out, out + err[-3000:]
     # heads the TPU ragged kernel cannot tile (3 KV heads of float32: 6 interleaved rows) are
     # refused before anything compiles
     odd = tmp_path / "odd"

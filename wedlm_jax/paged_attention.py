@@ -48,9 +48,10 @@ class PagedContext:
 
 
 def paged_cache_logical_axes() -> dict:
-    """Tree (matching `init_paged_cache`) of logical-axis tuples: the pool unsplit (the paged
-    cache runs on one device), the page table by slot."""
-    return {"pool": (None, None, None, None), "table": ("batch", None)}
+    """Tree (matching `init_paged_cache`) of logical-axis tuples: the pool's interleaved K/V heads
+    over 'tensor' (contiguous blocks of 2 x KVH / t rows: each device holds the keys and values
+    of its own heads of every page, as the projections make them), the page table by slot."""
+    return {"pool": (None, None, "kv_heads", None), "table": ("batch", None)}
 
 
 def init_paged_cache(num_layers: int, num_pages: int, page_size: int, kv_heads: int, head_dim: int,
@@ -70,16 +71,18 @@ def implementation_for(platform: str | None) -> str:
     return "ragged" if platform == "tpu" else "gather"
 
 
-def check_ragged(num_heads: int, kv_heads: int, dtype) -> None:
+def check_ragged(num_heads: int, kv_heads: int, dtype, tensor: int = 1) -> None:
     """A ValueError naming the heads unless jax's TPU ragged paged attention kernel can tile them:
     the K/V heads interleaved in the pool (2 x KVH) must fill the TPU's tiles (the kernel's own
-    rule, asked of the kernel before anything compiles)."""
+    rule, asked of the kernel before anything compiles); with heads over `tensor` devices, each
+    device's share."""
     from jax.experimental.pallas.ops.tpu.ragged_paged_attention.kernel import get_min_heads_per_blk
     try:
-        get_min_heads_per_blk(num_heads, 2 * kv_heads, dtype, dtype)
+        get_min_heads_per_blk(num_heads // tensor, 2 * kv_heads // tensor, dtype, dtype)
     except (ValueError, AssertionError) as e:
-        raise ValueError(f"the TPU ragged paged attention kernel cannot tile {kv_heads} KV heads "
-                         f"(2 x {kv_heads} interleaved K/V rows of {jnp.dtype(dtype).name}): "
+        per = f" ({kv_heads // tensor} per device over tensor={tensor})" if tensor > 1 else ""
+        raise ValueError(f"the TPU ragged paged attention kernel cannot tile {kv_heads} KV heads{per} "
+                         f"(2 x {kv_heads // tensor} interleaved K/V rows of {jnp.dtype(dtype).name}): "
                          f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
 
@@ -181,10 +184,22 @@ def attend_pages_ragged(q, pool, page_table, cache_len, scale: float, first_page
     kernel_args.setdefault("num_queries_per_block", min(32, b * s))
     kv_lens = jnp.asarray(cache_len, jnp.int32) + s
     cu_q = jnp.arange(b + 1, dtype=jnp.int32) * s
-    out = ragged_paged_attention(q.reshape(b * s, h, d), pool, kv_lens,
-                                 jnp.maximum(page_table, 0) + first_page, cu_q,
-                                 jnp.array([b], jnp.int32),
-                                 sm_scale=float(scale), **kernel_args)
+
+    def kernel(q2, pool2, kv_lens, pages, cu_q, num_seqs):
+        return ragged_paged_attention(q2, pool2, kv_lens, pages, cu_q, num_seqs,
+                                      sm_scale=float(scale), **kernel_args)
+
+    mesh = jax.sharding.get_abstract_mesh()      # set by the Decoder (jax.set_mesh)
+    if not mesh.empty and mesh.shape.get("tensor", 1) > 1:
+        # a Mosaic call is not partitioned by XLA: each device runs the kernel on its own heads
+        # (the pool's K/V heads are split the same way: paged_cache_logical_axes)
+        from jax.sharding import PartitionSpec as P
+        heads, rep = P(None, "tensor", None), P()
+        kernel = jax.shard_map(kernel, mesh=mesh, in_specs=(heads, P(None, None, "tensor", None), rep,
+                                                             rep, rep, rep),
+                               out_specs=heads, check_vma=False)
+    out = kernel(q.reshape(b * s, h, d), pool, kv_lens, jnp.maximum(page_table, 0) + first_page,
+                 cu_q, jnp.array([b], jnp.int32))
     return out.reshape(b, s, h, d).astype(q.dtype)
 
 
