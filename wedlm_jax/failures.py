@@ -22,6 +22,14 @@ _DISK_FULL_TEXT = ("no space left on device", "disk quota exceeded")
 GIB = 1 << 30
 
 
+def _size(n: float) -> str:
+    """Bytes as the nearest readable unit (0.38 MiB, not 0.00 GiB)."""
+    for unit, size in (("GiB", GIB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} bytes"
+
+
 class DiskFullError(OSError):
     """Not enough room to write what comes next (checked before writing it)."""
 
@@ -72,8 +80,8 @@ def check_space(path: str, need: int, what: str) -> None:
     `need` bytes free."""
     free = free_bytes(path)
     if free < need:
-        raise DiskFullError(f"{what} needs about {need / GIB:.2f} GiB under {path}, only "
-                            f"{free / GIB:.2f} GiB free on {mount_point(path)}")
+        raise DiskFullError(f"{what} needs about {_size(need)} under {path}, only "
+                            f"{_size(free)} free on {mount_point(path)}")
 
 
 OOM_MARKERS = ("exceeds available hbm", "resource_exhausted", "out of memory",
