@@ -83,9 +83,12 @@ class OpenCheckpoint:
 
     def load(self):
         """(ModelConfig, params, mesh): the weights in the placement's dtype on its mesh (None: the
-        default device)."""
+        default device); the config carries the [MASK] id decided here, so `generate(params,
+        config, ...)` and a Decoder need no other argument for it."""
         from wedlm_jax.convert import checkpoint_kind, load_checkpoint
         mesh = self.placement.make_mesh()
         quiet = {} if checkpoint_kind(self.folder) == "orbax" else {"progress": False}
         config, params = load_checkpoint(self.folder, mesh=mesh, dtype=self.placement.dtype, **quiet)
+        if self.mask_token_id is not None:
+            config = config.replace(mask_token_id=self.mask_token_id)
         return config, params, mesh

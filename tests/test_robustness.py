@@ -183,6 +183,26 @@ def _tiny_run(tmp_path, steps=4, every=2):
                   "checkpoint.every": every, "checkpoint.async_save": False}))
 
 
+def test_training_counts_and_names_skipped_lines_in_its_metrics(tmp_path):
+    """With data.skip_bad_lines a bad line costs that line alone: the run's metrics count the
+    skipped lines in every row and name them (file:line) in the first."""
+    from train import main as main_lib
+    from train.config import load_config
+    cfg = _tiny_run(tmp_path, steps=3, every=3)
+    data = tmp_path / "data" / "train.jsonl"
+    lines = data.read_bytes().splitlines(keepends=True)
+    lines[2:2] = [b'{"text": "caf\xe9"}\n']               # not UTF-8: line 3
+    lines.append(b"{not json\n")                             # the last line
+    data.write_bytes(b"".join(lines))
+    res = main_lib.run(load_config(cfg, ["data.skip_bad_lines=true"]), progress=False)
+    assert [s.split(":")[1] for s in res["skipped_lines"]] == ["3", str(len(lines))]
+    rows = [json.loads(x) for x in open(tmp_path / "ck" / "metrics.jsonl")]
+    assert [r["skipped_lines"] for r in rows] == [2] * len(rows) and rows[0]["step"] == 1
+    assert [w.split(":")[0:2] for w in rows[0]["skipped_where"]] == [[str(data), "3"],
+                                                                       [str(data), str(len(lines))]]
+    assert "skipped_where" not in rows[-1]
+
+
 def _wedlm_lines(err: str) -> list:
     """The programs' own message lines (not the progress bar's)."""
     return [ln for ln in err.splitlines() if ln.startswith("wedlm-") and ": error:" in ln]
@@ -311,6 +331,16 @@ def test_decoding_takes_the_tokenizers_mask_token_when_the_config_has_none(tmp_p
     want = json.loads(capsys.readouterr().out)["results"][0]["ids"]
     assert cli.main(["--checkpoint", str(folder), *argv]) == 0
     assert json.loads(capsys.readouterr().out)["results"][0]["ids"] == want
+    # the library door, through the same opener: the loaded config carries the decided id
+    from decode.checkpoint import OpenCheckpoint
+    from decode.static_batch import generate
+    ckpt = OpenCheckpoint.open(str(folder))
+    config, params, _ = ckpt.load()
+    assert config.mask_token_id == 2
+    ids = ckpt.tokenizer.encode(argv[1])
+    got = generate(params, config, [ids], DecodeConfig(window=8, max_new_tokens=16,
+                                                       stop_token_ids=ckpt.default_stop_ids))
+    assert got.tokens[0] == want
 
 
 # ------------------------------------------------------------------ a real full disk (root only)

@@ -27,6 +27,7 @@ import time
 from wedlm_jax import distributed
 
 log = logging.getLogger("wedlm-train")
+SKIPPED_NAMED = 20     # malformed lines named (file:line) in the run's first metrics row
 
 
 # ---------------------------------------------------------------------------- setup (no JAX)
@@ -323,8 +324,12 @@ def _run(cfg, progress: bool = True) -> dict:
                    "includes_compile": step == start}
             if peak is not None:
                 rec["mfu"] = flops_step / dt / (peak * jax.device_count())
+            if prep["docs"].skipped:    # the run's metrics count them; the first row names them
+                rec["skipped_lines"] = len(prep["docs"].skipped)
+                if not records:
+                    rec["skipped_where"] = prep["docs"].skipped[:SKIPPED_NAMED]
             records.append(rec)
-            if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
+            if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps or "skipped_where" in rec:
                 writer.write(rec)
             if bar is not None:
                 bar.update(1)
