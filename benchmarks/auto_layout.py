@@ -1,0 +1,83 @@
+"""The decode step with the weights in the layouts the TPU compiler picks (issue 21): bytes per step
+against the floor, the compiler's own layouts (`Layout.AUTO` for every weight) beside the default
+row-major ones, the layer scan unrolled so the whole step is counted.
+
+    PYTHONPATH=.:.venv/tpu-compiler JAX_PLATFORMS=cpu python -m benchmarks.auto_layout \
+        [--topology v5p:1x1x1] [--methods ar,streaming] [--page-size 64] [--out FILE.json]
+
+The default layouts make XLA copy weights into its tile order inside every step (the "relayout
+copies" of BENCHMARKS.md); with AUTO the copies go, which is what a Decoder that places its
+weights in the compiled program's `input_formats` would get. Shapes: 8B (configs/arch/qwen3-8b),
+bf16, 8 slots, capacity 4096, 2048 live rows, W 16 refill before. Bytes: libtpu's cost analysis
+plus the live K/V its tile loop does not count (`decode.aot.kv_not_counted`), or, with a paged
+cache, the ragged kernel's operands (`decode.aot.kernel_not_counted`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+ROOT_ARCH = "configs/arch/qwen3-8b"
+
+
+def measure(config, dev, method: str, page_size: int | None, layout: str) -> dict:
+    import jax
+    from jax.experimental.layout import Format, Layout
+
+    from decode import aot
+    from decode.programs import _generate
+    from wedlm_jax.compiled import figures
+    dec = aot.make_decoder(config, [dev], method=method, window=16, slots=8, capacity=4096,
+                           dtype="bfloat16", scan_unroll=config.num_layers, page_size=page_size)
+    p, s, mask_id, run = aot.abstract_args(dec, dev)
+    fn = _generate
+    if layout == "auto":
+        sd = jax.sharding.SingleDeviceSharding(dev)
+        fn = jax.jit(_generate.__wrapped__, static_argnums=(0, 1), donate_argnums=(3,),
+                     in_shardings=(jax.tree.map(lambda _: Format(Layout.AUTO, sd), p), sd, sd, sd))
+    t0 = time.time()
+    with jax.default_device(dev):   # a Mosaic kernel's lowering reads the TPU generation from it
+        compiled = dec._call(fn.lower, dec.static, 1, p, s, mask_id, run).compile()
+    cost = figures(compiled).get("cost") or {}
+    live = 2048
+    extra = (aot.kernel_not_counted(8, dec.static.span, config, live, "bfloat16") if page_size
+             else aot.kv_not_counted(8, config, live, dec.static.kv_tile, "bfloat16"))
+    floor = aot.step_floor(dec.static, live)["total"]
+    moved = cost.get("bytes accessed", float("nan")) + extra
+    return dict(method=method, page_size=page_size, layout=layout, bytes=moved, floor=floor,
+                bytes_over_floor=round(moved / floor, 3),
+                optimal_ms=round(1e3 * cost.get("optimal_seconds", float("nan")), 3),
+                floor_ms=round(1e3 * floor / 2765e9, 3), compile_s=round(time.time() - t0, 1))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.auto_layout", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--topology", default="v5p:1x1x1")
+    ap.add_argument("--methods", default="ar,streaming")
+    ap.add_argument("--page-size", type=int, default=None)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    from decode import aot
+    from wedlm_jax.convert import read_config
+    config = read_config(ROOT_ARCH)
+    dev = aot.describe_tpu(args.topology)[0][0]
+    rows = []
+    for method in args.methods.split(","):
+        for layout in ("default", "auto"):
+            rows.append(measure(config, dev, method, args.page_size, layout))
+            r = rows[-1]
+            print(f"{method:10s} paged {r['page_size']}  {layout:8s} bytes/floor {r['bytes_over_floor']:.3f}  "
+                  f"optimal {r['optimal_ms']:.3f} ms (floor {r['floor_ms']:.3f})  compile {r['compile_s']} s",
+                  flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(command="python -m benchmarks.auto_layout " + " ".join(sys.argv[1:] if argv is None else argv),
+                           topology=args.topology, rows=rows), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
