@@ -172,26 +172,27 @@ def probe_health(url: str, stop: threading.Event, ms: list) -> None:
             time.sleep(0.05)
 
 
-# the same probe in a process of its own: the server's latency without the load generator's
+# probe_health in a process of its own: the server's latency without the load generator's
 # threads (6 clients building multi-megabyte bodies) competing for the probe's GIL
 PROBE = """
-import os, sys, time, httpx
-url, stop = sys.argv[1], sys.argv[2]
-with httpx.Client(timeout=120) as c:     # one client: a request is not charged httpx's own set-up
-    while not os.path.exists(stop):
-        t0 = time.perf_counter()
-        try:
-            c.get(url + "/health")
-        except httpx.TransportError:
-            pass
-        print(f"{(time.perf_counter() - t0) * 1e3:.3f}", flush=True)
-        time.sleep(0.05)
+import os, sys, threading, time
+sys.path.insert(0, sys.argv[3])
+from benchmarks.serve_cases import probe_health
+stop, ms = threading.Event(), []
+t = threading.Thread(target=probe_health, args=(sys.argv[1], stop, ms))
+t.start()
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.05)
+stop.set()
+t.join()
+print(" ".join(f"{x:.3f}" for x in ms))
 """
 
 
 def start_probe_process(url: str, stop_file: str):
     """A /health prober in its own process (stop: create `stop_file`, then `finish_probe_process`)."""
-    return subprocess.Popen([PY, "-c", PROBE, url, stop_file], stdout=subprocess.PIPE, text=True)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return subprocess.Popen([PY, "-c", PROBE, url, stop_file, root], stdout=subprocess.PIPE, text=True)
 
 
 def finish_probe_process(proc) -> list:

@@ -189,14 +189,6 @@ class EngineOptions(Method):
     allow_long: bool = option(False, bool, "allow a capacity past the model's "
                               "max_position_embeddings")
 
-    def decoder_kwargs(self, placement: "Placement", capacity: int, mask_token_id) -> dict:
-        """The Decoder's settings: one construction for every door."""
-        return dict(**Method.pick(self), slots=self.slots, capacity=capacity,
-                    steps_per_call=self.steps_per_call, allow_long=self.allow_long,
-                    page_size=placement.page_size, num_pages=placement.num_pages,
-                    mask_token_id=mask_token_id, dtype=placement.dtype,
-                    attention=placement.attention, kv_tile=placement.kv_tile)
-
 
 def _is_int(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
@@ -461,4 +453,9 @@ class DoorOptions:
         return DecodeConfig(**Method.pick(self.engine), **Sampling.pick(self.sampling))
 
     def decoder_kwargs(self, capacity: int, mask_token_id) -> dict:
-        return self.engine.decoder_kwargs(self.placement, capacity, mask_token_id)
+        """The Decoder's settings: one construction for every door."""
+        e, pl = self.engine, self.placement
+        return dict(**Method.pick(e), slots=e.slots, capacity=capacity,
+                    steps_per_call=e.steps_per_call, allow_long=e.allow_long,
+                    page_size=pl.page_size, num_pages=pl.num_pages, mask_token_id=mask_token_id,
+                    dtype=pl.dtype, attention=pl.attention, kv_tile=pl.kv_tile)
