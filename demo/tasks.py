@@ -7,7 +7,7 @@ held-out prompt that the training generator happens to produce as well is skippe
 
   counting  "Count by k from a to b:" then the numbers: strides 1-25, starts up to ~10^4, also
             down ("Count down by k from a to b:"), one per line ("..., one per line:") and in words
-            ("Count in words from ... to ...:"); 6-16 numbers (words: 6-10), a document ends at b.
+            ("Count in words from ... to ...:"); a document ends at b.
   arith     "Q: a + b" / "Q: a - b" (1-4 digit operands, a >= b for -), then worked columns from
             the right: each line restates what is left of the operands and the carry (borrow),
             adds one column and the result so far, so every step reads only the line above it;
@@ -43,7 +43,6 @@ def number_words(n: int) -> str:
 # ----------------------------------------------------------------------------------- counting
 
 COUNT_FORMATS = ("by", "by", "by", "from", "down", "lines", "words")
-COUNT_LENGTH = (6, 16)        # numbers in one count (words: 6-10); a count is right only when all are
 
 
 def _start(rng: random.Random) -> int:
@@ -57,11 +56,12 @@ def counting_parts(rng: random.Random) -> tuple[str, list[str], str]:
     k = rng.randint(1, 25) if rng.random() < 0.85 else rng.randint(1, 5)
     if fmt == "words":
         a = rng.randint(1, 9999)
-        nums = list(range(a, a + rng.randint(COUNT_LENGTH[0], 10)))
+        nums = list(range(a, a + rng.randint(6, 14)))
         return (f"Count in words from {number_words(nums[0])} to {number_words(nums[-1])}:\n",
                 [number_words(x) for x in nums], ", ")
     a = _start(rng)
-    n = rng.randint(*COUNT_LENGTH)
+    digits = len(str(a + 25 * 40))
+    n = rng.randint(6, max(8, min(40, 220 // (digits + 2))))
     if fmt == "down":
         a = max(a, k * n)
         nums = [a - k * i for i in range(n)]
