@@ -8,7 +8,9 @@ DEMO_STAMP := $(VENV)/.installed-demo-stamp
 TEST_STAMP := $(VENV)/.installed-test-stamp
 TPU_COMPILER := $(VENV)/tpu-compiler
 
-.PHONY: setup test demo clean
+GPU_COMPILER := $(VENV)/gpu-compiler
+
+.PHONY: setup test demo clean gpu-compiler
 
 $(DEMO_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,6 +34,12 @@ test: $(TEST_STAMP)
 
 demo: $(DEMO_STAMP)
 	$(PY) -m demo
+
+# XLA's GPU compiler without a GPU (compile-only: benchmarks.compile_for --compile-for h100,
+# --topology h100 of the dry runs), ~480 MB, not part of the test setup; put it on PYTHONPATH:
+#   PYTHONPATH=.:$(GPU_COMPILER) JAX_PLATFORMS=cpu python -m benchmarks.compile_for --compile-for h100
+gpu-compiler: $(DEMO_STAMP)
+	$(PY) -m pip install -q --no-deps --upgrade --target $(GPU_COMPILER) "jax-cuda12-plugin==$$($(PY) -c 'import jax; print(jax.__version__)')" "jax-cuda12-pjrt==$$($(PY) -c 'import jax; print(jax.__version__)')"
 
 clean:
 	rm -rf $(VENV)

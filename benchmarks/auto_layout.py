@@ -6,8 +6,8 @@ row-major ones, the layer scan unrolled so the whole step is counted.
         [--topology v5p:1x1x1] [--methods ar,streaming] [--page-size 64] [--out FILE.json]
 
 The default layouts make XLA copy weights into its tile order inside every step (the "relayout
-copies" of BENCHMARKS.md); with AUTO the copies go, which is what a Decoder that places its
-weights in the compiled program's `input_formats` would get. Shapes: 8B (configs/arch/qwen3-8b),
+copies" of BENCHMARKS.md); with AUTO the copies go. The Decoder does this on TPU by default
+(`weight_layout` "compiler", decode/layouts.py): the "auto" rows are the Decoder's own program. Shapes: 8B (configs/arch/qwen3-8b),
 bf16, 8 slots, capacity 4096, 2048 live rows, W 16 refill before. Bytes: libtpu's cost analysis
 plus the live K/V its tile loop does not count (`decode.aot.kv_not_counted`), or, with a paged
 cache, the ragged kernel's operands (`decode.aot.kernel_not_counted`).
@@ -23,34 +23,32 @@ import time
 ROOT_ARCH = "configs/arch/qwen3-8b"
 
 
-def measure(config, dev, method: str, page_size: int | None, layout: str) -> dict:
+def measure(config, dev, chip, method: str, page_size: int | None, layout: str,
+            refill: str = "before") -> dict:
     import jax
-    from jax.experimental.layout import Format, Layout
 
     from decode import aot
-    from decode.programs import _generate
     from wedlm_jax.compiled import figures
-    dec = aot.make_decoder(config, [dev], method=method, window=16, slots=8, capacity=4096,
-                           dtype="bfloat16", scan_unroll=config.num_layers, page_size=page_size)
-    p, s, mask_id, run = aot.abstract_args(dec, dev)
-    fn = _generate
-    if layout == "auto":
-        sd = jax.sharding.SingleDeviceSharding(dev)
-        fn = jax.jit(_generate.__wrapped__, static_argnums=(0, 1), donate_argnums=(3,),
-                     in_shardings=(jax.tree.map(lambda _: Format(Layout.AUTO, sd), p), sd, sd, sd))
     t0 = time.time()
     with jax.default_device(dev):   # a Mosaic kernel's lowering reads the TPU generation from it
-        compiled = dec._call(fn.lower, dec.static, 1, p, s, mask_id, run).compile()
+        dec, compiled = aot.generate_program(
+            config, [dev], method=method, window=16, refill=refill, slots=8, capacity=4096,
+            dtype="bfloat16",
+            scan_unroll=config.num_layers, page_size=page_size,
+            weight_layout="compiler" if layout == "auto" else "default")
     cost = figures(compiled).get("cost") or {}
     live = 2048
     extra = (aot.kernel_not_counted(8, dec.static.span, config, live, "bfloat16") if page_size
              else aot.kv_not_counted(8, config, live, dec.static.kv_tile, "bfloat16"))
     floor = aot.step_floor(dec.static, live)["total"]
     moved = cost.get("bytes accessed", float("nan")) + extra
-    return dict(method=method, page_size=page_size, layout=layout, bytes=moved, floor=floor,
+    return dict(method=method, refill=refill if method != "ar" else None, page_size=page_size,
+                layout=layout, bytes=moved, floor=floor, flops=cost.get("flops"),
                 bytes_over_floor=round(moved / floor, 3),
                 optimal_ms=round(1e3 * cost.get("optimal_seconds", float("nan")), 3),
-                floor_ms=round(1e3 * floor / 2765e9, 3), compile_s=round(time.time() - t0, 1))
+                floor_ms=round(1e3 * floor / chip.bandwidth, 3),
+                flops_ms=round(1e3 * cost.get("flops", float("nan")) / chip.flops, 3),
+                compile_s=round(time.time() - t0, 1))
 
 
 def main(argv=None) -> int:
@@ -58,19 +56,23 @@ def main(argv=None) -> int:
     ap.add_argument("--topology", default="v5p:1x1x1")
     ap.add_argument("--methods", default="ar,streaming")
     ap.add_argument("--page-size", type=int, default=None)
+    ap.add_argument("--refill", default="before", help="streaming's refill order: before, after")
+    ap.add_argument("--layouts", default="default,auto")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     from decode import aot
     from wedlm_jax.convert import read_config
     config = read_config(ROOT_ARCH)
-    dev = aot.describe_tpu(args.topology)[0][0]
+    devices, chip = aot.describe_tpu(args.topology)
+    dev = devices[0]
     rows = []
     for method in args.methods.split(","):
-        for layout in ("default", "auto"):
-            rows.append(measure(config, dev, method, args.page_size, layout))
+        for layout in args.layouts.split(","):
+            rows.append(measure(config, dev, chip, method, args.page_size, layout, args.refill))
             r = rows[-1]
-            print(f"{method:10s} paged {r['page_size']}  {layout:8s} bytes/floor {r['bytes_over_floor']:.3f}  "
-                  f"optimal {r['optimal_ms']:.3f} ms (floor {r['floor_ms']:.3f})  compile {r['compile_s']} s",
+            print(f"{method:10s} refill {r['refill']}  paged {r['page_size']}  {layout:8s} "
+                  f"bytes/floor {r['bytes_over_floor']:.3f}  optimal {r['optimal_ms']:.3f} ms "
+                  f"(floor {r['floor_ms']:.3f}, flops/peak {r['flops_ms']:.3f})  compile {r['compile_s']} s",
                   flush=True)
     if args.out:
         with open(args.out, "w") as f:

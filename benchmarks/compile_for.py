@@ -42,7 +42,7 @@ import os
 import sys
 import time
 
-from decode.aot import GIB, TPU_FORMS as FORMS, TargetError, describe_tpu
+from wedlm_jax.targets import FORMS, GIB, TargetError, describe_target
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,13 +59,13 @@ class Target:
 
 
 def describe(name: str) -> Target:
-    """The compile-only devices of a target name and its chip's figures (decode.aot.describe_tpu);
-    a TargetError naming the accepted forms (and the install command when libtpu is missing)."""
+    """The compile-only devices of a target name and its chip's figures (wedlm_jax.targets); a
+    TargetError naming the accepted forms (and the install command when its compiler is missing)."""
     try:
-        devices, (flops, bw, hbm) = describe_tpu(name)
+        devices, chip = describe_target(name)
     except TargetError as e:
         raise TargetError(f"--compile-for {e}") from None
-    return Target(name, tuple(devices), flops, bw, hbm)
+    return Target(name, tuple(devices), chip.flops, chip.bandwidth, chip.hbm)
 
 
 def _verdict_or_raise(fn, *a, **kw) -> dict:
@@ -108,16 +108,22 @@ def decode_row(config, t: Target, prog: dict, capacity: int, live: int,
     from decode import aot
     tensor = t.chips if config.num_kv_heads % t.chips == 0 and not page_size else 1
     mesh = (1, 1, tensor) if t.chips > 1 and tensor > 1 else None
-    settings = dict(prog, capacity=capacity, dtype="bfloat16", attention="tiled", kv_tile=256,
+    from wedlm_jax import attention_backends
+    platform = t.devices[0].platform
+    attention = "tiled" if platform == "tpu" else "auto"     # GPU: the Pallas (Triton) kernel
+    settings = dict(prog, capacity=capacity, dtype="bfloat16", attention=attention, kv_tile=256,
                     mesh_shape=mesh, page_size=page_size)
     devices = list(t.devices[:tensor]) if mesh else [t.devices[0]]
     full = _verdict_or_raise(aot.compile_generate, config, devices, live_rows=live, **settings)
     row = dict(prog, kind="decode", chips_used=len(devices), capacity=capacity, live_rows=live,
-               cache=f"paged {page_size}" if page_size else "dense")
+               cache=f"paged {page_size}" if page_size else "dense",
+               attention=attention_backends.resolve(attention, "cache", backend=platform,
+                                                    dtype="bfloat16"))
     if "oom" in full:
         return dict(row, fits=False, oom=full["oom"])
     cost = aot.unrolled_cost(aot.compile_generate, config, devices, **settings)
-    if cost and not page_size:   # the live K/V tiles the compiler's count misses (a runtime trip count)
+    if cost and not page_size and row["attention"] == "tiled":   # the live K/V tiles the
+        # compiler's count misses (a runtime trip count)
         tensor_used = mesh[2] if mesh else 1
         cost["kv_not_counted"] = aot.kv_not_counted(prog["slots"], config, live,
                                                     settings["kv_tile"], "bfloat16", tensor_used)
@@ -129,7 +135,8 @@ def decode_row(config, t: Target, prog: dict, capacity: int, live: int,
     step = roofline(cost, t)
     floor = full["floor"]["total"]
     return dict(row, memory=full["memory"], fits=full["memory"]["total"] <= t.hbm, cost=cost,
-                floor_bytes=floor, bytes_over_floor=cost.get("bytes accessed", 0) / floor,
+                floor_bytes=floor, weight_layout=full.get("weight_layout"),
+                bytes_over_floor=cost["bytes accessed"] / floor if cost else None,
                 floor_s=floor / t.bandwidth, roofline_s=step)
 
 
@@ -169,7 +176,7 @@ def train_row(t: Target, seq_len: int = 4096) -> dict:
 
     full = _verdict_or_raise(compile_train, cfg)
     row = dict(kind="train", seq_len=seq_len, rows_per_chip=1, attention=step_lib.attention_impl(
-        cfg, backend="tpu"), params=dry_run.model_config_for(cfg).num_params())
+        cfg, backend=t.devices[0].platform), params=dry_run.model_config_for(cfg).num_params())
     if "oom" in full:
         return dict(row, fits=False, oom=full["oom"])
     # cost from the program with the layer scan unrolled and the loss unchunked (cost_analysis
@@ -203,7 +210,8 @@ def derive(rows: list[dict], tpf: float) -> None:
 
 def markdown(report: dict) -> str:
     out = [f"# Compiled for the target, on this CPU ({report['command']})", "",
-           f"jax {report['jax']}, libtpu {report['libtpu']}; decode shape {report['model']} "
+           f"jax {report['jax']}, libtpu {report['libtpu']}, jax-cuda12-plugin "
+           f"{report.get('cuda_plugin')}; decode shape {report['model']} "
            f"bf16; streaming tokens per forward assumed {report['tokens_per_forward']} for the "
            "tokens/s estimate; time = roofline max(flops / peak, bytes / bandwidth) per chip from "
            "the layer-scaled compiled cost.", ""]
@@ -261,6 +269,13 @@ def _write(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _version(md, dist: str) -> str | None:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.compile_for",
                                  description=__doc__.split("\n\n")[0])
@@ -303,7 +318,8 @@ def main(argv=None) -> int:
     import jax
     config = model_config(shapes[a.model]).replace(max_position_embeddings=1 << 20)
     report = dict(command="python -m benchmarks.compile_for " + " ".join(argv or sys.argv[1:]),
-                  jax=jax.__version__, libtpu=md.version("libtpu"), model=a.model,
+                  jax=jax.__version__, libtpu=_version(md, "libtpu"),
+                  cuda_plugin=_version(md, "jax-cuda12-plugin"), model=a.model,
                   tokens_per_forward=a.tokens_per_forward, targets=[])
     for t in targets:
         t0 = time.perf_counter()

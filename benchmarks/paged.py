@@ -2,8 +2,8 @@
 
     python -m benchmarks.paged [--model demo/model] [--rounds 3] [--out benchmarks/results/paged.json]
 
-  prefix     a few-shot workload (a shared prefix of ~1K tokens: worked examples, then a short
-             question each) and a chat-like one (a shared ~470-token instruction, short questions),
+  prefix     few-shot workloads (a shared prefix of ~1K and of ~1.9K tokens: worked examples, then
+             a short question each; the demo model's positions end at 2048) and a chat-like one (a shared ~470-token instruction, short questions),
              requests one after another: time to first token (prefill + the first 2-step chunk)
              and tokens/s with prefix reuse on and off (same paged Decoder, rounds interleaved,
              medians)
@@ -56,12 +56,14 @@ def prefix_workloads(config, params, tok, rounds: int) -> dict:
     items = eval_items(DEMO_MODEL, "counting") + eval_items(DEMO_MODEL, "arith")
     shots = "\n\n".join(it["prompt"] + it["target"] for it in items[:40:5])   # worked examples
     few = tok.encode(shots + "\n\n")
-    while len(few) < 900:
-        few = few + few[:900 - len(few)]
+
+    def repeat(ids, n):
+        return (ids * (n // len(ids) + 1))[:n]
     system = tok.encode(("You count and add exactly. Answer with the numbers only. " * 12) + "\n")
     questions = [tok.encode(it["prompt"]) for it in items[40:56]]
     out = {}
-    for name, prefix in (("few-shot", few), ("chat", system)):
+    for name, prefix in (("few-shot", repeat(few, max(len(few), 900))),
+                         ("few-shot 1.9K", repeat(few, 1900)), ("chat", system)):
         reqs = [Request(prompt=tuple(prefix + q), max_new_tokens=16) for q in questions]
         cap = max(len(r.prompt) for r in reqs) + 32
         dec = Decoder(params, config, method="streaming", window=8, slots=4, capacity=cap,

@@ -25,49 +25,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from decode import layouts
 from wedlm_jax import model as model_lib
 from wedlm_jax.compiled import figures  # noqa: F401 (memory, cost and kernels of a program)
 
-GIB = 1 << 30
-# TPU generation -> (dense bf16 FLOP/s per chip, HBM bytes/s per chip, HBM bytes per chip): the
-# vendor's published figures
-TPU_CHIPS = {
-    "v4": (275e12, 1.2e12, 32 * GIB),
-    "v5e": (197e12, 0.819e12, 16 * GIB),
-    "v5p": (459e12, 2.765e12, 95 * GIB),
-    "v6e": (918e12, 1.64e12, 32 * GIB),
-}
-TPU_FORMS = ("TPU topologies GEN:AxB[xC] with GEN one of " + ", ".join(TPU_CHIPS)
-             + " (e.g. v5p:1x1x1, v5e:2x4, v6e:2x4, v5p:2x2x2)")
-
+from wedlm_jax.targets import GIB, TargetError, describe_target, describe_tpu  # noqa: F401
 
 DRY_RUN_CAPACITY = 2048   # a door without --capacity (wedlm-decode sizes it from its prompts)
-
-
-class TargetError(ValueError):
-    """A target name that cannot be compiled for here, with the accepted forms."""
-
-
-def describe_tpu(name: str) -> tuple[list, tuple]:
-    """(compile-only devices, (peak FLOP/s, HBM bytes/s, HBM bytes) per chip) of a TPU topology
-    name such as 'v5e:2x4', described by libtpu without the hardware; a TargetError naming the
-    accepted forms, or the install command when libtpu is missing."""
-    gen, _, shape = name.partition(":")
-    if gen not in TPU_CHIPS or not shape:
-        raise TargetError(f"{name!r}: unknown target; accepted: {TPU_FORMS}")
-    import importlib.util
-    if importlib.util.find_spec("libtpu") is None:
-        raise TargetError(f"{name!r}: the TPU compiler is not installed: pip install 'jax[tpu]' "
-                          "(or pip install -e '.[tpu]')")
-    from jax.experimental import topologies
-    kw = {"chips_per_host_bounds": (1, 1, 1)} if shape in ("1x1", "1x1x1") else {}
-    try:
-        desc = topologies.get_topology_desc(platform="tpu", topology_name=name, **kw)
-    except Exception as e:  # noqa: BLE001 - libtpu's own message, one line
-        raise TargetError(f"{name!r}: libtpu cannot describe it "
-                          f"({str(e).splitlines()[0][:200] if str(e) else type(e).__name__}); "
-                          f"accepted: {TPU_FORMS}") from None
-    return list(desc.devices), TPU_CHIPS[gen]
 
 
 def _device_list(devices) -> list:
@@ -121,10 +85,13 @@ def step_floor(static, live_rows: int, tensor: int = 1, batch_shards: int = 1) -
 def make_decoder(config, devices, *, method="streaming", window=16, refill="before", slots=8,
                  capacity=4096, dtype="bfloat16", attention="tiled", kv_tile=256,
                  prefill_chunk=128, mesh_shape=None, scan_unroll: int = 1,
-                 page_size: int | None = None, num_pages: int | None = None):
+                 page_size: int | None = None, num_pages: int | None = None,
+                 weight_layout: str = "auto"):
     """A Decoder over abstract weights (shapes only) for `devices` (one device, or a
     ('data', 'fsdp', 'tensor') mesh of `mesh_shape` over the first devices); `scan_unroll`
-    layers per iteration of the layer scan; `page_size` a paged cache (heads over tensor)."""
+    layers per iteration of the layer scan; `page_size` a paged cache (heads over tensor);
+    `weight_layout` as the Decoder's (resolved for the devices' platform: with "compiler" its
+    `generate` is compiled here, with the weights' layouts left to the compiler)."""
     import dataclasses
     from decode.decoder import Decoder
     from wedlm_jax.sharding import make_mesh
@@ -139,9 +106,12 @@ def make_decoder(config, devices, *, method="streaming", window=16, refill="befo
                   capacity=capacity, steps_per_call=1, dtype=jnp.dtype(dtype), attention=attention,
                   kv_tile=kv_tile, prefill_chunk=prefill_chunk, sampling=False,
                   mask_token_id=config.vocab_size - 1, memory_limit_bytes=1 << 62,
-                  allow_long=True, mesh=mesh, page_size=page_size, num_pages=num_pages)
+                  allow_long=True, mesh=mesh, page_size=page_size, num_pages=num_pages,
+                  weight_layout="default")
     if scan_unroll != 1:
         dec.static = dataclasses.replace(dec.static, scan_unroll=scan_unroll)
+    if layouts.resolve(weight_layout, devs[0].platform) == "compiler":
+        dec.use_compiler_layouts()
     return dec
 
 
@@ -152,21 +122,30 @@ def _shards(dec) -> tuple[int, int]:
     return int(shape.get("tensor", 1)), int(shape.get("data", 1)) * int(shape.get("fsdp", 1))
 
 
-def compile_generate(config, devices, *, live_rows: int | None = None, **settings) -> dict:
-    """Compile `generate` (k = 1) of a Decoder of these settings (`make_decoder`) for the
-    devices' platform and return its figures (see the module docstring); `live_rows` (committed
-    rows per slot) adds the step's floor per device."""
-    from decode.decoder import _generate, estimate_memory
+def generate_program(config, devices, **settings):
+    """(Decoder, compiled `generate` of k = 1) of a Decoder of these settings (`make_decoder`) for
+    the devices' platform; with the weights in the compiler's layouts, the program that chose
+    them (its `input_formats[0][0]`: the weights' formats)."""
+    from decode.decoder import _generate
     dec = make_decoder(config, devices, **settings)
-    dev = _device_list(devices)[0]
-    p, s, mask_id, run = abstract_args(dec, dev)
-    with jax.default_device(dev):   # a Mosaic kernel's lowering reads the TPU generation from it
-        compiled = dec._call(_generate.lower, dec.static, 1, p, s, mask_id, run).compile()
+    compiled = dec._generate_compiled       # compiled already when the weights take its layouts
+    if compiled is None:
+        dev = _device_list(devices)[0]
+        p, s, mask_id, run = abstract_args(dec, dev)
+        with jax.default_device(dev):   # a Mosaic kernel's lowering reads the TPU generation from it
+            compiled = dec._call(_generate.lower, dec.static, 1, p, s, mask_id, run).compile()
+    return dec, compiled
+
+
+def generate_figures(dec, compiled, live_rows: int | None = None) -> dict:
+    """The figures of `generate_program`'s program (see the module docstring); `live_rows`
+    (committed rows per slot) adds the step's floor per device."""
+    from decode.memory import estimate_memory
     tensor, batch_shards = _shards(dec)
-    out = dict(platform=dev.platform, method=dec.method, window=dec.window, refill=dec.refill,
-               slots=dec.slots, capacity=dec.capacity, rows=dec.static.rows,
+    platform = dec.mesh.devices.flat[0].platform if dec.mesh is not None else jax.default_backend()
+    out = dict(platform=platform, method=dec.method, window=dec.window, refill=dec.refill, slots=dec.slots, capacity=dec.capacity, rows=dec.static.rows,
                dtype=jnp.dtype(dec.static.dtype).name, attention=dec.static.attention,
-               page_size=dec.static.page_size,
+               page_size=dec.static.page_size, weight_layout=dec.weight_layout,
                mesh=None if dec.mesh is None else dict(dec.mesh.shape),
                cache_bytes=estimate_memory(dec.static)["cache"] // (tensor * batch_shards),
                **figures(compiled))
@@ -175,15 +154,27 @@ def compile_generate(config, devices, *, live_rows: int | None = None, **setting
     return out
 
 
-def compile_prefill(config, devices, *, prompt_len: int = 2048, **settings) -> dict:
+def compile_generate(config, devices, *, live_rows: int | None = None, **settings) -> dict:
+    """Compile `generate` (k = 1) of a Decoder of these settings for the devices' platform and
+    return its figures (`generate_program`, `generate_figures`)."""
+    return generate_figures(*generate_program(config, devices, **settings), live_rows=live_rows)
+
+
+def compile_prefill(config, devices, *, prompt_len: int = 2048, weight_formats=None,
+                    **settings) -> dict:
     """Compile the prefill of one `prompt_len`-token prompt and return its figures. The prompt is
     one chunk unless `prefill_chunk` says otherwise (cost_analysis counts one chunk's pass of one
-    layer: see `unrolled_cost`, and scale by the chunk count when chunked)."""
+    layer: see `unrolled_cost`, and scale by the chunk count when chunked). `weight_formats`: the
+    weights' formats (a Decoder's in the compiler's layouts: `compile_generate`'s
+    "weight_formats"); default row-major."""
     from decode.decoder import _prefill
-    settings = dict(dict(prefill_chunk=prompt_len, capacity=prompt_len), **settings)
+    settings = dict(dict(prefill_chunk=prompt_len, capacity=prompt_len), **settings,
+                    weight_layout="default")
     dec = make_decoder(config, devices, **settings)
     dev = _device_list(devices)[0]
     p = abstract_args(dec, dev)[0]
+    if weight_formats is not None:
+        p = layouts.place(p, weight_formats)
     if dec.mesh is None:
         tok = _on(dev, jax.ShapeDtypeStruct((1, prompt_len), jnp.int32))
         n = _on(dev, jax.ShapeDtypeStruct((1,), jnp.int32))
@@ -230,11 +221,12 @@ def dry_run(config, target: str, placement, *, method: str, window: int, refill:
             capacity: int, prefill_chunk: int = 128, device_memory_gib: float | None = None,
             who: str = "wedlm-serve") -> tuple[str, bool]:
     """The programs a decoding door runs (one decode step of `generate`, one prompt's prefill at
-    the largest bucket) compiled for a TPU topology from config.json alone, laid out as
+    the largest bucket) compiled for an accelerator (a TPU topology, or GPUs: wedlm_jax.targets)
+    from config.json alone, laid out as
     `placement` says; (report text, fits). An out-of-memory compile is the verdict, not an error."""
     from wedlm_jax.failures import out_of_memory
-    name = target.split(":", 1)[1] if target.startswith("tpu:") else target
-    devices, (_, _, hbm) = describe_tpu(name)
+    devices, chip = describe_target(target)
+    hbm = chip.hbm
     if placement.devices_needed > len(devices):
         raise TargetError(f"--mesh needs {placement.devices_needed} devices; {target} has "
                           f"{len(devices)}")
@@ -243,26 +235,43 @@ def dry_run(config, target: str, placement, *, method: str, window: int, refill:
     settings = dict(method=method, window=window, refill=refill, slots=slots, capacity=capacity,
                     dtype=placement.dtype, attention=placement.attention,
                     kv_tile=placement.kv_tile, mesh_shape=placement.mesh,
-                    page_size=placement.page_size, num_pages=placement.num_pages)
+                    page_size=placement.page_size, num_pages=placement.num_pages,
+                    weight_layout=placement.weight_layout)
     lines = [f"{who} dry run for {target}: {len(devs)} of its {len(devices)} chips, "
              f"{limit / GIB:.2f} GiB each; mesh data={placement.mesh[0]} fsdp={placement.mesh[1]} "
              f"tensor={placement.mesh[2]}, {placement.dtype}, cache attention "
-             f"{placement.attention}; {method} W {window} refill {refill}, {slots} slots x "
-             f"capacity {capacity}"
+             f"{placement.attention}, weights "
+             f"{layouts.resolve(placement.weight_layout, devices[0].platform)}"
+             f" layout; {method} W {window} refill {refill}, {slots} slots x capacity {capacity}"
              + (f"; paged cache, pages of {placement.page_size} rows" if placement.page_size else "")]
-    fits = True
     prompt = min(1 << max(capacity - 1, 1).bit_length(), capacity + 2 * window)
-    for label, fn, kw in (("decode step", compile_generate, {}),
-                          (f"prefill of a {prompt}-token prompt", compile_prefill,
-                           dict(prompt_len=prompt, prefill_chunk=min(prefill_chunk, prompt),
-                                page_size=None, num_pages=None))):   # the dense prefill
+
+    def verdict(compile_fn):
+        """A program's figures, or the compiler's out-of-memory message (a verdict, not an error)."""
         try:
-            f = fn(config, devs, **dict(settings, **kw))
+            return compile_fn()
         except Exception as e:  # noqa: BLE001 - only an out-of-memory compile is a verdict
             reason = out_of_memory(e)
             if reason is None:
                 raise
-            lines.append(f"  {label:<34} DOES NOT FIT: the compiler ran out of memory: {reason}")
+            return reason
+
+    def step():
+        dec, compiled = generate_program(config, devs, **settings)
+        return dict(generate_figures(dec, compiled), weight_formats=(
+            compiled.input_formats[0][0] if dec.weight_layout == "compiler" else None))
+
+    step_figures = verdict(step)
+    formats = step_figures.pop("weight_formats") if isinstance(step_figures, dict) else None
+    results = [("decode step", step_figures),
+               (f"prefill of a {prompt}-token prompt", verdict(lambda: compile_prefill(
+                   config, devs, **dict(settings, prompt_len=prompt, weight_formats=formats,
+                                        prefill_chunk=min(prefill_chunk, prompt),
+                                        page_size=None, num_pages=None))))]  # the dense prefill;
+    fits = True                                     # it reads the weights as the step laid them
+    for label, f in results:
+        if isinstance(f, str):
+            lines.append(f"  {label:<34} DOES NOT FIT: the compiler ran out of memory: {f}")
             fits = False
             continue
         m = f["memory"]

@@ -10,12 +10,18 @@ and leave it the moment they finish, so no slot idles while a slower neighbour r
 the device) and the callbacks run on it: on_tokens(request_id, new_ids) after every chunk that
 gave the request ids, on_finish(Finished) once.
 
-With a paged Decoder (`page_size`), admission is by free pages: a request takes the pages of its
-budget (`Decoder.pages_needed`) from the pool (`decode.pages.PagePool`) when it gets a slot, the
-full pages of a prompt prefix an earlier request computed are mapped instead of computed again
-(`prefix_reuse`; `Finished.cached_tokens` counts their rows), and its pages go back when it ends.
-A request the pool cannot hold yet waits at the head of the queue (first come, first served; no
-preemption); one larger than the whole pool is refused at submit.
+With a paged Decoder (`page_size`), pages are taken from the pool (`decode.pages.PagePool`) as a
+sequence grows: at admission the pages its prompt and its first generate call can write
+(`Decoder.pages_for_call`), before every later call the pages that call can write, and all of them
+back when it ends; the full pages of a prompt prefix an earlier request computed are mapped instead
+of computed again (`prefix_reuse`; `Finished.cached_tokens` counts their rows). Live requests grow
+first, oldest first; a waiting request is admitted only from the pages left after that, and waits
+at the head of the queue (first come, first served) while the pool cannot give its first pages.
+When the live requests cannot all grow, the newest is preempted: its slot and pages are given
+back and it goes to the head of the queue as its prompt plus the tokens it has emitted, to be
+prefilled again and continue (its emitted tokens stand; AR and verified continue exactly as
+they would have; streaming and block start a fresh window there, and a sampled request's draws
+restart from its seed). A request larger than the whole pool is refused at submit.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ class Finished:
     wall_s: float = 0.0   # submit to finish
     error: str | None = None   # finish 'error': what failed (the other requests go on)
     cached_tokens: int = 0     # paged cache: prompt rows reused from earlier requests
+    preempted: int = 0         # paged cache: times it gave its pages back and was prefilled again
     # per token: (log-probability, {id: log-probability} of the alternatives the request asked for)
     logprobs: list = dataclasses.field(default_factory=list)
 
@@ -60,6 +67,10 @@ class _Live:
     logprobs: list = dataclasses.field(default_factory=list)
     pages: list = dataclasses.field(default_factory=list)   # paged cache: the pages it holds
     cached_tokens: int = 0
+    admitted: int = -1         # admission order (paged cache: the newest is preempted first)
+    before: tuple = (0, 0, 0, 0)   # (steps, n_fwd, accepted, rejected) of its preempted runs
+    base: int = 0              # tokens emitted before this admission (a preempted request's)
+    preempted: int = 0
 
 
 class Batcher:
@@ -77,6 +88,8 @@ class Batcher:
         self.state = decoder.init_state()
         self.loop_iterations = 0
         self.resets = 0             # device state rebuilt after a failed call
+        self.preemptions = 0        # paged cache: requests sent back to the queue to free pages
+        self._admissions = 0
 
     @property
     def num_waiting(self) -> int:
@@ -113,14 +126,14 @@ class Batcher:
             self._cancelled.add(request_id)
 
     def _finish(self, live: _Live, finish: str, stats=(0, 0, 0, 0), error: str | None = None) -> None:
-        steps, n_fwd, acc, rej = stats
+        steps, n_fwd, acc, rej = (a + b for a, b in zip(stats, live.before))
         if live.pages:
             self.pool.release(live.pages)      # its slot is unmapped (or the state rebuilt) by now
             live.pages = []
         if live.on_finish is not None:
             live.on_finish(Finished(live.request_id, live.tokens, finish, steps, n_fwd, acc, rej,
                                     time.perf_counter() - live.submitted, error, live.cached_tokens,
-                                    live.logprobs))
+                                    live.preempted, live.logprobs))
 
     def _state_lost(self) -> bool:
         """Was the (donated) state consumed by a call that then failed?"""
@@ -171,6 +184,12 @@ class Batcher:
                     self.state = dec.free(self.state, slot)
                 self._slots[slot] = None
                 self._finish(live, "cancelled", tuple(int(c[slot]) for c in counts))
+        if self.pool is not None:
+            try:
+                self._grow()
+            except Exception as e:  # noqa: BLE001 - a failed device call: its requests end, we go on
+                self._reset(f"mapping pages failed ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0][:300] if str(e) else ''})")
         for slot in range(dec.slots):
             if self._slots[slot] is not None:
                 continue
@@ -200,6 +219,8 @@ class Batcher:
                 self._finish(live, "error", error=error)
                 continue
             self._slots[slot] = live
+            live.admitted, self._admissions = self._admissions, self._admissions + 1
+            live.base = len(live.tokens)
         if self.num_active == 0:
             return self.num_waiting > 0
         try:
@@ -238,16 +259,67 @@ class Batcher:
 
     def _pages_for(self, live: _Live):
         """The pages a waiting request gets now: its cached prefix (when reused) and fresh ones
-        for the rest of its budget; None (nothing taken) when the pool cannot give them yet."""
-        pool, need = self.pool, self.decoder.pages_needed(live.request)
+        for the rest of what its prompt and first generate call write; None (nothing taken) when
+        the pool cannot give them yet."""
+        pool, dec = self.pool, self.decoder
         rows = self._prefilled(live.request)
+        need = dec.pages_for_call(len(rows), dec.end_of(live.request))
         hit = pool.match(rows, len(rows) // pool.page_size) if self.prefix_reuse else []
-        more = pool.allocate(need - len(hit))
+        more = pool.allocate(max(need - len(hit), 0))
         if more is None:
             pool.release(hit)
             return None
-        live.cached_tokens = len(hit) * pool.page_size
+        if live.admitted < 0:                      # a preempted request's own prompt pages do not count
+            live.cached_tokens = len(hit) * pool.page_size
         return hit + more
+
+    def _grow(self) -> None:
+        """Map the pages every live slot's next generate call can write, oldest request first;
+        when the pool runs short, preempt the newest live request (possibly the one growing)."""
+        dec = self.decoder
+        order = sorted((s for s, live in enumerate(self._slots) if live is not None),
+                       key=lambda s: self._slots[s].admitted)
+        if not order:
+            return
+        lengths = jax.device_get(self.state.cache.length)
+        grown = {}
+        for slot in order:
+            live = self._slots[slot]
+            if live is None:                       # preempted for an older one
+                continue
+            extra = dec.pages_for_call(int(lengths[slot]), dec.end_of(live.request)) - len(live.pages)
+            while extra > 0:
+                more = self.pool.allocate(extra)
+                if more is not None:
+                    live.pages += more
+                    grown[slot] = live.pages
+                    break
+                newest = max((s for s, x in enumerate(self._slots) if x is not None),
+                             key=lambda s: self._slots[s].admitted)
+                grown.pop(newest, None)
+                self._preempt(newest)
+                if newest == slot:
+                    break
+        if grown:
+            self.state = dec.set_page_rows(self.state, grown)
+
+    def _preempt(self, slot: int) -> None:
+        """Give `slot`'s request's slot and pages back and queue it first, as its prompt plus the
+        tokens it emitted (prefilled again when readmitted)."""
+        counts = self._counts()
+        self.state = self.decoder.unmap(self.state, [slot])
+        live = self._slots[slot]
+        self._slots[slot] = None
+        self.pool.release(live.pages)
+        live.pages = []
+        live.before = tuple(a + int(c[slot]) for a, c in zip(live.before, counts))
+        new = tuple(live.tokens[live.base:])      # emitted since this admission
+        live.request = dataclasses.replace(live.request, prompt=tuple(live.request.prompt) + new,
+                                           max_new_tokens=live.request.max_new_tokens - len(new))
+        with self._lock:
+            self._waiting.appendleft(live)
+        live.preempted += 1
+        self.preemptions += 1
 
     def run_until_idle(self) -> None:
         while self.step():

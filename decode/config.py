@@ -251,6 +251,7 @@ def resolve_mask_token(model_mask_id: int | None, given: int | None, method: str
 
 DTYPES = {"float32": "float32", "f32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 CACHE_ATTENTION = ("auto", "tiled", "dense", "pallas", "cudnn")   # wedlm_jax.attention_backends
+WEIGHT_LAYOUTS = ("auto", "compiler", "default")                   # decode/layouts.py
 MESH_AXES = ("data", "fsdp", "tensor")
 
 
@@ -280,6 +281,7 @@ class Placement:
     kv_tile: int = 256
     page_size: int | None = None    # a paged KV cache of pages of this many rows (None: dense)
     num_pages: int | None = None    # the paged cache's pages per layer (None: slots x per sequence)
+    weight_layout: str = "auto"     # decode/layouts.py: compiler | default | auto (compiler on TPU)
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -300,6 +302,9 @@ class Placement:
             if self.page_size is None:
                 raise DecodeConfigError("--num-pages needs --page-size (a paged cache)")
             check_int("num_pages", self.num_pages, 1)
+        if self.weight_layout not in WEIGHT_LAYOUTS:
+            raise DecodeConfigError(f"weight_layout {self.weight_layout!r} is unknown; allowed: "
+                                    f"{', '.join(WEIGHT_LAYOUTS)}", "weight_layout")
 
     @property
     def devices_needed(self) -> int:
@@ -352,6 +357,10 @@ class Placement:
         g.add_argument("--num-pages", type=int, default=None,
                        help="the paged cache's pages (default: slots x pages of one sequence at "
                             "the capacity)")
+        g.add_argument("--weight-layout", default=d.weight_layout, choices=WEIGHT_LAYOUTS,
+                       help="compiler: the weights in the layouts the compiled decode step picks "
+                            "(no relayout copies inside each step); default: row-major as loaded; "
+                            "auto: compiler on TPU, default elsewhere")
 
     @staticmethod
     def add_dry_run_arguments(parser, who: str) -> None:
@@ -361,8 +370,9 @@ class Placement:
                                       "config.json alone (no weights, no accelerator) and say if "
                                       "they fit")
         d.add_argument("--dry-run", action="store_true")
-        d.add_argument("--topology", help="a TPU topology libtpu describes, e.g. v5e:2x4 or "
-                                          "tpu:v5p:2x2x2")
+        d.add_argument("--topology", help="a TPU topology libtpu describes (v5e:2x4, "
+                                          "tpu:v5p:2x2x2) or GPUs XLA's GPU compiler targets "
+                                          "(h100, h100:8)")
         d.add_argument("--device-memory", type=float, default=None,
                        help="GiB per chip to fit in (default: the chip's HBM)")
 
@@ -370,7 +380,8 @@ class Placement:
     def from_args(cls, args) -> "Placement":
         return cls(dtype=args.dtype, mesh=parse_mesh(args.mesh), attention=args.attention,
                    kv_tile=args.kv_tile, page_size=getattr(args, "page_size", None),
-                   num_pages=getattr(args, "num_pages", None))
+                   num_pages=getattr(args, "num_pages", None),
+                   weight_layout=getattr(args, "weight_layout", "auto"))
 
 
 # ------------------------------------------------------------------------- the doors' options
@@ -458,4 +469,5 @@ class DoorOptions:
         return dict(**Method.pick(e), slots=e.slots, capacity=capacity,
                     steps_per_call=e.steps_per_call, allow_long=e.allow_long,
                     page_size=pl.page_size, num_pages=pl.num_pages, mask_token_id=mask_token_id,
-                    dtype=pl.dtype, attention=pl.attention, kv_tile=pl.kv_tile)
+                    dtype=pl.dtype, attention=pl.attention, kv_tile=pl.kv_tile,
+                    weight_layout=pl.weight_layout)

@@ -33,12 +33,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
-from decode.config import (MAX_LOGPROBS, MAX_STOP_IDS, DecodeConfigError, EngineOptions, Sampling,
+from decode import layouts
+from decode.config import (MAX_LOGPROBS, DecodeConfigError, EngineOptions, Sampling,
                            check_int)
+from decode.memory import _gib, available_memory, estimate_memory
 from decode.programs import (STEPS, Static, _forward, _free, _generate, _insert,  # noqa: F401
-                             _one_step, _prefill, _prefill_into, _prefill_slot, _unmap,
-                             cache_axes, compiled_count)
-from decode.state import DecodeState, KVCache, Prefix, Settings, TokenLogProbs
+                             _one_step, _prefill, _prefill_into, _prefill_slot, _set_rows,
+                             _unmap, cache_axes, compiled_count)
+from decode.state import DecodeState, Prefix, TokenLogProbs, free_rows, request_row
 from decode.steps import StepSpec
 from wedlm_jax import attention_backends as attn_backends
 from wedlm_jax import cache_attention as ca
@@ -125,7 +127,11 @@ class Decoder:
     heads), not slots over data/fsdp.
 
     top_logprobs: how many likeliest alternatives every emitted token carries beside its own
-    log-probability (`ResultTokens.new_logprobs`; 0 to MAX_LOGPROBS, a compile-time width)."""
+    log-probability (`ResultTokens.new_logprobs`; 0 to MAX_LOGPROBS, a compile-time width).
+
+    weight_layout: "compiler" puts the weights in the layouts the compiled `generate` picks
+    (decode/layouts.py: no relayout copy of the weights inside each TPU step), "default" keeps
+    them row-major, "auto" (default) is "compiler" on TPU and "default" elsewhere."""
 
     def __init__(self, params, model_config: ModelConfig, *, method: str = _D.method,
                  window: int = _D.window, refill: str = _D.refill, slots: int = _D.slots,
@@ -135,7 +141,7 @@ class Decoder:
                  sampling: bool = True, allow_long: bool = _D.allow_long,
                  memory_limit_bytes: int | None = None, attention: str = "tiled",
                  page_size: int | None = None, num_pages: int | None = None,
-                 top_logprobs: int = 0):
+                 top_logprobs: int = 0, weight_layout: str = "auto"):
         EngineOptions(method=method, window=window, refill=refill, slots=slots, capacity=capacity,
                       steps_per_call=steps_per_call, prefill_chunk=prefill_chunk,
                       allow_long=allow_long)                  # the doors' checks, the same code
@@ -201,6 +207,20 @@ class Decoder:
                 "the capacity (--capacity / --max-new-tokens), the slots or the window")
         self._shardings = self._make_shardings(params) if mesh is not None else None
         self.params = self._place(params, self._shardings["params"]) if mesh is not None else params
+        try:
+            self.weight_layout = layouts.resolve(weight_layout, device.platform)
+        except ValueError as e:
+            raise DecodeConfigError(str(e), "weight_layout") from None
+        self._generate_compiled = None
+        if self.weight_layout == "compiler":
+            self.use_compiler_layouts()
+
+    def use_compiler_layouts(self) -> None:
+        """Compile `generate` with the weights' layouts left to the compiler, keep that program for
+        `generate` calls and put the weights into the layouts it chose (decode/layouts.py)."""
+        self._generate_compiled, formats = layouts.choose(self)
+        self.params = layouts.place(self.params, formats)
+        self.weight_layout = "compiler"
 
     # -- construction helpers
     @staticmethod
@@ -227,11 +247,24 @@ class Decoder:
     def paged(self) -> bool:
         return self.static.paged
 
+    def end_of(self, request: Request) -> int:
+        """The row a request's budget ends at: prompt + max_new_tokens, at most the capacity."""
+        return min(len(request.prompt) + request.max_new_tokens, self.capacity)
+
     def pages_needed(self, request: Request) -> int:
-        """Pages a request holds from admission to its end: its budget plus a window's span
-        (the rows its last forwards write), as the dense cache reserves rows."""
-        end = min(len(request.prompt) + request.max_new_tokens, self.capacity)
-        return -(-min(end + self.static.span, self.static.rows) // self.static.page_size)
+        """The most pages a request can hold: its budget plus a window's span (the rows its last
+        forwards write), as the dense cache reserves rows."""
+        return self.pages_for_call(0, self.end_of(request), whole=True)
+
+    def pages_for_call(self, length: int, end: int, whole: bool = False) -> int:
+        """Pages a slot at `length` cache rows (budget ending at `end`) needs through the next
+        `generate` call: every row its forwards can write (a step advances the length by at most
+        a span and writes a span from it), never more than its budget's (`whole`: the budget's)."""
+        st = self.static
+        rows = min(end + st.span, st.rows)
+        if not whole:
+            rows = min(rows, length + (self.steps_per_call + 1) * st.span)
+        return -(-rows // st.page_size)
 
     @staticmethod
     def _mask_id(config: ModelConfig, given, method: str) -> int:
@@ -316,23 +349,7 @@ class Decoder:
 
     # -- the JetStream-shaped API
     def _host_free(self) -> DecodeState:
-        """Every slot free, as NumPy arrays, without cache layers."""
-        st = self.static
-        b, s = st.slots, st.span
-        zeros = np.zeros((b,), np.int32)
-        settings = Settings(
-            tau=np.zeros((b,), np.float32), lam=np.zeros((b,), np.float32),
-            temperature=np.zeros((b,), np.float32), top_k=zeros.copy(),
-            top_p=np.ones((b,), np.float32), temper_first=np.zeros((b,), bool),
-            stop_ids=np.full((b, MAX_STOP_IDS), -1, np.int32), seed=np.zeros((b,), np.uint32),
-            want_top=np.zeros((b,), bool))
-        return DecodeState(
-            cache=KVCache(layers=None, length=zeros.copy()),
-            tok=np.full((b, s), self.mask_id, np.int32), filled=np.zeros((b, s), bool),
-            end=zeros.copy(), done=np.ones((b,), bool), steps=zeros.copy(), n_fwd=zeros.copy(),
-            count=zeros.copy(), accepted=zeros.copy(), rejected=zeros.copy(),
-            lps=TokenLogProbs.zeros(b, s, st.spec.top_logprobs), settings=settings,
-            q=(np.zeros((b, s, st.config.vocab_size), np.float32) if st.keep_q else None))
+        return free_rows(self.static, self.mask_id)
 
     def init_state(self) -> DecodeState:
         """A state with every slot free (done)."""
@@ -344,38 +361,7 @@ class Decoder:
         return self._place(state, self._state_shardings(state))
 
     def _host_row(self, r: Request):
-        """(prompt ids to prefill, prefill length, the request's first row as a batch-1
-        DecodeState of NumPy arrays without cache layers); `r` already checked."""
-        st = self.static
-        plen = len(r.prompt)
-        end = min(plen + r.max_new_tokens, self.capacity)
-        s = st.span
-        tok = np.full((1, s), self.mask_id, np.int32)
-        filled = np.zeros((1, s), bool)
-        if self.method in ("ar", "verified"):
-            n0, tok[0, 0] = plen - 1, r.prompt[-1]
-            filled[0, 0] = self.method == "verified"
-            done = n0 + 1 >= end
-        else:
-            n0 = plen
-            done = n0 >= end
-        stops = np.full((1, MAX_STOP_IDS), -1, np.int32)
-        stops[0, :len(r.stop_token_ids)] = r.stop_token_ids
-        one = lambda v, dt: np.asarray([v], dt)
-        settings = Settings(
-            tau=one(r.tau, np.float32), lam=one(r.lam, np.float32),
-            temperature=one(r.temperature, np.float32), top_k=one(r.top_k, np.int32),
-            top_p=one(r.top_p, np.float32), temper_first=one(r.sampling_order == "temper_first", bool),
-            stop_ids=stops, seed=one(r.seed % (1 << 32), np.uint32),
-            want_top=one(r.top_logprobs > 0, bool))
-        zero = one(0, np.int32)
-        row = DecodeState(
-            cache=KVCache(layers=None, length=one(n0, np.int32)), tok=tok, filled=filled,
-            end=one(end, np.int32), done=one(done, bool), steps=zero, n_fwd=zero, count=zero,
-            accepted=zero, rejected=zero, lps=TokenLogProbs.zeros(1, s, st.spec.top_logprobs),
-            settings=settings,
-            q=(np.zeros((1, s, st.config.vocab_size), np.float32) if st.keep_q else None))
-        return r.prompt, n0, row
+        return request_row(self.static, r, self.mask_id, self.capacity)
 
     def prefill(self, request: Request) -> Prefix:
         """Validate and prefill one request (batch 1): its prompt K/V and first window."""
@@ -430,18 +416,20 @@ class Decoder:
     def prefill_into_slot(self, state: DecodeState, request: Request, slot: int, pages,
                           start: int = 0) -> DecodeState:
         """Paged cache: admit `request` into `slot` holding `pages` (its page ids in order, at
-        least `pages_needed`); its prompt rows from `start` on (a multiple of the page size: the
-        rows before it are a prefix shared with earlier requests, already in its first pages)
-        are computed straight into them. The state is donated."""
+        least `pages_for_call` from its prompt; more are mapped as it grows, `set_page_rows`);
+        its prompt rows from `start` on (a multiple of the page size: the rows before it are a
+        prefix shared with earlier requests, already in its first pages) are computed straight
+        into them. The state is donated."""
         self._check_slot(slot)
         if not self.paged:
             raise DecodeConfigError("prefill_into_slot is for a paged cache (page_size=...)")
         r = self.check_request(request)
         prompt, n0, row = self._host_row(r)
         per_seq, page = self.static.pages_per_seq, self.static.page_size
-        if not self.pages_needed(r) <= len(pages) <= per_seq:
-            raise DecodeConfigError(f"the request needs {self.pages_needed(r)} pages (at most "
-                                    f"{per_seq}); got {len(pages)}")
+        need = self.pages_for_call(n0, self.end_of(r))
+        if not need <= len(pages) <= per_seq:
+            raise DecodeConfigError(f"the request needs {need} pages through its first generate "
+                                    f"call (at most {per_seq}); got {len(pages)}")
         if not _is_int(start) or start % page or not 0 <= start <= n0:
             raise DecodeConfigError(f"start must be a multiple of the page size {page} in [0, "
                                     f"{n0}], got {start!r}")
@@ -469,6 +457,20 @@ class Decoder:
         mask[list(slots)] = True
         return self._call(_unmap, self.static, state, jnp.asarray(mask))
 
+    def set_page_rows(self, state: DecodeState, rows: dict) -> DecodeState:
+        """Paged cache: slot -> its pages in order (mapped as a sequence grows; at most
+        pages_per_seq); one device call for all. The state is donated."""
+        per_seq = self.static.pages_per_seq
+        which = np.zeros((self.slots,), bool)
+        table = np.full((self.slots, per_seq), paged.UNMAPPED, np.int32)
+        for slot, pages in rows.items():
+            self._check_slot(slot)
+            if len(pages) > per_seq:
+                raise DecodeConfigError(f"slot {slot}: {len(pages)} pages, more than a sequence's "
+                                        f"{per_seq}")
+            which[slot], table[slot, :len(pages)] = True, pages
+        return self._call(_set_rows, self.static, state, jnp.asarray(which), jnp.asarray(table))
+
     def _check_slot(self, slot) -> None:
         if not _is_int(slot) or not 0 <= slot < self.slots:
             raise DecodeConfigError(f"slot must be an int in [0, {self.slots}), got {slot!r}")
@@ -487,9 +489,12 @@ class Decoder:
         k = self.steps_per_call if k is None else k
         if not _is_int(k) or not 0 <= k <= self.steps_per_call:
             raise DecodeConfigError(f"k must be an int in [0, {self.steps_per_call}], got {k!r}")
-        state, toks, lps, counts, steps = self._call(_generate, self.static, self.steps_per_call,
-                                                     self.params, state, jnp.int32(self.mask_id),
-                                                     jnp.int32(k))
+        mask_id, run = jnp.int32(self.mask_id), jnp.int32(k)
+        if self._generate_compiled is not None:     # the weights in the compiler's layouts
+            state, toks, lps, counts, steps = self._generate_compiled(self.params, state, mask_id, run)
+        else:
+            state, toks, lps, counts, steps = self._call(_generate, self.static, self.steps_per_call,
+                                                         self.params, state, mask_id, run)
         toks, lps, counts, steps, done = jax.device_get((toks, lps, counts, steps, state.done))
         return state, ResultTokens(tokens=toks, counts=counts, steps=int(steps), done=done,
                                    logprobs=lps)
@@ -497,47 +502,6 @@ class Decoder:
     def step_with_aux(self, state: DecodeState):
         """One step (not donated) with its aux dict: for traces and checks."""
         return self._call(_one_step, self.static, self.params, state, jnp.int32(self.mask_id))
-
-
-# ----------------------------------------------------------------------------- memory
-
-def _gib(x: float) -> str:
-    return f"{x / 2**30:.2f} GiB"
-
-
-def estimate_memory(static: Static) -> dict:
-    """Bytes per device of what decoding allocates beyond the weights: the KV cache, one step's
-    logits (float32, [slots, S, V], with a softmax-sized temporary), the verified drafts'
-    distributions, and a prefill chunk's logits."""
-    c = static.config
-    item = jnp.dtype(static.dtype).itemsize
-    rows = static.num_pages * static.page_size if static.paged else static.slots * static.rows
-    cache = 2 * c.num_layers * rows * c.num_kv_heads * c.head_dim * item
-    logits = 2 * static.slots * static.span * c.vocab_size * 4
-    q = static.slots * static.span * c.vocab_size * 4 if static.keep_q else 0
-    prefill = 2 * static.prefill_chunk * c.vocab_size * 4
-    return dict(cache=cache, logits=logits, q=q, prefill=prefill,
-                total=cache + logits + q + prefill)
-
-
-def available_memory(mesh=None) -> int | None:
-    """Free bytes on the first device (the accelerator's own figure), or the host's available
-    memory on CPU (/proc/meminfo); None when unknown."""
-    dev = (mesh.devices.flat[0] if mesh is not None else jax.local_devices()[0])
-    try:
-        stats = dev.memory_stats()
-    except Exception:  # noqa: BLE001 - platforms without memory stats
-        stats = None
-    if stats and "bytes_limit" in stats:
-        return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 __all__ = ["Decoder", "Request", "ResultTokens", "Static", "estimate_memory", "available_memory",

@@ -9,6 +9,7 @@ of donated state.
                     through the slot's page row, and the slot's fields set (no dense copy; the
                     rows before `start` are a reused prefix)
     _free / _unmap  a slot done (and, paged, its page row unmapped: its pages may go to another)
+    _set_rows       paged cache: slots' page rows replaced (pages mapped as a sequence grows)
     _generate       up to k steps of every slot in one `lax.while_loop`
     _one_step       one step with its aux (traces, checks)
 
@@ -239,7 +240,16 @@ def _unmap(static: Static, state: DecodeState, slots):
                          cache=state.cache.replace(layers=dict(state.cache.layers, table=table)))
 
 
+@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(1,))
+def _set_rows(static: Static, state: DecodeState, which, table):
+    """Paged cache: the page rows of the slots where `which` [B] is True set to `table`'s rows
+    ([B, pages_per_seq]): pages mapped as sequences grow (decode.batching)."""
+    old = state.cache.layers["table"]
+    new = jnp.where(which[:, None], table, old)
+    return state.replace(cache=state.cache.replace(layers=dict(state.cache.layers, table=new)))
+
+
 def compiled_count() -> int:
     """How many programs the decoder's jitted functions hold (jax's cache; a compile-once check)."""
     return sum(f._cache_size() for f in (_prefill, _prefill_into, _insert, _free, _generate,
-                                         _one_step, _prefill_slot, _unmap))
+                                         _one_step, _prefill_slot, _unmap, _set_rows))

@@ -128,3 +128,63 @@ def keep_if_done(done: jax.Array, new, old):
     """Rows that are done keep their old values (for any [B, ...] array)."""
     d = done.reshape(done.shape + (1,) * (new.ndim - done.ndim))
     return jnp.where(d, old, new)
+
+
+# ------------------------------------------------------------------ host-side rows (NumPy)
+
+def free_rows(static, mask_id: int) -> DecodeState:
+    """Every slot of a Decoder of `static` free, as NumPy arrays, without cache layers."""
+    from decode.config import MAX_STOP_IDS
+    b, s = static.slots, static.span
+    zeros = np.zeros((b,), np.int32)
+    settings = Settings(
+        tau=np.zeros((b,), np.float32), lam=np.zeros((b,), np.float32),
+        temperature=np.zeros((b,), np.float32), top_k=zeros.copy(),
+        top_p=np.ones((b,), np.float32), temper_first=np.zeros((b,), bool),
+        stop_ids=np.full((b, MAX_STOP_IDS), -1, np.int32), seed=np.zeros((b,), np.uint32),
+        want_top=np.zeros((b,), bool))
+    return DecodeState(
+        cache=KVCache(layers=None, length=zeros.copy()),
+        tok=np.full((b, s), mask_id, np.int32), filled=np.zeros((b, s), bool),
+        end=zeros.copy(), done=np.ones((b,), bool), steps=zeros.copy(), n_fwd=zeros.copy(),
+        count=zeros.copy(), accepted=zeros.copy(), rejected=zeros.copy(),
+        lps=TokenLogProbs.zeros(b, s, static.spec.top_logprobs), settings=settings,
+        q=(np.zeros((b, s, static.config.vocab_size), np.float32) if static.keep_q else None))
+
+
+def request_row(static, r, mask_id: int, capacity: int):
+    """(prompt ids to prefill, prefill length, the request's first row as a batch-1 DecodeState
+    of NumPy arrays without cache layers) of a checked Request `r`. Streaming / block prefill
+    the whole prompt and start with a window of masks; AR / verified hold the last prompt token
+    as the pending one."""
+    from decode.config import MAX_STOP_IDS
+    method = static.spec.method
+    plen = len(r.prompt)
+    end = min(plen + r.max_new_tokens, capacity)
+    s = static.span
+    tok = np.full((1, s), mask_id, np.int32)
+    filled = np.zeros((1, s), bool)
+    if method in ("ar", "verified"):
+        n0, tok[0, 0] = plen - 1, r.prompt[-1]
+        filled[0, 0] = method == "verified"
+        done = n0 + 1 >= end
+    else:
+        n0 = plen
+        done = n0 >= end
+    stops = np.full((1, MAX_STOP_IDS), -1, np.int32)
+    stops[0, :len(r.stop_token_ids)] = r.stop_token_ids
+    one = lambda v, dt: np.asarray([v], dt)
+    settings = Settings(
+        tau=one(r.tau, np.float32), lam=one(r.lam, np.float32),
+        temperature=one(r.temperature, np.float32), top_k=one(r.top_k, np.int32),
+        top_p=one(r.top_p, np.float32), temper_first=one(r.sampling_order == "temper_first", bool),
+        stop_ids=stops, seed=one(r.seed % (1 << 32), np.uint32),
+        want_top=one(r.top_logprobs > 0, bool))
+    zero = one(0, np.int32)
+    row = DecodeState(
+        cache=KVCache(layers=None, length=one(n0, np.int32)), tok=tok, filled=filled,
+        end=one(end, np.int32), done=one(done, bool), steps=zero, n_fwd=zero, count=zero,
+        accepted=zero, rejected=zero, lps=TokenLogProbs.zeros(1, s, static.spec.top_logprobs),
+        settings=settings,
+        q=(np.zeros((1, s, static.config.vocab_size), np.float32) if static.keep_q else None))
+    return r.prompt, n0, row

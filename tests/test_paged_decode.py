@@ -104,11 +104,11 @@ def test_static_batch_paged_equals_dense(params):
 
 
 def test_a_small_pool_queues_and_gives_the_same_tokens(params):
-    """A pool of about two requests' pages for four slots: requests wait for pages, none is
-    corrupted."""
+    """A pool of about two requests' budgets for four slots: requests wait for pages (or are
+    preempted and continue: AR continues exactly), none is corrupted."""
     reqs = _requests(8, seed=3)
-    dense, _ = _run(_decoder(params, "streaming", "before"), reqs)
-    dec = _decoder(params, "streaming", "before", page_size=PAGE, num_pages=2 * CAPACITY // PAGE)
+    dense, _ = _run(_decoder(params, "ar", "before"), reqs)
+    dec = _decoder(params, "ar", "before", page_size=PAGE, num_pages=2 * CAPACITY // PAGE)
     small, b = _run(dec, reqs)
     assert [small[i].tokens for i in range(8)] == [dense[i].tokens for i in range(8)]
     assert b.pool.num_held == 0
@@ -170,3 +170,61 @@ def test_server_with_pages_reports_cached_tokens(tmp_path):
         thread.join(15)
         engine.shutdown(timeout=15)
         sock.close()
+
+
+def test_pages_are_mapped_as_a_sequence_grows(params):
+    """A request holds the pages its prompt and its next generate call can write, not its whole
+    budget: fewer at admission, more as it decodes, never past the budget; the tokens are the
+    dense cache's."""
+    req = Request(prompt=tuple(range(3, 13)), max_new_tokens=80)
+    dec = _decoder(params, "streaming", "before", page_size=PAGE)
+    b, out, held = Batcher(dec), {}, []
+    b.submit(req, on_finish=lambda f: out.__setitem__(0, f))
+    while b.step():
+        if b._slots[0] is not None:
+            held.append(len(b._slots[0].pages))
+    dense, _ = _run(_decoder(params, "streaming", "before"), [req])
+    assert out[0].tokens == dense[0].tokens and len(out[0].tokens) == 80
+    budget = dec.pages_needed(req)
+    assert held[0] == dec.pages_for_call(10, 90) < budget
+    assert held == sorted(held) and held[-1] <= budget and held[-1] > held[0]
+    assert b.pool.num_held == 0 and b.preemptions == 0
+
+
+def _growing(seed):
+    """Short prompts with outputs that grow well past their first pages."""
+    rng = random.Random(seed)
+    return [Request(prompt=tuple(rng.randrange(1, 60) for _ in range(rng.randrange(3, 20))),
+                    max_new_tokens=rng.randrange(30, 60)) for _ in range(8)]
+
+
+@pytest.mark.parametrize("method", ["ar", "verified"])
+def test_preempted_requests_continue_exactly_where_they_were(params, method):
+    """A pool too small for every live request's growth preempts the newest: its pages go back,
+    it is prefilled again from its prompt and emitted tokens, and greedy AR / verified give the
+    dense cache's tokens for every request, preempted or not; nothing leaks."""
+    reqs = _growing(13)
+    dense, _ = _run(_decoder(params, method, "before"), reqs)
+    small, b = _run(_decoder(params, method, "before", page_size=PAGE, num_pages=14), reqs)
+    assert b.preemptions > 0 and sum(f.preempted for f in small.values()) == b.preemptions
+    assert [small[i].tokens for i in range(8)] == [dense[i].tokens for i in range(8)]
+    assert [small[i].finish for i in range(8)] == [dense[i].finish for i in range(8)]
+    assert b.pool.num_held == 0
+    b.pool.check()
+
+
+def test_streaming_under_preemption_keeps_every_other_request_intact(params):
+    """Streaming restarts a preempted request's window (its emitted tokens stand, its budget is
+    kept); the requests never preempted give the dense cache's tokens."""
+    reqs = _growing(14)
+    dense, _ = _run(_decoder(params, "streaming", "before"), reqs)
+    small, b = _run(_decoder(params, "streaming", "before", page_size=PAGE, num_pages=14), reqs)
+    assert b.preemptions > 0
+    kept = [i for i in range(8) if small[i].preempted == 0]
+    assert kept and all(small[i].tokens == dense[i].tokens for i in kept)
+    for i, r in enumerate(reqs):
+        assert 0 < len(small[i].tokens) <= r.max_new_tokens
+        if small[i].finish == "length":
+            assert len(small[i].tokens) == min(r.max_new_tokens, CAPACITY - len(r.prompt))
+    assert b.pool.num_held == 0
+    b.pool.check()

@@ -78,6 +78,32 @@ PAGED = textwrap.dedent("""
 """)
 
 
+LAYOUTS = textwrap.dedent("""
+    import json, sys
+    from jax.experimental import topologies
+    from decode.aot import compile_generate
+    from wedlm_jax.config import ModelConfig
+    dev = topologies.get_topology_desc(platform="tpu", topology_name="v5p:1x1x1",
+                                       chips_per_host_bounds=(1, 1, 1)).devices[0]
+    config = ModelConfig(**json.loads(sys.argv[1]))
+    print(json.dumps({layout: compile_generate(config, dev, method="ar", slots=8, capacity=1024,
+                                               dtype="bfloat16", scan_unroll=config.num_layers,
+                                               weight_layout=layout, live_rows=512)
+                      for layout in ("auto", "default")}))
+""")
+
+
+def test_on_tpu_the_decoder_puts_its_weights_in_the_compilers_layouts():
+    """On TPU the Decoder's default (weight_layout auto) compiles `generate` with the weights'
+    layouts left to libtpu and keeps that program: the whole-depth step moves no more bytes than
+    with row-major weights (which it copies into tile order inside each step)."""
+    rc, out, err = _run([sys.executable, "-c", LAYOUTS, json.dumps(TPU_MODEL)])
+    assert rc == 0, err[-4000:]
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r["auto"]["weight_layout"] == "compiler" and r["default"]["weight_layout"] == "default"
+    assert r["auto"]["cost"]["bytes accessed"] <= r["default"]["cost"]["bytes accessed"], r
+
+
 def test_paged_decode_steps_compile_for_tpu_with_the_ragged_kernel_and_the_pool_in_place():
     """The paged cache's decode step (issue 25) compiled for one v5p chip: the attention is jax's
     ragged paged attention (a Mosaic custom call in the program), the donated pool is aliased and
@@ -178,6 +204,7 @@ def test_decode_dry_run_compiles_the_batch_jobs_programs_for_a_topology(tmp_path
     rc, out, err = _run(base)
     assert rc == 0, out + err[-3000:]
     assert "wedlm-decode dry run for v5p:1x1x1: 1 of its 1 chips" in out
+    assert "weights compiler layout" in out          # the prefill reads them as the step laid them
     assert "verdict      FITS" in out
     rc, out, err = _run(base + ["--page-size", "64"])
     assert rc == 0 and "verdict      FITS" in out, out + err[-3000:]

@@ -122,17 +122,28 @@ def _refused(argv, capsys, pattern):
     assert len(COMPILES) == before, "something was compiled before the error"
 
 
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def test_bad_input_named_before_compiling(tmp_path, capsys):
     cfg = _config(tmp_path)
     base = ["--config", cfg, "--dry-run", "--device-memory", "80"]
     _refused(base + ["remat=dots"], capsys, r"remat must be one of full, save_dots, none")
     _refused(base + ["--devices", "1"], capsys, r"mesh.fsdp x mesh.tensor = 4 does not divide the 1 devices")
     _refused(["--config", cfg, "--dry-run"], capsys, r"--dry-run needs --device-memory")
-    _refused(base + ["--topology", "v5e"], capsys, r"tpu:NAME or cuda:NAME; this installation "
-                                                   r"supports: cpu")
+    _refused(base + ["--topology", "v5e"], capsys, r"--topology 'v5e': unknown target; accepted: "
+                                                   r"TPU topologies GEN:AxB\[xC\] .* or GPUs h100\[:N\]")
+    _refused(base + ["--topology", "h100:0"], capsys, r"'h100:0': unknown target")
     if importlib.util.find_spec("libtpu") is None:
         _refused(base + ["--topology", "tpu:v5e:2x2"], capsys,
-                 r"the installed jax cannot describe it .* supports: cpu")
+                 r"the TPU compiler is not installed: pip install 'jax\[tpu\]'")
+    if not _installed("jax_plugins.xla_cuda12"):
+        _refused(base + ["--topology", "h100"], capsys,
+                 r"'h100': XLA's GPU compiler is not installed: pip install 'jax\[cuda12\]'")
     # The model architecture must be readable without weights: a missing config.json is named.
     hf = _config(tmp_path, model={"from_hf": str(tmp_path / "nowhere")})
     _refused(["--config", hf, "--dry-run", "--device-memory", "80", "--devices", "1"], capsys,

@@ -12,9 +12,10 @@ when it fits, 1 when it does not (with the numbers), 2 on bad input (named befor
 
 Devices: by default N CPU devices are forced (`--xla_force_host_platform_device_count`, set before
 JAX starts), N = --devices or, by default, data x fsdp x tensor of the mesh (data=-1 counts 1).
-`--topology PLATFORM:NAME` (e.g. `tpu:v5e:4x4`) compiles for a described accelerator topology
-where the installed jax can describe one without the hardware (TPU needs libtpu); otherwise it is
-refused, naming what this installation supports.
+`--topology NAME` (a TPU topology such as `v5e:4x4` or `tpu:v5p:2x2x2`, or GPUs: `h100`, `h100:8`;
+wedlm_jax.targets) compiles for that accelerator described without the hardware (TPU needs libtpu,
+GPUs jax's CUDA plugin); an unknown name is refused with the accepted forms, a target whose
+compiler is not installed with the install command.
 """
 
 from __future__ import annotations
@@ -74,23 +75,15 @@ def _backends_started() -> bool:
 
 
 def describe_topology(name: str):
-    """The devices of a named accelerator topology ('tpu:v5e:4x4', 'cuda:...'), described by the
-    installed jax without the hardware; a TrainConfigError naming what is supported otherwise."""
+    """The devices of a named accelerator ('tpu:v5e:4x4', 'v5p:2x2x2', 'h100:8', 'cuda:h100'),
+    described without the hardware (wedlm_jax.targets); a TrainConfigError naming the accepted
+    forms or the compiler to install otherwise."""
     from train.config import TrainConfigError
-    platform, _, topo = name.partition(":")
-    supported = "cpu (forced host devices: omit --topology, set --devices)"
-    if platform not in ("tpu", "cuda", "gpu") or not topo:
-        raise TrainConfigError(f"--topology {name!r} is not of the form tpu:NAME or cuda:NAME; "
-                               f"this installation supports: {supported}")
-    from jax.experimental import topologies
+    from wedlm_jax.targets import TargetError, describe_target
     try:
-        desc = topologies.get_topology_desc(topology_name=topo, platform=platform)
-    except Exception as e:  # jax raises RuntimeError/ValueError/... depending on the plugin
-        raise TrainConfigError(
-            f"--topology {name!r}: the installed jax cannot describe it ({type(e).__name__}: "
-            f"{str(e).splitlines()[0] if str(e) else 'no detail'}); this installation supports: "
-            f"{supported}") from None
-    return list(desc.devices)
+        return describe_target(name)[0]
+    except TargetError as e:
+        raise TrainConfigError(f"--topology {e}") from None
 
 
 # ----------------------------------------------------------------------------------- the dry run

@@ -1,0 +1,133 @@
+"""Where a compiled decode step's bytes go (issue 21): the top-level instructions of the optimized
+program ranked by the bytes they read and write, with the source op each comes from.
+
+    PYTHONPATH=.:.venv/tpu-compiler JAX_PLATFORMS=cpu python -m benchmarks.step_bytes \
+        [--topology v5p:1x1x1] [--method streaming] [--window 16] [--layers 2] [--top 25]
+
+The 8B shape (configs/arch/qwen3-8b) with `--layers` layers (unrolled, so each layer's
+instructions are in the program once), bf16, 8 slots, capacity 4096, the weights in the layouts the
+Decoder gives them on the target (decode/layouts.py). libtpu's cost analysis gives the step's total;
+this splits it: per instruction, the sizes of its operands and result as the HLO text states them
+(an estimate of its HBM traffic: a fusion reads its operands once and writes its result once; an
+in-place update of a donated buffer is counted as its update only). Groups by source op (the jax
+primitive's name stack) tell which part of the step to change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import sys
+
+ROOT_ARCH = "configs/arch/qwen3-8b"
+ITEM = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4,
+        "u32": 4, "f64": 8, "s64": 8, "u64": 8}
+SHAPE = re.compile(r"\b(pred|[su](?:8|16|32|64)|bf16|f16|f32|f64)\[([\d,]*)\]")
+INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s+([\w\-]+)\((.*)$")
+FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "call",
+        "conditional", "after-all", "partition-id", "replica-id", "iota"}
+
+
+def shape_bytes(text: str) -> int:
+    total = 0
+    for dtype, dims in SHAPE.findall(text):
+        n = 1
+        for d in filter(None, dims.split(",")):
+            n *= int(d)
+        total += n * ITEM[dtype]
+    return total
+
+
+def computations(hlo: str) -> dict[str, list[str]]:
+    """{computation name: its instruction lines} of an HLO module's text."""
+    out, name = {}, None
+    for line in hlo.splitlines():
+        head = re.match(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$", line)
+        if head and not line.startswith(" "):
+            name = head.group(1)
+            out[name] = []
+        elif name and line.startswith(" "):
+            out[name].append(line)
+    return out
+
+
+def instruction_bytes(hlo: str) -> list[dict]:
+    """Top-level instructions (not inside fusions) with their estimated bytes, source op and kind."""
+    comps = computations(hlo)
+    fused = {c for lines in comps.values() for line in lines
+             for c in re.findall(r"calls=%?([\w.\-]+)", line) if "fusion(" in line}
+    rows = []
+    for cname, lines in comps.items():
+        if cname in fused:
+            continue
+        for line in lines:
+            m = INSTR.match(line)
+            if not m:
+                continue
+            name, result, op, rest = m.groups()
+            if op in FREE:
+                continue
+            args = rest.split("),", 1)[0] if ")," in rest else rest.rsplit(")", 1)[0]
+            out_b, in_b = shape_bytes(result), shape_bytes(args)
+            if "dynamic-update-slice" in name or "dynamic_update_slice" in name or op == "dynamic-update-slice":
+                big = max((shape_bytes(f"{d}[{s}]") for d, s in SHAPE.findall(args)), default=0)
+                in_b, out_b = in_b - big, in_b - big        # in place: the update only
+            src = re.search(r'op_name="([^"]*)"', line)
+            rows.append(dict(computation=cname, name=name, op=op, bytes=in_b + out_b,
+                             result=result[:80], source=src.group(1) if src else ""))
+    return sorted(rows, key=lambda r: -r["bytes"])
+
+
+def source_group(source: str) -> str:
+    """A short key of the source op: the name stack without the jit prefix and indices."""
+    parts = [p for p in source.split("/") if p and not p.startswith(("jit(", "while", "body", "cond"))]
+    return "/".join(re.sub(r"\[.*?\]|\d+", "", p) for p in parts[-3:]) or "(no source)"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.step_bytes",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--topology", default="v5p:1x1x1")
+    ap.add_argument("--method", default="streaming")
+    ap.add_argument("--window", type=int, default=16)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--page-size", type=int, default=None)
+    ap.add_argument("--weight-layout", default="auto")
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args(argv)
+    import jax
+
+    from decode import aot
+    from wedlm_jax.compiled import figures
+    from wedlm_jax.convert import read_config
+    config = read_config(ROOT_ARCH).replace(num_layers=args.layers)
+    dev = aot.describe_tpu(args.topology)[0][0]
+    with jax.default_device(dev):
+        dec, compiled = aot.generate_program(
+            config, [dev], method=args.method, window=args.window, slots=8, capacity=4096,
+            dtype="bfloat16", scan_unroll=args.layers, page_size=args.page_size,
+            weight_layout=args.weight_layout)
+    cost = figures(compiled).get("cost") or {}
+    floor = aot.step_floor(dec.static, 2048)
+    rows = instruction_bytes(compiled.as_text())
+    total = sum(r["bytes"] for r in rows)
+    print(f"{args.method} W {dec.window} ({dec.weight_layout} weight layout), {args.layers} layers: "
+          f"libtpu bytes accessed {cost.get('bytes accessed', float('nan')) / 1e9:.3f} GB; "
+          f"instructions' operand+result bytes {total / 1e9:.3f} GB; floor at 2048 live rows "
+          f"{floor['total'] / 1e9:.3f} GB (weights {floor['weights'] / 1e9:.3f}, KV "
+          f"{floor['kv_read'] / 1e9:.3f}, logits {floor['logits'] / 1e9:.3f})")
+    groups = collections.Counter()
+    for r in rows:
+        groups[source_group(r["source"])] += r["bytes"]
+    print("\nby source op:")
+    for key, b in groups.most_common(args.top):
+        print(f"  {b / 1e6:10.1f} MB  {key}")
+    print(f"\ntop {args.top} instructions:")
+    for r in rows[:args.top]:
+        print(f"  {r['bytes'] / 1e6:10.1f} MB  {r['op']:<22} {r['result']:<60} {source_group(r['source'])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""The weights in the layouts the compiled decode step asks for (issue 21).
+
+A weight loaded from a checkpoint is row-major. On TPU that is not the compiler's tile order for
+every weight, and a program that takes row-major weights copies them into its own order inside
+every call: for the 8B decode step on v5p those relayout copies are most of what it moves beyond
+its floor (AR 1.25x the floor bytes with row-major weights, 1.05x without; benchmarks/auto_layout.py
+and BENCHMARKS.md). So the Decoder compiles `generate` with every weight's layout left to the
+compiler (`Layout.AUTO`), puts its weights into the layouts that compile chose, once, and keeps
+the compiled program for its `generate` calls. The other programs that read the weights (prefill,
+the static batch's prefill, the paged prefill, `step_with_aux`) compile for the weights as they
+are: jit follows a committed argument's layout, so they read them without a copy too.
+
+    resolve(choice, platform)  "auto" -> "compiler" on TPU, "default" elsewhere (the GPU and CPU
+                               compilers keep row-major weights in their matmuls' order already)
+    choose(decoder)            (the compiled `generate`, the weights' formats it chose)
+    place(params, formats)     the weights in those formats (abstract shapes stay abstract)
+"""
+
+from __future__ import annotations
+
+import jax
+from jax.experimental.layout import Format, Layout
+
+from decode.config import WEIGHT_LAYOUTS
+
+
+def resolve(choice: str, platform: str) -> str:
+    """The weight layout a Decoder on `platform` uses: "compiler" (the layouts its compiled decode
+    step picks) or "default" (row-major, as loaded)."""
+    if choice not in WEIGHT_LAYOUTS:
+        raise ValueError(f"weight_layout {choice!r} is unknown; allowed: {', '.join(WEIGHT_LAYOUTS)}")
+    if choice == "auto":
+        return "compiler" if platform == "tpu" else "default"
+    return choice
+
+
+def _abstract(x, fallback):
+    """A leaf as a ShapeDtypeStruct carrying its sharding (`fallback` when it has none)."""
+    sharding = getattr(x, "sharding", None) or fallback
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+
+def choose(decoder):
+    """`generate` of `decoder` (k = its steps_per_call) compiled with the weights' layouts left to
+    the compiler; returns (compiled program, the weights' formats as a pytree of Format)."""
+    from decode.aot import abstract_args
+    from decode.programs import _generate
+    dev = decoder.mesh.devices.flat[0] if decoder.mesh is not None else jax.local_devices()[0]
+    home = jax.sharding.SingleDeviceSharding(dev)
+    params = jax.tree.map(lambda x: _abstract(x, home), decoder.params)
+    _, state, mask_id, run = abstract_args(decoder, dev)
+    shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
+    fn = jax.jit(_generate.__wrapped__, static_argnums=(0, 1), donate_argnums=(3,),
+                 in_shardings=(jax.tree.map(lambda x: Format(Layout.AUTO, x.sharding), params),
+                               shardings(state), mask_id.sharding, run.sharding))
+    with jax.default_device(dev):   # a Mosaic kernel's lowering reads the TPU generation from it
+        compiled = decoder._call(fn.lower, decoder.static, decoder.steps_per_call, params, state,
+                                 mask_id, run).compile()
+    return compiled, compiled.input_formats[0][0]
+
+
+def place(params, formats):
+    """`params` in `formats` (one device_put; ShapeDtypeStructs get the formats as their sharding,
+    for programs compiled ahead of time)."""
+    if all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params)):
+        return jax.tree.map(lambda x, f: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=f),
+                            params, formats)
+    return jax.device_put(params, formats)
