@@ -107,6 +107,13 @@ def line(kind, r):
 
 # ----------------------------------------------------------------------------- experiments
 
+def through_end(target: str, text: str) -> bool:
+    """The count's text holds every number of the target, up to and including the end value b
+    (a count that runs on past b passes this and fails the exact score)."""
+    target, text = target.strip(), text.strip()
+    return text.startswith(target) and not text[len(target):len(target) + 1].isdigit()
+
+
 def exp_accuracy(ctx):
     """AR greedy and streaming (defaults) on every held-out counting and arithmetic prompt, 16
     rows per call (rows decode independently: a batch gives each row the tokens it gets alone)."""
@@ -118,7 +125,12 @@ def exp_accuracy(ctx):
             r = ctx.run(kind, m, items=items, batch=16)
             rows[m] = dict(brief(r), right=sum(bool(x["correct"]) for x in r["rows"]),
                            cap_fraction=r["tokens_per_forward"] / (1 if m == "ar" else WINDOW))
-            print(line(kind, rows[m]) + f"  {rows[m]['right']}/{len(items)} right", flush=True)
+            extra = ""
+            if kind == "counting":     # every number right up to b, whether or not it stopped there
+                rows[m]["through_end"] = sum(through_end(it["target"], x["text"])
+                                             for it, x in zip(items, r["rows"]))
+                extra = f", {rows[m]['through_end']} right through the end value"
+            print(line(kind, rows[m]) + f"  {rows[m]['right']}/{len(items)} right{extra}", flush=True)
         rows["examples"] = [dict(prompt=x["prompt"], text=x["text"], correct=x["correct"])
                             for x in r["rows"][:3]]
         out[kind] = rows

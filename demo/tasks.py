@@ -7,10 +7,7 @@ held-out prompt that the training generator happens to produce as well is skippe
 
   counting  "Count by k from a to b:" then the numbers: strides 1-25, starts up to ~10^4, also
             down ("Count down by k from a to b:"), one per line ("..., one per line:") and in words
-            ("Count in words from ... to ...:"); a document ends at b. Training documents are
-            short counts (2-6 numbers) at `SHORT_COUNTS` of the time, so the stop at b (the one
-            comparison a count needs beyond its carries) is trained several times more often; the
-            held-out problems keep the full lengths.
+            ("Count in words from ... to ...:"); a document ends at b.
   arith     "Q: a + b" / "Q: a - b" (1-4 digit operands, a >= b for -), then worked columns from
             the right: each line restates what is left of the operands and the carry (borrow),
             adds one column and the result so far, so every step reads only the line above it;
@@ -46,7 +43,6 @@ def number_words(n: int) -> str:
 # ----------------------------------------------------------------------------------- counting
 
 COUNT_FORMATS = ("by", "by", "by", "from", "down", "lines", "words")
-SHORT_COUNTS = 0.7            # training documents that are counts of 2-6 numbers (words: 2-5)
 
 
 def _start(rng: random.Random) -> int:
@@ -54,19 +50,18 @@ def _start(rng: random.Random) -> int:
     return rng.randint(1, 10 ** rng.randint(2, 4) - 1)
 
 
-def counting_parts(rng: random.Random, short: bool = False) -> tuple[str, list[str], str]:
-    """(header, items, separator): the document is header + sep.join(items); `short`: 2-6 numbers
-    (words 2-5) instead of 6-40."""
+def counting_parts(rng: random.Random) -> tuple[str, list[str], str]:
+    """(header, items, separator): the document is header + sep.join(items)."""
     fmt = rng.choice(COUNT_FORMATS)
     k = rng.randint(1, 25) if rng.random() < 0.85 else rng.randint(1, 5)
     if fmt == "words":
         a = rng.randint(1, 9999)
-        nums = list(range(a, a + (rng.randint(2, 5) if short else rng.randint(6, 14))))
+        nums = list(range(a, a + rng.randint(6, 14)))
         return (f"Count in words from {number_words(nums[0])} to {number_words(nums[-1])}:\n",
                 [number_words(x) for x in nums], ", ")
     a = _start(rng)
     digits = len(str(a + 25 * 40))
-    n = rng.randint(2, 6) if short else rng.randint(6, max(8, min(40, 220 // (digits + 2))))
+    n = rng.randint(6, max(8, min(40, 220 // (digits + 2))))
     if fmt == "down":
         a = max(a, k * n)
         nums = [a - k * i for i in range(n)]
@@ -89,7 +84,7 @@ def counting_problem(rng: random.Random) -> tuple[str, str]:
 
 
 def counting_doc(rng: random.Random) -> str:
-    header, xs, sep = counting_parts(rng, short=rng.random() < SHORT_COUNTS)
+    header, xs, sep = counting_parts(rng)
     return header + sep.join(xs)
 
 
