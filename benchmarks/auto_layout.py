@@ -25,17 +25,13 @@ ROOT_ARCH = "configs/arch/qwen3-8b"
 
 def measure(config, dev, chip, method: str, page_size: int | None, layout: str,
             refill: str = "before") -> dict:
-    import jax
-
     from decode import aot
     from wedlm_jax.compiled import figures
     t0 = time.time()
-    with jax.default_device(dev):   # a Mosaic kernel's lowering reads the TPU generation from it
-        dec, compiled = aot.generate_program(
-            config, [dev], method=method, window=16, refill=refill, slots=8, capacity=4096,
-            dtype="bfloat16",
-            scan_unroll=config.num_layers, page_size=page_size,
-            weight_layout="compiler" if layout == "auto" else "default")
+    dec, compiled = aot.generate_program(
+        config, [dev], method=method, window=16, refill=refill, slots=8, capacity=4096,
+        dtype="bfloat16", scan_unroll=config.num_layers, page_size=page_size,
+        weight_layout="compiler" if layout == "auto" else "default")
     cost = figures(compiled).get("cost") or {}
     live = 2048
     extra = (aot.kernel_not_counted(8, dec.static.span, config, live, "bfloat16") if page_size

@@ -8,7 +8,7 @@
              and tokens/s with prefix reuse on and off (same paged Decoder, rounds interleaved,
              medians)
   inflight   requests in flight at one fixed cache memory, mixed prompt and output lengths: dense
-             slots (each reserves the capacity) against the paged pool (each holds its own budget)
+             slots (each reserves the capacity) against the paged pool (pages mapped as each grows)
   step       one generate call with every slot live: paged against dense, same slots and capacity
              (this CPU; target: no slowdown beyond 10%)
 """

@@ -2,7 +2,8 @@
 program ranked by the bytes they read and write, with the source op each comes from.
 
     PYTHONPATH=.:.venv/tpu-compiler JAX_PLATFORMS=cpu python -m benchmarks.step_bytes \
-        [--topology v5p:1x1x1] [--method streaming] [--window 16] [--layers 2] [--top 25]
+        [--topology v5p:1x1x1] [--method streaming] [--window 16] [--refill before]
+        [--layers 2] [--page-size 64] [--top 25]
 
 The 8B shape (configs/arch/qwen3-8b) with `--layers` layers (unrolled, so each layer's
 instructions are in the program once), bf16, 8 slots, capacity 4096, the weights in the layouts the
@@ -53,10 +54,18 @@ def computations(hlo: str) -> dict[str, list[str]]:
 
 
 def instruction_bytes(hlo: str) -> list[dict]:
-    """Top-level instructions (not inside fusions) with their estimated bytes, source op and kind."""
+    """Top-level instructions (not inside fusions) with their estimated bytes, source op and kind.
+    Operands are sized by the shapes printed with them or, when the text names them only, by
+    the shape their own instruction produces."""
     comps = computations(hlo)
     fused = {c for lines in comps.values() for line in lines
              for c in re.findall(r"calls=%?([\w.\-]+)", line) if "fusion(" in line}
+    sizes = {}
+    for lines in comps.values():
+        for line in lines:
+            m = INSTR.match(line)
+            if m:
+                sizes[m.group(1)] = shape_bytes(m.group(2))
     rows = []
     for cname, lines in comps.items():
         if cname in fused:
@@ -69,10 +78,14 @@ def instruction_bytes(hlo: str) -> list[dict]:
             if op in FREE:
                 continue
             args = rest.split("),", 1)[0] if ")," in rest else rest.rsplit(")", 1)[0]
-            out_b, in_b = shape_bytes(result), shape_bytes(args)
-            if "dynamic-update-slice" in name or "dynamic_update_slice" in name or op == "dynamic-update-slice":
-                big = max((shape_bytes(f"{d}[{s}]") for d, s in SHAPE.findall(args)), default=0)
-                in_b, out_b = in_b - big, in_b - big        # in place: the update only
+            out_b = shape_bytes(result)
+            in_sizes = [shape_bytes(typ) if typ else sizes.get(ref, 0)
+                        for typ, ref in re.findall(r"(?:(\S*\[\S*)\s+)?%([\w.\-]+)", args)]
+            in_b = sum(in_sizes)
+            if "dynamic-update-slice" in name or "dynamic_update_slice" in name or \
+                    op == "dynamic-update-slice" or ("scatter" in name and in_sizes):
+                big = max(in_sizes, default=0)
+                in_b = out_b = in_b - big                  # in place: the update only
             src = re.search(r'op_name="([^"]*)"', line)
             rows.append(dict(computation=cname, name=name, op=op, bytes=in_b + out_b,
                              result=result[:80], source=src.group(1) if src else ""))
@@ -91,23 +104,21 @@ def main(argv=None) -> int:
     ap.add_argument("--topology", default="v5p:1x1x1")
     ap.add_argument("--method", default="streaming")
     ap.add_argument("--window", type=int, default=16)
+    ap.add_argument("--refill", default="before", help="streaming's refill order: before, after")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--page-size", type=int, default=None)
     ap.add_argument("--weight-layout", default="auto")
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args(argv)
-    import jax
-
     from decode import aot
     from wedlm_jax.compiled import figures
     from wedlm_jax.convert import read_config
     config = read_config(ROOT_ARCH).replace(num_layers=args.layers)
     dev = aot.describe_tpu(args.topology)[0][0]
-    with jax.default_device(dev):
-        dec, compiled = aot.generate_program(
-            config, [dev], method=args.method, window=args.window, slots=8, capacity=4096,
-            dtype="bfloat16", scan_unroll=args.layers, page_size=args.page_size,
-            weight_layout=args.weight_layout)
+    dec, compiled = aot.generate_program(
+        config, [dev], method=args.method, window=args.window, refill=args.refill, slots=8,
+        capacity=4096, dtype="bfloat16", scan_unroll=args.layers, page_size=args.page_size,
+        weight_layout=args.weight_layout)
     cost = figures(compiled).get("cost") or {}
     floor = aot.step_floor(dec.static, 2048)
     rows = instruction_bytes(compiled.as_text())

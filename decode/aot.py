@@ -168,8 +168,8 @@ def compile_prefill(config, devices, *, prompt_len: int = 2048, weight_formats=N
     weights' formats (a Decoder's in the compiler's layouts: `compile_generate`'s
     "weight_formats"); default row-major."""
     from decode.decoder import _prefill
-    settings = dict(dict(prefill_chunk=prompt_len, capacity=prompt_len), **settings,
-                    weight_layout="default")
+    settings = dict(dict(prefill_chunk=prompt_len, capacity=prompt_len), **settings)
+    settings["weight_layout"] = "default"     # `weight_formats` places the weights instead
     dec = make_decoder(config, devices, **settings)
     dev = _device_list(devices)[0]
     p = abstract_args(dec, dev)[0]

@@ -80,6 +80,27 @@ def test_lr_schedule_values(setup, tmp_path):
     np.testing.assert_allclose(got, expect, rtol=1e-6, atol=1e-7)
 
 
+def test_mu_dtype_halves_the_first_moment(setup, tmp_path):
+    """optimizer.mu_dtype=bf16 stores Adam's first moment in bfloat16 (the second stays float32)
+    and the update follows the float32 one to bfloat16 precision."""
+    import jax.numpy as jnp
+    from train.step import make_optimizer
+    params = {"w": jnp.linspace(-1.0, 1.0, 64, dtype=jnp.float32).reshape(8, 8)}
+    grads = {"w": jnp.cos(jnp.arange(64, dtype=jnp.float32)).reshape(8, 8)}
+    ups = {}
+    for mu in ("null", "bf16"):
+        cfg = load_config(_write(setup, tmp_path), ["steps=12", f"optimizer.mu_dtype={mu}"])
+        opt = make_optimizer(cfg)
+        state = opt.init(params)
+        dtypes = {str(x.dtype) for x in jax.tree.leaves(state) if getattr(x, "ndim", 0) == 2}
+        assert dtypes == ({"float32"} if mu == "null" else {"float32", "bfloat16"}), dtypes
+        for _ in range(3):
+            u, state = opt.update(grads, state, params)
+        ups[mu] = np.asarray(u["w"])
+    np.testing.assert_allclose(ups["bf16"], ups["null"], rtol=2e-2, atol=1e-9)
+    assert np.abs(ups["null"]).max() > 0
+
+
 def test_decay_mask():
     params = {"embedding": 1, "lm_head": 1, "final_norm": {"scale": 1},
               "layers_0": {"attn": {"q_proj": {"kernel": 1, "bias": 1}, "q_norm": {"scale": 1}}}}
@@ -204,6 +225,7 @@ def test_unknown_key_names_nearest(setup, tmp_path, capsys):
     ("optimizer.warmup_steps=7", "optimizer.warmup_steps (7) exceeds the total steps (6)"),
     ("objective.kind=mlm", "objective.kind must be one of dual_stream, plain, ar_only"),
     ("compute_dtype=f16", "compute_dtype must be one of bf16, f32"),
+    ("optimizer.mu_dtype=f16", "optimizer.mu_dtype must be null (the params' dtype), bf16 or f32"),
 ])
 def test_bad_values(setup, tmp_path, capsys, override, expect):
     err = _main_error(["--config", _write(setup, tmp_path), override], capsys)

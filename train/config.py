@@ -81,6 +81,8 @@ class OptimizerSection:
     clip: float = 1.0  # global-norm clip; 0 disables
     grad_accum: int = 1
     decay_embeddings: bool = True  # weight decay on the embedding / LM head matrices (as HF Trainer)
+    mu_dtype: str | None = None  # Adam's first moment: null = the params' dtype, or bf16 (half its
+                                 # memory, as MaxText's mu_dtype; the second moment stays f32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -364,6 +366,8 @@ def validate(cfg: TrainConfig, where: str = "config") -> None:
         bad("optimizer.clip", f"must be >= 0 (0 disables clipping), got {o.clip}")
     if o.grad_accum < 1:
         bad("optimizer.grad_accum", f"must be >= 1, got {o.grad_accum}")
+    if o.mu_dtype is not None and DTYPE_ALIASES.get(o.mu_dtype) not in COMPUTE_DTYPES:
+        bad("optimizer.mu_dtype", f"must be null (the params' dtype), bf16 or f32, got {o.mu_dtype!r}")
     for name in ("b1", "b2"):
         if not 0 <= getattr(o, name) < 1:
             bad(f"optimizer.{name}", f"must be in [0, 1), got {getattr(o, name)}")

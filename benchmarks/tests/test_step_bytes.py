@@ -30,3 +30,11 @@ def test_top_level_instructions_with_their_bytes():
     assert rows["d"]["bytes"] == 2 * (2 * 16 * 2 + 2 * 4)   # the update (and indices) in and out
     assert source_group(rows["f"]["source"]) == "exp"
     assert [r["name"] for r in instruction_bytes(HLO)][:2] in (["f", "c"], ["c", "f"])
+
+
+def test_operands_named_without_shapes_are_sized_by_their_producer():
+    hlo = HLO.replace("copy(f32[8,16]{1,0} %f)", "copy(%f)").replace(
+        "fusion(f32[8,16]{1,0} %a)", "fusion(%a, %u)")
+    rows = {r["name"]: r for r in instruction_bytes(hlo)}
+    assert rows["c"]["bytes"] == 2 * 8 * 16 * 4
+    assert rows["f"]["bytes"] == 2 * 8 * 16 * 4 + 2 * 16 * 2
