@@ -89,7 +89,8 @@ def make_decoder(config, devices, *, method="streaming", window=16, refill="befo
                  weight_layout: str = "auto"):
     """A Decoder over abstract weights (shapes only) for `devices` (one device, or a
     ('data', 'fsdp', 'tensor') mesh of `mesh_shape` over the first devices); `scan_unroll`
-    layers per iteration of the layer scan; `page_size` a paged cache (heads over tensor);
+    layers per iteration of the layer scan; `page_size` a paged cache (heads over tensor; None:
+    the dense cache, the figures' baseline; "auto": the Decoder's choice for the platform);
     `weight_layout` as the Decoder's (resolved for the devices' platform: with "compiler" its
     `generate` is compiled here, with the weights' layouts left to the compiler)."""
     import dataclasses
@@ -106,7 +107,8 @@ def make_decoder(config, devices, *, method="streaming", window=16, refill="befo
                   capacity=capacity, steps_per_call=1, dtype=jnp.dtype(dtype), attention=attention,
                   kv_tile=kv_tile, prefill_chunk=prefill_chunk, sampling=False,
                   mask_token_id=config.vocab_size - 1, memory_limit_bytes=1 << 62,
-                  allow_long=True, mesh=mesh, page_size=page_size, num_pages=num_pages,
+                  allow_long=True, mesh=mesh, num_pages=num_pages,
+                  page_size=None if page_size == "auto" else (page_size or 0),
                   weight_layout="default")
     if scan_unroll != 1:
         dec.static = dataclasses.replace(dec.static, scan_unroll=scan_unroll)
@@ -235,15 +237,14 @@ def dry_run(config, target: str, placement, *, method: str, window: int, refill:
     settings = dict(method=method, window=window, refill=refill, slots=slots, capacity=capacity,
                     dtype=placement.dtype, attention=placement.attention,
                     kv_tile=placement.kv_tile, mesh_shape=placement.mesh,
-                    page_size=placement.page_size, num_pages=placement.num_pages,
-                    weight_layout=placement.weight_layout)
+                    page_size="auto" if placement.page_size is None else placement.page_size,
+                    num_pages=placement.num_pages, weight_layout=placement.weight_layout)
     lines = [f"{who} dry run for {target}: {len(devs)} of its {len(devices)} chips, "
              f"{limit / GIB:.2f} GiB each; mesh data={placement.mesh[0]} fsdp={placement.mesh[1]} "
              f"tensor={placement.mesh[2]}, {placement.dtype}, cache attention "
              f"{placement.attention}, weights "
              f"{layouts.resolve(placement.weight_layout, devices[0].platform)}"
-             f" layout; {method} W {window} refill {refill}, {slots} slots x capacity {capacity}"
-             + (f"; paged cache, pages of {placement.page_size} rows" if placement.page_size else "")]
+             f" layout; {method} W {window} refill {refill}, {slots} slots x capacity {capacity}"]
     prompt = min(1 << max(capacity - 1, 1).bit_length(), capacity + 2 * window)
 
     def verdict(compile_fn):
@@ -258,6 +259,9 @@ def dry_run(config, target: str, placement, *, method: str, window: int, refill:
 
     def step():
         dec, compiled = generate_program(config, devs, **settings)
+        lines[0] += (f"; paged cache, pages of {dec.static.page_size} rows"
+                     + (" (the platform's choice)" if placement.page_size is None else "")
+                     if dec.paged else "; dense cache")
         return dict(generate_figures(dec, compiled), weight_formats=(
             compiled.input_formats[0][0] if dec.weight_layout == "compiler" else None))
 

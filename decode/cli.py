@@ -109,7 +109,7 @@ def run(args) -> dict:
     base, placement = opts.decode_config, opts.placement
     batching_only = [f"--{n.replace('_', '-')}" for n in ("slots", "steps_per_call")
                      if getattr(opts.engine, n) != getattr(EngineOptions(), n)]
-    if placement.page_size is not None:
+    if placement.page_size:
         batching_only.append("--page-size")
     if batching_only:
         raise DecodeConfigError(f"{batching_only[0]} applies to continuous batching: --input and "

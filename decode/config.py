@@ -279,7 +279,8 @@ class Placement:
     mesh: tuple = (1, 1, 1)
     attention: str = "auto"
     kv_tile: int = 256
-    page_size: int | None = None    # a paged KV cache of pages of this many rows (None: dense)
+    page_size: int | None = None    # a paged KV cache of pages of this many rows (None: the
+                                    # platform's choice, paged 64 on TPU; 0: dense)
     num_pages: int | None = None    # the paged cache's pages per layer (None: slots x per sequence)
     weight_layout: str = "auto"     # decode/layouts.py: compiler | default | auto (compiler on TPU)
 
@@ -297,9 +298,9 @@ class Placement:
                                     f"{', '.join(CACHE_ATTENTION)}")
         check_int("kv_tile", self.kv_tile, 1)
         if self.page_size is not None:
-            check_int("page_size", self.page_size, 1)
+            check_int("page_size", self.page_size, 0)
         if self.num_pages is not None:
-            if self.page_size is None:
+            if not self.page_size:
                 raise DecodeConfigError("--num-pages needs --page-size (a paged cache)")
             check_int("num_pages", self.num_pages, 1)
         if self.weight_layout not in WEIGHT_LAYOUTS:
@@ -352,8 +353,9 @@ class Placement:
                        help="KV cache rows per attention tile (tiled, pallas)")
         g.add_argument("--page-size", type=int, default=None,
                        help="a paged KV cache shared by the slots, pages of this many rows, with "
-                            "prompt-prefix reuse (--input and wedlm-serve; default: each slot "
-                            "reserves its capacity)")
+                            "prompt-prefix reuse (--input and wedlm-serve); 0: each slot reserves "
+                            "its capacity; default: pages of 64 on TPU (the ragged kernel moves "
+                            "fewer bytes per step), each slot its capacity elsewhere")
         g.add_argument("--num-pages", type=int, default=None,
                        help="the paged cache's pages (default: slots x pages of one sequence at "
                             "the capacity)")

@@ -166,6 +166,19 @@ def test_layout_is_the_tpu_kernels_own():
     np.testing.assert_allclose(np.asarray(got).reshape(b * s, h, d), np.asarray(want), atol=1e-5)
 
 
+def test_the_platforms_page_size():
+    """No page size asked for: pages of 64 on TPU where the ragged kernel tiles the heads and the
+    slots are not split over data/fsdp; the dense cache (0) otherwise."""
+    auto = pa.auto_page_size
+    assert auto("tpu", 32, 8, jnp.bfloat16) == pa.TPU_PAGE_SIZE == 64
+    assert auto("tpu", 32, 8, jnp.bfloat16, tensor=8) == 64
+    assert auto("cpu", 32, 8, jnp.bfloat16) == auto("gpu", 32, 8, jnp.bfloat16) == 0
+    assert auto("tpu", 32, 8, jnp.bfloat16, batch_shards=2) == 0
+    assert auto("tpu", 6, 3, jnp.float32) == 0          # 6 interleaved rows: the kernel cannot tile
+    with pytest.raises(ValueError):
+        pa.check_ragged(6, 3, jnp.float32)
+
+
 def test_unknown_implementation_is_named():
     q, pool, table, lens = _random_case(0)
     with pytest.raises(ValueError, match="gather, ragged"):

@@ -136,8 +136,9 @@ def test_a_request_larger_than_the_pool_is_refused_with_the_sizes(params):
         _decoder(params, "streaming", "before", page_size=PAGE, num_pages=0)
     with pytest.raises(DecodeConfigError, match="a static batch needs"):
         dec.start(_requests(2))
-    with pytest.raises(DecodeConfigError, match="page_size must be an int >= 1"):
-        _decoder(params, "streaming", "before", page_size=0)
+    with pytest.raises(DecodeConfigError, match=r"page_size must be an int >= 1 \(0: the dense"):
+        _decoder(params, "streaming", "before", page_size=-8)
+    assert not _decoder(params, "streaming", "before", page_size=0).paged   # 0: the dense cache
     assert np.all(np.asarray(b.state.cache.layers["table"]) == -1)
 
 

@@ -181,6 +181,7 @@ def test_serve_dry_run_compiles_the_server_programs_for_a_topology(tmp_path):
     rc, out, err = _run(base + ["--topology", "v5p:2x2x2", "--mesh", "data=2"])
     assert rc == 0, out + err[-3000:]
     assert "wedlm-serve dry run for v5p:2x2x2: 2 of its 8 chips" in out
+    assert "; dense cache" in out        # slots over data: no pool per shard, the dense cache
     assert "decode step" in out and "prefill of a 1024-token prompt" in out
     assert "verdict      FITS in 95.00 GiB per chip" in out
     rc, out, err = _run(base + ["--topology", "v5p:1x1x1", "--device-memory", "0.001"])
@@ -206,6 +207,10 @@ def test_decode_dry_run_compiles_the_batch_jobs_programs_for_a_topology(tmp_path
     assert "wedlm-decode dry run for v5p:1x1x1: 1 of its 1 chips" in out
     assert "weights compiler layout" in out          # the prefill reads them as the step laid them
     assert "verdict      FITS" in out
+    # no --page-size: on TPU the paged cache (the ragged kernel moves fewer bytes per step)
+    assert "paged cache, pages of 64 rows (the platform's choice)" in out, out
+    rc, out, err = _run(base + ["--page-size", "0"])
+    assert rc == 0 and "; dense cache" in out and "verdict      FITS" in out, out + err[-3000:]
     rc, out, err = _run(base + ["--page-size", "64"])
     assert rc == 0 and "verdict      FITS" in out, out + err[-3000:]
     rc, out, err = _run(base + ["--page-size", "64", "--mesh", "data=2", "--topology", "v5p:2x2x2"])

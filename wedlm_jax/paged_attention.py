@@ -71,6 +71,27 @@ def implementation_for(platform: str | None) -> str:
     return "ragged" if platform == "tpu" else "gather"
 
 
+# The page size a Decoder takes on TPU when none is asked for: there the paged cache with jax's
+# ragged paged attention kernel compiles to fewer bytes per decode step than the dense cache's
+# tiled XLA attention (8B on v5p with the compiler's weight layouts: AR 1.006 against 1.047 of the
+# floor, streaming W 16 refill after 1.160 against 1.274; BENCHMARKS.md, issue 21).
+TPU_PAGE_SIZE = 64
+
+
+def auto_page_size(platform: str | None, num_heads: int, kv_heads: int, dtype, tensor: int = 1,
+                   batch_shards: int = 1) -> int:
+    """The page size of the cache a Decoder builds when none is asked for: TPU_PAGE_SIZE on TPU
+    where the ragged kernel tiles the heads and the slots are not split over data/fsdp (a pool per
+    shard is not built), else 0 (the dense cache)."""
+    if platform != "tpu" or batch_shards > 1:
+        return 0
+    try:
+        check_ragged(num_heads, kv_heads, dtype, tensor)
+    except ValueError:
+        return 0
+    return TPU_PAGE_SIZE
+
+
 def check_ragged(num_heads: int, kv_heads: int, dtype, tensor: int = 1) -> None:
     """A ValueError naming the heads unless jax's TPU ragged paged attention kernel can tile them:
     the K/V heads interleaved in the pool (2 x KVH) must fill the TPU's tiles (the kernel's own
