@@ -86,7 +86,7 @@ def main(argv=None) -> int:
                results={})
     for method in ("streaming", "ar"):
         dec = Decoder(params, config, method=method, window=args.window, slots=args.slots,
-                      capacity=capacity, steps_per_call=16, sampling=False)
+                      capacity=capacity, steps_per_call=16, sampling=False, page_size=0)
         buckets = {dec.prompt_bucket(len(r.prompt)): r for r in requests}
         run_continuous(dec, list(buckets.values()))              # compile every program and bucket
         run_static(dec, list(buckets.values())[:args.slots])

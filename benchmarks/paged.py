@@ -88,7 +88,8 @@ def inflight(config, params, rounds: int) -> dict:
     reqs = [Request(prompt=tuple(rng.randrange(3, 500) for _ in range(rng.randrange(16, 400))),
                     max_new_tokens=rng.randrange(8, 96)) for _ in range(48)]
     cap = 1024
-    dense = Decoder(params, config, method="streaming", window=8, slots=4, capacity=cap, steps_per_call=8)
+    dense = Decoder(params, config, method="streaming", window=8, slots=4, capacity=cap, steps_per_call=8,
+                    page_size=0)
     rows = dense.static.rows
     paged = Decoder(params, config, method="streaming", window=8, slots=32, capacity=cap,
                     steps_per_call=8, page_size=PAGE, num_pages=4 * rows // PAGE)
@@ -110,7 +111,7 @@ def step_time(config, params, rounds: int) -> dict:
     reqs = [Request(prompt=tuple(range(3, 3 + 200)), max_new_tokens=400)] * 8
     out = {}
     decs = {"dense": Decoder(params, config, method="streaming", window=8, slots=8, capacity=1024,
-                             steps_per_call=8),
+                             steps_per_call=8, page_size=0),
             "paged": Decoder(params, config, method="streaming", window=8, slots=8, capacity=1024,
                              steps_per_call=8, page_size=PAGE)}
     states = {}

@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     out = {}
     for method in ("streaming", "ar"):
         dec = Decoder(params, config, method=method, window=a.window, slots=a.slots, capacity=512,
-                      steps_per_call=8, sampling=False)
+                      steps_per_call=8, sampling=False, page_size=0)
         st = dec.init_state()
         for b in range(a.slots):
             prompt = tuple(tok.encode(f"Count by {b + 2} from {100 * b + 7} to 9000:\n"))
