@@ -223,10 +223,7 @@ def markdown(report: dict) -> str:
                 "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in t["rows"]:
             if r["kind"] == "decode":
-                name = (r["method"] if r["method"] == "ar" else
-                        f"{r['method']} W{r['window']} {r['refill']}") + \
-                    ("" if r["cache"] == "dense" else f", {r['cache']}")
-                batch = r["slots"]
+                name, batch = program_name(r), r["slots"]
             elif r["kind"] == "prefill":
                 name, batch = f"prefill {r['prompt_len']} tokens", 1
             else:
@@ -252,7 +249,7 @@ def markdown(report: dict) -> str:
 
 
 def _prepare_out(path: str) -> None:
-    names = {"compile_for.json", "compile_for.md"}
+    names = {"compile_for.json", "compile_for.md", "compile_for.png"}
     if os.path.isdir(path) and set(os.listdir(path)) - names:
         raise TargetError(f"--out {path} holds files this report did not write "
                           f"({', '.join(sorted(set(os.listdir(path)) - names)[:3])}); "
@@ -260,6 +257,54 @@ def _prepare_out(path: str) -> None:
     if os.path.exists(path) and not os.path.isdir(path):
         raise TargetError(f"--out {path} is a file, not a folder")
     os.makedirs(path, exist_ok=True)
+
+
+def program_name(r: dict) -> str:
+    """A decode row's program as the report names it: method, window, refill, cache."""
+    name = r["method"] if r["method"] == "ar" else f"{r['method']} W{r['window']} {r['refill']}"
+    return name + ("" if r["cache"] == "dense" else f", {r['cache']}")
+
+
+def plot(report: dict, path: str) -> str | None:
+    """Per target, the decode programs' bytes over the floor and their roofline step time beside
+    libtpu's estimate (PNG; None without matplotlib, the `plot` extra)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    targets = [t for t in report["targets"] if any(r["kind"] == "decode" for r in t["rows"])]
+    if not targets:
+        return None
+    n = max(sum(r["kind"] == "decode" for r in t["rows"]) for t in targets)
+    fig, axes = plt.subplots(len(targets), 2, figsize=(12, 0.28 * n + 1.6), squeeze=False, dpi=100)
+    for (ax_b, ax_t), t in zip(axes, targets):
+        rows = [r for r in t["rows"] if r["kind"] == "decode" and r.get("bytes_over_floor")]
+        names = [f"{program_name(r)}, b{r['slots']}" for r in rows]
+        y = range(len(rows))
+        ax_b.barh(y, [r["bytes_over_floor"] for r in rows], color="tab:blue")
+        ax_b.axvline(1.0, color="k", lw=0.8)
+        ax_b.axvline(1.15, color="tab:red", ls="--", lw=0.8, label="1.15 (issue 21)")
+        ax_b.set_yticks(list(y), names, fontsize=7)
+        ax_b.invert_yaxis()
+        ax_b.set_xlabel("bytes per step / floor")
+        ax_b.set_title(f"{t['target']}: bytes moved", fontsize=9)
+        ax_b.legend(fontsize=7)
+        ax_t.barh([i - 0.2 for i in y], [1e3 * r["roofline_s"] for r in rows], height=0.4,
+                  label="roofline", color="tab:green")
+        ax_t.barh([i + 0.2 for i in y], [1e3 * (r.get("cost") or {}).get("optimal_seconds", 0)
+                                         for r in rows], height=0.4, label="libtpu optimal",
+                  color="tab:orange")
+        ax_t.set_yticks(list(y), [""] * len(rows))
+        ax_t.invert_yaxis()
+        ax_t.set_xlabel("ms per step")
+        ax_t.set_title(f"{t['target']}: step time", fontsize=9)
+        ax_t.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
 
 
 def _write(path: str, text: str) -> None:
@@ -338,7 +383,8 @@ def main(argv=None) -> int:
     _write(os.path.join(a.out, "compile_for.json"), json.dumps(report, indent=1))
     text = markdown(report)
     _write(os.path.join(a.out, "compile_for.md"), text)
-    print(text)
+    png = plot(report, os.path.join(a.out, "compile_for.png"))
+    print(text + (f"\nplot: {png}" if png else ""))
     return 0
 
 
