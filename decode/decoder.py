@@ -182,10 +182,10 @@ class Decoder:
                                          jnp.dtype(dtype).itemsize, ca.smem_limit(device))
             except ValueError as e:
                 raise DecodeConfigError(str(e)) from None
-        if page_size is None and num_pages is None:      # the platform's choice
+        if page_size is None and num_pages is None:      # the platform's choice (0: dense)
             page_size = paged.auto_page_size(
                 device.platform, model_config.num_heads, model_config.num_kv_heads, dtype,
-                1 if mesh is None else int(mesh.shape.get("tensor", 1)), multiple) or None
+                1 if mesh is None else int(mesh.shape.get("tensor", 1)), multiple)
         page_size, num_pages = self._pages(page_size or None, num_pages, rows, slots, mesh)
         if page_size and paged.implementation_for(device.platform) == "ragged":
             try:

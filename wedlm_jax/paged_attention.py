@@ -83,7 +83,7 @@ def auto_page_size(platform: str | None, num_heads: int, kv_heads: int, dtype, t
     """The page size of the cache a Decoder builds when none is asked for: TPU_PAGE_SIZE on TPU
     where the ragged kernel tiles the heads and the slots are not split over data/fsdp (a pool per
     shard is not built), else 0 (the dense cache)."""
-    if platform != "tpu" or batch_shards > 1:
+    if implementation_for(platform) != "ragged" or batch_shards > 1:
         return 0
     try:
         check_ragged(num_heads, kv_heads, dtype, tensor)
