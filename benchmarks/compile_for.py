@@ -4,6 +4,7 @@ target's own compiler on this machine (issue 21 item 2), side by side in one rep
     python -m benchmarks.compile_for --compile-for v5p:1x1x1,v5e:2x4,v6e:2x4,v5p:2x2x2
                                      [--model 8b|4b|1.7b|0.6b] [--quick] [--out DIR]
                                      [--tokens-per-forward 2.0] [--page-size 64]
+                                     [--programs decode,prefill,train] [--train-model 1b|8b]
 
 Per target (a TPU topology libtpu describes; no TPU needed) and at the chosen decode shape in
 bf16, with the slots over data and the heads over `tensor` = all chips of the topology:
@@ -27,7 +28,8 @@ cost_analysis counts a loop body once; the live K/V tiles past the first, read i
 trip count, added analytically), the analytic floor (decode), the roofline step time max(flops / peak,
 bytes / bandwidth), the streaming / AR step ratio at equal batch, estimated decode tokens/s (AR:
 batch / step; streaming: batch x --tokens-per-forward / step, an assumption stated in the report)
-and the train step's MFU estimate (model FLOPs / (roofline time x peak x chips)).
+and the train step's MFU estimates (`train_mfu`: model FLOPs over libtpu's optimal_seconds, and the
+roofline's upper bound).
 
 Writes DIR/compile_for.json and DIR/compile_for.md (DIR default benchmarks/results/compile_for);
 refuses a DIR holding files it did not write.
@@ -156,12 +158,16 @@ def prefill_row(config, t: Target, prompt_len: int) -> dict:
                 roofline_s=step, tokens_per_s=prompt_len / step if step else None)
 
 
-def train_row(t: Target, seq_len: int = 4096) -> dict:
+def train_row(t: Target, seq_len: int = 4096, shape: dict | None = None) -> dict:
+    """The train step of `shape` (default benchmarks.accelerator.TRAIN_SHAPE, the 1B class), one
+    `seq_len` row per chip, fsdp over the chips: memory from the real (scanned, chunked-loss)
+    program, cost and MFU estimates from the unrolled one."""
     from benchmarks.accelerator import TRAIN_SHAPE
     from train import dry_run, step as step_lib
     from train.config import config_from_dict
+    shape = dict(shape or TRAIN_SHAPE)
     cfg = config_from_dict({
-        "model": {"config": dict(TRAIN_SHAPE)},
+        "model": {"config": shape},
         "data": {"train_files": ["unused.jsonl"], "seq_len": seq_len,
                  "global_batch_size": t.chips},
         "objective": {"kind": "dual_stream", "block_size": 32, "ar_weight": 1.0},
@@ -181,14 +187,41 @@ def train_row(t: Target, seq_len: int = 4096) -> dict:
         return dict(row, fits=False, oom=full["oom"])
     # cost from the program with the layer scan unrolled and the loss unchunked (cost_analysis
     # counts a loop body once: a chunked loss is a scan too, it would count one chunk of the head)
-    cost = compile_train(dataclasses.replace(cfg, loss_chunk=0),
-                         unroll=TRAIN_SHAPE["num_layers"]).get("cost") or {}
+    unrolled = dataclasses.replace(cfg, loss_chunk=0)
+    cost = compile_train(unrolled, unroll=shape["num_layers"]).get("cost") or {}
     step = roofline(cost, t)
     mc = dry_run.model_config_for(cfg)
     model_flops = step_lib.model_flops_per_row(mc, seq_len, "dual_stream", 32) * t.chips
     return dict(row, memory=full["memory"], fits=full["memory"]["total"] <= t.hbm, cost=cost,
                 kernels=full["kernels"], roofline_s=step,
-                mfu=model_flops / (step * t.peak_flops * t.chips) if step else None)
+                **train_mfu(model_flops, cost, t, lambda: compile_train(
+                    dataclasses.replace(unrolled, attention="tiled"),
+                    unroll=shape["num_layers"]).get("cost") or {}))
+
+
+def train_mfu(model_flops: float, cost: dict, t: Target, xla_attention_cost) -> dict:
+    """The train step's MFU estimates: `mfu_bound` = model FLOPs over the roofline time at the
+    compiled flops and bytes (an upper bound: it takes the chip's peak as reached; with the
+    compiled flops above the model's it is their ratio); `mfu` = model FLOPs over libtpu's
+    `optimal_seconds`, its own schedule's estimate. libtpu gives no estimate for a program with
+    Mosaic kernels (splash: `optimal_seconds` < 0); the estimate is then taken from the same step
+    with the attention on the XLA path (`xla_attention_cost()`, the tiled backend), named so."""
+    step = roofline(cost, t)
+    out = dict(mfu_bound=model_flops / (step * t.peak_flops * t.chips) if step else None,
+               mfu=None, mfu_from=None)
+    opt = cost.get("optimal_seconds")
+    if opt is not None and opt > 0:
+        return dict(out, mfu=model_flops / (opt * t.peak_flops * t.chips), mfu_from="libtpu optimal")
+    if opt is not None:
+        cost["optimal_seconds"] = None        # libtpu's "no estimate" (a Mosaic custom call)
+        cost["optimal_seconds_note"] = f"libtpu gave {opt:.3g}: no estimate with Mosaic kernels"
+    alt = xla_attention_cost()
+    opt = alt.get("optimal_seconds")
+    if opt is not None and opt > 0:
+        out.update(mfu=model_flops / (opt * t.peak_flops * t.chips),
+                   mfu_from="libtpu optimal, attention on the XLA (tiled) path",
+                   xla_attention_optimal_seconds=opt)
+    return out
 
 
 def _ms(x) -> str:
@@ -236,8 +269,11 @@ def markdown(report: dict) -> str:
                 continue
             c = r.get("cost", {})
             fmt = lambda v, f: "-" if v is None else format(v, f)
-            extra = (f"MFU {r['mfu']:.0%}" if r.get("mfu") is not None
-                     else fmt(r.get("tokens_per_s"), ".0f"))
+            if r["kind"] == "train":
+                extra = (f"MFU {fmt(r.get('mfu'), '.0%')} ({r.get('mfu_from') or 'no libtpu estimate'}); "
+                         f"roofline bound {fmt(r.get('mfu_bound'), '.0%')}")
+            else:
+                extra = fmt(r.get("tokens_per_s"), ".0f")
             cells = [name, batch, r.get("chips_used", t["chips"]),
                      f"{r['memory']['total'] / GIB:.2f}", "yes" if r["fits"] else "**no**",
                      fmt(r.get("bytes_over_floor"), ".2f"), _ms(r.get("roofline_s")),
@@ -337,6 +373,11 @@ def main(argv=None) -> int:
     ap.add_argument("--page-size", type=int, default=None,
                     help="also compile every decode program with the paged cache of pages of "
                          "this many rows, on one chip (issue 25)")
+    ap.add_argument("--programs", default="decode,prefill,train",
+                    help="which programs: any of decode, prefill, train (--quick: decode)")
+    ap.add_argument("--train-model", default="1b", help="the train step's shape: 1b "
+                    "(benchmarks.accelerator.TRAIN_SHAPE) or a --model name (8b: the released "
+                    "WeDLM-8B's)")
     ap.add_argument("--out", default="benchmarks/results/compile_for")
     a = ap.parse_args(argv)
     from benchmarks.accelerator import DECODE_SHAPES, SMOKE_SHAPE, model_config
@@ -344,6 +385,12 @@ def main(argv=None) -> int:
     try:
         if a.model not in shapes:
             raise TargetError(f"--model {a.model!r}: one of {', '.join(shapes)}")
+        if a.train_model != "1b" and a.train_model not in shapes:
+            raise TargetError(f"--train-model {a.train_model!r}: 1b or one of {', '.join(shapes)}")
+        programs = {p.strip() for p in a.programs.split(",") if p.strip()}
+        if not programs or programs - {"decode", "prefill", "train"}:
+            raise TargetError(f"--programs {a.programs!r}: a comma-separated subset of decode, "
+                              "prefill, train")
         if not 0 < a.live <= a.capacity:
             raise TargetError(f"--live {a.live} must be in [1, --capacity {a.capacity}]")
         if a.page_size is not None and not 1 <= a.page_size <= a.capacity:
@@ -370,10 +417,12 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         rows = [decode_row(config, t, prog, a.capacity, a.live, page)
                 for prog in decode_programs(a.quick)
-                for page in ((None,) if a.page_size is None else (None, a.page_size))]
-        if not a.quick:
+                for page in ((None,) if a.page_size is None else (None, a.page_size))
+                if "decode" in programs]
+        if not a.quick and "prefill" in programs:
             rows.append(prefill_row(config, t, 2048))
-            rows.append(train_row(t))
+        if not a.quick and "train" in programs:
+            rows.append(train_row(t, shape=None if a.train_model == "1b" else shapes[a.train_model]))
         derive(rows, a.tokens_per_forward)
         report["targets"].append(dict(
             target=t.name, chips=t.chips, hbm_gib=t.hbm / GIB, peak_tflops=t.peak_flops / 1e12,

@@ -4,9 +4,9 @@
 
   prefix     few-shot workloads (a shared prefix of ~1K and of ~1.9K tokens: worked examples, then
              a short question each; the demo model's positions end at 2048) and a chat-like one (a shared ~470-token instruction, short questions),
-             requests one after another: time to first token (prefill + the first 2-step chunk)
-             and tokens/s with prefix reuse on and off (same paged Decoder, rounds interleaved,
-             medians)
+             requests one after another: time to first token (prefill + the steps up to the
+             request's first commit: a generate call of up to 8 steps ends there) and tokens/s
+             with prefix reuse on and off (same paged Decoder, rounds interleaved, medians)
   inflight   requests in flight at one fixed cache memory, mixed prompt and output lengths: dense
              slots (each reserves the capacity) against the paged pool (pages mapped as each grows)
   step       one generate call with every slot live: paged against dense, same slots and capacity
@@ -24,6 +24,8 @@ import statistics
 import sys
 import time
 
+import jax
+
 from decode.batching import Batcher
 from decode.decoder import Decoder, Request
 from demo.eval import DEMO_MODEL, eval_items, load_model
@@ -32,22 +34,65 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PAGE = 16
 
 
+class _Clock:
+    """Wall time spent in the Decoder's admission prefill and generate calls (wrapped on the
+    instance, for the time-to-first-token breakdown)."""
+
+    def __init__(self, decoder):
+        self.spent = {"prefill": 0.0, "generate": 0.0, "generate_calls": 0}
+        for name in ("prefill_into_slot", "generate"):
+            setattr(decoder, name, self._wrap(getattr(decoder, name), name))
+        self.decoder = decoder
+
+    def _wrap(self, fn, name):
+        key = "prefill" if name == "prefill_into_slot" else "generate"
+
+        def timed(*a, **kw):
+            t0 = time.perf_counter()
+            try:   # the prefill is dispatched asynchronously: wait for it, to time it apart
+                return jax.block_until_ready(fn(*a, **kw)) if key == "prefill" else fn(*a, **kw)
+            finally:
+                self.spent[key] += time.perf_counter() - t0
+                self.spent["generate_calls"] += key == "generate"
+        return timed
+
+    def close(self):
+        for name in ("prefill_into_slot", "generate"):
+            delattr(self.decoder, name)
+
+    def snapshot(self):
+        return dict(self.spent)
+
+
 def _serve(decoder, requests, prefix_reuse=True):
     """The requests one after another (each arrives when the previous one is done, so a time to
-    first token is its prefill and first chunk, not a wait in the queue): the median TTFT, the
-    wall time, tokens/s, and the prompt rows reused."""
+    first token is its prefill and the steps to its first commit, not a wait in the queue): the
+    median TTFT with its parts (prefill, generate calls, the rest: host work), the wall time,
+    tokens/s, and the prompt rows reused."""
     b = Batcher(decoder, prefix_reuse=prefix_reuse)
-    ttft, done, t_all = [], [], time.perf_counter()
-    for r in requests:
-        t0 = time.perf_counter()
-        first = []
-        b.submit(r, on_tokens=lambda rid, ids: first.append(time.perf_counter() - t0) if not first else None,
-                 on_finish=done.append)
-        b.run_until_idle()
-        ttft.append(first[0])
+    clock = _Clock(decoder)
+    ttft, parts, done, t_all = [], [], [], time.perf_counter()
+    try:
+        for r in requests:
+            t0, c0 = time.perf_counter(), clock.snapshot()
+            first = []
+
+            def on_tokens(rid, ids, t0=t0, c0=c0, first=first):
+                if not first:
+                    first.append(time.perf_counter() - t0)
+                    c = clock.snapshot()
+                    parts.append({k: c[k] - c0[k] for k in c})
+            b.submit(r, on_tokens=on_tokens, on_finish=done.append)
+            b.run_until_idle()
+            ttft.append(first[0])
+    finally:
+        clock.close()
     wall = time.perf_counter() - t_all
     toks = sum(len(f.tokens) for f in done)
-    return dict(ttft_s=statistics.median(ttft), wall_s=wall, tokens_per_s=toks / wall,
+    med = lambda k: statistics.median(p[k] for p in parts)
+    return dict(ttft_s=statistics.median(ttft), ttft_prefill_s=med("prefill"),
+                ttft_generate_s=med("generate"), ttft_generate_calls=med("generate_calls"),
+                wall_s=wall, tokens_per_s=toks / wall,
                 cached_tokens=sum(f.cached_tokens for f in done),
                 prompt_tokens=sum(len(r.prompt) for r in requests))
 
@@ -67,7 +112,7 @@ def prefix_workloads(config, params, tok, rounds: int) -> dict:
         reqs = [Request(prompt=tuple(prefix + q), max_new_tokens=16) for q in questions]
         cap = max(len(r.prompt) for r in reqs) + 32
         dec = Decoder(params, config, method="streaming", window=8, slots=4, capacity=cap,
-                      steps_per_call=2, page_size=PAGE)   # tokens are handed out per 2 steps
+                      steps_per_call=8, page_size=PAGE)
         _serve(dec, reqs[:2], True)                   # compile
         _serve(dec, reqs[:2], False)
         runs = {"on": [], "off": []}

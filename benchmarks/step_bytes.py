@@ -10,8 +10,10 @@ instructions are in the program once), bf16, 8 slots, capacity 4096, the weights
 Decoder gives them on the target (decode/layouts.py). libtpu's cost analysis gives the step's total;
 this splits it: per instruction, the sizes of its operands and result as the HLO text states them
 (an estimate of its HBM traffic: a fusion reads its operands once and writes its result once; an
-in-place update of a donated buffer is counted as its update only). Groups by source op (the jax
-primitive's name stack) tell which part of the step to change.
+in-place update of a donated buffer is counted as its update only). Each shape's memory space is
+read from its layout (S(1): VMEM on TPU), so the HBM share is counted apart: an async copy into
+VMEM (copy-start / copy-done) reads HBM once, and the fusion that consumes it reads VMEM. Groups
+by source op (the jax primitive's name stack) tell which part of the step to change.
 """
 
 from __future__ import annotations
@@ -24,20 +26,33 @@ import sys
 ROOT_ARCH = "configs/arch/qwen3-8b"
 ITEM = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4,
         "u32": 4, "f64": 8, "s64": 8, "u64": 8}
-SHAPE = re.compile(r"\b(pred|[su](?:8|16|32|64)|bf16|f16|f32|f64)\[([\d,]*)\]")
+SHAPE = re.compile(r"\b(pred|[su](?:8|16|32|64)|bf16|f16|f32|f64)\[([\d,]*)\](\{[^}]*\})?")
 INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s+([\w\-]+)\((.*)$")
 FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "call",
         "conditional", "after-all", "partition-id", "replica-id", "iota"}
 
 
-def shape_bytes(text: str) -> int:
-    total = 0
-    for dtype, dims in SHAPE.findall(text):
+def space_bytes(text: str) -> collections.Counter:
+    """{memory space: bytes} of every shape in `text`; the space is the layout's S(n) (none: 0,
+    the default memory, HBM on TPU; S(1) is VMEM there, per openxla.org/xla/shapes)."""
+    out = collections.Counter()
+    for dtype, dims, layout in SHAPE.findall(text):
         n = 1
         for d in filter(None, dims.split(",")):
             n *= int(d)
-        total += n * ITEM[dtype]
-    return total
+        space = re.search(r"S\((\d+)\)", layout or "")
+        out[int(space.group(1)) if space else 0] += n * ITEM[dtype]
+    return out
+
+
+def shape_bytes(text: str) -> int:
+    return sum(space_bytes(text).values())
+
+
+def _first_of_tuple(result: str) -> str:
+    """The first element of a tuple-shaped result (a copy-start's destination)."""
+    m = SHAPE.search(result)
+    return m.group(0) if m else ""
 
 
 def computations(hlo: str) -> dict[str, list[str]]:
@@ -65,7 +80,7 @@ def instruction_bytes(hlo: str) -> list[dict]:
         for line in lines:
             m = INSTR.match(line)
             if m:
-                sizes[m.group(1)] = shape_bytes(m.group(2))
+                sizes[m.group(1)] = space_bytes(m.group(2))
     rows = []
     for cname, lines in comps.items():
         if cname in fused:
@@ -78,17 +93,30 @@ def instruction_bytes(hlo: str) -> list[dict]:
             if op in FREE:
                 continue
             args = rest.split("),", 1)[0] if ")," in rest else rest.rsplit(")", 1)[0]
-            out_b = shape_bytes(result)
-            in_sizes = [shape_bytes(typ) if typ else sizes.get(ref, 0)
-                        for typ, ref in re.findall(r"(?:(\S*\[\S*)\s+)?%([\w.\-]+)", args)]
-            in_b = sum(in_sizes)
+            ins = [space_bytes(typ) if typ else sizes.get(ref, collections.Counter())
+                   for typ, ref in re.findall(r"(?:(\S*\[\S*)\s+)?%([\w.\-]+)", args)]
+            in_c, out_c = sum(ins, collections.Counter()), space_bytes(result)
             if "dynamic-update-slice" in name or "dynamic_update_slice" in name or \
-                    op == "dynamic-update-slice" or ("scatter" in name and in_sizes):
-                big = max(in_sizes, default=0)
-                in_b = out_b = in_b - big                  # in place: the update only
+                    op == "dynamic-update-slice" or ("scatter" in name and ins):
+                big = max(range(len(ins)), key=lambda i: sum(ins[i].values()), default=None)
+                in_c = sum((c for i, c in enumerate(ins) if i != big), collections.Counter())
+                out_c = collections.Counter(in_c)          # in place: the update only
+            elif op == "copy-start":     # reads its operand, writes its destination (the tuple's
+                out_c = space_bytes(_first_of_tuple(result))     # other parts alias the source)
+            elif op == "copy-done":      # the transfer is the copy-start's
+                in_c = out_c = collections.Counter()
             src = re.search(r'op_name="([^"]*)"', line)
-            rows.append(dict(computation=cname, name=name, op=op, bytes=in_b + out_b,
-                             result=result[:80], source=src.group(1) if src else ""))
+            if src and re.search(r"(^|/)gather$", src.group(1)) and ins:
+                # a gather reads the rows it produces, not its whole operand (the embedding
+                # table, the logits a token's log-probability is picked from)
+                big = max(range(len(ins)), key=lambda i: sum(ins[i].values()))
+                rows_read = collections.Counter({k: min(v, sum(out_c.values()))
+                                                 for k, v in ins[big].items()})
+                in_c = sum((c for i, c in enumerate(ins) if i != big), rows_read)
+            total = in_c + out_c
+            rows.append(dict(computation=cname, name=name, op=op, bytes=sum(total.values()),
+                             hbm_bytes=total[0], result=result[:80],
+                             source=src.group(1) if src else ""))
     return sorted(rows, key=lambda r: -r["bytes"])
 
 
@@ -123,20 +151,36 @@ def main(argv=None) -> int:
     floor = aot.step_floor(dec.static, 2048)
     rows = instruction_bytes(compiled.as_text())
     total = sum(r["bytes"] for r in rows)
+    custom = [r for r in rows if r["op"] == "custom-call"]
+    hbm = sum(r["hbm_bytes"] for r in rows if r["op"] != "custom-call")
+    if dec.static.paged:       # a Mosaic kernel's operands are whole buffers, not its traffic
+        kernel = aot.kernel_not_counted(8, dec.static.spec.span, config, 2048, "bfloat16")
+        kernel_note = "the paged-attention kernels' live pages, queries and output (analytic)"
+    else:
+        kernel = 0.0
+        kernel_note = "no kernel"
     print(f"{args.method} W {dec.window} ({dec.weight_layout} weight layout), {args.layers} layers: "
           f"libtpu bytes accessed {cost.get('bytes accessed', float('nan')) / 1e9:.3f} GB; "
           f"instructions' operand+result bytes {total / 1e9:.3f} GB; floor at 2048 live rows "
           f"{floor['total'] / 1e9:.3f} GB (weights {floor['weights'] / 1e9:.3f}, KV "
           f"{floor['kv_read'] / 1e9:.3f}, logits {floor['logits'] / 1e9:.3f})")
-    groups = collections.Counter()
+    print(f"HBM traffic estimate (operands and results in memory space 0; VMEM-resident reads "
+          f"and writes, S(1), apart; custom calls replaced by {kernel_note}): "
+          f"{(hbm + kernel) / 1e9:.3f} GB = {(hbm + kernel) / floor['total']:.3f} of the floor")
+    groups, hbm_groups = collections.Counter(), collections.Counter()
     for r in rows:
         groups[source_group(r["source"])] += r["bytes"]
-    print("\nby source op:")
+        hbm_groups[source_group(r["source"])] += 0 if r["op"] == "custom-call" else r["hbm_bytes"]
+    print("\nby source op (all memory spaces | HBM):")
     for key, b in groups.most_common(args.top):
-        print(f"  {b / 1e6:10.1f} MB  {key}")
-    print(f"\ntop {args.top} instructions:")
+        print(f"  {b / 1e6:10.1f} MB  {hbm_groups[key] / 1e6:10.1f} MB  {key}")
+    print(f"\ntop {args.top} instructions (all memory spaces | HBM):")
     for r in rows[:args.top]:
-        print(f"  {r['bytes'] / 1e6:10.1f} MB  {r['op']:<22} {r['result']:<60} {source_group(r['source'])}")
+        print(f"  {r['bytes'] / 1e6:10.1f} MB  {r['hbm_bytes'] / 1e6:10.1f} MB  {r['op']:<22} "
+              f"{r['result']:<60} {source_group(r['source'])}")
+    if custom:
+        print(f"\n{len(custom)} custom calls (operand sizes, not traffic): "
+              f"{sum(r['bytes'] for r in custom) / 1e9:.3f} GB")
     return 0
 
 

@@ -183,7 +183,9 @@ class EngineOptions(Method):
     """What a continuous-batching Decoder is built for besides the Method (compile time; the
     Placement holds the device side)."""
     slots: int = option(16, int, "requests decoded at once", low=1)
-    steps_per_call: int = option(8, int, "decode steps per device call (a chunk)", low=1)
+    steps_per_call: int = option(8, int, "decode steps per device call (a chunk; a call ends "
+                                 "sooner once every request just admitted has its first tokens)",
+                                 low=1)
     capacity: int | None = option(None, int, "cache capacity per request (prompt + generated "
                                   "tokens)", low=1, optional=True)
     allow_long: bool = option(False, bool, "allow a capacity past the model's "

@@ -494,7 +494,8 @@ class Decoder:
 
     def generate(self, state: DecodeState, k: int | None = None):
         """Run up to k (default and at most steps_per_call; 0 compiles and runs nothing) steps of
-        every live slot in one jitted call. Returns (state, ResultTokens)."""
+        every live slot in one jitted call, fewer when slots that had emitted nothing (just
+        inserted) all have their first tokens. Returns (state, ResultTokens)."""
         k = self.steps_per_call if k is None else k
         if not _is_int(k) or not 0 <= k <= self.steps_per_call:
             raise DecodeConfigError(f"k must be an int in [0, {self.steps_per_call}], got {k!r}")

@@ -168,14 +168,21 @@ def _free(static: Static, state: DecodeState, slot):
 @functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))
 def _generate(static: Static, k: int, params, state: DecodeState, mask_id, run):
     """Up to `run` (a runtime value <= k) steps of every slot. Returns (state, tokens [B, k, E],
-    their TokenLogProbs [B, k, E, ..], counts [B, k], steps run)."""
+    their TokenLogProbs [B, k, E, ..], counts [B, k], steps run).
+
+    The loop also ends once every slot that came in live with nothing emitted yet (a request
+    just admitted) has emitted its first tokens or finished: those tokens go back to the host
+    then, not after the rest of the k steps (a request's time to first token is its prefill
+    plus the steps that make its first commit, issue 25)."""
     step = STEPS[static.spec.method]
     forward = _forward(static)
     b, e = static.slots, static.spec.emit_width
+    fresh = ~state.done & (state.count == 0)
 
     def cond(carry):
         i, st, _, _, _ = carry
-        return (i < jnp.minimum(run, k)) & ~jnp.all(st.done)
+        first_out = jnp.any(fresh) & ~jnp.any(fresh & ~st.done & (st.count == 0))
+        return (i < jnp.minimum(run, k)) & ~jnp.all(st.done) & ~first_out
 
     def body(carry):
         i, st, toks, lps, counts = carry

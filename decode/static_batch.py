@@ -203,7 +203,9 @@ def generate(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]]
     tokens = [[] for _ in prompts]
     logprobs = [[] for _ in prompts]
     iterations, interrupted = 0, False
-    max_chunks = (2 * (dc.max_new_tokens + 2 * decoder.window) + 8) // decoder.steps_per_call + 2
+    # generous: the first call ends at the rows' first tokens (Decoder.generate), the rest run
+    # steps_per_call steps each
+    max_chunks = (2 * (dc.max_new_tokens + 2 * decoder.window) + 8) // decoder.steps_per_call + 3
     t0 = time.perf_counter()
     done = np.asarray([r is None for r in requests])
     try:
@@ -220,7 +222,7 @@ def generate(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]]
                     logprobs[i].extend(lp for lp, _ in res.new_logprobs(i))
                     if on_commit is not None:
                         on_commit(i, new)
-        else:
+        if not done.all():
             raise RuntimeError(f"decode loop stopped at its iteration cap ({iterations}) with "
                                "rows unfinished")
     except KeyboardInterrupt:

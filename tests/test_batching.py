@@ -83,6 +83,31 @@ def test_greedy_equals_alone_under_random_arrivals(params, method, refill):
     assert [batch[i].tokens for i in range(len(requests))] == [got[i].tokens for i in range(len(requests))]
 
 
+def test_a_call_ends_when_a_new_request_has_its_first_tokens(params):
+    """`generate` runs its k steps while every live slot has emitted before; with a request just
+    inserted it ends at the step of that request's first commit (the step before emitted nothing
+    for it), so the first tokens reach the host then; the running slot's tokens are unchanged."""
+    dec = Decoder(params, CONFIG, method="streaming", window=4, slots=2, capacity=CAP,
+                  steps_per_call=8, kv_tile=TILE, sampling=False)
+    long = Request(prompt=(5, 6, 7), max_new_tokens=50, tau=0.3)
+    state = dec.start([long, None])
+    state, first = dec.generate(state)                  # slot 0 is new: ends at its first commit
+    assert 1 <= first.steps < 8 and first.counts[0, first.steps - 1] > 0
+    assert not first.counts[0, :first.steps - 1].any()
+    state, full = dec.generate(state)                   # nothing new: all k steps
+    assert full.steps == 8 and not full.done[0]
+    new = Request(prompt=(9, 10), max_new_tokens=20, tau=0.3)
+    state = dec.insert(dec.prefill(new), state, 1)
+    state, cut = dec.generate(state)
+    s = cut.steps
+    assert 1 <= s < 8 and cut.counts[1, s - 1] > 0 and not cut.counts[1, :s - 1].any()
+    ids = first.new_ids(0) + full.new_ids(0) + cut.new_ids(0)
+    while not (cut.done[0] and cut.done[1]):
+        state, cut = dec.generate(state)
+        ids += cut.new_ids(0)
+    assert ids == _alone(params, long, "streaming", 4, "before")
+
+
 def test_sampled_depends_only_on_own_seed(params):
     requests = _requests(10, seed=3, sampled=True)
     dec = Decoder(params, CONFIG, window=4, slots=4, capacity=CAP, steps_per_call=2, kv_tile=TILE)

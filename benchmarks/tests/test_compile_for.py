@@ -75,3 +75,20 @@ def test_bad_targets_are_named_before_compiling(tmp_path):
     proc = _run("--compile-for", "v5p:1x1x1", "--out", str(tmp_path / "busy"))
     assert proc.returncode == 2 and "holds files this report did not write" in proc.stderr
     assert (tmp_path / "busy" / "keep.txt").read_text() == "mine"
+
+
+def test_train_mfu_takes_libtpu_estimate_or_the_xla_attention_one():
+    """libtpu's optimal_seconds when it gives one; its 'no estimate' (< 0, a program with Mosaic
+    kernels such as splash) is not a time: the XLA-attention compile's estimate is used, named."""
+    from benchmarks.compile_for import Target, train_mfu
+    t = Target(name="t", devices=(None, None), peak_flops=1e12, bandwidth=1e9, hbm=1)
+    cost = {"flops": 4e12, "bytes accessed": 1e9, "optimal_seconds": 4.0}
+    r = train_mfu(2e12, cost, t, lambda: 1 / 0)                  # not called
+    assert r["mfu"] == 2e12 / (4.0 * 1e12 * 2) and r["mfu_from"] == "libtpu optimal"
+    assert r["mfu_bound"] == 2e12 / (4.0 * 1e12 * 2)             # roofline max(4 s of flops, 1 s of bytes)
+    splash = {"flops": 4e12, "bytes accessed": 1e9, "optimal_seconds": -3.7}
+    r = train_mfu(2e12, splash, t, lambda: {"optimal_seconds": 5.0})
+    assert r["mfu"] == 2e12 / (5.0 * 1e12 * 2) and "XLA (tiled)" in r["mfu_from"]
+    assert splash["optimal_seconds"] is None and "no estimate" in splash["optimal_seconds_note"]
+    r = train_mfu(2e12, dict(splash, optimal_seconds=-1.0), t, lambda: {})
+    assert r["mfu"] is None and r["mfu_bound"] > 0

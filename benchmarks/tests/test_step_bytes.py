@@ -38,3 +38,37 @@ def test_operands_named_without_shapes_are_sized_by_their_producer():
     rows = {r["name"]: r for r in instruction_bytes(hlo)}
     assert rows["c"]["bytes"] == 2 * 8 * 16 * 4
     assert rows["f"]["bytes"] == 2 * 8 * 16 * 4 + 2 * 16 * 2
+
+
+def test_memory_spaces_counted_apart_and_async_copies_once():
+    """A weight prefetched into VMEM (S(1)) by copy-start / copy-done: HBM is read once by the
+    copy; the fusion reading the VMEM copy adds no HBM bytes."""
+    hlo = """HloModule m
+
+ENTRY %main (w: bf16[64,128], x: f32[8,64]) -> f32[8,128] {
+  %w = bf16[64,128]{1,0:T(8,128)(2,1)} parameter(0)
+  %x = f32[8,64]{1,0} parameter(1)
+  %cs = (bf16[64,128]{1,0:T(8,128)(2,1)S(1)}, bf16[64,128]{1,0:T(8,128)(2,1)}, u32[]{:S(2)}) copy-start(bf16[64,128]{1,0:T(8,128)(2,1)} %w)
+  %cd = bf16[64,128]{1,0:T(8,128)(2,1)S(1)} copy-done((bf16[64,128]{1,0:T(8,128)(2,1)S(1)}, bf16[64,128]{1,0:T(8,128)(2,1)}, u32[]{:S(2)}) %cs)
+  ROOT %f = f32[8,128]{1,0} fusion(f32[8,64]{1,0} %x, bf16[64,128]{1,0:T(8,128)(2,1)S(1)} %cd), kind=kOutput, calls=%dot
+}
+"""
+    rows = {r["name"]: r for r in instruction_bytes(hlo)}
+    w = 64 * 128 * 2
+    assert rows["cs"]["bytes"] == 2 * w and rows["cs"]["hbm_bytes"] == w     # HBM in, VMEM out
+    assert rows["cd"]["bytes"] == 0
+    assert rows["f"]["hbm_bytes"] == 8 * 64 * 4 + 8 * 128 * 4               # x in, result out
+    assert rows["f"]["bytes"] == rows["f"]["hbm_bytes"] + w                  # + the VMEM read
+
+
+def test_a_gather_reads_the_rows_it_produces():
+    hlo = """HloModule m
+
+ENTRY %main (t: bf16[1000,64], i: s32[8]) -> bf16[8,64] {
+  %t = bf16[1000,64]{1,0} parameter(0)
+  %i = s32[8]{0} parameter(1)
+  ROOT %g = bf16[8,64]{1,0} fusion(bf16[1000,64]{1,0} %t, s32[8]{0} %i), kind=kLoop, calls=%gf, metadata={op_name="jit(step)/Transformer/gather"}
+}
+"""
+    (row,) = instruction_bytes(hlo)
+    assert row["bytes"] == row["hbm_bytes"] == 2 * 8 * 64 * 2 + 8 * 4    # rows in + out, indices
