@@ -207,8 +207,11 @@ def train_mfu(model_flops: float, cost: dict, t: Target, xla_attention_cost) -> 
     Mosaic kernels (splash: `optimal_seconds` < 0); the estimate is then taken from the same step
     with the attention on the XLA path (`xla_attention_cost()`, the tiled backend), named so."""
     step = roofline(cost, t)
-    out = dict(mfu_bound=model_flops / (step * t.peak_flops * t.chips) if step else None,
-               mfu=None, mfu_from=None)
+    bound = model_flops / (step * t.peak_flops * t.chips) if step else None
+    out = dict(mfu_bound=bound if bound is None or bound <= 1 else None, mfu=None, mfu_from=None)
+    if bound is not None and bound > 1:      # the compiled flops fall short of the model's
+        out["mfu_bound_note"] = (f"model FLOPs {model_flops:.3g} above the compiled "
+                                 f"{cost.get('flops', 0) * t.chips:.3g}: no bound")
     opt = cost.get("optimal_seconds")
     if opt is not None and opt > 0:
         return dict(out, mfu=model_flops / (opt * t.peak_flops * t.chips), mfu_from="libtpu optimal")
@@ -217,10 +220,10 @@ def train_mfu(model_flops: float, cost: dict, t: Target, xla_attention_cost) -> 
         cost["optimal_seconds_note"] = f"libtpu gave {opt:.3g}: no estimate with Mosaic kernels"
     alt = xla_attention_cost()
     opt = alt.get("optimal_seconds")
+    out["xla_attention_optimal_seconds"] = opt
     if opt is not None and opt > 0:
         out.update(mfu=model_flops / (opt * t.peak_flops * t.chips),
-                   mfu_from="libtpu optimal, attention on the XLA (tiled) path",
-                   xla_attention_optimal_seconds=opt)
+                   mfu_from="libtpu optimal, attention on the XLA (tiled) path")
     return out
 
 
@@ -271,7 +274,8 @@ def markdown(report: dict) -> str:
             fmt = lambda v, f: "-" if v is None else format(v, f)
             if r["kind"] == "train":
                 extra = (f"MFU {fmt(r.get('mfu'), '.0%')} ({r.get('mfu_from') or 'no libtpu estimate'}); "
-                         f"roofline bound {fmt(r.get('mfu_bound'), '.0%')}")
+                         f"roofline bound {fmt(r.get('mfu_bound'), '.0%')}"
+                         + (f" ({r['mfu_bound_note']})" if r.get("mfu_bound_note") else ""))
             else:
                 extra = fmt(r.get("tokens_per_s"), ".0f")
             cells = [name, batch, r.get("chips_used", t["chips"]),

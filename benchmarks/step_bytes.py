@@ -68,6 +68,32 @@ def computations(hlo: str) -> dict[str, list[str]]:
     return out
 
 
+def sliced_reads(comps: dict[str, list[str]], name: str) -> dict[int, int]:
+    """{parameter index: bytes read} of fused computation `name`'s parameters that it only slices
+    (slice / dynamic-slice, here or inside a nested fusion): a fusion reading one layer of a
+    stacked weight reads that layer, not the stack its operand names."""
+    params, users = {}, collections.defaultdict(list)
+    for line in comps.get(name, ()):
+        m = INSTR.match(line)
+        if not m:
+            continue
+        iname, result, op, rest = m.groups()
+        if op == "parameter":
+            params[iname] = int(re.match(r"\s*(\d+)", rest).group(1))
+            continue
+        args = rest.split("),", 1)[0] if ")," in rest else rest.rsplit(")", 1)[0]
+        called = re.search(r"calls=%?([\w.\-]+)", line)
+        for pos, ref in enumerate(re.findall(r"%([\w.\-]+)", args)):
+            if op in ("slice", "dynamic-slice") and pos == 0:
+                users[ref].append(shape_bytes(result))
+            elif op == "fusion" and called:
+                users[ref].append(sliced_reads(comps, called.group(1)).get(pos))
+            else:
+                users[ref].append(None)                  # read whole
+    return {idx: sum(users[p]) for p, idx in params.items()
+            if users[p] and all(b is not None for b in users[p])}
+
+
 def instruction_bytes(hlo: str) -> list[dict]:
     """Top-level instructions (not inside fusions) with their estimated bytes, source op and kind.
     Operands are sized by the shapes printed with them or, when the text names them only, by
@@ -95,6 +121,12 @@ def instruction_bytes(hlo: str) -> list[dict]:
             args = rest.split("),", 1)[0] if ")," in rest else rest.rsplit(")", 1)[0]
             ins = [space_bytes(typ) if typ else sizes.get(ref, collections.Counter())
                    for typ, ref in re.findall(r"(?:(\S*\[\S*)\s+)?%([\w.\-]+)", args)]
+            called = re.search(r"calls=%?([\w.\-]+)", line)
+            if op == "fusion" and called and called.group(1) in comps:
+                for i, read in sliced_reads(comps, called.group(1)).items():
+                    if i < len(ins) and ins[i]:
+                        space = max(ins[i], key=ins[i].get)       # the operand's memory space
+                        ins[i] = collections.Counter({space: min(read, sum(ins[i].values()))})
             in_c, out_c = sum(ins, collections.Counter()), space_bytes(result)
             if "dynamic-update-slice" in name or "dynamic_update_slice" in name or \
                     op == "dynamic-update-slice" or ("scatter" in name and ins):
@@ -114,9 +146,11 @@ def instruction_bytes(hlo: str) -> list[dict]:
                                                  for k, v in ins[big].items()})
                 in_c = sum((c for i, c in enumerate(ins) if i != big), rows_read)
             total = in_c + out_c
+            cycles = re.search(r'"estimated_cycles":"(\d+)"', line)
             rows.append(dict(computation=cname, name=name, op=op, bytes=sum(total.values()),
                              hbm_bytes=total[0], result=result[:80],
-                             source=src.group(1) if src else ""))
+                             source=src.group(1) if src else "",
+                             cycles=int(cycles.group(1)) if cycles else None))
     return sorted(rows, key=lambda r: -r["bytes"])
 
 
@@ -167,6 +201,9 @@ def main(argv=None) -> int:
     print(f"HBM traffic estimate (operands and results in memory space 0; VMEM-resident reads "
           f"and writes, S(1), apart; custom calls replaced by {kernel_note}): "
           f"{(hbm + kernel) / 1e9:.3f} GB = {(hbm + kernel) / floor['total']:.3f} of the floor")
+    timed = [r["cycles"] for r in rows if r["cycles"] is not None]
+    print(f"the compiler's own per-instruction estimate (backend_config estimated_cycles, on "
+          f"{len(timed)} of {len(rows)} instructions: the matmul fusions): {sum(timed):,} cycles")
     groups, hbm_groups = collections.Counter(), collections.Counter()
     for r in rows:
         groups[source_group(r["source"])] += r["bytes"]

@@ -90,5 +90,7 @@ def test_train_mfu_takes_libtpu_estimate_or_the_xla_attention_one():
     r = train_mfu(2e12, splash, t, lambda: {"optimal_seconds": 5.0})
     assert r["mfu"] == 2e12 / (5.0 * 1e12 * 2) and "XLA (tiled)" in r["mfu_from"]
     assert splash["optimal_seconds"] is None and "no estimate" in splash["optimal_seconds_note"]
-    r = train_mfu(2e12, dict(splash, optimal_seconds=-1.0), t, lambda: {})
-    assert r["mfu"] is None and r["mfu_bound"] > 0
+    r = train_mfu(2e12, dict(splash, optimal_seconds=-1.0), t, lambda: {"optimal_seconds": -2.0})
+    assert r["mfu"] is None and r["mfu_bound"] > 0 and r["xla_attention_optimal_seconds"] == -2.0
+    r = train_mfu(9e12, dict(cost), t, lambda: 1 / 0)       # model FLOPs above the compiled ones
+    assert r["mfu_bound"] is None and "no bound" in r["mfu_bound_note"]

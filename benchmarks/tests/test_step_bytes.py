@@ -72,3 +72,26 @@ ENTRY %main (t: bf16[1000,64], i: s32[8]) -> bf16[8,64] {
 """
     (row,) = instruction_bytes(hlo)
     assert row["bytes"] == row["hbm_bytes"] == 2 * 8 * 64 * 2 + 8 * 4    # rows in + out, indices
+
+
+def test_a_fusion_slicing_a_stacked_weight_reads_one_layer():
+    hlo = """HloModule m
+
+%fc (p0: bf16[36,64,128], p1: f32[8,64], p2: s32[]) -> f32[8,128] {
+  %p0 = bf16[36,64,128]{2,1,0} parameter(0)
+  %p1 = f32[8,64]{1,0} parameter(1)
+  %p2 = s32[] parameter(2)
+  %z = s32[] constant(0)
+  %ds = bf16[1,64,128]{2,1,0} dynamic-slice(bf16[36,64,128]{2,1,0} %p0, s32[] %p2, s32[] %z, s32[] %z), dynamic_slice_sizes={1,64,128}
+  ROOT %d = f32[8,128]{1,0} dot(%p1, %ds)
+}
+
+ENTRY %main (w: bf16[36,64,128], x: f32[8,64], l: s32[]) -> f32[8,128] {
+  %w = bf16[36,64,128]{2,1,0} parameter(0)
+  %x = f32[8,64]{1,0} parameter(1)
+  %l = s32[] parameter(2)
+  ROOT %f = f32[8,128]{1,0} fusion(bf16[36,64,128]{2,1,0} %w, f32[8,64]{1,0} %x, s32[] %l), kind=kOutput, calls=%fc
+}
+"""
+    (row,) = instruction_bytes(hlo)
+    assert row["hbm_bytes"] == 64 * 128 * 2 + 8 * 64 * 4 + 4 + 8 * 128 * 4   # one layer's slice
