@@ -366,7 +366,7 @@ def main(argv=None) -> int:
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--compile-for", required=True, help=f"comma-separated targets: {FORMS}")
     ap.add_argument("--model", default="8b", help="decode shape (benchmarks.accelerator."
-                                                   "DECODE_SHAPES): 8b, 4b, 1.7b or 0.6b; smoke: "
+                                                   "DECODE_SHAPES): 8b, 7b, 4b, 1.7b or 0.6b; smoke: "
                                                    "a 3-layer toy (tests)")
     ap.add_argument("--quick", action="store_true", help="AR and streaming W 16 at batch 8, "
                                                          "no prefill or train")

@@ -94,3 +94,11 @@ def test_train_mfu_takes_libtpu_estimate_or_the_xla_attention_one():
     assert r["mfu"] is None and r["mfu_bound"] > 0 and r["xla_attention_optimal_seconds"] == -2.0
     r = train_mfu(9e12, dict(cost), t, lambda: 1 / 0)       # model FLOPs above the compiled ones
     assert r["mfu_bound"] is None and "no bound" in r["mfu_bound_note"]
+
+
+def test_the_7b_decode_shape_is_the_checked_in_qwen25_7b_architecture():
+    from benchmarks.accelerator import DECODE_SHAPES, model_config
+    from wedlm_jax.convert import read_config
+    want = read_config(os.path.join(ROOT, "configs", "arch", "qwen2.5-7b"))
+    got = model_config(DECODE_SHAPES["7b"])
+    assert got == want.replace(bos_token_id=None, eos_token_id=None)
