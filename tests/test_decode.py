@@ -352,4 +352,3 @@ def test_sampler_frequencies_follow_temperature_top_k_top_p(order):
         live = want > 0
         chi2 = (((counts[live] - rows * want[live]) ** 2) / (rows * want[live])).sum()
         assert chi2 < 20.0, (t, k, p, counts, want)   # df <= 4: p-value ~5e-4
-
