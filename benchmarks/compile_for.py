@@ -365,9 +365,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.compile_for",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--compile-for", required=True, help=f"comma-separated targets: {FORMS}")
-    ap.add_argument("--model", default="8b", help="decode shape (benchmarks.accelerator."
-                                                   "DECODE_SHAPES): 8b, 7b, 4b, 1.7b or 0.6b; smoke: "
-                                                   "a 3-layer toy (tests)")
+    ap.add_argument("--model", default="8b", help="decode shape: 8b, 4b, 1.7b or 0.6b (benchmarks."
+                                                   "accelerator.DECODE_SHAPES), 7b (QWEN25_7B); "
+                                                   "smoke: a 3-layer toy (tests)")
     ap.add_argument("--quick", action="store_true", help="AR and streaming W 16 at batch 8, "
                                                          "no prefill or train")
     ap.add_argument("--capacity", type=int, default=4096)
@@ -384,8 +384,9 @@ def main(argv=None) -> int:
                     "WeDLM-8B's)")
     ap.add_argument("--out", default="benchmarks/results/compile_for")
     a = ap.parse_args(argv)
-    from benchmarks.accelerator import DECODE_SHAPES, SMOKE_SHAPE, model_config
+    from benchmarks.accelerator import DECODE_SHAPES, QWEN25_7B, SMOKE_SHAPE, model_config
     shapes = dict(DECODE_SHAPES, smoke=dict(SMOKE_SHAPE, num_layers=3))
+    shapes["7b"] = QWEN25_7B
     try:
         if a.model not in shapes:
             raise TargetError(f"--model {a.model!r}: one of {', '.join(shapes)}")

@@ -97,8 +97,8 @@ def test_train_mfu_takes_libtpu_estimate_or_the_xla_attention_one():
 
 
 def test_the_7b_decode_shape_is_the_checked_in_qwen25_7b_architecture():
-    from benchmarks.accelerator import DECODE_SHAPES, model_config
+    from benchmarks.accelerator import QWEN25_7B, model_config
     from wedlm_jax.convert import read_config
     want = read_config(os.path.join(ROOT, "configs", "arch", "qwen2.5-7b"))
-    got = model_config(DECODE_SHAPES["7b"])
+    got = model_config(QWEN25_7B)
     assert got == want.replace(bos_token_id=None, eos_token_id=None)
