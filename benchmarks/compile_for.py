@@ -2,7 +2,7 @@
 target's own compiler on this machine (issue 21 item 2), side by side in one report.
 
     python -m benchmarks.compile_for --compile-for v5p:1x1x1,v5e:2x4,v6e:2x4,v5p:2x2x2
-                                     [--model 8b|4b|1.7b|0.6b] [--quick] [--out DIR]
+                                     [--model 8b|7b|4b|1.7b|0.6b] [--quick] [--out DIR]
                                      [--tokens-per-forward 2.0] [--page-size 64]
                                      [--programs decode,prefill,train] [--train-model 1b|8b]
 
@@ -203,9 +203,10 @@ def train_mfu(model_flops: float, cost: dict, t: Target, xla_attention_cost) -> 
     """The train step's MFU estimates: `mfu_bound` = model FLOPs over the roofline time at the
     compiled flops and bytes (an upper bound: it takes the chip's peak as reached; with the
     compiled flops above the model's it is their ratio); `mfu` = model FLOPs over libtpu's
-    `optimal_seconds`, its own schedule's estimate. libtpu gives no estimate for a program with
-    Mosaic kernels (splash: `optimal_seconds` < 0); the estimate is then taken from the same step
-    with the attention on the XLA path (`xla_attention_cost()`, the tiled backend), named so."""
+    `optimal_seconds`, its own schedule's estimate, when it gives one (> 0); libtpu 0.0.42.1 gives
+    none (< 0) for the train step with splash, and then `xla_attention_cost()` (the same step with
+    the tiled XLA attention) is asked, named so; measured, it gives none either, so with that
+    libtpu the MFU stays unestimated (BENCHMARKS.md)."""
     step = roofline(cost, t)
     bound = model_flops / (step * t.peak_flops * t.chips) if step else None
     out = dict(mfu_bound=bound if bound is None or bound <= 1 else None, mfu=None, mfu_from=None)
@@ -216,8 +217,8 @@ def train_mfu(model_flops: float, cost: dict, t: Target, xla_attention_cost) -> 
     if opt is not None and opt > 0:
         return dict(out, mfu=model_flops / (opt * t.peak_flops * t.chips), mfu_from="libtpu optimal")
     if opt is not None:
-        cost["optimal_seconds"] = None        # libtpu's "no estimate" (a Mosaic custom call)
-        cost["optimal_seconds_note"] = f"libtpu gave {opt:.3g}: no estimate with Mosaic kernels"
+        cost["optimal_seconds"] = None        # libtpu's "no estimate"
+        cost["optimal_seconds_note"] = f"libtpu gave {opt:.3g}: no estimate"
     alt = xla_attention_cost()
     opt = alt.get("optimal_seconds")
     out["xla_attention_optimal_seconds"] = opt
