@@ -10,7 +10,7 @@ and leave it the moment they finish, so no slot idles while a slower neighbour r
 the device) and the callbacks run on it: on_tokens(request_id, new_ids) after every chunk that
 gave the request ids, on_finish(Finished) once.
 
-With a paged Decoder (`page_size`), pages are taken from the pool (`decode.pages.PagePool`) as a
+With a paged Decoder (`page_size`), pages are taken from the pool (`decode.pages.PagePool`, one per slot shard) as a
 sequence grows: at admission the pages its prompt and its first generate call can write
 (`Decoder.pages_for_call`), before every later call the pages that call can write, and all of them
 back when it ends; the full pages of a prompt prefix an earlier request computed are mapped instead
@@ -22,6 +22,10 @@ back and it goes to the head of the queue as its prompt plus the tokens it has e
 prefilled again and continue (its emitted tokens stand; AR and verified continue exactly as
 they would have; streaming and block start a fresh window there, and a sampled request's draws
 restart from its seed). A request larger than the whole pool is refused at submit.
+
+With slots over data x fsdp (a mesh), each slot shard has a pool of its own (`ShardedPool`): a
+request goes to a free slot of the shard holding the longest cached prefix of its prompt (then
+the most free pages), and a shard short of pages preempts only its own newest request.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import jax
 
 from decode.config import DecodeConfigError
 from decode.decoder import Decoder, Request
-from decode.pages import PagePool
+from decode.pages import ShardedPool
 
 
 @dataclasses.dataclass
@@ -102,18 +106,20 @@ class Batcher:
 
     def _new_pool(self):
         st = self.decoder.static
-        return PagePool(st.num_pages, st.page_size) if st.paged else None
+        return ShardedPool(st.num_pages, st.page_size, st.page_shards) if st.paged else None
 
     def submit(self, request: Request, on_tokens: Callable | None = None,
                on_finish: Callable | None = None) -> int:
         """Validate (DecodeConfigError names the field) and queue a request; returns its id."""
         request = self.decoder.check_request(request)
-        if self.pool is not None and self.decoder.pages_needed(request) > self.pool.num_pages:
+        if self.pool is not None and self.decoder.pages_needed(request) > self.pool.per_shard:
             st = self.decoder.static
+            whole = ("the whole pool holds" if st.page_shards == 1 else
+                     f"each of the {st.page_shards} slot shards' pools holds")
             raise DecodeConfigError(
                 f"the request needs {self.decoder.pages_needed(request)} pages of {st.page_size} "
                 f"rows (prompt {len(request.prompt)} + max_new_tokens {request.max_new_tokens} + "
-                f"a window's {st.span}); the whole pool holds {self.pool.num_pages}")
+                f"a window's {st.span}); {whole} {self.pool.per_shard}")
         with self._lock:
             rid = self._next_id
             self._next_id += 1
@@ -190,14 +196,14 @@ class Batcher:
             except Exception as e:  # noqa: BLE001 - a failed device call: its requests end, we go on
                 self._reset(f"mapping pages failed ({type(e).__name__}: "
                             f"{str(e).splitlines()[0][:300] if str(e) else ''})")
-        for slot in range(dec.slots):
-            if self._slots[slot] is not None:
-                continue
+        while True:
+            free = [s for s, live in enumerate(self._slots) if live is None]
             with self._lock:
-                live = self._waiting[0] if self._waiting else None
+                live = self._waiting[0] if self._waiting and free else None
             if live is None:
                 break
-            pages = self._pages_for(live) if self.pool is not None else None
+            slot = self._slot_for(live, free)
+            pages = self._pages_for(live, dec.static.shard_of(slot)) if self.pool is not None else None
             if self.pool is not None and pages is None:
                 break                          # the pool cannot hold it yet: it waits, first in line
             with self._lock:
@@ -257,15 +263,31 @@ class Batcher:
         held = 1 if self.decoder.method in ("ar", "verified") else 0
         return tuple(request.prompt[:len(request.prompt) - held])
 
-    def _pages_for(self, live: _Live):
-        """The pages a waiting request gets now: its cached prefix (when reused) and fresh ones
-        for the rest of what its prompt and first generate call write; None (nothing taken) when
-        the pool cannot give them yet."""
+    def _slot_for(self, live: _Live, free: list[int]) -> int:
+        """The free slot a waiting request goes to: the first one, or with slots over data x fsdp
+        (a pool per shard) the first of the shard holding the longest cached prefix of its prompt,
+        then the most free pages."""
+        st = self.decoder.static
+        if self.pool is None or st.page_shards == 1:
+            return free[0]
+        rows = self._prefilled(live.request)
+        limit = len(rows) // st.page_size
+
+        def score(slot):
+            shard = st.shard_of(slot)
+            hit = self.pool.cached(shard, rows, limit) if self.prefix_reuse else 0
+            return hit, self.pool.free_in(shard), -slot
+        return max(free, key=score)
+
+    def _pages_for(self, live: _Live, shard: int):
+        """The pages a waiting request gets now in `shard`'s pool: its cached prefix (when
+        reused) and fresh ones for the rest of what its prompt and first generate call write;
+        None (nothing taken) when the pool cannot give them yet."""
         pool, dec = self.pool, self.decoder
         rows = self._prefilled(live.request)
         need = dec.pages_for_call(len(rows), dec.end_of(live.request))
-        hit = pool.match(rows, len(rows) // pool.page_size) if self.prefix_reuse else []
-        more = pool.allocate(max(need - len(hit), 0))
+        hit = pool.match(shard, rows, len(rows) // pool.page_size) if self.prefix_reuse else []
+        more = pool.allocate(shard, max(need - len(hit), 0))
         if more is None:
             pool.release(hit)
             return None
@@ -275,7 +297,8 @@ class Batcher:
 
     def _grow(self) -> None:
         """Map the pages every live slot's next generate call can write, oldest request first;
-        when the pool runs short, preempt the newest live request (possibly the one growing)."""
+        when the pool runs short, preempt the newest live request of the slot's shard (possibly
+        the one growing)."""
         dec = self.decoder
         order = sorted((s for s, live in enumerate(self._slots) if live is not None),
                        key=lambda s: self._slots[s].admitted)
@@ -289,12 +312,14 @@ class Batcher:
                 continue
             extra = dec.pages_for_call(int(lengths[slot]), dec.end_of(live.request)) - len(live.pages)
             while extra > 0:
-                more = self.pool.allocate(extra)
+                shard = dec.static.shard_of(slot)
+                more = self.pool.allocate(shard, extra)
                 if more is not None:
                     live.pages += more
                     grown[slot] = live.pages
                     break
-                newest = max((s for s, x in enumerate(self._slots) if x is not None),
+                newest = max((s for s, x in enumerate(self._slots)
+                              if x is not None and dec.static.shard_of(s) == shard),
                              key=lambda s: self._slots[s].admitted)
                 grown.pop(newest, None)
                 self._preempt(newest)

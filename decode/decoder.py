@@ -126,7 +126,8 @@ class Decoder:
     (default slots x pages per sequence: the dense cache's memory), shared by the slots: a
     request holds the pages `decode.batching` gives it (`prefill_into_slot`), from a prefix it
     shares with earlier requests on. On a mesh: heads over tensor (the pool split by its K/V
-    heads), not slots over data/fsdp. None (default): the platform's choice
+    heads) and slots over data x fsdp, each slot shard with a pool of its own (num_pages / shards
+    pages; a slot holds pages of its shard only). None (default): the platform's choice
     (`paged_attention.auto_page_size`: pages of 64 on TPU, where the ragged kernel moves fewer
     bytes per step; the dense cache elsewhere); 0: the dense cache.
 
@@ -185,8 +186,8 @@ class Decoder:
         if page_size is None and num_pages is None:      # the platform's choice (0: dense)
             page_size = paged.auto_page_size(
                 device.platform, model_config.num_heads, model_config.num_kv_heads, dtype,
-                1 if mesh is None else int(mesh.shape.get("tensor", 1)), multiple)
-        page_size, num_pages = self._pages(page_size or None, num_pages, rows, slots, mesh)
+                1 if mesh is None else int(mesh.shape.get("tensor", 1)))
+        page_size, num_pages = self._pages(page_size or None, num_pages, rows, slots, multiple)
         if page_size and paged.implementation_for(device.platform) == "ragged":
             try:
                 paged.check_ragged(model_config.num_heads, model_config.num_kv_heads, dtype,
@@ -203,7 +204,7 @@ class Decoder:
             mesh=None if mesh is None else (tuple(mesh.axis_names), tuple(mesh.devices.shape),
                                              tuple(d.id for d in mesh.devices.flat)),
             platform=None if mesh is None else mesh.devices.flat[0].platform,
-            page_size=page_size, num_pages=num_pages)
+            page_size=page_size, num_pages=num_pages, page_shards=multiple if page_size else 1)
         self.memory_estimate = estimate_memory(self.static)
         limit = memory_limit_bytes if memory_limit_bytes is not None else available_memory(mesh)
         if limit is not None and self.memory_estimate["total"] > limit:
@@ -232,8 +233,9 @@ class Decoder:
 
     # -- construction helpers
     @staticmethod
-    def _pages(page_size, num_pages, rows: int, slots: int, mesh) -> tuple[int, int]:
-        """(page_size, pages per layer) of a paged cache, (0, 0) for the dense one; checked."""
+    def _pages(page_size, num_pages, rows: int, slots: int, shards: int) -> tuple[int, int]:
+        """(page_size, pages per layer) of a paged cache, (0, 0) for the dense one; checked. With
+        slots over `shards` (data x fsdp) each shard has num_pages / shards pages of its own."""
         if page_size is None:
             if num_pages is not None:
                 raise DecodeConfigError("num_pages needs page_size (a paged cache)")
@@ -241,15 +243,14 @@ class Decoder:
         if not _is_int(page_size) or page_size < 1:
             raise DecodeConfigError(f"page_size must be an int >= 1 (0: the dense cache), got "
                                     f"{page_size!r}")
-        if mesh is not None and mesh.shape.get("data", 1) * mesh.shape.get("fsdp", 1) > 1:
-            raise DecodeConfigError("the paged cache splits heads over --mesh tensor=N; slots over "
-                                    "data/fsdp would need a page pool per shard, which is not built "
-                                    f"(mesh {dict(mesh.shape)})")
         per_seq = -(-rows // page_size)
         num_pages = slots * per_seq if num_pages is None else num_pages
         if not _is_int(num_pages) or num_pages < 1:
             raise DecodeConfigError(f"num_pages must be an int >= 1 (a sequence at the capacity "
                                     f"holds {per_seq} pages of {page_size} rows), got {num_pages!r}")
+        if num_pages % shards:
+            raise DecodeConfigError(f"num_pages {num_pages} must be a multiple of the mesh's data x "
+                                    f"fsdp size {shards}: each slot shard keeps a pool of its own")
         return int(page_size), int(num_pages)
 
     @property
@@ -400,13 +401,16 @@ class Decoder:
             for dst, src in zip(jax.tree.leaves(host), jax.tree.leaves(row)):
                 dst[i] = src[0]
         layers = self._empty_layers()
-        if self.paged:   # the static batch: slot b holds pages b * per_seq .. (fixed)
-            per_seq = self.static.pages_per_seq
-            if self.static.num_pages < self.slots * per_seq:
+        if self.paged:   # the static batch: the i-th slot of a shard holds its pages i * per_seq ..
+            st = self.static
+            per_seq, per_shard = st.pages_per_seq, st.slots // st.page_shards
+            if st.pages_per_shard < per_shard * per_seq:
                 raise DecodeConfigError(f"a static batch needs slots x pages per sequence = "
                                         f"{self.slots * per_seq} pages; the pool has "
                                         f"{self.static.num_pages}")
-            table = np.arange(self.slots * per_seq, dtype=np.int32).reshape(self.slots, per_seq)
+            slot = np.arange(self.slots)[:, None]
+            table = ((slot // per_shard) * st.pages_per_shard + (slot % per_shard) * per_seq
+                     + np.arange(per_seq)[None]).astype(np.int32)
             live = np.asarray([r is not None for r in requests] + [False] * (self.slots - len(requests)))
             layers["table"] = jnp.asarray(np.where(live[:, None], table, paged.UNMAPPED))
         state = host.replace(cache=host.cache.replace(layers=layers))

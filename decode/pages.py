@@ -105,6 +105,15 @@ class PagePool:
         self.stats.hit_pages += len(pages)
         return pages
 
+    def cached(self, tokens, limit: int | None = None) -> int:
+        """How many pages `match` would give now (no reference taken, nothing counted)."""
+        n = 0
+        for key in self._keys(tokens):
+            if (limit is not None and n >= limit) or key not in self._page_of:
+                break
+            n += 1
+        return n
+
     def publish(self, tokens, pages) -> int:
         """After the rows of `tokens` are written into `pages` (the sequence's pages in order):
         make its full pages shareable. A full page whose content is already published under
@@ -189,3 +198,67 @@ class PagePool:
             raise PoolError("the key maps disagree")
         if not cached <= set(self._key_of) or free & set(self._key_of):
             raise PoolError("a cached page without a key, or a free page with one")
+
+
+class ShardedPool:
+    """The pools of a Decoder whose slots are split over `shards` (data x fsdp): shard d owns
+    page ids d * per_shard .. + per_shard - 1 (`wedlm_jax.paged_attention`'s shard-major ids)
+    and a PagePool of its own over them; a slot's pages and prefix hits come from its shard's.
+    One shard is the single pool. Ids in and out are the Decoder's (shard-major) ids."""
+
+    def __init__(self, num_pages: int, page_size: int, shards: int = 1):
+        if shards < 1 or num_pages % shards:
+            raise PoolError(f"{num_pages} pages cannot be split evenly over {shards} shards")
+        self.page_size, self.shards, self.per_shard = page_size, shards, num_pages // shards
+        self.pools = [PagePool(self.per_shard, page_size) for _ in range(shards)]
+
+    @property
+    def num_pages(self) -> int:
+        return self.per_shard * self.shards
+
+    num_free = property(lambda self: sum(p.num_free for p in self.pools))
+    num_held = property(lambda self: sum(p.num_held for p in self.pools))
+    num_cached = property(lambda self: sum(p.num_cached for p in self.pools))
+
+    @property
+    def stats(self) -> Stats:
+        return Stats(*(sum(getattr(p.stats, f.name) for p in self.pools)
+                       for f in dataclasses.fields(Stats)))
+
+    def free_in(self, shard: int) -> int:
+        return self.pools[shard].num_free
+
+    def cached(self, shard: int, tokens, limit: int | None = None) -> int:
+        return self.pools[shard].cached(tokens, limit)
+
+    def _ids(self, shard: int, pages):
+        return [shard * self.per_shard + p for p in pages]
+
+    def _local(self, pages) -> dict:
+        by = collections.defaultdict(list)
+        for page in pages:
+            if not 0 <= page < self.num_pages:
+                raise PoolError(f"page {page} is not in the pool (0 .. {self.num_pages - 1})")
+            by[page // self.per_shard].append(page % self.per_shard)
+        return by
+
+    def match(self, shard: int, tokens, limit: int | None = None) -> list[int]:
+        return self._ids(shard, self.pools[shard].match(tokens, limit))
+
+    def allocate(self, shard: int, n: int) -> list[int] | None:
+        got = self.pools[shard].allocate(n)
+        return None if got is None else self._ids(shard, got)
+
+    def publish(self, tokens, pages) -> int:
+        by = self._local(pages)
+        if len(by) > 1:
+            raise PoolError(f"a sequence's pages span shards {sorted(by)}")
+        return sum(self.pools[d].publish(tokens, local) for d, local in by.items())
+
+    def release(self, pages) -> None:
+        for d, local in self._local(pages).items():
+            self.pools[d].release(local)
+
+    def check(self) -> None:
+        for pool in self.pools:
+            pool.check()

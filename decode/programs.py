@@ -55,6 +55,7 @@ class Static:
     platform: str | None = None  # the mesh's platform the attention is resolved for (None: jax's)
     page_size: int = 0         # the paged cache's rows per page (0: the dense cache)
     num_pages: int = 0         # paged: pages per layer in the pool
+    page_shards: int = 1       # paged: slot shards (data x fsdp), each with its own num_pages / page_shards
 
     @property
     def paged(self) -> bool:
@@ -63,6 +64,14 @@ class Static:
     @property
     def pages_per_seq(self) -> int:
         return -(-self.rows // self.page_size) if self.page_size else 0
+
+    @property
+    def pages_per_shard(self) -> int:
+        return self.num_pages // self.page_shards
+
+    def shard_of(self, slot: int) -> int:
+        """The slot shard holding `slot` (slots split evenly over data x fsdp, in order)."""
+        return slot // (self.slots // self.page_shards)
 
     @property
     def span(self) -> int:

@@ -1,5 +1,5 @@
 """Batch decoding on a mesh (batch over 'data', heads over 'tensor') gives the same tokens as one
-device. Runs in a subprocess with 4 forced CPU devices (the flag must be set before jax starts)."""
+device, with the dense cache and with the paged one (a pool per slot shard). Runs in a subprocess with 4 forced CPU devices (the flag must be set before jax starts)."""
 
 from __future__ import annotations
 
@@ -61,6 +61,43 @@ SCRIPT = textwrap.dedent('''
     b.run_until_idle()
     out["paged_tensor2"] = dict(sharded=[paged_got[i] for i in range(len(reqs))], one=alone,
                                 pool_spec=str(b.state.cache.layers["pool"].sharding.spec))
+    # slots over data (2 shards) and heads over tensor: a pool per slot shard; requests sharing a
+    # 17-token prefix reuse its pages when they land on the shard that holds them
+    from decode.decoder import DecodeConfigError
+    prefix = list(range(20, 37))
+    more = reqs + [Request(prompt=tuple(prefix + [40 + i]), max_new_tokens=6, tau=2.5, lam=0.05)
+                   for i in range(3)]
+    more_alone = alone + [generate(params, cfg, [list(r.prompt)], DecodeConfig(
+        window=4, tau=2.5, lam=0.05, max_new_tokens=6), capacity=40, kv_tile=16).tokens[0]
+        for r in more[len(reqs):]]
+    got, cached = {}, {}
+    dec = Decoder(params, cfg, window=4, slots=4, capacity=40, kv_tile=16, steps_per_call=3,
+                  mesh=mesh, sampling=False, page_size=8)
+    b = Batcher(dec)
+    for r in more:
+        b.submit(r, on_finish=lambda f: (got.__setitem__(f.request_id, f.tokens),
+                                         cached.__setitem__(f.request_id, f.cached_tokens)))
+    b.run_until_idle()
+    b.pool.check()
+    errors = []
+    try:
+        Decoder(params, cfg, window=4, slots=4, capacity=40, mesh=mesh, page_size=8, num_pages=13)
+    except DecodeConfigError as e:
+        errors.append(str(e))
+    small = Batcher(Decoder(params, cfg, window=4, slots=4, capacity=40, mesh=mesh, page_size=8,
+                            num_pages=8, sampling=False))
+    try:
+        small.submit(Request(prompt=tuple(range(1, 30)), max_new_tokens=8))
+    except DecodeConfigError as e:
+        errors.append(str(e))
+    static = generate(params, cfg, prompts, DecodeConfig(window=4, tau=2.5, lam=0.05, max_new_tokens=12),
+                      capacity=40, kv_tile=16, decoder=Decoder(params, cfg, window=4, slots=4, capacity=40,
+                      kv_tile=16, mesh=mesh, sampling=False, page_size=8))
+    out["paged_data2"] = dict(sharded=[got[i] for i in range(len(more))], one=more_alone,
+                              cached=[cached[i] for i in range(len(more))], held=b.pool.num_held,
+                              shards=[len(p._free) for p in b.pool.pools],
+                              pool_spec=str(b.state.cache.layers["pool"].sharding.spec),
+                              errors=errors, static=static.tokens)
     print("RESULT " + json.dumps(out))
 ''')
 
@@ -78,6 +115,14 @@ def test_mesh_data2_tensor2_same_tokens_as_one_device():
     paged = out.pop("paged_tensor2")
     assert paged["sharded"] == paged["one"]
     assert paged["pool_spec"] == "P(None, None, 'tensor')", paged["pool_spec"]
+    shards = out.pop("paged_data2")
+    assert shards["sharded"] == shards["one"]
+    assert shards["static"] == out["streaming"]["one"]       # the static batch on the pools too
+    assert shards["pool_spec"] == "P('data', None, 'tensor')", shards["pool_spec"]
+    assert shards["held"] == 0 and len(shards["shards"]) == 2
+    assert max(shards["cached"][-3:]) == 16, shards["cached"]     # 2 full pages of the prefix
+    assert "num_pages 13 must be a multiple of the mesh's data x fsdp size 2" in shards["errors"][0]
+    assert "each of the 2 slot shards' pools holds 4" in shards["errors"][1], shards["errors"]
     for method, r in out.items():
         assert r["sharded"] == r["one"], method
         assert r["sharded_steps"] == r["one_steps"], method

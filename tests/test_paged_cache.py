@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from decode.pages import PagePool, PoolError
+from decode.pages import PagePool, PoolError, ShardedPool
 from wedlm_jax import paged_attention as pa
 from wedlm_jax.attention import cache_write
 from wedlm_jax.cache_attention import attend_cache_dense
@@ -103,6 +103,41 @@ def test_pool_same_content_twice_stays_one_shared_copy():
     pool.check()
 
 
+def test_sharded_pool_keeps_each_shards_pages_and_prefixes_apart():
+    """Slots over data x fsdp: shard d's pages are ids d * per_shard .., its prefix cache its own;
+    ids go back to the shard that gave them; one sequence cannot hold pages of two shards."""
+    pool = ShardedPool(12, 2, shards=3)
+    assert pool.per_shard == 4 and pool.num_pages == 12
+    a = pool.allocate(1, 3)
+    assert a == [4, 5, 6] and pool.free_in(1) == 1 and pool.free_in(0) == 4
+    pool.publish([1, 2, 3, 4, 5], a)
+    assert pool.cached(1, [1, 2, 3, 4, 9]) == 2 and pool.cached(0, [1, 2, 3, 4, 9]) == 0
+    assert pool.match(0, [1, 2, 3, 4, 9]) == [] and pool.match(1, [1, 2, 3, 4, 9], 1) == [4]
+    assert pool.stats.lookups == 2 and pool.stats.hit_pages == 1
+    assert pool.allocate(1, 2) is None                 # shard 1 is short; the others are not
+    assert pool.allocate(2, 4) == [8, 9, 10, 11]
+    pool.release([4])
+    pool.release(a)
+    pool.release([8, 9, 10, 11])
+    pool.check()
+    assert pool.num_held == 0 and pool.num_free == 12 and pool.num_cached == 2
+    b = pool.allocate(0, 1) + pool.allocate(2, 1)
+    with pytest.raises(PoolError, match="span shards"):
+        pool.publish([1, 2, 3, 4], b)
+    with pytest.raises(PoolError, match="not in the pool"):
+        pool.release([12])
+    with pytest.raises(PoolError, match="evenly over 5 shards"):
+        ShardedPool(12, 2, shards=5)
+
+
+def test_shard_page_ids_keep_only_the_shards_own_pages():
+    table = jnp.asarray([[0, 3, 4, pa.UNMAPPED], [7, 6, 2, 5]], jnp.int32)
+    np.testing.assert_array_equal(np.asarray(pa.shard_page_ids(table, 1, 4)),
+                                  [[-1, -1, 0, -1], [3, 2, -1, 1]])
+    np.testing.assert_array_equal(np.asarray(pa.shard_page_ids(table, 0, 4)),
+                                  [[0, 3, -1, -1], [-1, -1, 2, -1]])
+
+
 # ------------------------------------------------------------------------------- device side
 
 def _random_case(seed, b=3, s=4, kvh=2, g=2, d=16, page=4, width=6, num_pages=24):
@@ -167,13 +202,12 @@ def test_layout_is_the_tpu_kernels_own():
 
 
 def test_the_platforms_page_size():
-    """No page size asked for: pages of 64 on TPU where the ragged kernel tiles the heads and the
-    slots are not split over data/fsdp; the dense cache (0) otherwise."""
+    """No page size asked for: pages of 64 on TPU where the ragged kernel tiles the heads; the
+    dense cache (0) otherwise."""
     auto = pa.auto_page_size
     assert auto("tpu", 32, 8, jnp.bfloat16) == pa.TPU_PAGE_SIZE == 64
     assert auto("tpu", 32, 8, jnp.bfloat16, tensor=8) == 64
     assert auto("cpu", 32, 8, jnp.bfloat16) == auto("gpu", 32, 8, jnp.bfloat16) == 0
-    assert auto("tpu", 32, 8, jnp.bfloat16, batch_shards=2) == 0
     assert auto("tpu", 6, 3, jnp.float32) == 0          # 6 interleaved rows: the kernel cannot tile
     with pytest.raises(ValueError):
         pa.check_ragged(6, 3, jnp.float32)

@@ -181,7 +181,7 @@ def test_serve_dry_run_compiles_the_server_programs_for_a_topology(tmp_path):
     rc, out, err = _run(base + ["--topology", "v5p:2x2x2", "--mesh", "data=2"])
     assert rc == 0, out + err[-3000:]
     assert "wedlm-serve dry run for v5p:2x2x2: 2 of its 8 chips" in out
-    assert "; dense cache" in out        # slots over data: no pool per shard, the dense cache
+    assert "; paged cache, pages of 64 rows" in out    # slots over data: a pool per shard
     assert "decode step" in out and "prefill of a 1024-token prompt" in out
     assert "verdict      FITS in 95.00 GiB per chip" in out
     rc, out, err = _run(base + ["--topology", "v5p:1x1x1", "--device-memory", "0.001"])
@@ -213,8 +213,9 @@ def test_decode_dry_run_compiles_the_batch_jobs_programs_for_a_topology(tmp_path
     assert rc == 0 and "; dense cache" in out and "verdict      FITS" in out, out + err[-3000:]
     rc, out, err = _run(base + ["--page-size", "64"])
     assert rc == 0 and "verdict      FITS" in out, out + err[-3000:]
-    rc, out, err = _run(base + ["--page-size", "64", "--mesh", "data=2", "--topology", "v5p:2x2x2"])
-    assert rc == 2 and "wedlm-decode: error: the paged cache splits heads over --mesh tensor=N" in err, \
+    rc, out, err = _run(base + ["--page-size", "64", "--mesh", "data=2", "--topology", "v5p:2x2x2",
+                                "--num-pages", "33"])
+    assert rc == 2 and "num_pages 33 must be a multiple of the mesh's data x fsdp size 2" in err, \
         err[-2000:]
     assert "Traceback" not in err
     # heads over tensor: the pool split by its K/V heads, the ragged kernel per device (shard_map)

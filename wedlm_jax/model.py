@@ -124,12 +124,9 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         new_cache = None
         if kv_cache is not None and paged.is_paged(kv_cache):   # paged cache mode (PagedContext)
-            first = layer * (kv_cache["pool"].shape[0] // c.num_layers)   # this layer's pages
-            pool = paged.write_pages(kv_cache["pool"], k, v, kv_cache["table"], cache_len, first)
-            new_cache = {"pool": pool, "table": kv_cache["table"]}
-            out = paged.attend_pages(mask.impl, q, pool, kv_cache["table"], cache_len,
-                                     c.head_dim ** -0.5, pages_per_tile=mask.pages_per_tile,
-                                     first_page=first)
+            out, new_cache = paged.layer_step(q, k, v, kv_cache, cache_len, layer, c.num_layers,
+                                              impl=mask.impl, scale=c.head_dim ** -0.5,
+                                              pages_per_tile=mask.pages_per_tile)
         elif kv_cache is not None:   # cache mode: always through an AttentionContext
             ck = attn_lib.cache_write(kv_cache["k"], k, cache_len, layer)
             cv = attn_lib.cache_write(kv_cache["v"], v, cache_len, layer)

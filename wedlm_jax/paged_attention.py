@@ -15,6 +15,9 @@ Layout (the one jax's TPU ragged paged attention kernel reads, so no copy stands
                 `attention.cache_last_key`: the query at physical index i of a forward, its K/V
                 written at row cache_len[b] + i, sees rows 0 .. cache_len[b] + i).
 
+    layer_step(q, k, v, cache, cache_len, layer, num_layers, ...)   one layer of the model: the
+                                                              new rows written, then attention
+                                                              (per shard of a mesh, below)
     write_pages(pool, k, v, page_table, cache_len, first_page)  the S new rows of every sequence
     attend_pages(impl, q, pool, page_table, cache_len, scale,   "gather" (XLA, any platform: a loop
                  first_page=...)
@@ -24,6 +27,14 @@ Layout (the one jax's TPU ragged paged attention kernel reads, so no copy stands
 
 Rows whose page is UNMAPPED (a free slot's window, a sequence's rows past its pages) are dropped on
 write and masked on read, so they cannot touch another sequence's pages.
+
+On a mesh with slots over data x fsdp (D shards of the batch), each shard keeps a pool of its own:
+P = D x P_local pages per layer, page ids shard-major (shard d owns ids d * P_local .. + P_local - 1,
+and a slot of shard d holds only those), and the pool's rows ordered shard-major too (shard d's
+L x P_local pages, layer l's at l * P_local within them, the single-device layout), so the pool
+split over data x fsdp on its first axis gives every shard exactly its own pages. `layer_step`
+then runs the write and the attention per shard (`jax.shard_map`) on local ids. With D = 1 the
+ids and rows are the single-device ones.
 """
 
 from __future__ import annotations
@@ -48,10 +59,12 @@ class PagedContext:
 
 
 def paged_cache_logical_axes() -> dict:
-    """Tree (matching `init_paged_cache`) of logical-axis tuples: the pool's interleaved K/V heads
-    over 'tensor' (contiguous blocks of 2 x KVH / t rows: each device holds the keys and values
-    of its own heads of every page, as the projections make them), the page table by slot."""
-    return {"pool": (None, None, "kv_heads", None), "table": ("batch", None)}
+    """Tree (matching `init_paged_cache`) of logical-axis tuples: the pool's pages over the slot
+    shards ('pages': data x fsdp; each shard's own pages, see the module docstring), its
+    interleaved K/V heads over 'tensor' (contiguous blocks of 2 x KVH / t rows: each device holds
+    the keys and values of its own heads of every page, as the projections make them), the page
+    table by slot."""
+    return {"pool": ("pages", None, "kv_heads", None), "table": ("batch", None)}
 
 
 def init_paged_cache(num_layers: int, num_pages: int, page_size: int, kv_heads: int, head_dim: int,
@@ -78,12 +91,11 @@ def implementation_for(platform: str | None) -> str:
 TPU_PAGE_SIZE = 64
 
 
-def auto_page_size(platform: str | None, num_heads: int, kv_heads: int, dtype, tensor: int = 1,
-                   batch_shards: int = 1) -> int:
+def auto_page_size(platform: str | None, num_heads: int, kv_heads: int, dtype, tensor: int = 1) -> int:
     """The page size of the cache a Decoder builds when none is asked for: TPU_PAGE_SIZE on TPU
-    where the ragged kernel tiles the heads and the slots are not split over data/fsdp (a pool per
-    shard is not built), else 0 (the dense cache)."""
-    if implementation_for(platform) != "ragged" or batch_shards > 1:
+    where the ragged kernel tiles the heads (slots over data x fsdp or not: a pool per shard),
+    else 0 (the dense cache)."""
+    if implementation_for(platform) != "ragged":
         return 0
     try:
         check_ragged(num_heads, kv_heads, dtype, tensor)
@@ -195,7 +207,8 @@ def attend_pages_ragged(q, pool, page_table, cache_len, scale: float, first_page
     """The cache rule through jax's TPU ragged paged attention kernel: every sequence's S queries
     are its newest rows (kv_lens = cache_len + S, new K/V already written), causal in physical
     order, which is exactly the rule above. Unmapped table entries are pointed at page 0: the
-    kernel reads only the pages kv_lens covers, all mapped for live sequences."""
+    kernel reads only the pages kv_lens covers, all mapped for live sequences. A Mosaic call is
+    not partitioned by XLA: on a mesh, `layer_step` calls this per device."""
     from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
     b, s, h, d = q.shape
     # explicit block sizes: the kernel's own tuning reads the local device's TPU generation, which
@@ -210,15 +223,6 @@ def attend_pages_ragged(q, pool, page_table, cache_len, scale: float, first_page
         return ragged_paged_attention(q2, pool2, kv_lens, pages, cu_q, num_seqs,
                                       sm_scale=float(scale), **kernel_args)
 
-    mesh = jax.sharding.get_abstract_mesh()      # set by the Decoder (jax.set_mesh)
-    if not mesh.empty and mesh.shape.get("tensor", 1) > 1:
-        # a Mosaic call is not partitioned by XLA: each device runs the kernel on its own heads
-        # (the pool's K/V heads are split the same way: paged_cache_logical_axes)
-        from jax.sharding import PartitionSpec as P
-        heads, rep = P(None, "tensor", None), P()
-        kernel = jax.shard_map(kernel, mesh=mesh, in_specs=(heads, P(None, None, "tensor", None), rep,
-                                                             rep, rep, rep),
-                               out_specs=heads, check_vma=False)
     out = kernel(q.reshape(b * s, h, d), pool, kv_lens, jnp.maximum(page_table, 0) + first_page,
                  cu_q, jnp.array([b], jnp.int32))
     return out.reshape(b, s, h, d).astype(q.dtype)
@@ -233,3 +237,73 @@ def attend_pages(impl: str, q, pool, page_table, cache_len, scale: float, *, pag
     if impl == "ragged":
         return attend_pages_ragged(q, pool, page_table, cache_len, scale, first_page, **kernel_args)
     raise ValueError(f"paged attention must be one of {', '.join(IMPLEMENTATIONS)}; got {impl!r}")
+
+
+def shard_page_ids(page_table, shard, pages_per_shard: int):
+    """Shard-major page ids -> shard `shard`'s local ids; other shards' pages -> UNMAPPED."""
+    local = page_table - shard * pages_per_shard
+    return jnp.where((page_table >= 0) & (local >= 0) & (local < pages_per_shard), local, UNMAPPED)
+
+
+def _mesh_split(mesh, heads: int, kv_heads: int):
+    """(the slot shards' mesh axes, the tensor axis or None): how `layer_step` splits its work."""
+    if mesh.empty:
+        return (), None
+    shards = tuple(a for a in ("data", "fsdp") if mesh.shape.get(a, 1) > 1)
+    t = mesh.shape.get("tensor", 1)
+    tensor = "tensor" if t > 1 and heads % t == 0 and kv_heads % t == 0 else None
+    return shards, tensor
+
+
+def layer_step(q, k, v, cache: dict, cache_len, layer, num_layers: int, *, impl: str,
+               scale: float, pages_per_tile: int = 4):
+    """One layer in paged cache mode: the new K/V [B, S, KVH, D] written at rows cache_len[b]..
+    of each sequence's pages of layer `layer`, then the queries [B, S, H, D] attend over them.
+    Returns (out [B, S, H, D], the cache with the written pool).
+
+    Without a mesh (or with heads over 'tensor' on the XLA path, which XLA partitions) this is
+    the single-device computation. With slot shards (data x fsdp > 1), or the TPU kernel with
+    heads over 'tensor', it runs per device: each shard on its own pages with local ids; a batch
+    the shards do not divide (one request's prefill) is seen whole by every shard, written only
+    by the shard owning its pages, and its output taken from that shard."""
+    pool, table = cache["pool"], cache["table"]
+    b, h, kvh = q.shape[0], q.shape[2], k.shape[2]
+
+    def run(q, k, v, pool, table, cache_len, layer, per_layer):
+        first = layer * per_layer
+        pool = write_pages(pool, k, v, table, cache_len, first)
+        out = attend_pages(impl, q, pool, table, cache_len, scale, pages_per_tile=pages_per_tile,
+                           first_page=first)
+        return out, pool
+
+    mesh = jax.sharding.get_abstract_mesh()
+    shards, tensor = _mesh_split(mesh, h, kvh)
+    if not shards and (impl != "ragged" or tensor is None):
+        out, pool = run(q, k, v, pool, table, cache_len, layer, pool.shape[0] // num_layers)
+        return out, {"pool": pool, "table": table}
+
+    from jax.sharding import PartitionSpec as P
+    n_shards = 1
+    for a in shards:
+        n_shards *= mesh.shape[a]
+    split = bool(shards) and b % n_shards == 0
+    bs = (shards if split else None) if shards else None
+    ps = shards or None
+
+    def per_device(q, k, v, pool, table, cache_len, layer):
+        per_layer = pool.shape[0] // num_layers
+        shard = jax.lax.axis_index(shards) if shards else 0
+        local = shard_page_ids(table, shard, per_layer) if shards else table
+        out, pool = run(q, k, v, pool, local, cache_len, layer, per_layer)
+        if shards and not split:   # the whole batch on every shard: each row from its pages' owner
+            owned = jnp.any(local >= 0, axis=1)[:, None, None, None]
+            out = jax.lax.psum(jnp.where(owned, out, jnp.zeros_like(out)), shards)
+        return out, pool
+
+    rows = P(bs, None, tensor, None)
+    pool_spec = P(ps, None, tensor, None)
+    fn = jax.shard_map(per_device, mesh=mesh,
+                       in_specs=(rows, rows, rows, pool_spec, P(bs, None), P(bs), P()),
+                       out_specs=(rows, pool_spec), check_vma=False)
+    out, pool = fn(q, k, v, pool, table, jnp.asarray(cache_len, jnp.int32), jnp.asarray(layer, jnp.int32))
+    return out, {"pool": pool, "table": table}

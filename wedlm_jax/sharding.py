@@ -32,6 +32,7 @@ class AxisRules:
     mlp: Any = "tensor"
     norm: Any = None
     cache_length: Any = None
+    pages: Any = ("data", "fsdp")  # the paged cache's pool: each slot shard's own pages
     layers: Any = None  # the stacked-layer axis of the layer scan: never split (one layer a step)
 
     def as_flax_rules(self) -> tuple:
