@@ -130,11 +130,11 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="demo/model")
     ap.add_argument("--out", default=None, help="JSON with every row and the summary")
     a = ap.parse_args(argv)
-    from demo.eval import eval_items, load_model
+    from demo.eval import DemoModelError, eval_items, load_model
     try:
         config, params, tok = load_model(a.model)
         rows = measure(config, params, tok, eval_items(a.model, "counting"))
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, DemoModelError) as e:
         print(f"demo_stop: {e}", file=sys.stderr)
         return 1
     s = summarize(rows)
