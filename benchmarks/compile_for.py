@@ -124,7 +124,11 @@ def decode_row(config, t: Target, prog: dict, capacity: int, live: int,
     if "oom" in full:
         return dict(row, fits=False, oom=full["oom"])
     cost = aot.unrolled_cost(aot.compile_generate, config, devices, **settings)
-    if cost and not page_size and row["attention"] == "tiled":   # the live K/V tiles the
+    if not cost:              # XLA:GPU reports no cost: estimate it from the whole-depth program
+        cost = hlo_cost(config, devices, settings, prog)
+    if cost.get("from") == "hlo":
+        pass                   # the attention kernels' traffic is in the estimate already
+    elif cost and not page_size and row["attention"] == "tiled":   # the live K/V tiles the
         # compiler's count misses (a runtime trip count)
         tensor_used = mesh[2] if mesh else 1
         cost["kv_not_counted"] = aot.kv_not_counted(prog["slots"], config, live,
@@ -140,6 +144,23 @@ def decode_row(config, t: Target, prog: dict, capacity: int, live: int,
                 floor_bytes=floor, weight_layout=full.get("weight_layout"),
                 bytes_over_floor=cost["bytes accessed"] / floor if cost else None,
                 floor_s=floor / t.bandwidth, roofline_s=step)
+
+
+def hlo_cost(config, devices, settings: dict, prog: dict, live: int = 2048) -> dict:
+    """A decode step's cost where the compiler gives none (XLA:GPU): the whole-depth program's
+    HBM traffic estimated from its instructions (`benchmarks.step_bytes.hbm_traffic`: operands and
+    results of every top-level instruction, in-place updates as their update) plus the attention
+    kernels' live K/V, queries and output (`decode.aot.kernel_not_counted`: their custom calls
+    name whole buffers); flops analytic (2 x weights x rows, the matmuls). {"from": "hlo", ...}."""
+    from benchmarks.step_bytes import hbm_traffic
+    from decode import aot
+    dec, compiled = aot.generate_program(config, devices, scan_unroll=config.num_layers, **settings)
+    st = dec.static
+    span = 1 if prog["method"] == "ar" else st.span
+    kernel = aot.kernel_not_counted(prog["slots"], span, config, live, settings["dtype"])
+    rows = prog["slots"] * span
+    return {"bytes accessed": hbm_traffic(compiled.as_text()) + kernel, "kv_not_counted": kernel,
+            "flops": 2.0 * config.num_params() * rows, "from": "hlo"}
 
 
 def prefill_row(config, t: Target, prompt_len: int) -> dict:
@@ -252,6 +273,11 @@ def markdown(report: dict) -> str:
            f"bf16; streaming tokens per forward assumed {report['tokens_per_forward']} for the "
            "tokens/s estimate; time = roofline max(flops / peak, bytes / bandwidth) per chip from "
            "the layer-scaled compiled cost.", ""]
+    if any(r.get("cost", {}).get("from") == "hlo" for t in report["targets"] for r in t["rows"]):
+        out += ["Rows of targets whose compiler reports no cost (XLA:GPU): bytes estimated from the "
+                "whole-depth program's instructions (operands and results of every top-level "
+                "instruction, in-place updates as their update; the attention kernels' live K/V, "
+                "queries and output added), flops analytic (2 x weights x rows).", ""]
     for t in report["targets"]:
         out += [f"## {t['target']} ({t['chips']} chips, {t['hbm_gib']:.0f} GiB HBM, "
                 f"{t['peak_tflops']:.0f} TFLOP/s, {t['bandwidth_gbs']:.0f} GB/s per chip)", "",

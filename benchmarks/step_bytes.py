@@ -70,8 +70,9 @@ def computations(hlo: str) -> dict[str, list[str]]:
 
 def sliced_reads(comps: dict[str, list[str]], name: str) -> dict[int, int]:
     """{parameter index: bytes read} of fused computation `name`'s parameters that it only slices
-    (slice / dynamic-slice, here or inside a nested fusion): a fusion reading one layer of a
-    stacked weight reads that layer, not the stack its operand names."""
+    (slice / dynamic-slice, here or inside a nested fusion) or gathers from: a fusion reading one
+    layer of a stacked weight reads that layer, not the stack its operand names; one gathering
+    rows of a table (an embedding lookup fused with its bounds check) reads those rows."""
     params, users = {}, collections.defaultdict(list)
     for line in comps.get(name, ()):
         m = INSTR.match(line)
@@ -84,7 +85,7 @@ def sliced_reads(comps: dict[str, list[str]], name: str) -> dict[int, int]:
         args = rest.split("),", 1)[0] if ")," in rest else rest.rsplit(")", 1)[0]
         called = re.search(r"calls=%?([\w.\-]+)", line)
         for pos, ref in enumerate(re.findall(r"%([\w.\-]+)", args)):
-            if op in ("slice", "dynamic-slice") and pos == 0:
+            if op in ("slice", "dynamic-slice", "gather") and pos == 0:
                 users[ref].append(shape_bytes(result))
             elif op == "fusion" and called:
                 users[ref].append(sliced_reads(comps, called.group(1)).get(pos))
@@ -147,11 +148,26 @@ def instruction_bytes(hlo: str) -> list[dict]:
                 in_c = sum((c for i, c in enumerate(ins) if i != big), rows_read)
             total = in_c + out_c
             cycles = re.search(r'"estimated_cycles":"(\d+)"', line)
+            target = re.search(r'custom_call_target="([^"]+)"', line)
             rows.append(dict(computation=cname, name=name, op=op, bytes=sum(total.values()),
+                             target=target.group(1) if target else None,
                              hbm_bytes=total[0], result=result[:80],
                              source=src.group(1) if src else "",
                              cycles=int(cycles.group(1)) if cycles else None))
     return sorted(rows, key=lambda r: -r["bytes"])
+
+
+# custom calls that are attention kernels (a Mosaic kernel on TPU, a Pallas Triton kernel on GPU):
+# their operands are whole buffers, not their traffic, which the callers add analytically
+KERNEL_TARGETS = ("tpu_custom_call", "__gpu$xla.gpu.triton")
+
+
+def hbm_traffic(hlo: str) -> float:
+    """Estimated HBM bytes of a compiled program: its top-level instructions' operands and results
+    in the default memory space (`instruction_bytes`), attention-kernel custom calls left out (a
+    library GEMM call is counted like any instruction)."""
+    return float(sum(r["hbm_bytes"] for r in instruction_bytes(hlo)
+                     if not (r["op"] == "custom-call" and r["target"] in KERNEL_TARGETS)))
 
 
 def source_group(source: str) -> str:

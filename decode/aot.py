@@ -59,6 +59,8 @@ def abstract_args(decoder, device=None):
     scalar = jax.ShapeDtypeStruct((), jnp.int32)
     if decoder.mesh is None:
         params = model_lib.param_shapes(decoder.model_config, jnp.dtype(st.dtype))
+        if not st.stacked_layers:
+            params = model_lib.unstack_layers(params, decoder.model_config.num_layers)
         return _on(device, params), _on(device, state), _on(device, scalar), _on(device, scalar)
     state = decoder._place(state, decoder._state_shardings(state))
     rep = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(decoder.mesh, P()))

@@ -128,8 +128,8 @@ class Decoder:
     shares with earlier requests on. On a mesh: heads over tensor (the pool split by its K/V
     heads) and slots over data x fsdp, each slot shard with a pool of its own (num_pages / shards
     pages; a slot holds pages of its shard only). None (default): the platform's choice
-    (`paged_attention.auto_page_size`: pages of 64 on TPU, where the ragged kernel moves fewer
-    bytes per step; the dense cache elsewhere); 0: the dense cache.
+    (`paged_attention.auto_page_size`: pages of 64 on TPU and GPU, where the paged step moves
+    fewer bytes; the dense cache on CPU); 0: the dense cache.
 
     top_logprobs: how many likeliest alternatives every emitted token carries beside its own
     log-probability (`ResultTokens.new_logprobs`; 0 to MAX_LOGPROBS, a compile-time width).
@@ -204,7 +204,8 @@ class Decoder:
             mesh=None if mesh is None else (tuple(mesh.axis_names), tuple(mesh.devices.shape),
                                              tuple(d.id for d in mesh.devices.flat)),
             platform=None if mesh is None else mesh.devices.flat[0].platform,
-            page_size=page_size, num_pages=num_pages, page_shards=multiple if page_size else 1)
+            page_size=page_size, num_pages=num_pages, page_shards=multiple if page_size else 1,
+            stacked_layers=layouts.layers_stacked(device.platform))
         self.memory_estimate = estimate_memory(self.static)
         limit = memory_limit_bytes if memory_limit_bytes is not None else available_memory(mesh)
         if limit is not None and self.memory_estimate["total"] > limit:
@@ -214,6 +215,8 @@ class Decoder:
                 f", draft distributions {_gib(self.memory_estimate['q'])}) per device for "
                 f"{slots} slots x {rows} cache rows, more than the {_gib(limit)} available; lower "
                 "the capacity (--capacity / --max-new-tokens), the slots or the window")
+        if not self.static.stacked_layers:       # one tree per layer (decode/layouts.py)
+            params = model_lib.unstack_layers(params, model_config.num_layers)
         self._shardings = self._make_shardings(params) if mesh is not None else None
         self.params = self._place(params, self._shardings["params"]) if mesh is not None else params
         try:
@@ -298,8 +301,10 @@ class Decoder:
     def _make_shardings(self, params):
         mesh, config = self.mesh, self.model_config
         shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
-        return dict(params=tree_shardings(model_lib.param_logical_axes(config), shapes, mesh,
-                                          DEFAULT_RULES))
+        axes = model_lib.param_logical_axes(config)
+        if not self.static.stacked_layers:
+            axes = model_lib.unstack_layers(axes, config.num_layers)
+        return dict(params=tree_shardings(axes, shapes, mesh, DEFAULT_RULES))
 
     def _place(self, tree, shardings):
         if all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(tree)):

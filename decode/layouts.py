@@ -12,6 +12,11 @@ are: jit follows a committed argument's layout, so they read them without a copy
 
     resolve(choice, platform)  "auto" -> "compiler" on TPU, "default" elsewhere (the GPU and CPU
                                compilers keep row-major weights in their matmuls' order already)
+    layers_stacked(platform)   whether the decode programs take the layers' weights stacked (one
+                               buffer per weight, a layer scan) or one tree per layer: on GPU the
+                               latter, since XLA:GPU copies each layer's weights out of the
+                               stacked buffer at every step (the 8B AR step on H100: 13.3 GB of
+                               such copies against 15.1 GB of weights; BENCHMARKS.md)
     choose(decoder)            (the compiled `generate`, the weights' formats it chose)
     place(params, formats)     the weights in those formats (abstract shapes stay abstract)
 """
@@ -32,6 +37,11 @@ def resolve(choice: str, platform: str) -> str:
     if choice == "auto":
         return "compiler" if platform == "tpu" else "default"
     return choice
+
+
+def layers_stacked(platform: str) -> bool:
+    """Stacked layer weights (a layer scan) everywhere but on GPU (see the module docstring)."""
+    return platform not in ("gpu", "cuda", "rocm")
 
 
 def _abstract(x, fallback):

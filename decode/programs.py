@@ -56,6 +56,7 @@ class Static:
     page_size: int = 0         # the paged cache's rows per page (0: the dense cache)
     num_pages: int = 0         # paged: pages per layer in the pool
     page_shards: int = 1       # paged: slot shards (data x fsdp), each with its own num_pages / page_shards
+    stacked_layers: bool = True  # the weights' layers stacked (a layer scan) or one tree per layer
 
     @property
     def paged(self) -> bool:
@@ -86,7 +87,8 @@ def _forward(static: Static):
     Cache attention reads only the cache tiles holding live keys (`kv_tile` rows each)."""
     model = model_lib.Transformer(static.config, dtype=jnp.dtype(static.dtype),
                                   attention=static.attention, kv_tile=static.kv_tile,
-                                  scan_unroll=static.scan_unroll, platform=static.platform)
+                                  scan_unroll=static.scan_unroll, platform=static.platform,
+                                  stacked_layers=static.stacked_layers)
 
     def forward(params, tokens, positions, layers, n):
         return model.apply({"params": params}, tokens, positions, kv_cache=layers, cache_len=n)

@@ -33,7 +33,8 @@ def _bucket(n: int, least: int) -> int:
 def _score(config, dtype: str, top_n: int, params, tokens):
     """tokens [B, L] -> (log p(token t | tokens < t) for t >= 1 [B, L-1], top_n alternatives'
     log-probabilities and ids [B, L-1, top_n])."""
-    model = model_lib.Transformer(config, dtype=jnp.dtype(dtype), attention="auto")
+    model = model_lib.Transformer(config, dtype=jnp.dtype(dtype), attention="auto",
+                                  stacked_layers=model_lib.layers_stacked(params))
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
     logits = model.apply({"params": params}, tokens, positions)
     lp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)

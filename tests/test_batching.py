@@ -83,6 +83,28 @@ def test_greedy_equals_alone_under_random_arrivals(params, method, refill):
     assert [batch[i].tokens for i in range(len(requests))] == [got[i].tokens for i in range(len(requests))]
 
 
+def test_a_decoder_holding_one_weight_tree_per_layer_gives_the_same_tokens(params, monkeypatch):
+    """What a Decoder on GPU does (decode/layouts.py: one buffer per layer's weight, layers
+    unrolled), forced here on CPU: the same tokens under random arrivals, dense and paged, and
+    the server's scorer reads its weights as they are."""
+    import jax
+    from decode import layouts
+    from decode.scoring import score
+    monkeypatch.setattr(layouts, "layers_stacked", lambda platform: False)
+    requests = _requests(8, seed=3)
+    for page_size in (0, 8):
+        dec = Decoder(params, CONFIG, window=4, slots=3, capacity=CAP, steps_per_call=3,
+                      kv_tile=TILE, sampling=False, page_size=page_size)
+        assert not dec.static.stacked_layers and "layer_1" in dec.params and "layers" not in dec.params
+        got = _run_batcher(Batcher(dec), requests, random.Random(4))
+        for i, r in enumerate(requests):
+            assert got[i].tokens == _alone(params, r, "streaming", 4, "before"), (page_size, i)
+    seqs = [list(r.prompt) + [5, 7] for r in requests[:3]]
+    for a, b in zip(score(dec.params, CONFIG, seqs, top_n=2), score(params, CONFIG, seqs, top_n=2)):
+        np.testing.assert_allclose(a["token_logprobs"][1:], b["token_logprobs"][1:], atol=1e-5)
+    assert jax.tree.structure(dec.params) != jax.tree.structure(params)
+
+
 def test_a_call_ends_when_a_new_request_has_its_first_tokens(params):
     """`generate` runs its k steps while every live slot has emitted before; with a request just
     inserted it ends at the step of that request's first commit (the step before emitted nothing

@@ -98,6 +98,18 @@ SCRIPT = textwrap.dedent('''
                               shards=[len(p._free) for p in b.pool.pools],
                               pool_spec=str(b.state.cache.layers["pool"].sharding.spec),
                               errors=errors, static=static.tokens)
+    # one weight tree per layer (what a GPU Decoder holds, decode/layouts.py), laid out on the mesh
+    from decode import layouts
+    layouts.layers_stacked = lambda platform: False
+    flat_got = {}
+    dec = Decoder(params, cfg, window=4, slots=2, capacity=40, kv_tile=16, steps_per_call=3,
+                  mesh=mesh, sampling=False)
+    b = Batcher(dec)
+    for r in reqs:
+        b.submit(r, on_finish=lambda f: flat_got.__setitem__(f.request_id, f.tokens))
+    b.run_until_idle()
+    out["per_layer_weights"] = dict(sharded=[flat_got[i] for i in range(len(reqs))], one=alone,
+                                    spec=str(dec.params["layer_0"]["mlp"]["gate_proj"]["kernel"].sharding.spec))
     print("RESULT " + json.dumps(out))
 ''')
 
@@ -115,6 +127,8 @@ def test_mesh_data2_tensor2_same_tokens_as_one_device():
     paged = out.pop("paged_tensor2")
     assert paged["sharded"] == paged["one"]
     assert paged["pool_spec"] == "P(None, None, 'tensor')", paged["pool_spec"]
+    flat = out.pop("per_layer_weights")
+    assert flat["sharded"] == flat["one"] and flat["spec"] == "P(None, 'tensor')", flat["spec"]
     shards = out.pop("paged_data2")
     assert shards["sharded"] == shards["one"]
     assert shards["static"] == out["streaming"]["one"]       # the static batch on the pools too

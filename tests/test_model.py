@@ -212,6 +212,42 @@ def test_scanned_equals_looped(params):
         np.testing.assert_allclose(np.asarray(got_cache[key]), np.asarray(ref_cache[key]), atol=1e-5)
 
 
+def test_one_tree_per_layer_equals_the_stack(params):
+    """`Transformer(stacked_layers=False)` over `unstack_layers(params)` (GPU decoding's weights:
+    decode/layouts.py) equals the layer scan over the stacked params, full forward and cache
+    mode; `unstack_layers` takes arrays, shapes and logical axes alike and its tree is the one
+    the unstacked model's init makes."""
+    from tests.looped_model import looped_apply
+    from wedlm_jax import model as model_lib
+    per_layer = model_lib.unstack_layers(params, CFG.num_layers)
+    flat = Transformer(CFG, stacked_layers=False)
+    tokens = jnp.asarray([[3, 1, 4, 1, 5, 9, 2]], jnp.int32)
+    pos = jnp.arange(7, dtype=jnp.int32)[None]
+    init = jax.eval_shape(lambda: flat.init(jax.random.key(0), tokens, pos))["params"]
+    assert jax.tree.structure(nn_unbox(init)) == jax.tree.structure(per_layer)
+    assert not model_lib.layers_stacked(per_layer) and model_lib.layers_stacked(params)
+    np.testing.assert_allclose(np.asarray(flat.apply({"params": per_layer}, tokens, pos)),
+                               np.asarray(_apply(params, tokens, pos)), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(flat.apply({"params": per_layer}, tokens, pos)),
+                               np.asarray(looped_apply(CFG, params, tokens, pos)), atol=1e-5)
+    cache, n = init_kv_cache(CFG, 1, 16), jnp.asarray([4], jnp.int32)
+    got, got_cache = flat.apply({"params": per_layer}, tokens, n[:, None] + pos, kv_cache=cache,
+                                cache_len=n)
+    ref, ref_cache = _apply(params, tokens, n[:, None] + pos, kv_cache=cache, cache_len=n)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(ref), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(got_cache["k"]), np.asarray(ref_cache["k"]), atol=1e-5)
+    shapes = model_lib.unstack_layers(model_lib.param_shapes(CFG), CFG.num_layers)
+    assert jax.tree.map(lambda x: x.shape, shapes) == jax.tree.map(lambda x: x.shape, per_layer)
+    axes = model_lib.unstack_layers(model_lib.param_logical_axes(CFG), CFG.num_layers)
+    assert axes["layer_1"]["mlp"]["gate_proj"]["kernel"] == ("embed", "mlp")
+    assert set(axes) == set(per_layer)
+
+
+def nn_unbox(tree):
+    import flax.linen as nn
+    return nn.meta.unbox(tree)
+
+
 def test_kv_cache_constructor_and_axes(params):
     from wedlm_jax.model import kv_cache_logical_axes
     cache = init_kv_cache(CFG, 3, 8, jnp.bfloat16)

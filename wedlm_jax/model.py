@@ -197,18 +197,21 @@ def remat_policy(name) -> str:
     return name
 
 
+def _block(remat):
+    """`Block`, rematerialised under the policy `remat` (REMAT_POLICIES)."""
+    policy = remat_policy(remat)
+    if policy == "none":
+        return Block
+    saveable = None if policy == "full" else jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+    return nn.remat(Block, policy=saveable, prevent_cse=False)
+
+
 def layer_stack(config: ModelConfig, dtype, param_dtype, remat="none",
                 name: str = "layers", unroll: int = 1) -> nn.Module:
     """The decoder layers as one `nn.scan` over `Block`: parameters stacked on a leading
     'layers' axis, so XLA runs (and FSDP gathers) one layer at a time. `unroll` layers per loop
     iteration (ahead-of-time cost analysis unrolls all: XLA counts a loop body once)."""
-    policy = remat_policy(remat)
-    block = Block
-    if policy != "none":
-        saveable = (None if policy == "full"
-                    else jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
-        block = nn.remat(Block, policy=saveable, prevent_cse=False)
-    stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
+    stack = nn.scan(_block(remat), variable_axes={"params": 0}, split_rngs={"params": True},
                     in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
                     length=config.num_layers, unroll=unroll,
                     metadata_params={nn.PARTITION_NAME: "layers"})
@@ -231,6 +234,8 @@ class Transformer(nn.Module):
     platform: str | None = None       # the target `attention` is resolved for (default: jax's
                                       # default backend; an ahead-of-time compile names its own)
     scan_unroll: int = 1              # layers per loop iteration of the layer scan
+    stacked_layers: bool = True       # False: one parameter tree per layer ("layer_0", ...; see
+                                      # `unstack_layers`), the layers unrolled in the program
 
     @nn.compact
     def __call__(self, tokens, positions, *, segment_ids=None, mask=None,
@@ -257,9 +262,15 @@ class Transformer(nn.Module):
         inv_freq, scaling = rope_frequencies(c)
         cos, sin = rope_cos_sin(positions, inv_freq, scaling)
 
-        (x, new_cache, _), _ = layer_stack(c, self.dtype, self.param_dtype, self.remat,
-                                           unroll=self.scan_unroll)(
-            (x, kv_cache, jnp.zeros((), jnp.int32)), cos, sin, mask, cache_len)
+        carry = (x, kv_cache, jnp.zeros((), jnp.int32))
+        if self.stacked_layers:
+            carry, _ = layer_stack(c, self.dtype, self.param_dtype, self.remat,
+                                   unroll=self.scan_unroll)(carry, cos, sin, mask, cache_len)
+        else:
+            for i in range(c.num_layers):
+                carry, _ = _block(self.remat)(c, self.dtype, self.param_dtype, name=f"layer_{i}")(
+                    carry, cos, sin, mask, cache_len)
+        x, new_cache, _ = carry
         x = RMSNorm(c.rms_norm_eps, "norm", self.param_dtype, name="final_norm")(x)
         if c.tie_word_embeddings:
             head = embedding.T
@@ -352,6 +363,30 @@ def param_logical_axes(config: ModelConfig):
     boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), tokens, tokens))["params"]
     specs = nn.get_partition_spec(boxed)
     return jax.tree.map(lambda p: tuple(p), specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+
+
+def unstack_layers(tree, num_layers: int):
+    """A tree shaped like the params with the layers stacked ("layers": every leaf [L, ...]) ->
+    one tree per layer ("layer_0" .. "layer_{L-1}", leaves [...]), what `Transformer(...,
+    stacked_layers=False)` takes. Leaves may be arrays, ShapeDtypeStructs or logical-axis
+    tuples (the layer axis dropped). Decoding on GPU holds its weights this way: XLA:GPU copies
+    a layer's weights out of the stacked buffer at every step (BENCHMARKS.md, issue 21)."""
+    def layer(i):
+        def pick(x):
+            if isinstance(x, tuple):
+                return x[1:]
+            if isinstance(x, jax.ShapeDtypeStruct):
+                return jax.ShapeDtypeStruct(x.shape[1:], x.dtype)
+            return x[i]
+        return jax.tree.map(pick, tree["layers"], is_leaf=lambda x: isinstance(x, tuple))
+    out = {k: v for k, v in tree.items() if k != "layers"}
+    out.update({f"layer_{i}": layer(i) for i in range(num_layers)})
+    return out
+
+
+def layers_stacked(params) -> bool:
+    """Whether `params` holds its layers stacked ("layers") or one tree per layer."""
+    return "layers" in params
 
 
 def param_shapes(config: ModelConfig, param_dtype=jnp.float32):

@@ -89,12 +89,19 @@ def implementation_for(platform: str | None) -> str:
 # tiled XLA attention (8B on v5p with the compiler's weight layouts: AR 1.006 against 1.047 of the
 # floor, streaming W 16 refill after 1.160 against 1.274; BENCHMARKS.md, issue 21).
 TPU_PAGE_SIZE = 64
+# ... and on GPU, where the XLA gather path over pages reads the stacked pool in place while the
+# dense cache's Triton kernel takes a copy of its layer at every step (8B, H100 compile, bytes
+# estimated from the program: AR 1.05 of the floor paged against 1.59 dense, streaming W 16
+# refill before 1.51 against 1.95; BENCHMARKS.md, issue 21).
+GPU_PAGE_SIZE = 64
 
 
 def auto_page_size(platform: str | None, num_heads: int, kv_heads: int, dtype, tensor: int = 1) -> int:
-    """The page size of the cache a Decoder builds when none is asked for: TPU_PAGE_SIZE on TPU
-    where the ragged kernel tiles the heads (slots over data x fsdp or not: a pool per shard),
-    else 0 (the dense cache)."""
+    """The page size of the cache a Decoder builds when none is asked for: GPU_PAGE_SIZE on GPU,
+    TPU_PAGE_SIZE on TPU where the ragged kernel tiles the heads (slots over data x fsdp or not:
+    a pool per shard), else 0 (the dense cache: CPU)."""
+    if platform in ("gpu", "cuda", "rocm"):
+        return GPU_PAGE_SIZE
     if implementation_for(platform) != "ragged":
         return 0
     try:
