@@ -73,7 +73,7 @@ def sliced_reads(comps: dict[str, list[str]], name: str) -> dict[int, int]:
     (slice / dynamic-slice, here or inside a nested fusion) or gathers from: a fusion reading one
     layer of a stacked weight reads that layer, not the stack its operand names; one gathering
     rows of a table (an embedding lookup fused with its bounds check) reads those rows."""
-    params, users = {}, collections.defaultdict(list)
+    params, users, bitcasts = {}, collections.defaultdict(list), {}
     for line in comps.get(name, ()):
         m = INSTR.match(line)
         if not m:
@@ -89,10 +89,19 @@ def sliced_reads(comps: dict[str, list[str]], name: str) -> dict[int, int]:
                 users[ref].append(shape_bytes(result))
             elif op == "fusion" and called:
                 users[ref].append(sliced_reads(comps, called.group(1)).get(pos))
+            elif op == "bitcast":                      # the same bytes: its users' reads count
+                bitcasts[ref] = iname
+                users[ref].append(0)
             else:
                 users[ref].append(None)                  # read whole
-    return {idx: sum(users[p]) for p, idx in params.items()
-            if users[p] and all(b is not None for b in users[p])}
+
+    def reads(ref, depth=0):
+        got = list(users[ref])
+        if ref in bitcasts and depth < 8:
+            got.append(reads(bitcasts[ref], depth + 1))
+        return sum(got) if got and all(b is not None for b in got) else None
+    out = {idx: reads(p) for p, idx in params.items()}
+    return {idx: b for idx, b in out.items() if b is not None}
 
 
 def instruction_bytes(hlo: str) -> list[dict]:
