@@ -91,7 +91,7 @@ def test_a_decoder_holding_one_weight_tree_per_layer_gives_the_same_tokens(param
     from decode import layouts
     from decode.scoring import score
     monkeypatch.setattr(layouts, "layers_stacked", lambda platform: False)
-    requests = _requests(8, seed=3)
+    requests = _requests(5, seed=3)
     for page_size in (0, 8):
         dec = Decoder(params, CONFIG, window=4, slots=3, capacity=CAP, steps_per_call=3,
                       kv_tile=TILE, sampling=False, page_size=page_size)

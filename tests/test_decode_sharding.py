@@ -39,27 +39,26 @@ SCRIPT = textwrap.dedent('''
     from decode.decoder import Decoder, Request
     reqs = [Request(prompt=tuple(p), max_new_tokens=n, tau=2.5, lam=0.05)
             for p, n in zip(prompts + prompts[:2], (12, 3, 9, 5, 7, 1))]
-    got = {}
-    dec = Decoder(params, cfg, window=4, slots=2, capacity=40, kv_tile=16, steps_per_call=3,
-                  mesh=mesh, sampling=False)
-    b = Batcher(dec)
-    for r in reqs:
-        b.submit(r, on_finish=lambda f: got.__setitem__(f.request_id, f.tokens))
-    b.run_until_idle()
+
+    def through_batcher(requests, slots=2, mesh=mesh, **kw):
+        """(Batcher after the run, {request id: Finished}) of `requests` on a Decoder."""
+        done = {}
+        b = Batcher(Decoder(params, cfg, window=4, slots=slots, capacity=40, kv_tile=16,
+                            steps_per_call=3, mesh=mesh, sampling=False, **kw))
+        for r in requests:
+            b.submit(r, on_finish=lambda f: done.__setitem__(f.request_id, f))
+        b.run_until_idle()
+        return b, done
+
+    b, got = through_batcher(reqs)
     alone = [generate(params, cfg, [list(r.prompt)],
                       DecodeConfig(window=4, tau=2.5, lam=0.05, max_new_tokens=r.max_new_tokens),
                       capacity=40, kv_tile=16).tokens[0] for r in reqs]
-    out["batcher"] = dict(sharded=[got[i] for i in range(len(reqs))], one=alone)
+    out["batcher"] = dict(sharded=[got[i].tokens for i in range(len(reqs))], one=alone)
     # the paged cache with heads over tensor (2 of the devices): the pool split by its K/V heads
-    paged_got = {}
-    dec = Decoder(params, cfg, window=4, slots=2, capacity=40, kv_tile=16, steps_per_call=3,
-                  mesh=make_mesh(data=1, fsdp=1, tensor=2, devices=jax.devices()[:2]),
-                  sampling=False, page_size=8)
-    b = Batcher(dec)
-    for r in reqs:
-        b.submit(r, on_finish=lambda f: paged_got.__setitem__(f.request_id, f.tokens))
-    b.run_until_idle()
-    out["paged_tensor2"] = dict(sharded=[paged_got[i] for i in range(len(reqs))], one=alone,
+    b, paged_got = through_batcher(reqs, mesh=make_mesh(data=1, fsdp=1, tensor=2,
+                                                        devices=jax.devices()[:2]), page_size=8)
+    out["paged_tensor2"] = dict(sharded=[paged_got[i].tokens for i in range(len(reqs))], one=alone,
                                 pool_spec=str(b.state.cache.layers["pool"].sharding.spec))
     # slots over data (2 shards) and heads over tensor: a pool per slot shard; requests sharing a
     # 17-token prefix reuse its pages when they land on the shard that holds them
@@ -70,14 +69,7 @@ SCRIPT = textwrap.dedent('''
     more_alone = alone + [generate(params, cfg, [list(r.prompt)], DecodeConfig(
         window=4, tau=2.5, lam=0.05, max_new_tokens=6), capacity=40, kv_tile=16).tokens[0]
         for r in more[len(reqs):]]
-    got, cached = {}, {}
-    dec = Decoder(params, cfg, window=4, slots=4, capacity=40, kv_tile=16, steps_per_call=3,
-                  mesh=mesh, sampling=False, page_size=8)
-    b = Batcher(dec)
-    for r in more:
-        b.submit(r, on_finish=lambda f: (got.__setitem__(f.request_id, f.tokens),
-                                         cached.__setitem__(f.request_id, f.cached_tokens)))
-    b.run_until_idle()
+    b, got = through_batcher(more, slots=4, page_size=8)
     b.pool.check()
     errors = []
     try:
@@ -93,23 +85,18 @@ SCRIPT = textwrap.dedent('''
     static = generate(params, cfg, prompts, DecodeConfig(window=4, tau=2.5, lam=0.05, max_new_tokens=12),
                       capacity=40, kv_tile=16, decoder=Decoder(params, cfg, window=4, slots=4, capacity=40,
                       kv_tile=16, mesh=mesh, sampling=False, page_size=8))
-    out["paged_data2"] = dict(sharded=[got[i] for i in range(len(more))], one=more_alone,
-                              cached=[cached[i] for i in range(len(more))], held=b.pool.num_held,
+    out["paged_data2"] = dict(sharded=[got[i].tokens for i in range(len(more))], one=more_alone,
+                              cached=[got[i].cached_tokens for i in range(len(more))], held=b.pool.num_held,
                               shards=[len(p._free) for p in b.pool.pools],
                               pool_spec=str(b.state.cache.layers["pool"].sharding.spec),
                               errors=errors, static=static.tokens)
     # one weight tree per layer (what a GPU Decoder holds, decode/layouts.py), laid out on the mesh
     from decode import layouts
     layouts.layers_stacked = lambda platform: False
-    flat_got = {}
-    dec = Decoder(params, cfg, window=4, slots=2, capacity=40, kv_tile=16, steps_per_call=3,
-                  mesh=mesh, sampling=False)
-    b = Batcher(dec)
-    for r in reqs:
-        b.submit(r, on_finish=lambda f: flat_got.__setitem__(f.request_id, f.tokens))
-    b.run_until_idle()
-    out["per_layer_weights"] = dict(sharded=[flat_got[i] for i in range(len(reqs))], one=alone,
-                                    spec=str(dec.params["layer_0"]["mlp"]["gate_proj"]["kernel"].sharding.spec))
+    b, flat_got = through_batcher(reqs)
+    kernel = b.decoder.params["layer_0"]["mlp"]["gate_proj"]["kernel"]
+    out["per_layer_weights"] = dict(sharded=[flat_got[i].tokens for i in range(len(reqs))], one=alone,
+                                    spec=str(kernel.sharding.spec))
     print("RESULT " + json.dumps(out))
 ''')
 
