@@ -39,6 +39,7 @@ from decode import layouts
 from decode.config import (MAX_LOGPROBS, DecodeConfigError, EngineOptions, Sampling,
                            check_int)
 from decode.memory import _gib, available_memory, estimate_memory
+from decode.pages import static_batch_table
 from decode.programs import (STEPS, Static, _forward, _free, _generate, _insert,  # noqa: F401
                              _one_step, _prefill, _prefill_into, _prefill_slot, _set_rows,
                              _unmap, cache_axes, compiled_count)
@@ -406,16 +407,14 @@ class Decoder:
             for dst, src in zip(jax.tree.leaves(host), jax.tree.leaves(row)):
                 dst[i] = src[0]
         layers = self._empty_layers()
-        if self.paged:   # the static batch: the i-th slot of a shard holds its pages i * per_seq ..
+        if self.paged:   # the static batch: fixed pages (decode.pages.static_batch_table)
             st = self.static
-            per_seq, per_shard = st.pages_per_seq, st.slots // st.page_shards
-            if st.pages_per_shard < per_shard * per_seq:
+            per_seq = st.pages_per_seq
+            if st.pages_per_shard < st.slots // st.page_shards * per_seq:
                 raise DecodeConfigError(f"a static batch needs slots x pages per sequence = "
                                         f"{self.slots * per_seq} pages; the pool has "
                                         f"{self.static.num_pages}")
-            slot = np.arange(self.slots)[:, None]
-            table = ((slot // per_shard) * st.pages_per_shard + (slot % per_shard) * per_seq
-                     + np.arange(per_seq)[None]).astype(np.int32)
+            table = static_batch_table(st.slots, st.page_shards, st.pages_per_shard, per_seq)
             live = np.asarray([r is not None for r in requests] + [False] * (self.slots - len(requests)))
             layers["table"] = jnp.asarray(np.where(live[:, None], table, paged.UNMAPPED))
         state = host.replace(cache=host.cache.replace(layers=layers))

@@ -27,6 +27,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 
+import numpy as np
+
 ROOT = 0   # the key of the empty prefix
 
 
@@ -198,6 +200,15 @@ class PagePool:
             raise PoolError("the key maps disagree")
         if not cached <= set(self._key_of) or free & set(self._key_of):
             raise PoolError("a cached page without a key, or a free page with one")
+
+
+def static_batch_table(slots: int, shards: int, pages_per_shard: int, per_seq: int) -> np.ndarray:
+    """The page table of a static batch (no pool bookkeeping): the i-th slot of shard d holds its
+    shard's pages i * per_seq .. (i + 1) * per_seq - 1, as shard-major ids. int32 [slots, per_seq]."""
+    slot = np.arange(slots)[:, None]
+    per_shard = slots // shards
+    return ((slot // per_shard) * pages_per_shard + (slot % per_shard) * per_seq
+            + np.arange(per_seq)[None]).astype(np.int32)
 
 
 class ShardedPool:

@@ -297,7 +297,7 @@ def layer_step(q, k, v, cache: dict, cache_len, layer, num_layers: int, *, impl:
     for a in shards:
         n_shards *= mesh.shape[a]
     split = bool(shards) and b % n_shards == 0
-    bs = (shards if split else None) if shards else None
+    bs = shards if split else None
     ps = shards or None
 
     def per_device(q, k, v, pool, table, cache_len, layer):
