@@ -124,17 +124,15 @@ def decode_row(config, t: Target, prog: dict, capacity: int, live: int,
     if "oom" in full:
         return dict(row, fits=False, oom=full["oom"])
     cost = aot.unrolled_cost(aot.compile_generate, config, devices, **settings)
-    if not cost:              # XLA:GPU reports no cost: estimate it from the whole-depth program
-        cost = hlo_cost(config, devices, settings, prog)
-    if cost.get("from") == "hlo":
-        pass                   # the attention kernels' traffic is in the estimate already
-    elif cost and not page_size and row["attention"] == "tiled":   # the live K/V tiles the
+    if not cost:     # XLA:GPU reports no cost: estimated from the program, kernels included
+        cost = hlo_cost(config, devices, settings, prog, live)
+    elif not page_size and row["attention"] == "tiled":   # the live K/V tiles the
         # compiler's count misses (a runtime trip count)
         tensor_used = mesh[2] if mesh else 1
         cost["kv_not_counted"] = aot.kv_not_counted(prog["slots"], config, live,
                                                     settings["kv_tile"], "bfloat16", tensor_used)
         cost["bytes accessed"] += cost["kv_not_counted"]
-    elif cost:                   # the ragged kernel's pages, queries and output (a custom call)
+    else:                        # the ragged kernel's pages, queries and output (a custom call)
         span = 1 if prog["method"] == "ar" else (2 if prog["refill"] == "before" else 1) * prog["window"]
         cost["kv_not_counted"] = aot.kernel_not_counted(prog["slots"], span, config, live, "bfloat16")
         cost["bytes accessed"] += cost["kv_not_counted"]
