@@ -90,6 +90,15 @@ SCRIPT = textwrap.dedent('''
                               shards=[len(p._free) for p in b.pool.pools],
                               pool_spec=str(b.state.cache.layers["pool"].sharding.spec),
                               errors=errors, static=static.tokens)
+    # the other methods on the pools per slot shard: each request as it decodes alone
+    out["paged_data2_methods"] = {}
+    for method, refill in (("block", "before"), ("ar", "after"), ("verified", "after")):
+        b, got = through_batcher(reqs[:4], slots=4, page_size=8, method=method, refill=refill)
+        out["paged_data2_methods"][method] = dict(sharded=[got[i].tokens for i in range(4)], one=[
+            generate(params, cfg, [list(r.prompt)], DecodeConfig(
+                method=method, refill=refill, window=4, tau=2.5, lam=0.05,
+                max_new_tokens=r.max_new_tokens), capacity=40, kv_tile=16).tokens[0]
+            for r in reqs[:4]], held=b.pool.num_held)
     # one weight tree per layer (what a GPU Decoder holds, decode/layouts.py), laid out on the mesh
     from decode import layouts
     layouts.layers_stacked = lambda platform: False
@@ -114,6 +123,8 @@ def test_mesh_data2_tensor2_same_tokens_as_one_device():
     paged = out.pop("paged_tensor2")
     assert paged["sharded"] == paged["one"]
     assert paged["pool_spec"] == "P(None, None, 'tensor')", paged["pool_spec"]
+    for method, r in out.pop("paged_data2_methods").items():
+        assert r["sharded"] == r["one"] and r["held"] == 0, method
     flat = out.pop("per_layer_weights")
     assert flat["sharded"] == flat["one"] and flat["spec"] == "P(None, 'tensor')", flat["spec"]
     shards = out.pop("paged_data2")
