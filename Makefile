@@ -9,6 +9,7 @@ TEST_STAMP := $(VENV)/.installed-test-stamp
 TPU_COMPILER := $(VENV)/tpu-compiler
 
 GPU_COMPILER := $(VENV)/gpu-compiler
+INSTALL_GPU_COMPILER = $(PY) -m pip install -q --no-deps --upgrade --target $(GPU_COMPILER) "jax-cuda12-plugin==$$($(PY) -c 'import jax; print(jax.__version__)')" "jax-cuda12-pjrt==$$($(PY) -c 'import jax; print(jax.__version__)')"
 
 .PHONY: setup test demo clean gpu-compiler
 
@@ -25,6 +26,7 @@ $(TEST_STAMP): $(DEMO_STAMP)
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test]'
 	$(PY) -m pip install -q --no-deps --upgrade --target $(TPU_COMPILER) "$$($(PY) -c 'import importlib.metadata as m; print(next(r.split(";")[0].strip() for r in m.requires("jax") if r.startswith("libtpu")))')"
+	$(INSTALL_GPU_COMPILER)
 	touch $(TEST_STAMP)
 
 setup: $(TEST_STAMP)
@@ -36,10 +38,11 @@ demo: $(DEMO_STAMP)
 	$(PY) -m demo
 
 # XLA's GPU compiler without a GPU (compile-only: benchmarks.compile_for --compile-for h100,
-# --topology h100 of the dry runs), ~480 MB, not part of the test setup; put it on PYTHONPATH:
+# --topology h100 of the dry runs, tests/test_gpu_compile.py), ~480 MB, in its own folder like
+# libtpu (part of the test setup); put it on PYTHONPATH:
 #   PYTHONPATH=.:$(GPU_COMPILER) JAX_PLATFORMS=cpu python -m benchmarks.compile_for --compile-for h100
 gpu-compiler: $(DEMO_STAMP)
-	$(PY) -m pip install -q --no-deps --upgrade --target $(GPU_COMPILER) "jax-cuda12-plugin==$$($(PY) -c 'import jax; print(jax.__version__)')" "jax-cuda12-pjrt==$$($(PY) -c 'import jax; print(jax.__version__)')"
+	$(INSTALL_GPU_COMPILER)
 
 clean:
 	rm -rf $(VENV)

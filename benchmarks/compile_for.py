@@ -123,25 +123,34 @@ def decode_row(config, t: Target, prog: dict, capacity: int, live: int,
                                                     dtype="bfloat16"))
     if "oom" in full:
         return dict(row, fits=False, oom=full["oom"])
-    cost = aot.unrolled_cost(aot.compile_generate, config, devices, **settings)
-    if not cost:     # XLA:GPU reports no cost: estimated from the program, kernels included
-        cost = hlo_cost(config, devices, settings, prog, live)
-    elif not page_size and row["attention"] == "tiled":   # the live K/V tiles the
-        # compiler's count misses (a runtime trip count)
-        tensor_used = mesh[2] if mesh else 1
-        cost["kv_not_counted"] = aot.kv_not_counted(prog["slots"], config, live,
-                                                    settings["kv_tile"], "bfloat16", tensor_used)
-        cost["bytes accessed"] += cost["kv_not_counted"]
-    else:                        # the ragged kernel's pages, queries and output (a custom call)
-        span = 1 if prog["method"] == "ar" else (2 if prog["refill"] == "before" else 1) * prog["window"]
-        cost["kv_not_counted"] = aot.kernel_not_counted(prog["slots"], span, config, live, "bfloat16")
-        cost["bytes accessed"] += cost["kv_not_counted"]
+    cost = (hlo_cost(config, devices, settings, prog, live) if platform == "gpu"
+            else libtpu_cost(config, devices, settings, prog, live, row["attention"], mesh))
     step = roofline(cost, t)
     floor = full["floor"]["total"]
     return dict(row, memory=full["memory"], fits=full["memory"]["total"] <= t.hbm, cost=cost,
                 floor_bytes=floor, weight_layout=full.get("weight_layout"),
                 bytes_over_floor=cost["bytes accessed"] / floor if cost else None,
                 floor_s=floor / t.bandwidth, roofline_s=step)
+
+
+def libtpu_cost(config, devices, settings: dict, prog: dict, live: int, attention: str,
+                mesh) -> dict:
+    """A decode step's cost from libtpu's cost analysis of the whole-depth program, plus what it
+    does not count: the live K/V tiles past the first of the tiled XLA attention (a loop of
+    runtime trip count), or the ragged kernel's pages, queries and output (a custom call)."""
+    from decode import aot
+    cost = aot.unrolled_cost(aot.compile_generate, config, devices, **settings)
+    if not cost:
+        return cost
+    if not settings.get("page_size") and attention == "tiled":
+        tensor_used = mesh[2] if mesh else 1
+        cost["kv_not_counted"] = aot.kv_not_counted(prog["slots"], config, live,
+                                                    settings["kv_tile"], "bfloat16", tensor_used)
+    else:
+        span = 1 if prog["method"] == "ar" else (2 if prog["refill"] == "before" else 1) * prog["window"]
+        cost["kv_not_counted"] = aot.kernel_not_counted(prog["slots"], span, config, live, "bfloat16")
+    cost["bytes accessed"] += cost["kv_not_counted"]
+    return cost
 
 
 def hlo_cost(config, devices, settings: dict, prog: dict, live: int = 2048) -> dict:

@@ -272,12 +272,12 @@ class Batcher:
             return free[0]
         rows = self._prefilled(live.request)
         limit = len(rows) // st.page_size
-
-        def score(slot):
-            shard = st.shard_of(slot)
-            hit = self.pool.cached(shard, rows, limit) if self.prefix_reuse else 0
-            return hit, self.pool.free_in(shard), -slot
-        return max(free, key=score)
+        first = {}                                   # shard -> its first free slot
+        for slot in free:
+            first.setdefault(st.shard_of(slot), slot)
+        best = max(first, key=lambda d: (self.pool.cached(d, rows, limit) if self.prefix_reuse
+                                         else 0, self.pool.free_in(d), -d))
+        return first[best]
 
     def _pages_for(self, live: _Live, shard: int):
         """The pages a waiting request gets now in `shard`'s pool: its cached prefix (when

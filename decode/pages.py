@@ -94,14 +94,7 @@ class PagePool:
         callers keep at least the last prompt token out of the match, so the first forward has a
         token to read). Returns the pages in order; they are the sequence's first pages."""
         self.stats.lookups += 1
-        pages = []
-        for key in self._keys(tokens):
-            if limit is not None and len(pages) >= limit:
-                break
-            page = self._page_of.get(key)
-            if page is None:
-                break
-            pages.append(page)
+        pages = self._hits(tokens, limit)
         for page in pages:
             self._take(page)
         self.stats.hit_pages += len(pages)
@@ -109,12 +102,17 @@ class PagePool:
 
     def cached(self, tokens, limit: int | None = None) -> int:
         """How many pages `match` would give now (no reference taken, nothing counted)."""
-        n = 0
+        return len(self._hits(tokens, limit))
+
+    def _hits(self, tokens, limit: int | None):
+        """The cached full pages that start `tokens`, in order (at most `limit`)."""
+        pages = []
         for key in self._keys(tokens):
-            if (limit is not None and n >= limit) or key not in self._page_of:
+            page = self._page_of.get(key)
+            if page is None or (limit is not None and len(pages) >= limit):
                 break
-            n += 1
-        return n
+            pages.append(page)
+        return pages
 
     def publish(self, tokens, pages) -> int:
         """After the rows of `tokens` are written into `pages` (the sequence's pages in order):
