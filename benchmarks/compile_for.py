@@ -28,8 +28,9 @@ cost_analysis counts a loop body once; the live K/V tiles past the first, read i
 trip count, added analytically), the analytic floor (decode), the roofline step time max(flops / peak,
 bytes / bandwidth), the streaming / AR step ratio at equal batch, estimated decode tokens/s (AR:
 batch / step; streaming: batch x --tokens-per-forward / step, an assumption stated in the report)
-and the train step's MFU estimates (`train_mfu`: model FLOPs over libtpu's optimal_seconds, and the
-roofline's upper bound).
+and the train step's MFU estimates (`train_mfu`: model FLOPs over libtpu's optimal_seconds of the
+program compiled to be costed, SparseCore offload off, plus the attention kernel at peak; and the
+roofline's upper bound where it is one).
 
 Writes DIR/compile_for.json and DIR/compile_for.md (DIR default benchmarks/results/compile_for);
 refuses a DIR holding files it did not write.
@@ -189,70 +190,72 @@ def prefill_row(config, t: Target, prompt_len: int) -> dict:
 def train_row(t: Target, seq_len: int = 4096, shape: dict | None = None) -> dict:
     """The train step of `shape` (default benchmarks.accelerator.TRAIN_SHAPE, the 1B class), one
     `seq_len` row per chip, fsdp over the chips: memory from the real (scanned, chunked-loss)
-    program, cost and MFU estimates from the unrolled one."""
+    program, cost and MFU estimates from the unrolled one compiled to be costed
+    (`wedlm_jax.compiled.estimate_options`: no SparseCore offload, whose ops libtpu does not cost)."""
     from benchmarks.accelerator import TRAIN_SHAPE
     from train import dry_run, step as step_lib
     from train.config import config_from_dict
+    from wedlm_jax.compiled import estimate_options, figures
     shape = dict(shape or TRAIN_SHAPE)
+    block = 32
     cfg = config_from_dict({
         "model": {"config": shape},
         "data": {"train_files": ["unused.jsonl"], "seq_len": seq_len,
                  "global_batch_size": t.chips},
-        "objective": {"kind": "dual_stream", "block_size": 32, "ar_weight": 1.0},
+        "objective": {"kind": "dual_stream", "block_size": block, "ar_weight": 1.0},
         "mesh": {"data": 1, "fsdp": t.chips, "tensor": 1},
         "compute_dtype": "bf16", "remat": "full", "loss_chunk": 1024}, "the train shape")
+    platform = t.devices[0].platform
 
-    def compile_train(c, unroll=1):
+    def compile_train(c, unroll=1, options=None):
         mc = dry_run.model_config_for(c)
-        compiled = dry_run.compile_step(c, mc, list(t.devices), scan_unroll=unroll)[0]
-        from wedlm_jax.compiled import figures
-        return figures(compiled)
+        return figures(dry_run.compile_step(c, mc, list(t.devices), scan_unroll=unroll,
+                                            compiler_options=options)[0])
 
     full = _verdict_or_raise(compile_train, cfg)
-    row = dict(kind="train", seq_len=seq_len, rows_per_chip=1, attention=step_lib.attention_impl(
-        cfg, backend=t.devices[0].platform), params=dry_run.model_config_for(cfg).num_params())
+    mc = dry_run.model_config_for(cfg)
+    attention = step_lib.attention_impl(cfg, backend=platform)
+    row = dict(kind="train", seq_len=seq_len, rows_per_chip=1, attention=attention,
+               params=mc.num_params())
     if "oom" in full:
         return dict(row, fits=False, oom=full["oom"])
     # cost from the program with the layer scan unrolled and the loss unchunked (cost_analysis
     # counts a loop body once: a chunked loss is a scan too, it would count one chunk of the head)
     unrolled = dataclasses.replace(cfg, loss_chunk=0)
-    cost = compile_train(unrolled, unroll=shape["num_layers"]).get("cost") or {}
-    step = roofline(cost, t)
-    mc = dry_run.model_config_for(cfg)
-    model_flops = step_lib.model_flops_per_row(mc, seq_len, "dual_stream", 32) * t.chips
+    cost = compile_train(unrolled, shape["num_layers"], estimate_options(platform)).get("cost") or {}
+    model_flops = step_lib.model_flops_per_row(mc, seq_len, "dual_stream", block) * t.chips
+    # the attention kernel (splash: a custom call; tiled: a loop of runtime trip count) is not in
+    # the cost: its FLOPs per chip as executed (remat full: the forward twice, then the backward)
+    kernel_flops = 0.0 if attention == "dense" else (
+        step_lib.attention_flops_per_row(mc, seq_len, "dual_stream", block) * 4 / 3)
     return dict(row, memory=full["memory"], fits=full["memory"]["total"] <= t.hbm, cost=cost,
-                kernels=full["kernels"], roofline_s=step,
-                **train_mfu(model_flops, cost, t, lambda: compile_train(
-                    dataclasses.replace(unrolled, attention="tiled"),
-                    unroll=shape["num_layers"]).get("cost") or {}))
+                kernels=full["kernels"], kernel_flops=kernel_flops,
+                **train_mfu(model_flops, cost, t, kernel_flops))
 
 
-def train_mfu(model_flops: float, cost: dict, t: Target, xla_attention_cost) -> dict:
-    """The train step's MFU estimates: `mfu_bound` = model FLOPs over the roofline time at the
-    compiled flops and bytes (an upper bound: it takes the chip's peak as reached; with the
-    compiled flops above the model's it is their ratio); `mfu` = model FLOPs over libtpu's
-    `optimal_seconds`, its own schedule's estimate, when it gives one (> 0); libtpu 0.0.42.1 gives
-    none (< 0) for the train step with splash, and then `xla_attention_cost()` (the same step with
-    the tiled XLA attention) is asked, named so; measured, it gives none either, so with that
-    libtpu the MFU stays unestimated (BENCHMARKS.md)."""
-    step = roofline(cost, t)
-    bound = model_flops / (step * t.peak_flops * t.chips) if step else None
-    out = dict(mfu_bound=bound if bound is None or bound <= 1 else None, mfu=None, mfu_from=None)
-    if bound is not None and bound > 1:      # the compiled flops fall short of the model's
-        out["mfu_bound_note"] = (f"model FLOPs {model_flops:.3g} above the compiled "
-                                 f"{cost.get('flops', 0) * t.chips:.3g}: no bound")
+def train_mfu(model_flops: float, cost: dict, t: Target, kernel_flops: float = 0.0) -> dict:
+    """The train step's time and MFU estimates, per chip, `model_flops` over all chips:
+    `step_s` = libtpu's `optimal_seconds` (its own schedule of the costed program) plus the
+    attention kernel's `kernel_flops` at the chip's peak (the cost does not see the kernel; at
+    peak, so the MFU is optimistic by the kernel's shortfall), `mfu` = model FLOPs over that time;
+    `roofline_s` = max((compiled + kernel) FLOPs / peak, bytes / bandwidth) and `mfu_bound` = model
+    FLOPs over it (the chip at its peak everywhere). A libtpu figure <= 0 is its "no estimate"."""
+    kernel_s = kernel_flops / t.peak_flops
+    out = dict(kernel_s=kernel_s, step_s=None, mfu=None, roofline_s=None, mfu_bound=None)
+    if cost.get("flops") is not None and cost.get("bytes accessed") is not None:
+        roof = max((cost["flops"] + kernel_flops) / t.peak_flops,
+                   cost["bytes accessed"] / t.bandwidth)
+        bound = model_flops / (roof * t.peak_flops * t.chips)
+        out.update(roofline_s=roof, mfu_bound=bound if bound <= 1 else None)
+        if bound > 1:                        # the compiled FLOPs fall short of the model's
+            out["mfu_bound_note"] = (f"model FLOPs {model_flops:.3g} above the compiled + kernel "
+                                     f"{(cost['flops'] + kernel_flops) * t.chips:.3g}: no bound")
     opt = cost.get("optimal_seconds")
     if opt is not None and opt > 0:
-        return dict(out, mfu=model_flops / (opt * t.peak_flops * t.chips), mfu_from="libtpu optimal")
-    if opt is not None:
-        cost["optimal_seconds"] = None        # libtpu's "no estimate"
-        cost["optimal_seconds_note"] = f"libtpu gave {opt:.3g}: no estimate"
-    alt = xla_attention_cost()
-    opt = alt.get("optimal_seconds")
-    out["xla_attention_optimal_seconds"] = opt
-    if opt is not None and opt > 0:
-        out.update(mfu=model_flops / (opt * t.peak_flops * t.chips),
-                   mfu_from="libtpu optimal, attention on the XLA (tiled) path")
+        out["step_s"] = opt + kernel_s
+        out["mfu"] = model_flops / (out["step_s"] * t.peak_flops * t.chips)
+    elif opt is not None:
+        out["mfu_note"] = f"libtpu gave optimal_seconds {opt:.3g}: no estimate"
     return out
 
 
@@ -307,8 +310,10 @@ def markdown(report: dict) -> str:
             c = r.get("cost", {})
             fmt = lambda v, f: "-" if v is None else format(v, f)
             if r["kind"] == "train":
-                extra = (f"MFU {fmt(r.get('mfu'), '.0%')} ({r.get('mfu_from') or 'no libtpu estimate'}); "
-                         f"roofline bound {fmt(r.get('mfu_bound'), '.0%')}"
+                extra = (f"step {_ms(r.get('step_s'))} ms (libtpu + attention kernel "
+                         f"{_ms(r.get('kernel_s'))} ms at peak): MFU {fmt(r.get('mfu'), '.0%')}"
+                         + (f" ({r['mfu_note']})" if r.get("mfu_note") else "")
+                         + f"; roofline bound {fmt(r.get('mfu_bound'), '.0%')}"
                          + (f" ({r['mfu_bound_note']})" if r.get("mfu_bound_note") else ""))
             else:
                 extra = fmt(r.get("tokens_per_s"), ".0f")

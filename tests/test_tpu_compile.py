@@ -167,6 +167,39 @@ def test_train_step_compiles_for_tpu_with_splash(tmp_path, loss_chunk):
     assert "tpu_custom_call x" in out and "  kernels      " in out
 
 
+COSTED_TRAIN = textwrap.dedent("""
+    import json, re, sys
+    from train import dry_run
+    from train.config import config_from_dict
+    from wedlm_jax.compiled import cost, estimate_options
+    from wedlm_jax.targets import describe_target
+    devices, _ = describe_target("v5p:1x1x1")
+    cfg = config_from_dict(json.loads(sys.argv[1]), "the test config")
+    mc = dry_run.model_config_for(cfg)
+    out = {}
+    for name, opts in (("plain", None), ("costed", estimate_options("tpu"))):
+        c = dry_run.compile_step(cfg, mc, devices, scan_unroll=2, compiler_options=opts)[0]
+        out[name] = dict(cost(c), sparsecore=len(re.findall("sparsecore", c.as_text())))
+    print(json.dumps(out))
+""")
+
+
+def test_a_train_step_compiled_to_be_costed_gets_libtpus_time_estimate():
+    """libtpu puts -2 s into optimal_seconds for each op it offloads to a SparseCore (the train
+    step's scatters on v5p); the program compiled with `estimate_options` keeps them on the
+    TensorCore and gets a time, with the same FLOPs (benchmarks.compile_for's train MFU)."""
+    d = {"model": {"config": dict(TPU_MODEL)},
+         "data": {"train_files": ["absent.jsonl"], "seq_len": 256, "global_batch_size": 1},
+         "objective": {"kind": "dual_stream", "block_size": 32},
+         "mesh": {"data": 1, "fsdp": 1, "tensor": 1}, "compute_dtype": "bf16", "remat": "full"}
+    rc, out, err = _run([sys.executable, "-c", COSTED_TRAIN, json.dumps(d)])
+    assert rc == 0, err[-4000:]
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r["plain"]["sparsecore"] > 0 and r["plain"]["optimal_seconds"] < 0, r
+    assert r["costed"]["sparsecore"] == 0 and 0 < r["costed"]["optimal_seconds"] < 0.1, r
+    assert r["costed"]["flops"] == pytest.approx(r["plain"]["flops"], rel=0.01)
+
+
 def test_serve_dry_run_compiles_the_server_programs_for_a_topology(tmp_path):
     """`wedlm-serve --dry-run --topology` reads config.json alone, compiles the decode step and the
     prefill for the chips laid out by --mesh / --dtype, and gives the verdict (0 fits, 1 does not,

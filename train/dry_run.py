@@ -105,10 +105,11 @@ def model_config_for(cfg):
     return mc
 
 
-def compile_step(cfg, mc, devices, scan_unroll: int = 1):
+def compile_step(cfg, mc, devices, scan_unroll: int = 1, compiler_options: dict | None = None):
     """(compiled, lower_s, compile_s, mesh shape) of the train step over `devices`, from abstract
     state and batch (ShapeDtypeStructs carrying their shardings); `scan_unroll` layers per
-    iteration of the layer scan (cost analysis counts a loop body once)."""
+    iteration of the layer scan (cost analysis counts a loop body once); `compiler_options` passed
+    to the compiler (`wedlm_jax.compiled.estimate_options` for a program compiled to be costed)."""
     import jax
     import jax.numpy as jnp
 
@@ -134,7 +135,7 @@ def compile_step(cfg, mc, devices, scan_unroll: int = 1):
     with jax.set_mesh(mesh):
         lowered = fn.jitted.lower(state, batch)
     t1 = time.perf_counter()
-    compiled = lowered.compile()
+    compiled = lowered.compile(compiler_options=compiler_options)
     t2 = time.perf_counter()
     return compiled, t1 - t0, t2 - t1, shape
 

@@ -29,6 +29,22 @@ def cost(compiled) -> dict:
     return {k: float(v) for k, v in (c or {}).items() if k in COST_KEYS}
 
 
+# libtpu's cost model has no figure for work it offloads to a SparseCore (v5p and v6e offload
+# large scatters and gathers there: the embedding's gradient, the masking's scatter-adds): each
+# such op puts -2 s into `optimal_seconds` (a 2-layer train step on one v5p chip: -3.9986 s with two
+# offloads, +1.354 ms with none). A program compiled only for its cost estimate keeps that work on
+# the TensorCore, where the cost model sees it (a conservative figure: the offload would overlap).
+NO_SPARSECORE_OFFLOAD = {
+    f"xla_tpu_enable_offloading_{op}_to_sparsecore": False
+    for op in ("scatter", "gather", "sort", "reduce", "copy", "reshape")}
+NO_SPARSECORE_OFFLOAD["xla_tpu_enable_sparse_core_compute_offload"] = False
+
+
+def estimate_options(platform: str) -> dict | None:
+    """Compiler options for a program compiled to be costed (not run) on `platform`."""
+    return dict(NO_SPARSECORE_OFFLOAD) if platform == "tpu" else None
+
+
 def kernels(compiled) -> dict:
     """{custom-call target: count} in the compiled HLO: a TPU Pallas/Mosaic kernel (splash, the
     ragged paged attention) shows as `tpu_custom_call`, a Triton kernel on GPU as
