@@ -83,12 +83,19 @@ class OpenCheckpoint:
 
     def load(self):
         """(ModelConfig, params, mesh): the weights in the placement's dtype on its mesh (None: the
-        default device); the config carries the [MASK] id decided here, so `generate(params,
+        default device), their layers stacked or one tree each as the platform's decode programs
+        take them (`decode.layouts.layers_stacked`); the config carries the [MASK] id decided here, so `generate(params,
         config, ...)` and a Decoder need no other argument for it."""
+        import jax
+
+        from decode.layouts import layers_stacked
         from wedlm_jax.convert import checkpoint_kind, load_checkpoint
         mesh = self.placement.make_mesh()
         quiet = {} if checkpoint_kind(self.folder) == "orbax" else {"progress": False}
-        config, params = load_checkpoint(self.folder, mesh=mesh, dtype=self.placement.dtype, **quiet)
+        platform = (mesh.devices.flat[0] if mesh is not None else jax.local_devices()[0]).platform
+        # the layers as the decode programs take them (one tree each on GPU), loaded that way
+        config, params = load_checkpoint(self.folder, mesh=mesh, dtype=self.placement.dtype,
+                                         stacked_layers=layers_stacked(platform), **quiet)
         if self.mask_token_id is not None:
             config = config.replace(mask_token_id=self.mask_token_id)
         return config, params, mesh

@@ -206,7 +206,8 @@ class Decoder:
                                              tuple(d.id for d in mesh.devices.flat)),
             platform=None if mesh is None else mesh.devices.flat[0].platform,
             page_size=page_size, num_pages=num_pages, page_shards=multiple if page_size else 1,
-            stacked_layers=layouts.layers_stacked(device.platform))
+            stacked_layers=(layouts.layers_stacked(device.platform)
+                            and model_lib.layers_stacked(params)))
         self.memory_estimate = estimate_memory(self.static)
         limit = memory_limit_bytes if memory_limit_bytes is not None else available_memory(mesh)
         if limit is not None and self.memory_estimate["total"] > limit:
@@ -216,7 +217,9 @@ class Decoder:
                 f", draft distributions {_gib(self.memory_estimate['q'])}) per device for "
                 f"{slots} slots x {rows} cache rows, more than the {_gib(limit)} available; lower "
                 "the capacity (--capacity / --max-new-tokens), the slots or the window")
-        if not self.static.stacked_layers:       # one tree per layer (decode/layouts.py)
+        if not self.static.stacked_layers and model_lib.layers_stacked(params):
+            # one tree per layer (decode/layouts.py); a checkpoint opened for this platform is
+            # loaded so already (decode.checkpoint), with no stacked copy beside it
             params = model_lib.unstack_layers(params, model_config.num_layers)
         self._shardings = self._make_shardings(params) if mesh is not None else None
         self.params = self._place(params, self._shardings["params"]) if mesh is not None else params

@@ -105,6 +105,32 @@ def test_a_decoder_holding_one_weight_tree_per_layer_gives_the_same_tokens(param
     assert jax.tree.structure(dec.params) != jax.tree.structure(params)
 
 
+def test_a_checkpoint_opened_for_gpu_is_loaded_one_tree_per_layer(tmp_path, monkeypatch):
+    """`OpenCheckpoint.load` loads the layers as the platform's decode programs take them (one
+    tree each on GPU, forced here), and a Decoder keeps such weights as they are (no stacked copy
+    ever made); on CPU both trees decode to the same tokens."""
+    import jax
+    from decode import layouts
+    from decode.checkpoint import OpenCheckpoint
+    from tests.tiny_checkpoint import make_checkpoint
+    folder, config, _ = make_checkpoint(tmp_path)
+    stacked = OpenCheckpoint.open(folder).load()[1]
+    monkeypatch.setattr(layouts, "layers_stacked", lambda platform: False)
+    _, per_layer, _ = OpenCheckpoint.open(folder).load()
+    assert "layers" in stacked and "layer_1" in per_layer and "layers" not in per_layer
+    dec = Decoder(per_layer, config, window=4, slots=2, capacity=CAP, kv_tile=TILE, sampling=False)
+    assert not dec.static.stacked_layers
+    assert all(a is b for a, b in zip(jax.tree.leaves(dec.params), jax.tree.leaves(per_layer)))
+    monkeypatch.undo()
+    ref = Decoder(stacked, config, window=4, slots=2, capacity=CAP, kv_tile=TILE, sampling=False)
+    assert ref.static.stacked_layers
+    reqs = [Request(prompt=(5, 6, 7), max_new_tokens=12, tau=0.3),
+            Request(prompt=(9, 3), max_new_tokens=9, tau=0.3)]
+    got, want = _run_batcher(Batcher(dec), reqs), _run_batcher(Batcher(ref), reqs)
+    assert [got[i].tokens for i in range(2)] == [want[i].tokens for i in range(2)]
+    assert all(len(got[i].tokens) > 0 for i in range(2))
+
+
 def test_a_call_ends_when_a_new_request_has_its_first_tokens(params):
     """`generate` runs its k steps while every live slot has emitted before; with a request just
     inserted it ends at the step of that request's first commit (the step before emitted nothing

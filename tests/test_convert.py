@@ -206,6 +206,23 @@ def test_orbax_save_load_and_detection(hf_models, tmp_path):
         assert np.array_equal(np.asarray(b), np.asarray(a).astype(ml_dtypes.bfloat16))
 
 
+def test_layers_loaded_one_tree_each(hf_models, tmp_path):
+    """`stacked_layers=False` (GPU decoding's weights): both loaders give `unstack_layers` of the
+    stacked tree, the same values, in the tree of `unstack_layers(param_shapes)`."""
+    folder, _ = hf_models["qwen3"]
+    config, params = convert.load_hf_checkpoint(folder, progress=False)
+    out = str(tmp_path / "orbax")
+    convert.save_orbax(config, params, out)
+    want = model_lib.unstack_layers(params, config.num_layers)
+    shapes = model_lib.unstack_layers(model_lib.param_shapes(config), config.num_layers)
+    for loaded in (convert.load_hf_checkpoint(folder, progress=False, stacked_layers=False)[1],
+                   convert.load_orbax(out, stacked_layers=False)[1],
+                   convert.load_checkpoint(out, stacked_layers=False)[1]):
+        assert not model_lib.layers_stacked(loaded)
+        assert jax.tree.structure(loaded) == jax.tree.structure(shapes)
+        assert_trees_equal(want, loaded)
+
+
 def test_bf16_conversion(hf_models, tmp_path):
     folder, hf_model = hf_models["qwen3"]
     config, p32 = convert.load_hf_checkpoint(folder, progress=False)
@@ -537,6 +554,19 @@ def test_load_onto_mesh_8_devices(hf_models, tmp_path):
             _, back = convert.load_hf_checkpoint(out, progress=False)
             for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(back)):
                 assert np.array_equal(np.asarray(a), np.asarray(b))
+        per_layer_axes = model.unstack_layers(axes, config.num_layers)
+        per_layer_ref = model.unstack_layers(ref, config.num_layers)
+        for loader in (lambda: convert.load_hf_checkpoint({folder!r}, mesh=mesh, progress=False,
+                                                          stacked_layers=False),
+                       lambda: convert.load_orbax({orbax_dir!r}, mesh=mesh, stacked_layers=False)):
+            _, params = loader()
+            for path, x in jax.tree_util.tree_leaves_with_path(params):
+                node_axes, ref_x = per_layer_axes, per_layer_ref
+                for k in path:
+                    node_axes, ref_x = node_axes[k.key], ref_x[k.key]
+                want = jax.sharding.NamedSharding(mesh, sharding.spec_for(node_axes, x.shape, mesh))
+                assert x.sharding.is_equivalent_to(want, x.ndim), (path, x.sharding, want)
+                assert np.array_equal(np.asarray(x), np.asarray(ref_x)), path
         print("SPLIT", n_split)
     """)
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")

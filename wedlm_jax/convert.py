@@ -110,6 +110,27 @@ def _place(arr: np.ndarray, target) -> jax.Array:
     return jax.make_array_from_callback(arr.shape, target, lambda idx: arr[idx])
 
 
+def _layer_sharding(s):
+    """The sharding of one layer's slice of a stacked parameter sharded as `s` (the layer axis,
+    never split, dropped)."""
+    if isinstance(s, jax.sharding.NamedSharding):
+        return jax.sharding.NamedSharding(s.mesh, jax.sharding.PartitionSpec(*tuple(s.spec)[1:]))
+    return s
+
+
+def _settle(params: dict, ppath: tuple, value, stacked_layers: bool, target=None) -> None:
+    """Put one loaded parameter into `params`: as is, or with `stacked_layers=False` a stacked
+    layer parameter as one array per layer ("layer_i", the tree `model.unstack_layers` gives),
+    each placed on its own (`target`: the stacked sharding, for a host array), so no whole stacked
+    copy of the weights ever sits beside the per-layer ones."""
+    if stacked_layers or ppath[0] != "layers":
+        hf_mapping.set_path(params, ppath, value if target is None else _place(value, target))
+        return
+    for i in range(value.shape[0]):
+        one = value[i] if target is None else _place(value[i], _layer_sharding(target))
+        hf_mapping.set_path(params, (f"layer_{i}",) + tuple(ppath[1:]), one)
+
+
 def _progress(total: int, desc: str, enabled: bool):
     from tqdm import tqdm
     return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
@@ -356,14 +377,16 @@ def _group_by_param(plan) -> list[tuple[tuple, list]]:
 
 
 def load_hf_checkpoint(path, mesh=None, dtype=None, allow_extra: bool = False,
-                       progress: bool = True, allow_nonfinite: bool = False
-                       ) -> tuple[ModelConfig, dict]:
+                       progress: bool = True, allow_nonfinite: bool = False,
+                       stacked_layers: bool = True) -> tuple[ModelConfig, dict]:
     """Read a Hugging Face safetensors checkpoint folder into (config, params).
 
     `dtype`: None keeps each tensor's stored dtype, else 'bf16' / 'f32' (or a dtype). With a
     `mesh`, every param lands in the sharding `sharding.tree_shardings` gives it; without, on the
     default device. One parameter is assembled on the host at a time (a stacked layer parameter
-    from its layers' tensors, read one by one), largest first, and placed before the next."""
+    from its layers' tensors, read one by one), largest first, and placed before the next.
+    `stacked_layers=False`: the layers one tree each (`model.unstack_layers`'s tree), placed layer
+    by layer."""
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise CheckpointError(f"{path}: not a folder")
@@ -390,7 +413,7 @@ def load_hf_checkpoint(path, mesh=None, dtype=None, allow_extra: bool = False,
                     arr[...] = hf_mapping.to_jax(kind, raw, jshape)
                 del raw
                 bar.update(info.nbytes)
-            hf_mapping.set_path(params, ppath, _place(arr, hf_mapping.get_path(shardings, ppath)))
+            _settle(params, ppath, arr, stacked_layers, hf_mapping.get_path(shardings, ppath))
             del arr
             _release_host_memory()
     return config, params
@@ -512,13 +535,14 @@ def _orbax_metadata(ckptr, params_dir: str):
     return getattr(meta, "tree", meta)
 
 
-def load_orbax(path, mesh=None, dtype=None, allow_nonfinite: bool = False
-               ) -> tuple[ModelConfig, dict]:
+def load_orbax(path, mesh=None, dtype=None, allow_nonfinite: bool = False,
+               stacked_layers: bool = True) -> tuple[ModelConfig, dict]:
     """Restore an Orbax folder written by `save_orbax` onto `mesh` (or the default device).
 
     Restores one parameter (embedding, head, one stacked layer parameter, ...) at a time, largest
     first, so the transient host buffers never exceed one parameter and never sit on top of a
-    nearly full tree."""
+    nearly full tree. `stacked_layers=False`: the layers one tree each, a stacked parameter split
+    into its layers as soon as it is restored (at most one parameter held twice)."""
     ocp = _orbax()
     path = os.fspath(path)
     params_dir = os.path.join(os.path.abspath(path), PARAMS_DIR)
@@ -549,11 +573,12 @@ def load_orbax(path, mesh=None, dtype=None, allow_nonfinite: bool = False
             bad = int(jnp.size(leaf) - jnp.count_nonzero(jnp.isfinite(leaf)))
             raise _nonfinite_error(params_dir, ppath[0] + "".join(f"[{k!r}]" for k in ppath[1:]),
                                    bad)
-        hf_mapping.set_path(params, ppath, leaf)
-        del restored
+        _settle(params, ppath, leaf, stacked_layers)
+        del restored, leaf
         _release_host_memory()
     ckptr.close()
-    return config, jax.tree.map(lambda _, p: p, abstract, params)  # the config's key order
+    order = abstract if stacked_layers else model.unstack_layers(abstract, config.num_layers)
+    return config, jax.tree.map(lambda _, p: p, order, params)  # the config's key order
 
 
 @contextlib.contextmanager
@@ -590,10 +615,12 @@ def checkpoint_kind(path) -> str:
 
 
 def load_checkpoint(path, mesh=None, dtype=None, **kw) -> tuple[ModelConfig, dict]:
-    """Load an Orbax folder (config.json + params/) or a Hugging Face safetensors folder."""
+    """Load an Orbax folder (config.json + params/) or a Hugging Face safetensors folder
+    (`stacked_layers=False`: the layers one tree each, as GPU decoding holds them)."""
     if checkpoint_kind(path) == "orbax":
         return load_orbax(path, mesh=mesh, dtype=dtype,
-                          allow_nonfinite=kw.get("allow_nonfinite", False))
+                          allow_nonfinite=kw.get("allow_nonfinite", False),
+                          stacked_layers=kw.get("stacked_layers", True))
     return load_hf_checkpoint(path, mesh=mesh, dtype=dtype, **kw)
 
 
