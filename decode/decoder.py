@@ -37,13 +37,13 @@ from jax.sharding import NamedSharding
 
 from decode import layouts
 from decode.config import (MAX_LOGPROBS, DecodeConfigError, EngineOptions, Sampling,
-                           check_int)
+                           _is_int, check_int)
 from decode.memory import _gib, available_memory, estimate_memory
-from decode.pages import static_batch_table
+from decode.pages import pool_size, static_batch_table
 from decode.programs import (STEPS, Static, _forward, _free, _generate, _insert,  # noqa: F401
                              _one_step, _prefill, _prefill_into, _prefill_slot, _set_rows,
                              _unmap, cache_axes, compiled_count)
-from decode.state import DecodeState, Prefix, TokenLogProbs, free_rows, request_row
+from decode.state import DecodeState, Prefix, ResultTokens, free_rows, request_row  # noqa: F401
 from decode.steps import StepSpec
 from wedlm_jax import attention_backends as attn_backends
 from wedlm_jax import cache_attention as ca
@@ -73,41 +73,9 @@ def pow2_at_least(x: int, floor: int = 1) -> int:
     return max(floor, 1 << max(0, int(x) - 1).bit_length())
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-
-
 # ----------------------------------------------------------------------------- the Decoder
 
 _D = EngineOptions()     # the Decoder's defaults are the doors'
-
-
-@dataclasses.dataclass
-class ResultTokens:
-    """What one `generate` call produced: tokens [B, k, E] with counts [B, k] (slot b emitted
-    tokens[b, i, :counts[b, i]] at its i-th step of the call), `steps` loop iterations run, and
-    `done` [B] the slots finished (or free) after the call, fetched with the tokens; `logprobs`
-    (TokenLogProbs [B, k, E, ..] of NumPy arrays) the emitted tokens' log-probabilities."""
-    tokens: np.ndarray
-    counts: np.ndarray
-    steps: int
-    done: np.ndarray
-    logprobs: TokenLogProbs | None = None
-
-    def _emitted(self, slot: int):
-        return [(i, j) for i in range(self.steps) for j in range(int(self.counts[slot, i]))]
-
-    def new_ids(self, slot: int) -> list[int]:
-        return [int(self.tokens[slot, i, j]) for i, j in self._emitted(slot)]
-
-    def new_logprobs(self, slot: int, top_n: int = 0) -> list[tuple[float, dict]]:
-        """Per new id of `slot`: (its log-probability, {token id: log-probability} of the `top_n`
-        likeliest tokens, best first; top_n at most the request's `top_logprobs`)."""
-        lp = self.logprobs
-        return [(float(lp.lp[slot, i, j]),
-                 {int(t): float(v) for t, v in zip(lp.top_ids[slot, i, j, :top_n],
-                                                   lp.top_lp[slot, i, j, :top_n])})
-                for i, j in self._emitted(slot)]
 
 
 class Decoder:
@@ -188,7 +156,7 @@ class Decoder:
             page_size = paged.auto_page_size(
                 device.platform, model_config.num_heads, model_config.num_kv_heads, dtype,
                 1 if mesh is None else int(mesh.shape.get("tensor", 1)))
-        page_size, num_pages = self._pages(page_size or None, num_pages, rows, slots, multiple)
+        page_size, num_pages = pool_size(page_size or None, num_pages, rows, slots, multiple)
         if page_size and paged.implementation_for(device.platform) == "ragged":
             try:
                 paged.check_ragged(model_config.num_heads, model_config.num_kv_heads, dtype,
@@ -239,27 +207,6 @@ class Decoder:
         self.weight_layout = "compiler"
 
     # -- construction helpers
-    @staticmethod
-    def _pages(page_size, num_pages, rows: int, slots: int, shards: int) -> tuple[int, int]:
-        """(page_size, pages per layer) of a paged cache, (0, 0) for the dense one; checked. With
-        slots over `shards` (data x fsdp) each shard has num_pages / shards pages of its own."""
-        if page_size is None:
-            if num_pages is not None:
-                raise DecodeConfigError("num_pages needs page_size (a paged cache)")
-            return 0, 0
-        if not _is_int(page_size) or page_size < 1:
-            raise DecodeConfigError(f"page_size must be an int >= 1 (0: the dense cache), got "
-                                    f"{page_size!r}")
-        per_seq = -(-rows // page_size)
-        num_pages = slots * per_seq if num_pages is None else num_pages
-        if not _is_int(num_pages) or num_pages < 1:
-            raise DecodeConfigError(f"num_pages must be an int >= 1 (a sequence at the capacity "
-                                    f"holds {per_seq} pages of {page_size} rows), got {num_pages!r}")
-        if num_pages % shards:
-            raise DecodeConfigError(f"num_pages {num_pages} must be a multiple of the mesh's data x "
-                                    f"fsdp size {shards}: each slot shard keeps a pool of its own")
-        return int(page_size), int(num_pages)
-
     @property
     def paged(self) -> bool:
         return self.static.paged

@@ -29,6 +29,8 @@ import dataclasses
 
 import numpy as np
 
+from decode.config import DecodeConfigError, _is_int
+
 ROOT = 0   # the key of the empty prefix
 
 
@@ -271,3 +273,24 @@ class ShardedPool:
     def check(self) -> None:
         for pool in self.pools:
             pool.check()
+
+
+def pool_size(page_size, num_pages, rows: int, slots: int, shards: int) -> tuple[int, int]:
+    """(page_size, pages per layer) of a paged cache, (0, 0) for the dense one; checked. With
+    slots over `shards` (data x fsdp) each shard has num_pages / shards pages of its own."""
+    if page_size is None:
+        if num_pages is not None:
+            raise DecodeConfigError("num_pages needs page_size (a paged cache)")
+        return 0, 0
+    if not _is_int(page_size) or page_size < 1:
+        raise DecodeConfigError(f"page_size must be an int >= 1 (0: the dense cache), got "
+                                f"{page_size!r}")
+    per_seq = -(-rows // page_size)
+    num_pages = slots * per_seq if num_pages is None else num_pages
+    if not _is_int(num_pages) or num_pages < 1:
+        raise DecodeConfigError(f"num_pages must be an int >= 1 (a sequence at the capacity "
+                                f"holds {per_seq} pages of {page_size} rows), got {num_pages!r}")
+    if num_pages % shards:
+        raise DecodeConfigError(f"num_pages {num_pages} must be a multiple of the mesh's data x "
+                                f"fsdp size {shards}: each slot shard keeps a pool of its own")
+    return int(page_size), int(num_pages)

@@ -6,6 +6,8 @@ refill 'after', 2W with refill 'before'), R = cache rows, V = vocabulary.
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any
 
 import jax
@@ -188,3 +190,31 @@ def request_row(static, r, mask_id: int, capacity: int):
         settings=settings,
         q=(np.zeros((1, s, static.config.vocab_size), np.float32) if static.keep_q else None))
     return r.prompt, n0, row
+
+
+@dataclasses.dataclass
+class ResultTokens:
+    """What one `generate` call produced: tokens [B, k, E] with counts [B, k] (slot b emitted
+    tokens[b, i, :counts[b, i]] at its i-th step of the call), `steps` loop iterations run, and
+    `done` [B] the slots finished (or free) after the call, fetched with the tokens; `logprobs`
+    (TokenLogProbs [B, k, E, ..] of NumPy arrays) the emitted tokens' log-probabilities."""
+    tokens: np.ndarray
+    counts: np.ndarray
+    steps: int
+    done: np.ndarray
+    logprobs: TokenLogProbs | None = None
+
+    def _emitted(self, slot: int):
+        return [(i, j) for i in range(self.steps) for j in range(int(self.counts[slot, i]))]
+
+    def new_ids(self, slot: int) -> list[int]:
+        return [int(self.tokens[slot, i, j]) for i, j in self._emitted(slot)]
+
+    def new_logprobs(self, slot: int, top_n: int = 0) -> list[tuple[float, dict]]:
+        """Per new id of `slot`: (its log-probability, {token id: log-probability} of the `top_n`
+        likeliest tokens, best first; top_n at most the request's `top_logprobs`)."""
+        lp = self.logprobs
+        return [(float(lp.lp[slot, i, j]),
+                 {int(t): float(v) for t, v in zip(lp.top_ids[slot, i, j, :top_n],
+                                                   lp.top_lp[slot, i, j, :top_n])})
+                for i, j in self._emitted(slot)]
