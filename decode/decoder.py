@@ -407,7 +407,8 @@ class Decoder:
         table[:len(pages)] = pages
         return self._call(_prefill_slot, self.static, self.params, state,
                           jax.tree.map(jnp.asarray, row), jnp.int32(slot), jnp.asarray(table),
-                          jnp.asarray(tokens), jnp.int32(start), jnp.int32(n0))
+                          jnp.asarray(tokens), jnp.int32(start), jnp.int32(n0),
+                          jnp.int32(self.mask_id))
 
     def free(self, state: DecodeState, slot: int) -> DecodeState:
         """Mark `slot` done (a cancelled request); a paged cache's page row is unmapped too.

@@ -220,13 +220,23 @@ def _one_step(static: Static, params, state: DecodeState, mask_id):
     return new, dict(aux, emitted_tokens=emitted, emitted_lps=emitted_lps, emitted_count=k_emit)
 
 
+def fills_at_prefill(static: Static) -> bool:
+    """Whether a paged admission runs the request's first step in its prefill call: streaming and
+    block, whose first step only fills (nothing is filled before it, so it commits nothing)."""
+    return static.paged and static.spec.method in ("streaming", "block")
+
+
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
 def _prefill_slot(static: Static, params, state: DecodeState, row: DecodeState, slot, pages,
-                  tokens, start, prefill_len):
+                  tokens, start, prefill_len, mask_id):
     """Paged cache: set `slot`'s page row to `pages` [pages_per_seq], compute rows start ..
     prefill_len-1 of its prompt in chunks straight into the pool (tokens [1, Pb]: the prompt from
     row `start` on; rows before `start` are a reused prefix, read, never written), and put the
-    request's first `row` (a batch-1 DecodeState without layers) into the slot."""
+    request's first `row` (a batch-1 DecodeState without layers) into the slot. Streaming and
+    block (`fills_at_prefill`) then run the request's first step here, on its row alone: the
+    window's first fill, which emits nothing, so the first generate step can already commit
+    (one forward less to the first tokens; a step depends only on its own row, so the tokens
+    are those of the step run in `generate`)."""
     pb = tokens.shape[1]
     chunk = min(static.prefill_chunk, pb)
     forward = _forward(static)
@@ -242,6 +252,10 @@ def _prefill_slot(static: Static, params, state: DecodeState, row: DecodeState, 
 
     n = (prefill_len - start + chunk - 1) // chunk
     pool = jax.lax.fori_loop(0, n, body, state.cache.layers["pool"])
+    if fills_at_prefill(static):
+        one = row.replace(cache=row.cache.replace(layers={"pool": pool, "table": pages[None]}))
+        one = STEPS[static.spec.method](forward, params, one, static.spec, mask_id)[0]
+        pool, row = one.cache.layers["pool"], one.replace(cache=one.cache.replace(layers=None))
     put = lambda full, part: jax.lax.dynamic_update_index_in_dim(full, part[0].astype(full.dtype),
                                                                   slot, 0)
     bare = lambda st: st.replace(cache=st.cache.replace(layers=None))

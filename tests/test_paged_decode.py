@@ -229,3 +229,22 @@ def test_streaming_under_preemption_keeps_every_other_request_intact(params):
             assert len(small[i].tokens) == min(r.max_new_tokens, CAPACITY - len(r.prompt))
     assert b.pool.num_held == 0
     b.pool.check()
+
+
+@pytest.mark.parametrize("method,refill", [("streaming", "before"), ("streaming", "after"),
+                                           ("block", "after"), ("ar", "after")])
+def test_a_paged_admission_runs_the_first_fill_of_a_window_method(params, method, refill):
+    """Streaming and block admit a request with its first step already run (its window's first
+    fill, which commits nothing), so its first generate step can commit; AR's first step emits,
+    so it stays in generate. The tokens are those of the dense cache (the tests above)."""
+    dec = _decoder(params, method, refill, page_size=PAGE)
+    r = Request(prompt=(3, 4, 5, 6, 7), max_new_tokens=12, tau=0.3)
+    state = dec.prefill_into_slot(dec.init_state(), r, 1, list(range(dec.pages_needed(r))))
+    steps, count = int(np.asarray(state.steps)[1]), int(np.asarray(state.count)[1])
+    filled = np.asarray(state.filled)[1]
+    if method == "ar":
+        assert steps == 0 and count == 0
+    else:
+        assert steps == 1 and count == 0 and filled.any()
+        assert int(np.asarray(state.n_fwd)[1]) == dec.window         # one forward of W slots
+        assert int(np.asarray(state.cache.length)[1]) == len(r.prompt)  # nothing committed
