@@ -7,7 +7,10 @@ ids so every request runs its whole budget) through the same number of slots, tw
   static      groups of `slots` requests in arrival order, each group run by `generate()` on one
               Decoder until its slowest row ends (the rows that finished early idle);
   continuous  `decode.batching.Batcher` on one Decoder: a request takes a slot the moment one
-              frees.
+              frees;
+  paged       the same continuous batching on a Decoder with the paged KV cache (`--page-size`
+              rows a page, pages mapped as each sequence grows; issue 25): every admission a
+              prefill into pages, every call ending at a new request's first tokens.
 For streaming and AR. Both are compiled before timing; rounds alternate static / continuous and
 the median wall time is kept. Prints and saves tokens/s and the ratio continuous / static.
 """
@@ -15,6 +18,7 @@ the median wall time is kept. Prints and saves tokens/s and the ratio continuous
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -72,6 +76,8 @@ def main(argv=None) -> int:
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--window", type=int, default=8)
+    ap.add_argument("--page-size", type=int, default=16, help="the paged mode's page (0: no "
+                                                                 "paged mode)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "batching.json"))
     ap.add_argument("--model", default=DEMO_MODEL, help="a demo-shaped model folder (default: the "
                                                          "shipped one)")
@@ -81,32 +87,45 @@ def main(argv=None) -> int:
     requests = make_requests(tok, args.requests, model=args.model)
     capacity = max(len(r.prompt) + r.max_new_tokens for r in requests)
     out = dict(command=f"python -m benchmarks.batching --requests {args.requests} --slots {args.slots} "
-                       f"--repeats {args.repeats} --window {args.window}",
+                       f"--repeats {args.repeats} --window {args.window} --page-size {args.page_size}",
                machine=f"{platform.machine()}, {os.cpu_count()} CPUs", loadavg=os.getloadavg(),
                results={})
     for method in ("streaming", "ar"):
-        dec = Decoder(params, config, method=method, window=args.window, slots=args.slots,
-                      capacity=capacity, steps_per_call=16, sampling=False, page_size=0)
-        buckets = {dec.prompt_bucket(len(r.prompt)): r for r in requests}
-        run_continuous(dec, list(buckets.values()))              # compile every program and bucket
-        run_static(dec, list(buckets.values())[:args.slots])
-        walls = {"static": [], "continuous": []}
+        kw = dict(method=method, window=args.window, slots=args.slots, capacity=capacity,
+                  steps_per_call=16, sampling=False)
+        dec = Decoder(params, config, page_size=0, **kw)
+        modes = {"static": (run_static, dec), "continuous": (run_continuous, dec)}
+        if args.page_size:
+            modes["paged"] = (run_continuous, Decoder(params, config, page_size=args.page_size, **kw))
+        # compile every program and prompt bucket first, the small ones too: a paged admission
+        # that reuses a cached prefix prefills only the rest of its prompt
+        top = max(dec.prompt_bucket(len(r.prompt)) for r in requests)
+        base = list(requests[0].prompt)
+        warm = [dataclasses.replace(requests[0], prompt=tuple((base * n)[:n]), max_new_tokens=8)
+                for n in (1 << i for i in range(4, top.bit_length())) if n <= top]
+        for run, d in modes.values():
+            run(d, warm if run is run_continuous else warm[:args.slots])
+        walls = {m: [] for m in modes}
         tokens = {}
         for _ in range(args.repeats):
-            tokens["static"], w = run_static(dec, requests)
-            walls["static"].append(w)
-            tokens["continuous"], w = run_continuous(dec, requests)
-            walls["continuous"].append(w)
+            for mode, (run, d) in modes.items():
+                tokens[mode], w = run(d, requests)
+                walls[mode].append(w)
         row = {}
         for mode in walls:
             wall = statistics.median(walls[mode])
             row[mode] = dict(tokens=tokens[mode], wall_s=wall, walls=walls[mode],
                              tokens_per_s=tokens[mode] / wall)
         row["ratio"] = row["continuous"]["tokens_per_s"] / row["static"]["tokens_per_s"]
+        paged = ""
+        if "paged" in row:
+            row["paged_over_dense"] = row["paged"]["tokens_per_s"] / row["continuous"]["tokens_per_s"]
+            paged = (f"   paged {row['paged']['tokens_per_s']:7.0f} tok/s ({row['paged_over_dense']:.2f}x "
+                     f"the dense continuous)")
         out["results"][method] = row
         print(f"{method:<10} static {row['static']['tokens_per_s']:7.0f} tok/s   continuous "
               f"{row['continuous']['tokens_per_s']:7.0f} tok/s   continuous / static {row['ratio']:.2f}x"
-              f"   ({tokens['continuous']} tokens, {args.requests} requests, {args.slots} slots)",
+              f"{paged}   ({tokens['continuous']} tokens, {args.requests} requests, {args.slots} slots)",
               flush=True)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
