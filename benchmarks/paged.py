@@ -9,8 +9,8 @@
              with prefix reuse on and off (same paged Decoder, rounds interleaved, medians)
   inflight   requests in flight at one fixed cache memory, mixed prompt and output lengths: dense
              slots (each reserves the capacity) against the paged pool (pages mapped as each grows)
-  step       one generate call with every slot live: paged against dense, same slots and capacity
-             (this CPU; target: no slowdown beyond 10%)
+  step       one generate call with every slot live: paged against dense, same slots and capacity,
+             streaming and AR (this CPU; target: no slowdown beyond 10%)
 """
 
 from __future__ import annotations
@@ -153,31 +153,33 @@ def inflight(config, params, rounds: int) -> dict:
 
 
 def step_time(config, params, rounds: int) -> dict:
+    """One generate call of 8 live slots (200-token prompts, capacity 1024): ms per step, paged
+    against dense, streaming (W 8) and AR, calls interleaved, medians."""
     reqs = [Request(prompt=tuple(range(3, 3 + 200)), max_new_tokens=400)] * 8
     out = {}
-    decs = {"dense": Decoder(params, config, method="streaming", window=8, slots=8, capacity=1024,
-                             steps_per_call=8, page_size=0),
-            "paged": Decoder(params, config, method="streaming", window=8, slots=8, capacity=1024,
-                             steps_per_call=8, page_size=PAGE)}
-    states = {}
-    for name, dec in decs.items():
-        if dec.paged:
-            st = dec.init_state()
-            for i, r in enumerate(reqs):
-                st = dec.prefill_into_slot(st, r, i, list(range(i * 64, i * 64 + 64)))
-        else:
-            st = dec.start(reqs)
-        st, _ = dec.generate(st)                       # compile
-        states[name] = st
-    times = {n: [] for n in decs}
-    for _ in range(max(3, rounds) * 3):
+    for method in ("streaming", "ar"):
+        kw = dict(method=method, window=8, slots=8, capacity=1024, steps_per_call=8)
+        decs = {"dense": Decoder(params, config, page_size=0, **kw),
+                "paged": Decoder(params, config, page_size=PAGE, **kw)}
+        states = {}
         for name, dec in decs.items():
-            t0 = time.perf_counter()
-            states[name], res = dec.generate(states[name])
-            times[name].append((time.perf_counter() - t0) / max(res.steps, 1))
-    for name in decs:
-        out[name] = dict(ms_per_step=1e3 * statistics.median(times[name]))
-    out["paged_over_dense"] = out["paged"]["ms_per_step"] / out["dense"]["ms_per_step"]
+            if dec.paged:
+                st = dec.init_state()
+                for i, r in enumerate(reqs):
+                    st = dec.prefill_into_slot(st, r, i, list(range(i * 64, i * 64 + 64)))
+            else:
+                st = dec.start(reqs)
+            st, _ = dec.generate(st)                       # compile
+            states[name] = st
+        times = {n: [] for n in decs}
+        for _ in range(max(3, rounds) * 3):
+            for name, dec in decs.items():
+                t0 = time.perf_counter()
+                states[name], res = dec.generate(states[name])
+                times[name].append((time.perf_counter() - t0) / max(res.steps, 1))
+        row = {name: dict(ms_per_step=1e3 * statistics.median(times[name])) for name in decs}
+        row["paged_over_dense"] = row["paged"]["ms_per_step"] / row["dense"]["ms_per_step"]
+        out[method] = row
     return out
 
 
