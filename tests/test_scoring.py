@@ -39,8 +39,10 @@ def test_prompt_logprobs_equal_transformers(tiny):
             assert list(top) == [int(t) for t in order]
             np.testing.assert_allclose(list(top.values()), full[j][order], atol=1e-4)
     alone = [score(params, config, [s])[0]["token_logprobs"] for s in seqs]
+    # a row's scores do not depend on its batch: equal to float32 rounding (the CPU's matmul
+    # code blocks a batch of 3 and of 1 differently: 3 ulps apart on an AVX-512 VM)
     np.testing.assert_allclose(np.concatenate([r["token_logprobs"][1:] for r in got]),
-                               np.concatenate([a[1:] for a in alone]), atol=1e-6)
+                               np.concatenate([a[1:] for a in alone]), atol=1e-5)
     assert len(alone[1]) == 5 and "top_logprobs" not in score(params, config, [seqs[1]])[0]
 
 
