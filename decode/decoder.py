@@ -10,8 +10,10 @@
 `generate` runs up to `steps_per_call` steps of every slot as one `lax.while_loop` over the donated
 state (no host round trip inside; it stops early when every slot is done). Between calls the host
 hands out the new ids, frees finished slots and inserts waiting requests (`decode.batching`).
-prefill + insert are the dense cache's admission; a paged cache (`page_size`, the default on TPU)
-admits with `prefill_into_slot` into pages the host hands out (`decode.batching` does both).
+prefill + insert are the dense cache's admission; a paged cache (`page_size`, the default on TPU
+and GPU) admits with `prefill_into_slot` into pages the host hands out (`decode.batching` does
+both), and for streaming / block runs the request's first step there too (its window's first
+fill, which commits nothing: `decode.programs.fills_at_prefill`).
 
 Compiled programs: one prefill and one insert per prompt bucket (powers of two), one generate,
 one free; all keyed by the Decoder's static settings (`Static`), so Decoders with equal settings
