@@ -70,7 +70,8 @@ class _Live:
     tokens: list = dataclasses.field(default_factory=list)
     logprobs: list = dataclasses.field(default_factory=list)
     pages: list = dataclasses.field(default_factory=list)   # paged cache: the pages it holds
-    cached_tokens: int = 0
+    cached_tokens: int = 0     # prompt rows reused at its first admission (reported)
+    reused: int = 0            # prompt rows reused at this admission: its prefill starts there
     admitted: int = -1         # admission order (paged cache: the newest is preempted first)
     before: tuple = (0, 0, 0, 0)   # (steps, n_fwd, accepted, rejected) of its preempted runs
     base: int = 0              # tokens emitted before this admission (a preempted request's)
@@ -214,7 +215,7 @@ class Batcher:
                 else:
                     live.pages = pages
                     self.state = dec.prefill_into_slot(self.state, live.request, slot, pages,
-                                                       live.cached_tokens)
+                                                       live.reused)
                     self.pool.publish(self._prefilled(live.request), pages)
             except Exception as e:  # noqa: BLE001 - this request fails alone
                 error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
@@ -285,14 +286,26 @@ class Batcher:
         None (nothing taken) when the pool cannot give them yet."""
         pool, dec = self.pool, self.decoder
         rows = self._prefilled(live.request)
+        limit = len(rows) // pool.page_size
         need = dec.pages_for_call(len(rows), dec.end_of(live.request))
-        hit = pool.match(shard, rows, len(rows) // pool.page_size) if self.prefix_reuse else []
+        hit = pool.match(shard, rows, limit) if self.prefix_reuse else []
+        # a longer prefix cached in another slot shard's pool: its pages past this shard's hit
+        # are copied over (device to device) rather than prefilled again
+        other = max((d for d in range(dec.static.page_shards) if d != shard),
+                    key=lambda d: pool.cached(d, rows, limit), default=None)
+        src = (pool.match(other, rows, limit) if self.prefix_reuse and other is not None
+               and pool.cached(other, rows, limit) > len(hit) else [])
         more = pool.allocate(shard, max(need - len(hit), 0))
         if more is None:
-            pool.release(hit)
+            pool.release(hit + src)
             return None
+        copied = len(src) - len(hit) if src else 0
+        if copied:
+            self.state = dec.copy_pages(self.state, src[len(hit):], more[:copied])
+        pool.release(src)                         # they stay cached in their own shard
+        live.reused = (len(hit) + copied) * pool.page_size
         if live.admitted < 0:                      # a preempted request's own prompt pages do not count
-            live.cached_tokens = len(hit) * pool.page_size
+            live.cached_tokens = live.reused
         return hit + more
 
     def _grow(self) -> None:

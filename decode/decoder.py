@@ -42,9 +42,9 @@ from decode.config import (MAX_LOGPROBS, DecodeConfigError, EngineOptions, Sampl
                            _is_int, check_int)
 from decode.memory import _gib, available_memory, estimate_memory
 from decode.pages import pool_size, static_batch_table
-from decode.programs import (STEPS, Static, _forward, _free, _generate, _insert,  # noqa: F401
-                             _one_step, _prefill, _prefill_into, _prefill_slot, _set_rows,
-                             _unmap, cache_axes, compiled_count)
+from decode.programs import (STEPS, Static, _copy_pages, _forward, _free, _generate,  # noqa: F401
+                             _insert, _one_step, _prefill, _prefill_into, _prefill_slot,
+                             _set_rows, _unmap, cache_axes, compiled_count)
 from decode.state import DecodeState, Prefix, ResultTokens, free_rows, request_row  # noqa: F401
 from decode.steps import StepSpec
 from wedlm_jax import attention_backends as attn_backends
@@ -440,6 +440,17 @@ class Decoder:
                                         f"{per_seq}")
             which[slot], table[slot, :len(pages)] = True, pages
         return self._call(_set_rows, self.static, state, jnp.asarray(which), jnp.asarray(table))
+
+    def copy_pages(self, state: DecodeState, src, dst) -> DecodeState:
+        """Paged cache: pages `dst` (global ids) made copies of pages `src`, every layer; at most
+        a sequence's pages at once (one compiled program). The state is donated."""
+        per_seq = self.static.pages_per_seq
+        if len(src) != len(dst) or len(src) > per_seq:
+            raise DecodeConfigError(f"copy_pages takes as many destination pages as source pages, "
+                                    f"at most {per_seq}; got {len(src)} and {len(dst)}")
+        pad = lambda ids: np.asarray(list(ids) + [paged.UNMAPPED] * (per_seq - len(ids)), np.int32)
+        return self._call(_copy_pages, self.static, state, jnp.asarray(pad(src)),
+                          jnp.asarray(pad(dst)))
 
     def _check_slot(self, slot) -> None:
         if not _is_int(slot) or not 0 <= slot < self.slots:

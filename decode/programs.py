@@ -10,6 +10,7 @@ of donated state.
                     rows before `start` are a reused prefix)
     _free / _unmap  a slot done (and, paged, its page row unmapped: its pages may go to another)
     _set_rows       paged cache: slots' page rows replaced (pages mapped as a sequence grows)
+    _copy_pages     paged cache: pages made copies of others (a prefix cached in another shard)
     _generate       up to k steps of every slot in one `lax.while_loop`
     _one_step       one step with its aux (traces, checks)
 
@@ -264,6 +265,16 @@ def _prefill_slot(static: Static, params, state: DecodeState, row: DecodeState, 
 
 
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(1,))
+def _copy_pages(static: Static, state: DecodeState, src, dst):
+    """Paged cache: pages `dst` [pages_per_seq] (global ids, -1 padding) made copies of pages `src`
+    in every layer (a prefix cached in another slot shard's pool)."""
+    c = static.config
+    pool = paged.copy_pages(state.cache.layers["pool"], src, dst, c.num_layers, c.num_heads,
+                            c.num_kv_heads)
+    return state.replace(cache=state.cache.replace(layers=dict(state.cache.layers, pool=pool)))
+
+
+@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(1,))
 def _unmap(static: Static, state: DecodeState, slots):
     """Paged cache: the slots where `slots` [B] is True are done and their page rows unmapped, so
     the forwards that still run over them write nothing into pages handed to others."""
@@ -284,4 +295,4 @@ def _set_rows(static: Static, state: DecodeState, which, table):
 def compiled_count() -> int:
     """How many programs the decoder's jitted functions hold (jax's cache; a compile-once check)."""
     return sum(f._cache_size() for f in (_prefill, _prefill_into, _insert, _free, _generate,
-                                         _one_step, _prefill_slot, _unmap, _set_rows))
+                                         _one_step, _prefill_slot, _unmap, _set_rows, _copy_pages))

@@ -90,6 +90,17 @@ SCRIPT = textwrap.dedent('''
                               shards=[len(p._free) for p in b.pool.pools],
                               pool_spec=str(b.state.cache.layers["pool"].sharding.spec),
                               errors=errors, static=static.tokens)
+    # a prefix cached in the other slot shard's pool is copied over (device to device), not
+    # prefilled again: one slot per shard, the second request lands on shard 1
+    cross = [Request(prompt=tuple(prefix + [40 + i]), max_new_tokens=n, tau=2.5, lam=0.05)
+             for i, n in enumerate((12, 6, 6))]
+    b, got = through_batcher(cross, slots=2, page_size=8)
+    b.pool.check()
+    out["paged_cross_shard"] = dict(
+        sharded=[got[i].tokens for i in range(3)], cached=[got[i].cached_tokens for i in range(3)],
+        held=b.pool.num_held, one=[generate(params, cfg, [list(r.prompt)], DecodeConfig(
+            window=4, tau=2.5, lam=0.05, max_new_tokens=r.max_new_tokens), capacity=40,
+            kv_tile=16).tokens[0] for r in cross])
     # the other methods on the pools per slot shard: each request as it decodes alone
     out["paged_data2_methods"] = {}
     for method, refill in (("block", "before"), ("ar", "after"), ("verified", "after")):
@@ -127,6 +138,9 @@ def test_mesh_data2_tensor2_same_tokens_as_one_device():
         assert r["sharded"] == r["one"] and r["held"] == 0, method
     flat = out.pop("per_layer_weights")
     assert flat["sharded"] == flat["one"] and flat["spec"] == "P(None, 'tensor')", flat["spec"]
+    cross = out.pop("paged_cross_shard")
+    assert cross["sharded"] == cross["one"] and cross["held"] == 0
+    assert cross["cached"][:2] == [0, 16], cross["cached"]   # the 2nd: 2 pages copied from shard 0
     shards = out.pop("paged_data2")
     assert shards["sharded"] == shards["one"]
     assert shards["static"] == out["streaming"]["one"]       # the static batch on the pools too

@@ -188,6 +188,19 @@ def test_write_pages_equals_the_dense_cache_write_and_drops_unmapped_rows():
     assert set(changed) <= set(np.asarray(short)[:, 0])
 
 
+def test_copy_pages_copies_every_layers_rows_and_skips_padding():
+    """`copy_pages` (a prefix cached in another slot shard, one device here): page dst[i] of
+    every layer becomes page src[i] of that layer; -1 entries copy nothing; the rest is kept."""
+    layers, per_layer = 3, 5
+    pool = jax.random.normal(jax.random.key(0), (layers * per_layer, 4, 2, 8))
+    out = np.asarray(pa.copy_pages(pool, [1, 3, -1], [4, 0, -1], layers, heads=2, kv_heads=1))
+    want = np.asarray(pool).copy()
+    for layer in range(layers):
+        base = layer * per_layer
+        want[base + 4], want[base + 0] = want[base + 1], want[base + 3]
+    np.testing.assert_array_equal(out, want)
+
+
 def test_layout_is_the_tpu_kernels_own():
     """jax's reference of the TPU ragged paged attention kernel (plain JAX) reads our pool and
     table the way attend_pages does: same outputs."""

@@ -121,6 +121,36 @@ def test_paged_decode_steps_compile_for_tpu_with_the_ragged_kernel_and_the_pool_
         assert big["memory"]["temp"] - small["memory"]["temp"] < 0.05 * growth, (small, big)
 
 
+COPY_PAGES = textwrap.dedent("""
+    import json
+    import jax, jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    from wedlm_jax.targets import describe_target
+    from wedlm_jax.sharding import make_mesh
+    from wedlm_jax import paged_attention as pa
+    mesh = make_mesh(data=4, fsdp=1, tensor=2, devices=list(describe_target("v5p:2x2x2")[0]))
+    layers, per = 4, 64
+    pool = jax.ShapeDtypeStruct((4 * layers * per, 64, 16, 128), jnp.bfloat16,
+                                sharding=NamedSharding(mesh, P("data", None, "tensor", None)))
+    ids = jax.ShapeDtypeStruct((8,), jnp.int32, sharding=NamedSharding(mesh, P()))
+    with jax.set_mesh(mesh):
+        c = jax.jit(lambda p, s, d: pa.copy_pages(p, s, d, layers, 32, 8),
+                    donate_argnums=0).lower(pool, ids, ids).compile()
+    m = c.memory_analysis()
+    print(json.dumps(dict(temp=m.temp_size_in_bytes, alias=m.alias_size_in_bytes,
+                          pool=4 * layers * per * 64 * 16 * 128 * 2 // 8)))
+""")
+
+
+def test_a_prefix_copied_between_slot_shards_compiles_for_tpu_in_place():
+    """`paged_attention.copy_pages` over slot shards (v5p:2x2x2, data 4 x tensor 2): the donated
+    pool is updated in place; the temporaries hold the copied pages only, not a pool."""
+    rc, out, err = _run([sys.executable, "-c", COPY_PAGES])
+    assert rc == 0, err[-4000:]
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r["alias"] >= r["pool"] and r["temp"] < r["pool"] / 4, r
+
+
 def test_decode_steps_compile_for_tpu_with_the_cache_in_place():
     rc, out, err = _run([sys.executable, "-c", DECODE, json.dumps(TPU_MODEL)])
     assert rc == 0, err[-4000:]

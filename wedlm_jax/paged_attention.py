@@ -261,6 +261,37 @@ def _mesh_split(mesh, heads: int, kv_heads: int):
     return shards, tensor
 
 
+def copy_pages(pool, src, dst, num_layers: int, heads: int, kv_heads: int):
+    """The pool with global pages `dst` [n] holding, in every layer, what pages `src` [n] hold
+    (entries < 0 skipped): a cached prefix of one slot shard's pool copied into another's, so a
+    request placed there need not prefill it again. Per device with slot shards: each source page
+    is read by its owner, summed over the shards (only the copied pages travel), and written by
+    the owner of its destination."""
+    def run(pool, src, dst, shard, shards):
+        per_layer = pool.shape[0] // num_layers
+        ls = shard_page_ids(src, shard, per_layer) if shards else src
+        ld = shard_page_ids(dst, shard, per_layer) if shards else dst
+        layer = jnp.arange(num_layers, dtype=jnp.int32)[:, None] * per_layer
+        got = pool[(layer + jnp.maximum(ls, 0)[None]).reshape(-1)]          # [L * n, page, ..]
+        got = jnp.where((ls >= 0)[None].repeat(num_layers, 0).reshape(-1)[:, None, None, None],
+                        got, jnp.zeros_like(got))
+        if shards:
+            got = jax.lax.psum(got, shards)
+        rows = jnp.where(ld >= 0, layer + ld[None], pool.shape[0]).reshape(-1)   # else dropped
+        return pool.at[rows].set(got, mode="drop")
+
+    src, dst = jnp.asarray(src, jnp.int32), jnp.asarray(dst, jnp.int32)
+    mesh = jax.sharding.get_abstract_mesh()
+    shards, tensor = _mesh_split(mesh, heads, kv_heads)
+    if not shards:
+        return run(pool, src, dst, 0, ())
+    from jax.sharding import PartitionSpec as P
+    spec = P(shards, None, tensor, None)
+    fn = jax.shard_map(lambda pool, src, dst: run(pool, src, dst, jax.lax.axis_index(shards), shards),
+                       mesh=mesh, in_specs=(spec, P(), P()), out_specs=spec, check_vma=False)
+    return fn(pool, src, dst)
+
+
 def layer_step(q, k, v, cache: dict, cache_len, layer, num_layers: int, *, impl: str,
                scale: float, pages_per_tile: int = 4):
     """One layer in paged cache mode: the new K/V [B, S, KVH, D] written at rows cache_len[b]..
