@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -248,3 +249,32 @@ def test_a_paged_admission_runs_the_first_fill_of_a_window_method(params, method
         assert steps == 1 and count == 0 and filled.any()
         assert int(np.asarray(state.n_fwd)[1]) == dec.window         # one forward of W slots
         assert int(np.asarray(state.cache.length)[1]) == len(r.prompt)  # nothing committed
+
+
+def test_a_readmitted_request_prefills_from_what_is_reused_at_readmission(params):
+    """A request that reused a cached prefix at its first admission, preempted, and readmitted
+    after that prefix was evicted prefills its whole prompt again (its prefill starts at the rows
+    reused at this admission, not at the first one's); AR gives the dense cache's tokens."""
+    prefix = [7, 8, 9, 10, 11, 12, 13, 14, 15, 16]            # > one page of 8 rows
+    first = Request(prompt=tuple(prefix + [20]), max_new_tokens=3)
+    again = Request(prompt=tuple(prefix + [21, 22]), max_new_tokens=12)
+    dense, _ = _run(_decoder(params, "ar", "after"), [first, again])
+    b = Batcher(_decoder(params, "ar", "after", page_size=PAGE))
+    out = {}
+    b.submit(first, on_finish=lambda f: out.__setitem__(0, f))
+    b.run_until_idle()                                         # its prefix page stays cached
+    b.submit(again, on_finish=lambda f: out.__setitem__(1, f))
+    b.step()                                                   # admitted with the cached page
+    slot = next(s for s, live in enumerate(b._slots) if live is not None)
+    assert b._slots[slot].reused == PAGE
+    b._preempt(slot)                                           # its pages go back ...
+    for pool in b.pool.pools:                                  # ... and every cached page is evicted
+        while pool.num_cached:
+            pool._evict_one()
+    layers = b.state.cache.layers                               # no page holds anything now
+    b.state = b.state.replace(cache=b.state.cache.replace(
+        layers=dict(layers, pool=jnp.zeros_like(layers["pool"]))))
+    b.run_until_idle()
+    assert out[1].preempted == 1 and out[1].cached_tokens == PAGE
+    assert out[1].tokens == dense[1].tokens
+    b.pool.check()
