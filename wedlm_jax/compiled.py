@@ -38,11 +38,15 @@ NO_SPARSECORE_OFFLOAD = {
     f"xla_tpu_enable_offloading_{op}_to_sparsecore": False
     for op in ("scatter", "gather", "sort", "reduce", "copy", "reshape")}
 NO_SPARSECORE_OFFLOAD["xla_tpu_enable_sparse_core_compute_offload"] = False
+# ... nor for the sliced prefetches memory-space assignment adds to deep programs (async
+# slice-start / slice-done): -1 or -2 s again (the 8B AR decode step on v6e:2x4, tensor 8: -2.0 s
+# at 8 layers unrolled, +0.552 ms with them off; none at 2 or 4 layers).
+NO_SLICED_PREFETCH = {"xla_tpu_sliced_prefetch_max_slices": 0}
 
 
 def estimate_options(platform: str) -> dict | None:
     """Compiler options for a program compiled to be costed (not run) on `platform`."""
-    return dict(NO_SPARSECORE_OFFLOAD) if platform == "tpu" else None
+    return dict(NO_SPARSECORE_OFFLOAD, **NO_SLICED_PREFETCH) if platform == "tpu" else None
 
 
 def kernels(compiled) -> dict:
