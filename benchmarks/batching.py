@@ -102,7 +102,7 @@ def main(argv=None) -> int:
         top = max(dec.prompt_bucket(len(r.prompt)) for r in requests)
         base = list(requests[0].prompt)
         warm = [dataclasses.replace(requests[0], prompt=tuple((base * n)[:n]), max_new_tokens=8)
-                for n in (1 << i for i in range(4, top.bit_length())) if n <= top]
+                for n in (1 << i for i in range(4, top.bit_length()))]
         for run, d in modes.values():
             run(d, warm if run is run_continuous else warm[:args.slots])
         walls = {m: [] for m in modes}

@@ -291,15 +291,18 @@ class Batcher:
         hit = pool.match(shard, rows, limit) if self.prefix_reuse else []
         # a longer prefix cached in another slot shard's pool: its pages past this shard's hit
         # are copied over (device to device) rather than prefilled again
-        other = max((d for d in range(dec.static.page_shards) if d != shard),
-                    key=lambda d: pool.cached(d, rows, limit), default=None)
-        src = (pool.match(other, rows, limit) if self.prefix_reuse and other is not None
-               and pool.cached(other, rows, limit) > len(hit) else [])
+        src = []
+        if self.prefix_reuse and dec.static.page_shards > 1:
+            cached = {d: pool.cached(d, rows, limit) for d in range(dec.static.page_shards)
+                      if d != shard}
+            other = max(cached, key=cached.get)
+            if cached[other] > len(hit):
+                src = pool.match(other, rows, limit)
         more = pool.allocate(shard, max(need - len(hit), 0))
         if more is None:
             pool.release(hit + src)
             return None
-        copied = len(src) - len(hit) if src else 0
+        copied = max(len(src) - len(hit), 0)
         if copied:
             self.state = dec.copy_pages(self.state, src[len(hit):], more[:copied])
         pool.release(src)                         # they stay cached in their own shard

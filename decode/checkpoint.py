@@ -84,8 +84,8 @@ class OpenCheckpoint:
     def load(self):
         """(ModelConfig, params, mesh): the weights in the placement's dtype on its mesh (None: the
         default device), their layers stacked or one tree each as the platform's decode programs
-        take them (`decode.layouts.layers_stacked`); the config carries the [MASK] id decided here, so `generate(params,
-        config, ...)` and a Decoder need no other argument for it."""
+        take them (`decode.layouts.layers_stacked`); the config carries the [MASK] id decided
+        here, so `generate(params, config, ...)` and a Decoder need no other argument for it."""
         import jax
 
         from decode.layouts import layers_stacked

@@ -273,8 +273,8 @@ def copy_pages(pool, src, dst, num_layers: int, heads: int, kv_heads: int):
         ld = shard_page_ids(dst, shard, per_layer) if shards else dst
         layer = jnp.arange(num_layers, dtype=jnp.int32)[:, None] * per_layer
         got = pool[(layer + jnp.maximum(ls, 0)[None]).reshape(-1)]          # [L * n, page, ..]
-        got = jnp.where((ls >= 0)[None].repeat(num_layers, 0).reshape(-1)[:, None, None, None],
-                        got, jnp.zeros_like(got))
+        owned = jnp.broadcast_to(ls >= 0, (num_layers, ls.shape[0])).reshape(-1)
+        got = jnp.where(owned[:, None, None, None], got, jnp.zeros_like(got))
         if shards:
             got = jax.lax.psum(got, shards)
         rows = jnp.where(ld >= 0, layer + ld[None], pool.shape[0]).reshape(-1)   # else dropped
