@@ -10,14 +10,14 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 
 import numpy as np
 import pytest
 
+from tests.synthetic.train_data import compilation_cache_dir
+
 HERE = os.path.abspath(__file__)
-CACHE = os.path.join(tempfile.gettempdir(),  # as synthetic.train_data.enable_compilation_cache
-                     f"wedlm-train-jax-cache-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}")
+CACHE = compilation_cache_dir()
 
 
 def _worker(root: str, out: str) -> None:

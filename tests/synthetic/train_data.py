@@ -20,14 +20,29 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
                  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def enable_compilation_cache() -> str:
-    """Persist compiled programs under the temp dir (tests run the same tiny programs many times,
-    in-process and in subprocesses: pass the returned dir as JAX_COMPILATION_CACHE_DIR)."""
+def compilation_cache_dir() -> str:
+    """This test run's compiled-program cache for this pytest-xdist worker (and the subprocesses it
+    starts, which inherit the run's key): one writer per dir, and nothing read from an earlier run
+    (entries kept across runs once crashed a worker in jax's cache read). The process that picks
+    the key removes the dir when it exits."""
+    import atexit
+    import shutil
     import tempfile
-    import jax
-    # one cache per pytest-xdist worker (and the subprocesses it starts): no concurrent writers
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    path = os.path.join(tempfile.gettempdir(), f"wedlm-train-jax-cache-{worker}")
+    run = os.environ.get("WEDLM_TEST_RUN")
+    if run is None:
+        run = os.environ["WEDLM_TEST_RUN"] = (
+            os.environ.get("PYTEST_XDIST_TESTRUNUID", "")[:12] or str(os.getpid()))
+        atexit.register(shutil.rmtree, os.path.join(
+            tempfile.gettempdir(), f"wedlm-test-jax-cache-{run}-{worker}"), True)
+    return os.path.join(tempfile.gettempdir(), f"wedlm-test-jax-cache-{run}-{worker}")
+
+
+def enable_compilation_cache() -> str:
+    """Persist compiled programs for the rest of this run (tests run the same tiny programs many
+    times, in-process and in subprocesses: pass the returned dir as JAX_COMPILATION_CACHE_DIR)."""
+    import jax
+    path = compilation_cache_dir()
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     return path
