@@ -264,16 +264,22 @@ def _ms(x) -> str:
 
 
 def derive(rows: list[dict], tpf: float) -> None:
-    """Streaming / AR roofline ratio at equal batch and the decode tokens/s estimates, in place."""
-    ar = {(r["slots"], r["cache"]): r.get("roofline_s") for r in rows
-          if r["kind"] == "decode" and r["method"] == "ar"}
-    for r in rows:
-        if r["kind"] != "decode" or not r.get("roofline_s"):
+    """Streaming / AR step ratios at equal batch (roofline; libtpu's optimal_seconds where both
+    have one) and the decode tokens/s estimates, in place."""
+    opt = lambda r: (r.get("cost") or {}).get("optimal_seconds") or 0.0
+    decode = [r for r in rows if r["kind"] == "decode"]
+    ar = {(r["slots"], r["cache"]): r for r in decode if r["method"] == "ar"}
+    for r in decode:
+        if not r.get("roofline_s"):
             continue
         per_fwd = 1.0 if r["method"] == "ar" else tpf
         r["tokens_per_s"] = r["slots"] * per_fwd / r["roofline_s"]
-        if r["method"] != "ar" and ar.get((r["slots"], r["cache"])):
-            r["step_over_ar"] = r["roofline_s"] / ar[(r["slots"], r["cache"])]
+        base = ar.get((r["slots"], r["cache"]))
+        if r["method"] == "ar" or base is None or not base.get("roofline_s"):
+            continue
+        r["step_over_ar"] = r["roofline_s"] / base["roofline_s"]
+        if opt(r) > 0 and opt(base) > 0:
+            r["libtpu_step_over_ar"] = opt(r) / opt(base)
 
 
 def markdown(report: dict) -> str:
@@ -288,11 +294,16 @@ def markdown(report: dict) -> str:
                 "whole-depth program's instructions (operands and results of every top-level "
                 "instruction, in-place updates as their update; the attention kernels' live K/V, "
                 "queries and output added), flops analytic (2 x weights x rows).", ""]
+    if any(r.get("cost", {}).get("optimal_from") for t in report["targets"] for r in t["rows"]):
+        out += ["\\* libtpu gave the program as compiled no time (optimal_seconds <= 0); the time "
+                "is that of the same program compiled with `wedlm_jax.compiled.estimate_options` "
+                "(no SparseCore offloads, no sliced prefetches); its bytes and flops are the "
+                "program's as compiled.", ""]
     for t in report["targets"]:
         out += [f"## {t['target']} ({t['chips']} chips, {t['hbm_gib']:.0f} GiB HBM, "
                 f"{t['peak_tflops']:.0f} TFLOP/s, {t['bandwidth_gbs']:.0f} GB/s per chip)", "",
                 "| program | batch | chips | memory GiB/chip | fits | bytes / floor | roofline ms | "
-                "libtpu optimal ms | floor ms | step / AR | tokens/s (est.) |",
+                "libtpu optimal ms | floor ms | step / AR: roofline (libtpu) | tokens/s (est.) |",
                 "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in t["rows"]:
             if r["kind"] == "decode":
@@ -320,8 +331,11 @@ def markdown(report: dict) -> str:
             cells = [name, batch, r.get("chips_used", t["chips"]),
                      f"{r['memory']['total'] / GIB:.2f}", "yes" if r["fits"] else "**no**",
                      fmt(r.get("bytes_over_floor"), ".2f"), _ms(r.get("roofline_s")),
-                     _ms(c.get("optimal_seconds")), _ms(r.get("floor_s")),
-                     fmt(r.get("step_over_ar"), ".2f"), extra]
+                     _ms(c.get("optimal_seconds")) + ("*" if c.get("optimal_from") else ""),
+                     _ms(r.get("floor_s")),
+                     fmt(r.get("step_over_ar"), ".2f") + (
+                         f" ({r['libtpu_step_over_ar']:.2f})" if "libtpu_step_over_ar" in r
+                         else ""), extra]
             out.append("| " + " | ".join(str(x) for x in cells) + " |")
         out.append("")
     return "\n".join(out)

@@ -88,13 +88,14 @@ def make_decoder(config, devices, *, method="streaming", window=16, refill="befo
                  capacity=4096, dtype="bfloat16", attention="tiled", kv_tile=256,
                  prefill_chunk=128, mesh_shape=None, scan_unroll: int = 1,
                  page_size: int | None = None, num_pages: int | None = None,
-                 weight_layout: str = "auto"):
+                 weight_layout: str = "auto", compiler_options: dict | None = None):
     """A Decoder over abstract weights (shapes only) for `devices` (one device, or a
     ('data', 'fsdp', 'tensor') mesh of `mesh_shape` over the first devices); `scan_unroll`
     layers per iteration of the layer scan; `page_size` a paged cache (heads over tensor; None:
     the dense cache, the figures' baseline; "auto": the Decoder's choice for the platform);
     `weight_layout` as the Decoder's (resolved for the devices' platform: with "compiler" its
-    `generate` is compiled here, with the weights' layouts left to the compiler)."""
+    `generate` is compiled here, with the weights' layouts left to the compiler, under
+    `compiler_options`)."""
     import dataclasses
     from decode.decoder import Decoder
     from wedlm_jax.sharding import make_mesh
@@ -115,7 +116,7 @@ def make_decoder(config, devices, *, method="streaming", window=16, refill="befo
     if scan_unroll != 1:
         dec.static = dataclasses.replace(dec.static, scan_unroll=scan_unroll)
     if layouts.resolve(weight_layout, devs[0].platform) == "compiler":
-        dec.use_compiler_layouts()
+        dec.use_compiler_layouts(compiler_options)
     return dec
 
 
@@ -126,18 +127,19 @@ def _shards(dec) -> tuple[int, int]:
     return int(shape.get("tensor", 1)), int(shape.get("data", 1)) * int(shape.get("fsdp", 1))
 
 
-def generate_program(config, devices, **settings):
+def generate_program(config, devices, compiler_options: dict | None = None, **settings):
     """(Decoder, compiled `generate` of k = 1) of a Decoder of these settings (`make_decoder`) for
-    the devices' platform; with the weights in the compiler's layouts, the program that chose
-    them (its `input_formats[0][0]`: the weights' formats)."""
+    the devices' platform, compiled with `compiler_options`; with the weights in the compiler's
+    layouts, the program that chose them (its `input_formats[0][0]`: the weights' formats)."""
     from decode.decoder import _generate
-    dec = make_decoder(config, devices, **settings)
+    dec = make_decoder(config, devices, compiler_options=compiler_options, **settings)
     compiled = dec._generate_compiled       # compiled already when the weights take its layouts
     if compiled is None:
         dev = _device_list(devices)[0]
         p, s, mask_id, run = abstract_args(dec, dev)
         with jax.default_device(dev):   # a Mosaic kernel's lowering reads the TPU generation from it
-            compiled = dec._call(_generate.lower, dec.static, 1, p, s, mask_id, run).compile()
+            compiled = dec._call(_generate.lower, dec.static, 1, p, s, mask_id,
+                                 run).compile(compiler_options)
     return dec, compiled
 
 
@@ -165,7 +167,7 @@ def compile_generate(config, devices, *, live_rows: int | None = None, **setting
 
 
 def compile_prefill(config, devices, *, prompt_len: int = 2048, weight_formats=None,
-                    **settings) -> dict:
+                    compiler_options: dict | None = None, **settings) -> dict:
     """Compile the prefill of one `prompt_len`-token prompt and return its figures. The prompt is
     one chunk unless `prefill_chunk` says otherwise (cost_analysis counts one chunk's pass of one
     layer: see `unrolled_cost`, and scale by the chunk count when chunked). `weight_formats`: the
@@ -186,7 +188,7 @@ def compile_prefill(config, devices, *, prompt_len: int = 2048, weight_formats=N
         rep = NamedSharding(dec.mesh, P())
         tok = jax.ShapeDtypeStruct((1, prompt_len), jnp.int32, sharding=rep)
         n = jax.ShapeDtypeStruct((1,), jnp.int32, sharding=rep)
-    compiled = dec._call(_prefill.lower, dec.static, p, tok, n).compile()
+    compiled = dec._call(_prefill.lower, dec.static, p, tok, n).compile(compiler_options)
     return dict(platform=dev.platform, prompt_len=prompt_len, prefill_chunk=dec.static.prefill_chunk,
                 mesh=None if dec.mesh is None else dict(dec.mesh.shape), **figures(compiled))
 
@@ -197,8 +199,22 @@ def unrolled_cost(compile_fn, config, *args, **kwargs) -> dict:
     from 1- and 2-layer compiles was tried and is not linear on TPU (per-layer byte deltas of 0.32,
     0.38, 0.52 GB for the 8B decode step at 2, 3, 4 layers: fusion changes with depth). Loops
     with a runtime trip count stay counted once: the cache attention's tile loop counts one KV
-    tile per row (`kv_not_counted`). {} when the compiler reports no cost (XLA:GPU)."""
-    return compile_fn(config, *args, scan_unroll=config.num_layers, **kwargs).get("cost") or {}
+    tile per row (`kv_not_counted`). Where libtpu gives no time (optimal_seconds <= 0: ops it
+    does not cost, in deep multi-chip programs memory-space assignment's sliced prefetches) the
+    program is compiled again with `wedlm_jax.compiled.estimate_options` and its time taken
+    (flops and bytes stay the real program's), marked {"optimal_from": "estimate_options"}.
+    {} when the compiler reports no cost (XLA:GPU)."""
+    from wedlm_jax.compiled import estimate_options
+    out = compile_fn(config, *args, scan_unroll=config.num_layers, **kwargs)
+    cost = out.get("cost") or {}
+    options = estimate_options(out.get("platform", ""))
+    if cost.get("optimal_seconds", 1.0) <= 0 and options and "compiler_options" not in kwargs:
+        again = compile_fn(config, *args, scan_unroll=config.num_layers, compiler_options=options,
+                           **kwargs).get("cost") or {}
+        cost = dict(cost, optimal_seconds=again.get("optimal_seconds"),
+                    optimal_seconds_as_compiled=cost["optimal_seconds"],
+                    optimal_from="estimate_options")
+    return cost
 
 
 def kv_not_counted(slots: int, config, live_rows: int, kv_tile: int, dtype: str,

@@ -201,10 +201,10 @@ class Decoder:
         if self.weight_layout == "compiler":
             self.use_compiler_layouts()
 
-    def use_compiler_layouts(self) -> None:
+    def use_compiler_layouts(self, compiler_options: dict | None = None) -> None:
         """Compile `generate` with the weights' layouts left to the compiler, keep that program for
         `generate` calls and put the weights into the layouts it chose (decode/layouts.py)."""
-        self._generate_compiled, formats = layouts.choose(self)
+        self._generate_compiled, formats = layouts.choose(self, compiler_options)
         self.params = layouts.place(self.params, formats)
         self.weight_layout = "compiler"
 

@@ -50,9 +50,10 @@ def _abstract(x, fallback):
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
 
 
-def choose(decoder):
+def choose(decoder, compiler_options: dict | None = None):
     """`generate` of `decoder` (k = its steps_per_call) compiled with the weights' layouts left to
-    the compiler; returns (compiled program, the weights' formats as a pytree of Format)."""
+    the compiler (and `compiler_options`, e.g. `wedlm_jax.compiled.estimate_options` for a program
+    compiled to be costed); returns (compiled program, the weights' formats as a pytree of Format)."""
     from decode.aot import abstract_args
     from decode.programs import _generate
     dev = decoder.mesh.devices.flat[0] if decoder.mesh is not None else jax.local_devices()[0]
@@ -65,7 +66,7 @@ def choose(decoder):
                                shardings(state), mask_id.sharding, run.sharding))
     with jax.default_device(dev):   # a Mosaic kernel's lowering reads the TPU generation from it
         compiled = decoder._call(fn.lower, decoder.static, decoder.steps_per_call, params, state,
-                                 mask_id, run).compile()
+                                 mask_id, run).compile(compiler_options)
     return compiled, compiled.input_formats[0][0]
 
 

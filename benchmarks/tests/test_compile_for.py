@@ -65,6 +65,47 @@ def test_unrolled_cost_counts_every_layer():
     assert abs(full - (one + 2 * layer)) <= 0.02 * full      # flops are linear in the layers
 
 
+def test_unrolled_cost_takes_the_time_of_the_estimate_compile_where_libtpu_gives_none():
+    """A whole-depth program libtpu gives no time (optimal_seconds <= 0) is compiled again with
+    estimate_options; only the time comes from that compile. A positive time, or a platform
+    without estimate options, compiles once."""
+    from decode import aot
+    from wedlm_jax.compiled import estimate_options
+    calls = []
+
+    def fake(optimal, platform):
+        def compile_fn(config, device, **kw):
+            calls.append(kw)
+            opt = 0.004 if kw.get("compiler_options") else optimal
+            return dict(platform=platform, cost={"flops": 5.0, "bytes accessed": 7.0,
+                                                 "optimal_seconds": opt})
+        return compile_fn
+
+    class Config:
+        num_layers = 4
+
+    cost = aot.unrolled_cost(fake(-2.0, "tpu"), Config, "dev", method="ar")
+    assert [c.get("compiler_options") for c in calls] == [None, estimate_options("tpu")]
+    assert all(c["scan_unroll"] == 4 and c["method"] == "ar" for c in calls)
+    assert cost == {"flops": 5.0, "bytes accessed": 7.0, "optimal_seconds": 0.004,
+                    "optimal_seconds_as_compiled": -2.0, "optimal_from": "estimate_options"}
+    for optimal, platform in ((0.001, "tpu"), (-2.0, "cpu")):
+        calls.clear()
+        cost = aot.unrolled_cost(fake(optimal, platform), Config, "dev")
+        assert len(calls) == 1 and cost["optimal_seconds"] == optimal and "optimal_from" not in cost
+
+
+def test_step_ratios_roofline_and_libtpu():
+    from benchmarks.compile_for import derive
+    row = lambda method, roof, opt: dict(kind="decode", method=method, slots=8, cache="dense",
+                                         roofline_s=roof, cost={"optimal_seconds": opt})
+    ar, st, st_none = row("ar", 2.0, 4.0), row("streaming", 3.0, 5.0), row("streaming", 3.0, -1.0)
+    derive([ar, st, st_none], tpf=4.0)
+    assert st["step_over_ar"] == 1.5 and st["libtpu_step_over_ar"] == 1.25
+    assert st["tokens_per_s"] == 8 * 4.0 / 3.0 and ar["tokens_per_s"] == 8 / 2.0
+    assert st_none["step_over_ar"] == 1.5 and "libtpu_step_over_ar" not in st_none
+
+
 def test_bad_targets_are_named_before_compiling(tmp_path):
     proc = _run("--compile-for", "v5p:1x1x1,h9000", "--out", str(tmp_path / "o"))
     assert proc.returncode == 2

@@ -23,18 +23,12 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
 def compilation_cache_dir() -> str:
     """This test run's compiled-program cache for this pytest-xdist worker (and the subprocesses it
     starts, which inherit the run's key): one writer per dir, and nothing read from an earlier run
-    (entries kept across runs once crashed a worker in jax's cache read). The process that picks
-    the key removes the dir when it exits."""
-    import atexit
-    import shutil
+    (entries kept across runs once crashed a worker in jax's cache read). The root conftest.py
+    removes it when the worker's session ends."""
     import tempfile
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    run = os.environ.get("WEDLM_TEST_RUN")
-    if run is None:
-        run = os.environ["WEDLM_TEST_RUN"] = (
-            os.environ.get("PYTEST_XDIST_TESTRUNUID", "")[:12] or str(os.getpid()))
-        atexit.register(shutil.rmtree, os.path.join(
-            tempfile.gettempdir(), f"wedlm-test-jax-cache-{run}-{worker}"), True)
+    run = os.environ.setdefault(
+        "WEDLM_TEST_RUN", os.environ.get("PYTEST_XDIST_TESTRUNUID", "")[:12] or str(os.getpid()))
     return os.path.join(tempfile.gettempdir(), f"wedlm-test-jax-cache-{run}-{worker}")
 
 
