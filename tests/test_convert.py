@@ -28,6 +28,7 @@ from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Q
 from wedlm_jax import convert, model as model_lib
 from wedlm_jax import safetensors_io as st
 from wedlm_jax.config import ConfigError
+from tests import xla
 
 VOCAB = 96
 COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -569,7 +570,7 @@ def test_load_onto_mesh_8_devices(hf_models, tmp_path):
                 assert np.array_equal(np.asarray(x), np.asarray(ref_x)), path
         print("SPLIT", n_split)
     """)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=xla.flags(8), JAX_PLATFORMS="cpu")
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from tests import xla
 
 SCRIPT = textwrap.dedent('''
     import json
@@ -122,7 +123,7 @@ SCRIPT = textwrap.dedent('''
 
 
 def test_mesh_data2_tensor2_same_tokens_as_one_device():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=xla.flags(4), JAX_PLATFORMS="cpu")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=root, capture_output=True,
                           text=True, timeout=600)
@@ -223,7 +224,7 @@ def test_every_door_takes_the_mesh_dtype_and_attention(tmp_path):
     """wedlm-decode, the batch job and wedlm-serve with --mesh (heads over tensor, slots over data)
     give the same tokens as one device; --attention / --kv-tile reach the Decoder; a mesh the devices or the
     model cannot take, or an unknown dtype / backend, is refused in one line."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=xla.flags(4), JAX_PLATFORMS="cpu")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p])
     proc = subprocess.run([sys.executable, "-c", DOORS, str(tmp_path)], env=env, cwd=root,

@@ -13,6 +13,8 @@ import subprocess
 import sys
 import textwrap
 
+from tests import xla
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPU_COMPILER = os.path.join(ROOT, ".venv", "gpu-compiler")
 
@@ -40,7 +42,8 @@ SCRIPT = textwrap.dedent("""
 def test_per_layer_weights_halve_the_gpu_decode_steps_bytes():
     assert os.path.isdir(os.path.join(GPU_COMPILER, "jax_plugins")), (
         f"XLA's GPU compiler is not in {GPU_COMPILER}: run `make setup` (or `make gpu-compiler`)")
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([ROOT, GPU_COMPILER]))
+    env = dict(xla.compiled_for_target(os.environ), JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([ROOT, GPU_COMPILER]))
     proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]

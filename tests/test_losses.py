@@ -13,6 +13,7 @@ import pytest
 
 from wedlm_jax import losses, masking
 from wedlm_jax.config import ConfigError
+from tests import xla
 
 VOCAB, MASK_ID = 50, 49
 SEG = np.array([[1] * 9 + [2] * 5 + [0] * 2,
@@ -237,7 +238,7 @@ def test_chunked_loss_refuses_a_chunk_that_does_not_divide_the_slots():
 
 SHARDED_SCRIPT = r"""
 import os, sys, json
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
 import jax, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 from wedlm_jax import losses, sharding
@@ -264,7 +265,7 @@ def test_sums_are_global_under_sharding(tmp_path):
     logits = logits[rows]
     path = tmp_path / "batch.npz"
     np.savez(path, logits=logits, **arr)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+    env = dict(os.environ, XLA_FLAGS=xla.flags(2),
                JAX_PLATFORMS="cpu")
     out = subprocess.run([sys.executable, "-c", SHARDED_SCRIPT, str(path)], env=env,
                          capture_output=True, text=True, timeout=240)

@@ -12,6 +12,7 @@ import pytest
 
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.model import Transformer, init_kv_cache, init_params
+from tests import xla
 
 CFG = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
                   num_heads=4, num_kv_heads=2, head_dim=16, qk_norm=True)
@@ -136,7 +137,7 @@ def test_dtype_policy_and_remat(params):
 
 SHARDED = textwrap.dedent("""
     import os
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     import jax, numpy as np
     from wedlm_jax.config import ModelConfig
     from wedlm_jax.model import Transformer, init_params, param_logical_axes, param_shapes
@@ -167,7 +168,7 @@ SHARDED = textwrap.dedent("""
 
 
 def test_sharded_logits_equal_unsharded():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env = dict(os.environ, XLA_FLAGS=xla.flags(8))
     res = subprocess.run([sys.executable, "-c", SHARDED], capture_output=True, text=True, env=env,
                          timeout=300, cwd=os.path.dirname(os.path.dirname(__file__)))
     assert res.returncode == 0, res.stderr[-3000:]

@@ -487,7 +487,8 @@ def _sharded_worker():
 
 
 def test_splash_and_tiled_sharded_on_8_devices():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+    from tests import xla          # this file also runs as a script, without the repository on its path
+    env = dict(os.environ, XLA_FLAGS=xla.flags(8),
                JAX_PLATFORMS="cpu")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, os.path.abspath(__file__)], env=env, cwd=root,

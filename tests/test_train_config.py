@@ -15,6 +15,7 @@ from tests.synthetic import train_data as fixtures
 from train import main as main_lib
 from train.config import TrainConfigError, load_config, mesh_shape
 from train.step import attention_pairs, decay_mask, lr_schedule, model_flops_per_row
+from tests import xla
 
 COMPILES = []
 jax.monitoring.register_event_duration_secs_listener(
@@ -290,7 +291,7 @@ def test_mesh_not_dividing_batch_program(setup, tmp_path):
         "from train.main import main\n"
         f"rc = main(['--config', {path!r}])\n"
         "print('RESULT', rc, len(n), jax.device_count())\n")
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=xla.flags(4), JAX_PLATFORMS="cpu")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=120)
     assert "RESULT 2 0 4" in out.stdout, out.stdout + out.stderr

@@ -17,6 +17,7 @@ import yaml
 
 from tests.synthetic import train_data as fixtures
 from train import main as main_lib
+from tests import xla
 
 COMPILES = []
 jax.monitoring.register_event_duration_secs_listener(
@@ -86,7 +87,7 @@ def test_dry_run_reports_xla_memory_and_refuses_when_too_big(tmp_path):
     cfg = _config(tmp_path)
     out = str(tmp_path / "res.json")
     # the three compiles of the same step share a compilation cache (one real compile)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+    env = dict(os.environ, XLA_FLAGS=xla.flags(8),
                JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jc"),
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     proc = subprocess.run([sys.executable, "-c", SCRIPT, cfg, out], env=env, cwd=ROOT,
@@ -95,12 +96,12 @@ def test_dry_run_reports_xla_memory_and_refuses_when_too_big(tmp_path):
     res = json.load(open(out))
     rc, text, err = res["fit"]
     assert rc == 0, err
-    xla = res["xla"]
-    assert xla["argument"] > 0 and xla["temp"] > 0
+    mem = res["xla"]
+    assert mem["argument"] > 0 and mem["temp"] > 0
     for label, key in (("arguments", "argument"), ("outputs", "output"), ("aliased", "alias"),
                        ("temporaries", "temp")):
-        assert _bytes(text, label) == xla[key], (label, text)
-    total = xla["argument"] + xla["output"] - xla["alias"] + xla["temp"]
+        assert _bytes(text, label) == mem[key], (label, text)
+    total = mem["argument"] + mem["output"] - mem["alias"] + mem["temp"]
     assert _bytes(text, "total") == total
     assert "data=2 fsdp=4 tensor=1 on 8 cpu devices" in text and "remat full" in text
     assert "1 row(s) per device per microbatch" in text  # 16 rows / 2 microbatches / (data 2 x fsdp 4)

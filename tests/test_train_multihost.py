@@ -19,6 +19,7 @@ from tests.synthetic import train_data as fixtures
 from train import main as main_lib
 from train.config import load_config
 from tests.synthetic.train_data import enable_compilation_cache
+from tests import xla
 
 CACHE = enable_compilation_cache()
 KEYS = ("loss", "mlm_loss", "ar_loss", "grad_norm", "masked_count", "tokens")
@@ -38,7 +39,7 @@ def test_two_processes_match_one(tmp_path):
     ck = str(tmp_path / "multi")
     port = _free_port()
     env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=CACHE,
-               XLA_FLAGS="--xla_force_host_platform_device_count=2")
+               XLA_FLAGS=xla.flags(2))
     procs = []
     for pid in range(2):
         log = open(tmp_path / f"proc{pid}.log", "w")

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from tests.synthetic.train_data import compilation_cache_dir
+from tests import xla
 
 HERE = os.path.abspath(__file__)
 CACHE = compilation_cache_dir()
@@ -107,7 +108,7 @@ def _worker(root: str, out: str) -> None:
 def test_eight_devices_match_one(tmp_path):
     out = str(tmp_path / "result.json")
     root = os.path.dirname(os.path.dirname(HERE))   # this checkout's packages (synthetic/ too)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+    env = dict(os.environ, XLA_FLAGS=xla.flags(8),
                JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=CACHE,
                PYTHONPATH=os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     proc = subprocess.run([sys.executable, HERE, str(tmp_path), out], env=env, capture_output=True,

@@ -26,6 +26,7 @@ from tests.verified_reference import reference_verified
 from wedlm_jax.config import ModelConfig
 from tests.synthetic import random_params as make_params
 from wedlm_jax.model import Transformer, init_kv_cache
+from tests import xla
 
 CONFIG = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,
                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True,
@@ -330,7 +331,7 @@ def test_mesh_same_tokens_as_one_device():
     import os
     import subprocess
     import sys
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=xla.flags(4), JAX_PLATFORMS="cpu")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, "-c", MESH_SCRIPT], env=env, cwd=root,
                           capture_output=True, text=True, timeout=600)

@@ -1,0 +1,20 @@
+"""XLA flags of every test process (the root conftest.py sets them; tests that start processes
+with devices forced pass `flags(n)`): XLA:CPU compiles with LLVM's expensive passes off. The
+suite compiles a few hundred small programs and runs each briefly, so compile time dominates it
+(tests/test_paged_decode.py: 196 s -> 131 s); what the tests check, the same tokens and values
+on two paths or against a reference within a tolerance, does not depend on how fast the code is."""
+
+FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+
+
+def flags(devices: int | None = None) -> str:
+    """XLA_FLAGS for a test's subprocess: the fast compile, `devices` host devices if given."""
+    force = f" --xla_force_host_platform_device_count={devices}" if devices else ""
+    return FAST_COMPILE + force
+
+
+def compiled_for_target(environ: dict) -> dict:
+    """`environ` with the fast compile taken out of XLA_FLAGS: for the processes that compile for
+    a TPU or GPU, whose memory and cost figures the tests read."""
+    rest = environ.get("XLA_FLAGS", "").replace(FAST_COMPILE, "").strip()
+    return dict(environ, XLA_FLAGS=rest)
