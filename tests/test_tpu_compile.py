@@ -230,6 +230,34 @@ def test_a_train_step_compiled_to_be_costed_gets_libtpus_time_estimate():
     assert r["costed"]["flops"] == pytest.approx(r["plain"]["flops"], rel=0.01)
 
 
+COSTED_DECODE = textwrap.dedent("""
+    import json, sys
+    from jax.experimental import topologies
+    from decode.aot import compile_generate
+    from wedlm_jax.compiled import estimate_options
+    from wedlm_jax.config import ModelConfig
+    dev = topologies.get_topology_desc(platform="tpu", topology_name="v5p:1x1x1",
+                                       chips_per_host_bounds=(1, 1, 1)).devices[0]
+    config = ModelConfig(**json.loads(sys.argv[1]))
+    kw = dict(method="streaming", window=8, refill="after", slots=2, capacity=512,
+              dtype="bfloat16", page_size=64, weight_layout="compiler")
+    out = {name: compile_generate(config, dev, compiler_options=options, **kw)
+           for name, options in (("plain", None), ("costed", estimate_options("tpu")))}
+    print(json.dumps({k: dict(v["cost"], layout=v["weight_layout"]) for k, v in out.items()}))
+""")
+
+
+def test_a_decode_step_compiles_for_tpu_with_the_estimate_options():
+    """The decode step's costed compile takes `estimate_options` (libtpu knows each option; the
+    weights' layouts chosen under them too): a time and the plain program's FLOPs."""
+    rc, out, err = _run([sys.executable, "-c", COSTED_DECODE, json.dumps(TPU_MODEL)])
+    assert rc == 0, err[-4000:]
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r["plain"]["layout"] == r["costed"]["layout"] == "compiler"
+    assert r["costed"]["optimal_seconds"] > 0
+    assert r["costed"]["flops"] == pytest.approx(r["plain"]["flops"], rel=0.01)
+
+
 def test_serve_dry_run_compiles_the_server_programs_for_a_topology(tmp_path):
     """`wedlm-serve --dry-run --topology` reads config.json alone, compiles the decode step and the
     prefill for the chips laid out by --mesh / --dtype, and gives the verdict (0 fits, 1 does not,
