@@ -3,10 +3,11 @@ program ranked by the bytes they read and write, with the source op each comes f
 
     PYTHONPATH=.:.venv/tpu-compiler JAX_PLATFORMS=cpu python -m benchmarks.step_bytes \
         [--topology v5p:1x1x1] [--method streaming] [--window 16] [--refill before]
-        [--layers 2] [--page-size 64] [--top 25]
+        [--layers 2] [--page-size 64] [--slots 8] [--tensor 1] [--top 25]
 
 The 8B shape (configs/arch/qwen3-8b) with `--layers` layers (unrolled, so each layer's
-instructions are in the program once), bf16, 8 slots, capacity 4096, the weights in the layouts the
+instructions are in the program once), bf16, `--slots` slots (heads over `--tensor` chips; the
+figures per chip), capacity 4096, the weights in the layouts the
 Decoder gives them on the target (decode/layouts.py). libtpu's cost analysis gives the step's total;
 this splits it: per instruction, the sizes of its operands and result as the HLO text states them
 (an estimate of its HBM traffic: a fusion reads its operands once and writes its result once; an
@@ -195,25 +196,29 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--page-size", type=int, default=None)
     ap.add_argument("--weight-layout", default="auto")
+    ap.add_argument("--slots", type=int, default=8)
+    ap.add_argument("--tensor", type=int, default=1, help="heads over this many of the chips")
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args(argv)
     from decode import aot
     from wedlm_jax.compiled import figures
     from wedlm_jax.convert import read_config
     config = read_config(ROOT_ARCH).replace(num_layers=args.layers)
-    dev = aot.describe_tpu(args.topology)[0][0]
+    devs = aot.describe_tpu(args.topology)[0][:args.tensor]
     dec, compiled = aot.generate_program(
-        config, [dev], method=args.method, window=args.window, refill=args.refill, slots=8,
-        capacity=4096, dtype="bfloat16", scan_unroll=args.layers, page_size=args.page_size,
-        weight_layout=args.weight_layout)
+        config, devs, method=args.method, window=args.window, refill=args.refill,
+        slots=args.slots, capacity=4096, dtype="bfloat16", scan_unroll=args.layers,
+        page_size=args.page_size, weight_layout=args.weight_layout,
+        mesh_shape=(1, 1, args.tensor) if args.tensor > 1 else None)
     cost = figures(compiled).get("cost") or {}
-    floor = aot.step_floor(dec.static, 2048)
+    floor = aot.step_floor(dec.static, 2048, args.tensor)
     rows = instruction_bytes(compiled.as_text())
     total = sum(r["bytes"] for r in rows)
     custom = [r for r in rows if r["op"] == "custom-call"]
     hbm = sum(r["hbm_bytes"] for r in rows if r["op"] != "custom-call")
     if dec.static.paged:       # a Mosaic kernel's operands are whole buffers, not its traffic
-        kernel = aot.kernel_not_counted(8, dec.static.spec.span, config, 2048, "bfloat16")
+        kernel = aot.kernel_not_counted(args.slots, dec.static.spec.span, config, 2048,
+                                        "bfloat16") / args.tensor
         kernel_note = "the paged-attention kernels' live pages, queries and output (analytic)"
     else:
         kernel = 0.0
