@@ -198,7 +198,8 @@ def test_persistent_compilation_cache_is_reused_by_the_next_run(ckpt, tmp_path):
     cache = tmp_path / "xla"
     argv = [sys.executable, "-m", "decode.cli", "--checkpoint", ckpt[0], "--prompt", "count with me",
             "--max-new-tokens", "8", "--compile-cache", str(cache)]
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
+    from tests import xla        # full compiles: each program well past the cache's 0.5 s floor
+    env = dict(xla.full_compile(os.environ), JAX_PLATFORMS="cpu",
                PYTHONPATH=os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     first = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd=root)
     assert first.returncode == 0, first.stderr[-3000:]

@@ -42,7 +42,7 @@ SCRIPT = textwrap.dedent("""
 def test_per_layer_weights_halve_the_gpu_decode_steps_bytes():
     assert os.path.isdir(os.path.join(GPU_COMPILER, "jax_plugins")), (
         f"XLA's GPU compiler is not in {GPU_COMPILER}: run `make setup` (or `make gpu-compiler`)")
-    env = dict(xla.compiled_for_target(os.environ), JAX_PLATFORMS="cpu",
+    env = dict(xla.full_compile(os.environ), JAX_PLATFORMS="cpu",
                PYTHONPATH=os.pathsep.join([ROOT, GPU_COMPILER]))
     proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=600)

@@ -18,7 +18,7 @@ def env(**extra) -> dict:
     """The environment of a subprocess that compiles for TPU: this checkout and libtpu on the
     path, CPU as jax's own platform, several libtpu processes allowed (pytest -n 2)."""
     path = [ROOT, folder()] + [p for p in [os.environ.get("PYTHONPATH")] if p]
-    return dict(xla.compiled_for_target(os.environ), JAX_PLATFORMS="cpu",
+    return dict(xla.full_compile(os.environ), JAX_PLATFORMS="cpu",
                 ALLOW_MULTIPLE_LIBTPU_LOAD="1", PYTHONPATH=os.pathsep.join(path), **extra)
 
 

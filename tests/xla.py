@@ -13,8 +13,9 @@ def flags(devices: int | None = None) -> str:
     return FAST_COMPILE + force
 
 
-def compiled_for_target(environ: dict) -> dict:
+def full_compile(environ: dict) -> dict:
     """`environ` with the fast compile taken out of XLA_FLAGS: for the processes that compile for
-    a TPU or GPU, whose memory and cost figures the tests read."""
+    a TPU or GPU, whose memory and cost figures the tests read, and those whose compile times
+    matter (the persistent cache keeps only programs that took >= 0.5 s to compile)."""
     rest = environ.get("XLA_FLAGS", "").replace(FAST_COMPILE, "").strip()
     return dict(environ, XLA_FLAGS=rest)
