@@ -1,8 +1,8 @@
 """Settings for every test process (and the subprocesses the tests start, which inherit them):
-XLA's fast compile (tests/xla.py) and WEDLM_COMPILE_CACHE=off. The command-line programs turn on JAX's persistent compilation cache by
-default; the tests that count compiles must see them, so it is off unless a test names a folder.
-The in-process train tests keep their own cache for the run (tests/synthetic/train_data.py),
-removed when the session ends.
+XLA's fast compile (tests/xla.py) and WEDLM_COMPILE_CACHE=off. The command-line programs turn on
+JAX's persistent compilation cache by default; the tests that count compiles must see them, so it
+is off unless a test names a folder. The in-process train tests keep their own cache for the run
+(tests/synthetic/train_data.py), removed when the session ends.
 """
 
 import os
