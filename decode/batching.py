@@ -231,7 +231,8 @@ class Batcher:
         if self.num_active == 0:
             return self.num_waiting > 0
         try:
-            self.state, result = dec.generate(self.state)
+            self.state, result = dec.generate(   # the live slots' bucket only (paged cache)
+                self.state, live=[s for s, live in enumerate(self._slots) if live is not None])
         except Exception as e:  # noqa: BLE001 - the device call failed: its requests end, we go on
             self._reset(f"the decoding step failed ({type(e).__name__}: "
                         f"{str(e).splitlines()[0][:300] if str(e) else ''})")

@@ -43,7 +43,7 @@ from decode.config import (MAX_LOGPROBS, DecodeConfigError, EngineOptions, Sampl
 from decode.memory import _gib, available_memory, estimate_memory
 from decode.pages import pool_size, static_batch_table
 from decode.programs import (STEPS, Static, _copy_pages, _forward, _free, _generate,  # noqa: F401
-                             _insert, _one_step, _prefill, _prefill_into, _prefill_slot,
+                             _generate_live, _insert, _one_step, _prefill, _prefill_into, _prefill_slot,
                              _set_rows, _unmap, cache_axes, compiled_count)
 from decode.state import DecodeState, Prefix, ResultTokens, free_rows, request_row  # noqa: F401
 from decode.steps import StepSpec
@@ -464,22 +464,55 @@ class Decoder:
                                           c.head_dim, st.slots, st.pages_per_seq, jnp.dtype(st.dtype))
         return model_lib.init_kv_cache(st.config, st.slots, st.rows, jnp.dtype(st.dtype))
 
-    def generate(self, state: DecodeState, k: int | None = None):
+    def live_buckets(self) -> list[int]:
+        """The live-slot buckets `generate(live=...)` steps alone (powers of two below `slots`):
+        a paged cache with one slot shard and row-major weights; none otherwise (the dense
+        cache's rows would be copied out and back; the compiler-layout program is compiled
+        for all the slots)."""
+        st = self.static
+        if not st.paged or st.page_shards != 1 or self._generate_compiled is not None:
+            return []
+        return [b for b in (1 << i for i in range(st.slots.bit_length())) if b < st.slots]
+
+    def generate(self, state: DecodeState, k: int | None = None, live=None):
         """Run up to k (default and at most steps_per_call; 0 compiles and runs nothing) steps of
         every live slot in one jitted call, fewer when slots that had emitted nothing (just
-        inserted) all have their first tokens. Returns (state, ResultTokens)."""
+        inserted) all have their first tokens. Returns (state, ResultTokens).
+
+        live: the slots holding requests, when the caller knows them (the Batcher does): with a
+        paged cache the call then steps only the smallest `live_buckets` bucket holding them
+        (padded with free slots), one compiled program per bucket; slots left out do not move.
+        The tokens are the same as a call over every slot."""
         k = self.steps_per_call if k is None else k
         if not _is_int(k) or not 0 <= k <= self.steps_per_call:
             raise DecodeConfigError(f"k must be an int in [0, {self.steps_per_call}], got {k!r}")
         mask_id, run = jnp.int32(self.mask_id), jnp.int32(k)
+        idx = self._bucket(live) if live is not None else None
         if self._generate_compiled is not None:     # the weights in the compiler's layouts
             state, toks, lps, counts, steps = self._generate_compiled(self.params, state, mask_id, run)
+        elif idx is not None:
+            state, toks, lps, counts, steps = self._call(
+                _generate_live, self.static, self.steps_per_call, self.params, state,
+                jnp.asarray(idx), mask_id, run)
         else:
             state, toks, lps, counts, steps = self._call(_generate, self.static, self.steps_per_call,
                                                          self.params, state, mask_id, run)
         toks, lps, counts, steps, done = jax.device_get((toks, lps, counts, steps, state.done))
         return state, ResultTokens(tokens=toks, counts=counts, steps=int(steps), done=done,
                                    logprobs=lps)
+
+    def _bucket(self, live) -> np.ndarray | None:
+        """The slots a `generate(live=...)` call steps: the live ones, then free ones up to the
+        smallest bucket holding them; None for every slot (no bucket small enough)."""
+        live = sorted(set(live))
+        for slot in live:
+            self._check_slot(slot)
+        size = next((b for b in self.live_buckets() if b >= len(live)), None)
+        if size is None:
+            return None
+        taken = set(live)
+        pad = [s for s in range(self.slots) if s not in taken][:size - len(live)]
+        return np.asarray(live + pad, np.int32)
 
     def step_with_aux(self, state: DecodeState):
         """One step (not donated) with its aux dict: for traces and checks."""

@@ -55,13 +55,13 @@ def choose(decoder, compiler_options: dict | None = None):
     the compiler (and `compiler_options`, e.g. `wedlm_jax.compiled.estimate_options` for a program
     compiled to be costed); returns (compiled program, the weights' formats as a pytree of Format)."""
     from decode.aot import abstract_args
-    from decode.programs import _generate
+    from decode.programs import _generate_loop
     dev = decoder.mesh.devices.flat[0] if decoder.mesh is not None else jax.local_devices()[0]
     home = jax.sharding.SingleDeviceSharding(dev)
     params = jax.tree.map(lambda x: _abstract(x, home), decoder.params)
     _, state, mask_id, run = abstract_args(decoder, dev)
     shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
-    fn = jax.jit(_generate.__wrapped__, static_argnums=(0, 1), donate_argnums=(3,),
+    fn = jax.jit(_generate_loop, static_argnums=(0, 1), donate_argnums=(3,),
                  in_shardings=(jax.tree.map(lambda x: Format(Layout.AUTO, x.sharding), params),
                                shardings(state), mask_id.sharding, run.sharding))
     with jax.default_device(dev):   # a Mosaic kernel's lowering reads the TPU generation from it

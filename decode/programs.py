@@ -12,6 +12,8 @@ of donated state.
     _set_rows       paged cache: slots' page rows replaced (pages mapped as a sequence grows)
     _copy_pages     paged cache: pages made copies of others (a prefix cached in another shard)
     _generate       up to k steps of every slot in one `lax.while_loop`
+    _generate_live  paged cache: the same over a live-slot bucket (the live slots gathered,
+                    stepped, scattered back; one program per power-of-two bucket)
     _one_step       one step with its aux (traces, checks)
 
 Dense cache: layers {'k', 'v'} [L, B, R, KVH, D]. Paged cache: layers {'pool': [L * P, page,
@@ -177,8 +179,7 @@ def _free(static: Static, state: DecodeState, slot):
     return state.replace(done=state.done.at[slot].set(True))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))
-def _generate(static: Static, k: int, params, state: DecodeState, mask_id, run):
+def _generate_loop(static: Static, k: int, params, state: DecodeState, mask_id, run):
     """Up to `run` (a runtime value <= k) steps of every slot. Returns (state, tokens [B, k, E],
     their TokenLogProbs [B, k, E, ..], counts [B, k], steps run).
 
@@ -211,6 +212,34 @@ def _generate(static: Static, k: int, params, state: DecodeState, mask_id, run):
             jnp.zeros((b, k), jnp.int32))
     i, state, toks, lps, counts = jax.lax.while_loop(cond, body, init)
     return state, toks, lps, counts, i
+
+
+_generate = functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))(_generate_loop)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))
+def _generate_live(static: Static, k: int, params, state: DecodeState, idx, mask_id, run):
+    """Paged cache: `_generate` over the slots `idx` [b] alone (b < slots, a live-slot bucket:
+    the live slots padded with free ones, no slot twice): their rows gathered, stepped with the
+    shared pool, and scattered back; the other slots are left as they are. Outputs as
+    `_generate`'s, [B, ..] (zeros in the slots not stepped). A step depends only on its own row
+    (its tokens, its cache rows through its page row, its seed and step count), so the gathered
+    slots emit what the full batch would; a step computes b rows instead of B (issue 25: a lone
+    request after a reused prefix no longer pays for the idle slots)."""
+    layers = state.cache.layers
+    bare = lambda st: st.replace(cache=st.cache.replace(layers=None))
+    sub = jax.tree.map(lambda x: x[idx], bare(state))
+    sub = sub.replace(cache=sub.cache.replace(
+        layers={"pool": layers["pool"], "table": layers["table"][idx]}))
+    sub_static = dataclasses.replace(static, slots=idx.shape[0])
+    sub, toks, lps, counts, i = _generate_loop(sub_static, k, params, sub, mask_id, run)
+    rest = jax.tree.map(lambda full, part: full.at[idx].set(part), bare(state), bare(sub))
+    table = layers["table"].at[idx].set(sub.cache.layers["table"])
+    state = rest.replace(cache=rest.cache.replace(
+        layers={"pool": sub.cache.layers["pool"], "table": table}))
+    widen = lambda x: jnp.zeros((static.slots,) + x.shape[1:], x.dtype).at[idx].set(x)
+    return (_constrain_state(static, state), widen(toks), jax.tree.map(widen, lps), widen(counts),
+            i)
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
@@ -295,4 +324,5 @@ def _set_rows(static: Static, state: DecodeState, which, table):
 def compiled_count() -> int:
     """How many programs the decoder's jitted functions hold (jax's cache; a compile-once check)."""
     return sum(f._cache_size() for f in (_prefill, _prefill_into, _insert, _free, _generate,
-                                         _one_step, _prefill_slot, _unmap, _set_rows, _copy_pages))
+                                         _generate_live, _one_step, _prefill_slot, _unmap,
+                                         _set_rows, _copy_pages))

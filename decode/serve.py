@@ -136,8 +136,9 @@ def load_decoder(args):
 
 def warm_up(batcher, capacity: int, every_bucket: bool = True) -> float:
     """Compile before serving: one short request per prompt bucket (the Decoder compiles prefill and
-    insert once per power-of-two prompt bucket, generate once), so no client waits on a compile.
-    every_bucket=False compiles the smallest bucket only (the others compile on first use)."""
+    insert once per power-of-two prompt bucket) and generate for every live-slot bucket (a paged
+    cache steps only the live slots' bucket: `Decoder.live_buckets`), so no client waits on a
+    compile. every_bucket=False compiles the smallest buckets only (the others on first use)."""
     from decode.decoder import Request
     lengths, n = [1], 16
     while every_bucket and n <= 2 * capacity:
@@ -147,6 +148,9 @@ def warm_up(batcher, capacity: int, every_bucket: bool = True) -> float:
     for length in dict.fromkeys(lengths):
         batcher.submit(Request(prompt=(0,) * length, max_new_tokens=1))
     batcher.run_until_idle()
+    dec = batcher.decoder
+    for size in (dec.live_buckets() + [dec.slots]) if every_bucket else []:
+        batcher.state, _ = dec.generate(batcher.state, 0, live=range(size))   # runs no step
     return time.perf_counter() - t0
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -278,3 +279,59 @@ def test_a_readmitted_request_prefills_from_what_is_reused_at_readmission(params
     assert out[1].preempted == 1 and out[1].cached_tokens == PAGE
     assert out[1].tokens == dense[1].tokens
     b.pool.check()
+
+
+@pytest.mark.parametrize("method,refill,sampling", [("streaming", "after", False),
+                                                    ("verified", "before", True)])
+def test_a_live_slot_bucket_steps_its_slots_alone_with_the_tokens_of_every_slot(params, method,
+                                                                                refill, sampling):
+    """`generate(live=...)` steps only the smallest power-of-two bucket holding the live slots
+    (gathered, stepped over the shared pool, scattered back): the tokens, log-probabilities and
+    the whole state after it (pool included) are those of a call over every slot; one program
+    per bucket, whichever slots are live."""
+    from decode.programs import compiled_count
+    dec = Decoder(params, CONFIG, method=method, window=4, refill=refill, slots=8,
+                  capacity=CAPACITY, steps_per_call=3, kv_tile=16, page_size=PAGE,
+                  sampling=sampling, top_logprobs=2)
+    assert dec.live_buckets() == [1, 2, 4]
+    reqs = {6: Request(prompt=(3, 4, 5, 6, 7, 8, 9, 10, 11), max_new_tokens=9, tau=0.3,
+                       temperature=0.8 if sampling else 0.0, seed=5, top_logprobs=2),
+            1: Request(prompt=(9, 2, 7), max_new_tokens=14, tau=0.0)}
+
+    def admitted():
+        state, first = dec.init_state(), 0
+        for slot, r in reqs.items():
+            need = dec.pages_needed(r)
+            state = dec.prefill_into_slot(state, r, slot, list(range(first, first + need)))
+            first += need
+        return state
+
+    full, bucket = admitted(), admitted()
+    for call in range(3):
+        full, want = dec.generate(full)
+        before = compiled_count()
+        bucket, got = dec.generate(bucket, live=[6, 1])
+        assert compiled_count() == before + (call == 0)             # bucket 2, compiled once
+        for slot in reqs:
+            assert got.new_ids(slot) == want.new_ids(slot)
+            assert got.new_ids(slot) or call > 0
+            np.testing.assert_allclose([lp for lp, _ in got.new_logprobs(slot, 2)],
+                                       [lp for lp, _ in want.new_logprobs(slot, 2)], atol=1e-5)
+        for a, b in zip(jax.tree.leaves(full), jax.tree.leaves(bucket)):
+            np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=1e-5)
+    before = compiled_count()
+    bucket, _ = dec.generate(bucket, live=[3, 0])        # other slots, the same bucket
+    assert compiled_count() == before
+
+
+def test_a_slot_left_out_of_a_live_bucket_does_not_move(params):
+    dec = _decoder(params, "ar", "before", page_size=PAGE)
+    r = Request(prompt=(3, 4, 5), max_new_tokens=6)
+    state = dec.init_state()
+    state = dec.prefill_into_slot(state, r, 0, list(range(dec.pages_needed(r))))
+    state = dec.prefill_into_slot(state, r, 2, list(range(8, 8 + dec.pages_needed(r))))
+    state, res = dec.generate(state, live=[2])
+    assert res.new_ids(2) and not res.new_ids(0)
+    assert int(np.asarray(state.count)[0]) == 0 and int(np.asarray(state.count)[2]) > 0
+    with pytest.raises(DecodeConfigError, match="slot must be an int"):
+        dec.generate(state, live=[SLOTS])
