@@ -6,7 +6,8 @@
              a short question each; the demo model's positions end at 2048) and a chat-like one (a shared ~470-token instruction, short questions),
              requests one after another: time to first token (prefill + the steps up to the
              request's first commit: a generate call of up to 8 steps ends there) and tokens/s
-             with prefix reuse on and off (same paged Decoder, rounds interleaved, medians)
+             with prefix reuse on and off (same paged Decoder, rounds interleaved, medians);
+             and reuse on with every generate call stepping all 4 slots (no live-slot bucket)
   inflight   requests in flight at one fixed cache memory, mixed prompt and output lengths: dense
              slots (each reserves the capacity) against the paged pool (pages mapped as each grows)
   step       one generate call with every slot live: paged against dense, same slots and capacity,
@@ -64,12 +65,15 @@ class _Clock:
         return dict(self.spent)
 
 
-def _serve(decoder, requests, prefix_reuse=True):
+def _serve(decoder, requests, prefix_reuse=True, buckets=True):
     """The requests one after another (each arrives when the previous one is done, so a time to
     first token is its prefill and the steps to its first commit, not a wait in the queue): the
     median TTFT with its parts (prefill, generate calls, the rest: host work), the wall time,
-    tokens/s, and the prompt rows reused."""
+    tokens/s, and the prompt rows reused. buckets=False: every generate call steps every slot
+    (as before `Decoder.live_buckets`), for the side-by-side."""
     b = Batcher(decoder, prefix_reuse=prefix_reuse)
+    if not buckets:
+        decoder.live_buckets = lambda: []      # on the instance, removed below
     clock = _Clock(decoder)
     ttft, parts, done, t_all = [], [], [], time.perf_counter()
     try:
@@ -87,6 +91,7 @@ def _serve(decoder, requests, prefix_reuse=True):
             ttft.append(first[0])
     finally:
         clock.close()
+        vars(decoder).pop("live_buckets", None)
     wall = time.perf_counter() - t_all
     toks = sum(len(f.tokens) for f in done)
     med = lambda k: statistics.median(p[k] for p in parts)
@@ -113,15 +118,17 @@ def prefix_workloads(config, params, tok, rounds: int) -> dict:
         cap = max(len(r.prompt) for r in reqs) + 32
         dec = Decoder(params, config, method="streaming", window=8, slots=4, capacity=cap,
                       steps_per_call=8, page_size=PAGE)
-        _serve(dec, reqs[:2], True)                   # compile
-        _serve(dec, reqs[:2], False)
-        runs = {"on": [], "off": []}
+        modes = {"on": (True, True), "off": (False, True), "on, every slot": (True, False)}
+        for reuse, buckets in modes.values():    # compile
+            _serve(dec, reqs[:2], reuse, buckets)
+        runs = {m: [] for m in modes}
         for _ in range(rounds):
-            for mode in ("on", "off"):
-                runs[mode].append(_serve(dec, reqs, mode == "on"))
+            for mode, (reuse, buckets) in modes.items():
+                runs[mode].append(_serve(dec, reqs, reuse, buckets))
         med = {m: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for m, rs in runs.items()}
         med["prefix_tokens"] = len(prefix)
         med["ttft_off_over_on"] = med["off"]["ttft_s"] / med["on"]["ttft_s"]
+        med["ttft_off_over_on_every_slot"] = med["off"]["ttft_s"] / med["on, every slot"]["ttft_s"]
         out[name] = med
     return out
 

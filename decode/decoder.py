@@ -501,6 +501,19 @@ class Decoder:
         return state, ResultTokens(tokens=toks, counts=counts, steps=int(steps), done=done,
                                    logprobs=lps)
 
+    def compile_steps(self, state: DecodeState) -> DecodeState:
+        """Compile, by running them as no-ops, the programs a serving loop calls after admission:
+        `generate` for every live-slot bucket and for every slot, and with a paged cache the page
+        table's updates (`set_page_rows`, `unmap`, `copy_pages` across slot shards). The state
+        is donated and comes back unchanged."""
+        for size in self.live_buckets() + [self.slots]:
+            state, _ = self.generate(state, 0, live=range(size))     # runs no step
+        if self.paged:
+            state = self.unmap(self.set_page_rows(state, {}), [])
+            if self.static.page_shards > 1:
+                state = self.copy_pages(state, [], [])
+        return state
+
     def _bucket(self, live) -> np.ndarray | None:
         """The slots a `generate(live=...)` call steps: the live ones, then free ones up to the
         smallest bucket holding them; None for every slot (no bucket small enough)."""

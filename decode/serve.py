@@ -136,21 +136,24 @@ def load_decoder(args):
 
 def warm_up(batcher, capacity: int, every_bucket: bool = True) -> float:
     """Compile before serving: one short request per prompt bucket (the Decoder compiles prefill and
-    insert once per power-of-two prompt bucket) and generate for every live-slot bucket (a paged
-    cache steps only the live slots' bucket: `Decoder.live_buckets`), so no client waits on a
-    compile. every_bucket=False compiles the smallest buckets only (the others on first use)."""
+    insert once per power-of-two prompt bucket; each prompt its own first token, so a paged
+    cache reuses no prefix of another and prefills the whole bucket), then the step programs
+    (`Decoder.compile_steps`: generate for every live-slot bucket, the page table's updates), so
+    no client waits on a compile. every_bucket=False compiles the smallest prompt bucket and
+    what it runs only (the others compile on first use)."""
     from decode.decoder import Request
     lengths, n = [1], 16
     while every_bucket and n <= 2 * capacity:
         lengths.append(min(n, capacity))
         n *= 2
     t0 = time.perf_counter()
-    for length in dict.fromkeys(lengths):
-        batcher.submit(Request(prompt=(0,) * length, max_new_tokens=1))
-    batcher.run_until_idle()
     dec = batcher.decoder
-    for size in (dec.live_buckets() + [dec.slots]) if every_bucket else []:
-        batcher.state, _ = dec.generate(batcher.state, 0, live=range(size))   # runs no step
+    vocab = dec.model_config.vocab_size
+    for i, length in enumerate(dict.fromkeys(lengths)):
+        batcher.submit(Request(prompt=(i % vocab,) + (0,) * (length - 1), max_new_tokens=1))
+    batcher.run_until_idle()
+    if every_bucket:
+        batcher.state = dec.compile_steps(batcher.state)
     return time.perf_counter() - t0
 
 

@@ -5,6 +5,7 @@ after 1000 requests with cancellations; a request larger than the pool is refuse
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import jax
@@ -335,3 +336,40 @@ def test_a_slot_left_out_of_a_live_bucket_does_not_move(params):
     assert int(np.asarray(state.count)[0]) == 0 and int(np.asarray(state.count)[2]) > 0
     with pytest.raises(DecodeConfigError, match="slot must be an int"):
         dec.generate(state, live=[SLOTS])
+
+
+def test_a_live_slot_bucket_updates_the_pool_in_place(params):
+    """The bucket program gathers the live slots' rows, never the pool: compiled for two pool
+    sizes, the donated pool is aliased to the output and the temporaries do not grow with it."""
+    from decode.programs import _generate_live
+    memory = []
+    for pages in (64, 512):
+        dec = _decoder(params, "streaming", "before", page_size=PAGE, num_pages=pages)
+        state = dec.init_state()
+        pool = state.cache.layers["pool"]
+        m = dec._call(_generate_live.lower, dec.static, dec.steps_per_call, dec.params, state,
+                      jnp.arange(2, dtype=jnp.int32), jnp.int32(dec.mask_id),
+                      jnp.int32(1)).compile().memory_analysis()
+        memory.append((pool.size * pool.dtype.itemsize, m.alias_size_in_bytes, m.temp_size_in_bytes))
+    (small, alias_small, temp_small), (big, alias_big, temp_big) = memory
+    assert alias_small >= small and alias_big >= big, memory
+    assert temp_big - temp_small < 0.05 * (big - small), memory
+
+
+def test_the_servers_warm_up_compiles_every_live_slot_bucket(params):
+    """After `serve.warm_up` nothing compiles while serving: a lone request, two, a full batch
+    (every live-slot bucket and the every-slot program), pages mapped as they grow, and a long
+    prompt (the warm-up's prompts reuse no prefix of one another, so every prompt bucket's
+    prefill was compiled)."""
+    from decode import serve
+    from decode.programs import compiled_count
+    b = Batcher(_decoder(params, "streaming", "after", page_size=PAGE))
+    serve.warm_up(b, CAPACITY)
+    before = compiled_count()
+    for n in (1, 2, SLOTS):
+        for r in _requests(n, seed=n):
+            b.submit(dataclasses.replace(r, prompt=r.prompt[:15]))
+        b.run_until_idle()
+    b.submit(Request(prompt=tuple(range(1, 61)) + tuple(range(1, 11)), max_new_tokens=8))
+    b.run_until_idle()
+    assert compiled_count() == before
