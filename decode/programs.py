@@ -256,6 +256,28 @@ def fills_at_prefill(static: Static) -> bool:
     return static.paged and static.spec.method in ("streaming", "block")
 
 
+def _behind_suffix(forward, tokens, start, suffix_len):
+    """A forward for a window step at rows n = start + suffix_len .. that also computes a chunk of
+    the prompt (tokens [1, C] at rows start.., its first `suffix_len` real, the prompt's last)
+    in the same pass: those tokens, then the window's right behind them (rows n.. in physical
+    order, as the step alone writes them), then the chunk's padding. Causal attention in
+    physical order gives the window what the step alone sees (the prompt's rows, then the
+    window), and the chunk what it sees alone (nothing behind it); the padding's rows are past
+    the window, written over before they are read (or dropped past the pages). Returns the
+    window's logits only."""
+    c = tokens.shape[1]
+
+    def step_forward(params, win_tok, win_pos, layers, n):
+        span = win_tok.shape[1]
+        toks = jnp.concatenate([tokens, jnp.zeros((1, span), tokens.dtype)], axis=1)
+        toks = jax.lax.dynamic_update_slice_in_dim(toks, win_tok.astype(toks.dtype), suffix_len, 1)
+        pos = start + jnp.arange(c + span, dtype=jnp.int32)[None, :]
+        pos = jax.lax.dynamic_update_slice_in_dim(pos, win_pos.astype(jnp.int32), suffix_len, 1)
+        logits, layers = forward(params, toks, pos, layers, jnp.reshape(start, (1,)))
+        return jax.lax.dynamic_slice_in_dim(logits, suffix_len, span, axis=1), layers
+    return step_forward
+
+
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
 def _prefill_slot(static: Static, params, state: DecodeState, row: DecodeState, slot, pages,
                   tokens, start, prefill_len, mask_id):
@@ -266,7 +288,8 @@ def _prefill_slot(static: Static, params, state: DecodeState, row: DecodeState, 
     block (`fills_at_prefill`) then run the request's first step here, on its row alone: the
     window's first fill, which emits nothing, so the first generate step can already commit
     (one forward less to the first tokens; a step depends only on its own row, so the tokens
-    are those of the step run in `generate`)."""
+    are those of the step run in `generate`). That step's forward also computes the prompt's
+    last chunk (`_behind_suffix`): one pass over the weights less per admission."""
     pb = tokens.shape[1]
     chunk = min(static.prefill_chunk, pb)
     forward = _forward(static)
@@ -281,10 +304,15 @@ def _prefill_slot(static: Static, params, state: DecodeState, row: DecodeState, 
         return layers["pool"]
 
     n = (prefill_len - start + chunk - 1) // chunk
-    pool = jax.lax.fori_loop(0, n, body, state.cache.layers["pool"])
-    if fills_at_prefill(static):
+    if not fills_at_prefill(static):
+        pool = jax.lax.fori_loop(0, n, body, state.cache.layers["pool"])
+    else:   # every chunk but the last, then the last with the first fill's window behind it
+        pool = jax.lax.fori_loop(0, jnp.maximum(n - 1, 0), body, state.cache.layers["pool"])
+        local = jnp.minimum(jnp.maximum(n - 1, 0) * chunk, pb - chunk)
+        last = jax.lax.dynamic_slice_in_dim(tokens, local, chunk, axis=1)
+        step_forward = _behind_suffix(forward, last, start + local, prefill_len - start - local)
         one = row.replace(cache=row.cache.replace(layers={"pool": pool, "table": pages[None]}))
-        one = STEPS[static.spec.method](forward, params, one, static.spec, mask_id)[0]
+        one = STEPS[static.spec.method](step_forward, params, one, static.spec, mask_id)[0]
         pool, row = one.cache.layers["pool"], one.replace(cache=one.cache.replace(layers=None))
     put = lambda full, part: jax.lax.dynamic_update_index_in_dim(full, part[0].astype(full.dtype),
                                                                   slot, 0)

@@ -77,6 +77,19 @@ def test_paged_equals_dense_under_random_arrival(params, method, refill):
     b.pool.check()
 
 
+@pytest.mark.parametrize("method, refill", [("streaming", "before"), ("block", "after")])
+def test_paged_equals_dense_with_suffixes_of_one_chunk_and_of_several(params, method, refill):
+    """Prefill chunks of 16 rows: a suffix of one chunk (most reused prefixes' rests) is computed
+    in the first fill's forward alone, a longer one in chunks before it and its last chunk in
+    that forward (pulled back inside the suffix); both give the dense cache's tokens."""
+    reqs = _requests(12, seed=7)
+    dense, _ = _run(_decoder(params, method, refill, prefill_chunk=16), reqs)
+    paged, _ = _run(_decoder(params, method, refill, page_size=PAGE, prefill_chunk=16), reqs)
+    assert [paged[i].tokens for i in range(len(reqs))] == [dense[i].tokens for i in range(len(reqs))]
+    suffixes = [len(r.prompt) - paged[i].cached_tokens for i, r in enumerate(reqs)]
+    assert min(suffixes) <= 16 < max(suffixes), suffixes            # both paths taken
+
+
 def test_prefix_hits_give_the_tokens_of_misses_and_skip_the_rows(params):
     reqs = _requests(10, seed=5)
     dec = _decoder(params, "streaming", "before", page_size=PAGE)
