@@ -193,6 +193,32 @@ def compile_prefill(config, devices, *, prompt_len: int = 2048, weight_formats=N
                 mesh=None if dec.mesh is None else dict(dec.mesh.shape), **figures(compiled))
 
 
+def compile_admission(dec, prompt_len: int, weight_formats=None,
+                      compiler_options: dict | None = None) -> dict:
+    """Compile a paged Decoder's admission of one `prompt_len`-token prompt (`_prefill_slot`: its
+    rows written into the pool through its page row, and for a window method the first fill,
+    in the decode state the step runs on) and return its figures; `weight_formats` as in
+    `compile_prefill`."""
+    from decode.programs import _prefill_slot
+    st = dec.static
+    dev = dec.mesh.devices.flat[0] if dec.mesh is not None else jax.local_devices()[0]
+    params, state, scalar, _ = abstract_args(dec, dev)
+    if weight_formats is not None:
+        params = layouts.place(params, weight_formats)
+    host = dec._host_free()
+    row = _abstract(jax.tree.map(lambda x: x[:1], host.replace(cache=host.cache.replace(layers=None))))
+    put = ((lambda t: _on(dev, t)) if dec.mesh is None else
+           (lambda t: jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+               x.shape, x.dtype, sharding=NamedSharding(dec.mesh, P())), t)))
+    row, pages, tokens = put(row), put(jax.ShapeDtypeStruct((st.pages_per_seq,), jnp.int32)), \
+        put(jax.ShapeDtypeStruct((1, prompt_len), jnp.int32))
+    with jax.default_device(dev):   # a Mosaic kernel's lowering reads the TPU generation from it
+        compiled = dec._call(_prefill_slot.lower, st, params, state, row, scalar, pages, tokens,
+                             scalar, scalar, scalar).compile(compiler_options)
+    return dict(platform=dev.platform, prompt_len=prompt_len, prefill_chunk=st.prefill_chunk,
+                page_size=st.page_size, **figures(compiled))
+
+
 def unrolled_cost(compile_fn, config, *args, **kwargs) -> dict:
     """The cost of the whole depth: `compile_fn` with the layer scan fully unrolled (XLA's
     cost_analysis counts a loop body once, so the rolled program reports one layer). Extrapolating
@@ -241,7 +267,7 @@ def dry_run(config, target: str, placement, *, method: str, window: int, refill:
             capacity: int, prefill_chunk: int = 128, device_memory_gib: float | None = None,
             who: str = "wedlm-serve") -> tuple[str, bool]:
     """The programs a decoding door runs (one decode step of `generate`, one prompt's prefill at
-    the largest bucket) compiled for an accelerator (a TPU topology, or GPUs: wedlm_jax.targets)
+    the largest bucket: with a paged cache its admission into pages, `compile_admission`) compiled for an accelerator (a TPU topology, or GPUs: wedlm_jax.targets)
     from config.json alone, laid out as
     `placement` says; (report text, fits). An out-of-memory compile is the verdict, not an error."""
     from wedlm_jax.failures import out_of_memory
@@ -275,8 +301,11 @@ def dry_run(config, target: str, placement, *, method: str, window: int, refill:
                 raise
             return reason
 
+    made = {}
+
     def step():
-        dec, compiled = generate_program(config, devs, **settings)
+        dec, compiled = generate_program(config, devs, **dict(settings, prefill_chunk=prefill_chunk))
+        made["decoder"] = dec
         lines[0] += (f"; paged cache, pages of {dec.static.page_size} rows"
                      + (" (the platform's choice)" if placement.page_size is None else "")
                      if dec.paged else "; dense cache")
@@ -285,12 +314,19 @@ def dry_run(config, target: str, placement, *, method: str, window: int, refill:
 
     step_figures = verdict(step)
     formats = step_figures.pop("weight_formats") if isinstance(step_figures, dict) else None
-    results = [("decode step", step_figures),
-               (f"prefill of a {prompt}-token prompt", verdict(lambda: compile_prefill(
-                   config, devs, **dict(settings, prompt_len=prompt, weight_formats=formats,
-                                        prefill_chunk=min(prefill_chunk, prompt),
-                                        page_size=None, num_pages=None))))]  # the dense prefill;
-    fits = True                                     # it reads the weights as the step laid them
+    dec = made.get("decoder")
+    if dec is not None and dec.paged:   # the door admits into pages (and runs the first fill)
+        bucket = dec.prompt_bucket(prompt)
+        results = [("decode step", step_figures),
+                   (f"admission of a {bucket}-token prompt", verdict(lambda: compile_admission(
+                       dec, bucket, formats)))]
+    else:      # the dense prefill; it reads the weights as the step laid them
+        results = [("decode step", step_figures),
+                   (f"prefill of a {prompt}-token prompt", verdict(lambda: compile_prefill(
+                       config, devs, **dict(settings, prompt_len=prompt, weight_formats=formats,
+                                            prefill_chunk=min(prefill_chunk, prompt),
+                                            page_size=None, num_pages=None))))]
+    fits = True
     for label, f in results:
         if isinstance(f, str):
             lines.append(f"  {label:<34} DOES NOT FIT: the compiler ran out of memory: {f}")

@@ -260,7 +260,7 @@ def test_a_decode_step_compiles_for_tpu_with_the_estimate_options():
 
 def test_serve_dry_run_compiles_the_server_programs_for_a_topology(tmp_path):
     """`wedlm-serve --dry-run --topology` reads config.json alone, compiles the decode step and the
-    prefill for the chips laid out by --mesh / --dtype, and gives the verdict (0 fits, 1 does not,
+    prefill (with a paged cache, the admission into pages) for the chips laid out by --mesh / --dtype, and gives the verdict (0 fits, 1 does not,
     2 bad input) in its own words."""
     from wedlm_jax.config import ModelConfig
     folder = tmp_path / "arch"
@@ -273,7 +273,8 @@ def test_serve_dry_run_compiles_the_server_programs_for_a_topology(tmp_path):
     assert rc == 0, out + err[-3000:]
     assert "wedlm-serve dry run for v5p:2x2x2: 2 of its 8 chips" in out
     assert "; paged cache, pages of 64 rows" in out    # slots over data: a pool per shard
-    assert "decode step" in out and "prefill of a 1024-token prompt" in out
+    # a paged door admits into pages: its admission program (prefill + first fill) is compiled
+    assert "decode step" in out and "admission of a 1024-token prompt" in out
     assert "verdict      FITS in 95.00 GiB per chip" in out
     rc, out, err = _run(base + ["--topology", "v5p:1x1x1", "--device-memory", "0.001"])
     assert rc == 1 and "DOES NOT FIT" in out, out + err[-2000:]
@@ -302,6 +303,7 @@ def test_decode_dry_run_compiles_the_batch_jobs_programs_for_a_topology(tmp_path
     assert "paged cache, pages of 64 rows (the platform's choice)" in out, out
     rc, out, err = _run(base + ["--page-size", "0"])
     assert rc == 0 and "; dense cache" in out and "verdict      FITS" in out, out + err[-3000:]
+    assert "prefill of a 1024-token prompt" in out and "admission of" not in out
     rc, out, err = _run(base + ["--page-size", "64"])
     assert rc == 0 and "verdict      FITS" in out, out + err[-3000:]
     rc, out, err = _run(base + ["--page-size", "64", "--mesh", "data=2", "--topology", "v5p:2x2x2",
