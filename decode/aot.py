@@ -206,7 +206,8 @@ def compile_admission(dec, prompt_len: int, weight_formats=None,
     if weight_formats is not None:
         params = layouts.place(params, weight_formats)
     host = dec._host_free()
-    row = _abstract(jax.tree.map(lambda x: x[:1], host.replace(cache=host.cache.replace(layers=None))))
+    bare = host.replace(cache=host.cache.replace(layers=None))
+    row = _abstract(jax.tree.map(lambda x: x[:1], bare))
     put = ((lambda t: _on(dev, t)) if dec.mesh is None else
            (lambda t: jax.tree.map(lambda x: jax.ShapeDtypeStruct(
                x.shape, x.dtype, sharding=NamedSharding(dec.mesh, P())), t)))
@@ -267,9 +268,10 @@ def dry_run(config, target: str, placement, *, method: str, window: int, refill:
             capacity: int, prefill_chunk: int = 128, device_memory_gib: float | None = None,
             who: str = "wedlm-serve") -> tuple[str, bool]:
     """The programs a decoding door runs (one decode step of `generate`, one prompt's prefill at
-    the largest bucket: with a paged cache its admission into pages, `compile_admission`) compiled for an accelerator (a TPU topology, or GPUs: wedlm_jax.targets)
-    from config.json alone, laid out as
-    `placement` says; (report text, fits). An out-of-memory compile is the verdict, not an error."""
+    the largest bucket: with a paged cache its admission into pages, `compile_admission`)
+    compiled for an accelerator (a TPU topology, or GPUs: wedlm_jax.targets) from config.json
+    alone, laid out as `placement` says; (report text, fits). An out-of-memory compile is the
+    verdict, not an error."""
     from wedlm_jax.failures import out_of_memory
     devices, chip = describe_target(target)
     hbm = chip.hbm
@@ -304,7 +306,8 @@ def dry_run(config, target: str, placement, *, method: str, window: int, refill:
     made = {}
 
     def step():
-        dec, compiled = generate_program(config, devs, **dict(settings, prefill_chunk=prefill_chunk))
+        dec, compiled = generate_program(config, devs,
+                                         **dict(settings, prefill_chunk=prefill_chunk))
         made["decoder"] = dec
         lines[0] += (f"; paged cache, pages of {dec.static.page_size} rows"
                      + (" (the platform's choice)" if placement.page_size is None else "")

@@ -43,8 +43,8 @@ from decode.config import (MAX_LOGPROBS, DecodeConfigError, EngineOptions, Sampl
 from decode.memory import _gib, available_memory, estimate_memory
 from decode.pages import pool_size, static_batch_table
 from decode.programs import (STEPS, Static, _copy_pages, _forward, _free, _generate,  # noqa: F401
-                             _generate_live, _insert, _one_step, _prefill, _prefill_into, _prefill_slot,
-                             _set_rows, _unmap, cache_axes, compiled_count)
+                             _generate_live, _insert, _one_step, _prefill, _prefill_into,
+                             _prefill_slot, _set_rows, _unmap, cache_axes, compiled_count)
 from decode.state import DecodeState, Prefix, ResultTokens, free_rows, request_row  # noqa: F401
 from decode.steps import StepSpec
 from wedlm_jax import attention_backends as attn_backends

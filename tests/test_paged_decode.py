@@ -85,7 +85,7 @@ def test_paged_equals_dense_with_suffixes_of_one_chunk_and_of_several(params, me
     reqs = _requests(12, seed=7)
     dense, _ = _run(_decoder(params, method, refill, prefill_chunk=16), reqs)
     paged, _ = _run(_decoder(params, method, refill, page_size=PAGE, prefill_chunk=16), reqs)
-    assert [paged[i].tokens for i in range(len(reqs))] == [dense[i].tokens for i in range(len(reqs))]
+    assert [paged[i].tokens for i in range(12)] == [dense[i].tokens for i in range(12)]
     suffixes = [len(r.prompt) - paged[i].cached_tokens for i, r in enumerate(reqs)]
     assert min(suffixes) <= 16 < max(suffixes), suffixes            # both paths taken
 
@@ -332,7 +332,8 @@ def test_a_live_slot_bucket_steps_its_slots_alone_with_the_tokens_of_every_slot(
             np.testing.assert_allclose([lp for lp, _ in got.new_logprobs(slot, 2)],
                                        [lp for lp, _ in want.new_logprobs(slot, 2)], atol=1e-5)
         for a, b in zip(jax.tree.leaves(full), jax.tree.leaves(bucket)):
-            np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=1e-5)
+            np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                                       atol=1e-5)
     before = compiled_count()
     bucket, _ = dec.generate(bucket, live=[3, 0])        # other slots, the same bucket
     assert compiled_count() == before
@@ -363,7 +364,8 @@ def test_a_live_slot_bucket_updates_the_pool_in_place(params):
         m = dec._call(_generate_live.lower, dec.static, dec.steps_per_call, dec.params, state,
                       jnp.arange(2, dtype=jnp.int32), jnp.int32(dec.mask_id),
                       jnp.int32(1)).compile().memory_analysis()
-        memory.append((pool.size * pool.dtype.itemsize, m.alias_size_in_bytes, m.temp_size_in_bytes))
+        memory.append((pool.size * pool.dtype.itemsize, m.alias_size_in_bytes,
+                       m.temp_size_in_bytes))
     (small, alias_small, temp_small), (big, alias_big, temp_big) = memory
     assert alias_small >= small and alias_big >= big, memory
     assert temp_big - temp_small < 0.05 * (big - small), memory

@@ -260,8 +260,8 @@ def test_a_decode_step_compiles_for_tpu_with_the_estimate_options():
 
 def test_serve_dry_run_compiles_the_server_programs_for_a_topology(tmp_path):
     """`wedlm-serve --dry-run --topology` reads config.json alone, compiles the decode step and the
-    prefill (with a paged cache, the admission into pages) for the chips laid out by --mesh / --dtype, and gives the verdict (0 fits, 1 does not,
-    2 bad input) in its own words."""
+    prefill (with a paged cache, the admission into pages) for the chips laid out by --mesh /
+    --dtype, and gives the verdict (0 fits, 1 does not, 2 bad input) in its own words."""
     from wedlm_jax.config import ModelConfig
     folder = tmp_path / "arch"
     folder.mkdir()
