@@ -79,11 +79,11 @@ def test_a_request_that_fails_in_the_engine_fails_alone(tiny):
     real_generate = dec.generate
     calls = {"n": 0}
 
-    def generate(state):
+    def generate(state, **kw):
         calls["n"] += 1
         if calls["n"] == 1:
             raise RuntimeError("RESOURCE_EXHAUSTED: device out of memory")
-        return real_generate(state)
+        return real_generate(state, **kw)
     dec.generate = generate
     done.clear()
     b.submit(Request(prompt=(5, 6, 7), max_new_tokens=12), on_finish=lambda f: done.__setitem__("a", f))

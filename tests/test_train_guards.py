@@ -19,9 +19,9 @@ from train import checkpoint as ckpt
 from tests.synthetic import train_data as fixtures
 from train import main as main_lib
 from train.config import TrainConfigError, load_config
-from tests.synthetic.train_data import enable_compilation_cache
+from tests.synthetic.train_data import compilation_cache_dir
 
-CACHE = enable_compilation_cache()
+CACHE = compilation_cache_dir()
 
 
 @pytest.fixture(scope="module")

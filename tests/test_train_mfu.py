@@ -6,12 +6,9 @@ import jax
 import pytest
 
 from tests.synthetic import train_data as fixtures
-from tests.synthetic.train_data import enable_compilation_cache
 from train import main as main_lib
 from train import step as step_lib
 from train.config import load_config
-
-enable_compilation_cache()
 
 
 def test_mfu_only_when_asked_for(tmp_path, monkeypatch):

@@ -7,9 +7,6 @@ import numpy as np
 from tests.synthetic import train_data as fixtures
 from train import main as main_lib
 from train.config import load_config
-from tests.synthetic.train_data import enable_compilation_cache
-
-enable_compilation_cache()
 
 
 def test_tiny_model_overfits(tmp_path):

@@ -16,9 +16,7 @@ from tests.synthetic import train_data as fixtures
 from train import main as main_lib
 from train import pretokenize as pt
 from train.config import TrainConfigError, load_config
-from tests.synthetic.train_data import enable_compilation_cache
 
-enable_compilation_cache()
 COMPILES = []
 jax.monitoring.register_event_duration_secs_listener(
     lambda name, *a, **k: COMPILES.append(name) if name.endswith("backend_compile_duration") else None)

@@ -20,9 +20,9 @@ from tests.synthetic import train_data as fixtures
 from train import main as main_lib
 from train import step as step_lib
 from train.config import TrainConfigError, load_config
-from tests.synthetic.train_data import enable_compilation_cache
+from tests.synthetic.train_data import compilation_cache_dir
 
-CACHE = enable_compilation_cache()
+CACHE = compilation_cache_dir()
 
 KEYS = ("loss", "mlm_loss", "ar_loss", "grad_norm", "masked_count", "tokens", "lr")
 
