@@ -48,6 +48,14 @@ def _on(device, tree):
                         tree)
 
 
+def _replicated(decoder, device, tree):
+    """`tree`'s shapes on `device` without a mesh, replicated over the Decoder's mesh otherwise."""
+    if decoder.mesh is None:
+        return _on(device, tree)
+    rep = NamedSharding(decoder.mesh, P())
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=rep), tree)
+
+
 def abstract_args(decoder, device=None):
     """(params, state, mask_id, run) of `decoder`'s `generate` as ShapeDtypeStructs: on `device`
     without a mesh, laid out as the Decoder lays them out on its mesh otherwise."""
@@ -63,7 +71,7 @@ def abstract_args(decoder, device=None):
             params = model_lib.unstack_layers(params, decoder.model_config.num_layers)
         return _on(device, params), _on(device, state), _on(device, scalar), _on(device, scalar)
     state = decoder._place(state, decoder._state_shardings(state))
-    rep = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(decoder.mesh, P()))
+    rep = _replicated(decoder, device, scalar)
     return decoder.params, state, rep, rep
 
 
@@ -181,13 +189,8 @@ def compile_prefill(config, devices, *, prompt_len: int = 2048, weight_formats=N
     p = abstract_args(dec, dev)[0]
     if weight_formats is not None:
         p = layouts.place(p, weight_formats)
-    if dec.mesh is None:
-        tok = _on(dev, jax.ShapeDtypeStruct((1, prompt_len), jnp.int32))
-        n = _on(dev, jax.ShapeDtypeStruct((1,), jnp.int32))
-    else:
-        rep = NamedSharding(dec.mesh, P())
-        tok = jax.ShapeDtypeStruct((1, prompt_len), jnp.int32, sharding=rep)
-        n = jax.ShapeDtypeStruct((1,), jnp.int32, sharding=rep)
+    tok, n = _replicated(dec, dev, (jax.ShapeDtypeStruct((1, prompt_len), jnp.int32),
+                                    jax.ShapeDtypeStruct((1,), jnp.int32)))
     compiled = dec._call(_prefill.lower, dec.static, p, tok, n).compile(compiler_options)
     return dict(platform=dev.platform, prompt_len=prompt_len, prefill_chunk=dec.static.prefill_chunk,
                 mesh=None if dec.mesh is None else dict(dec.mesh.shape), **figures(compiled))
@@ -208,11 +211,9 @@ def compile_admission(dec, prompt_len: int, weight_formats=None,
     host = dec._host_free()
     bare = host.replace(cache=host.cache.replace(layers=None))
     row = _abstract(jax.tree.map(lambda x: x[:1], bare))
-    put = ((lambda t: _on(dev, t)) if dec.mesh is None else
-           (lambda t: jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-               x.shape, x.dtype, sharding=NamedSharding(dec.mesh, P())), t)))
-    row, pages, tokens = put(row), put(jax.ShapeDtypeStruct((st.pages_per_seq,), jnp.int32)), \
-        put(jax.ShapeDtypeStruct((1, prompt_len), jnp.int32))
+    row, pages, tokens = _replicated(dec, dev, (
+        row, jax.ShapeDtypeStruct((st.pages_per_seq,), jnp.int32),
+        jax.ShapeDtypeStruct((1, prompt_len), jnp.int32)))
     with jax.default_device(dev):   # a Mosaic kernel's lowering reads the TPU generation from it
         compiled = dec._call(_prefill_slot.lower, st, params, state, row, scalar, pages, tokens,
                              scalar, scalar, scalar).compile(compiler_options)
