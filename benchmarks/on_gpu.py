@@ -168,7 +168,36 @@ def tokens(smoke: bool) -> list[dict]:
     return out
 
 
-def steps(smoke: bool, clock: Clock, rounds: int, info: dict, out: list, save=lambda: None) -> list[dict]:
+def _pages_per_tile(n: int) -> None:
+    """A probe, not a setting: the paged gather path with `n` pages per tile of its loop."""
+    from wedlm_jax import paged_attention as pa
+    gather = pa.attend_pages_gather
+
+    def patched(q, pool, table, cache_len, scale, pages_per_tile=4, first_page=0):
+        return gather(q, pool, table, cache_len, scale, n, first_page)
+    pa.attend_pages_gather = patched
+
+
+def _trace(dec, st, folder: str, name: str):
+    """One `generate` call under jax's profiler; its trace.json.gz copied to folder/name (the
+    profiler's own folder is nested too deep to come back from a lent machine)."""
+    import glob
+    import shutil
+    import tempfile
+
+    import jax
+    tmp = tempfile.mkdtemp()
+    with jax.profiler.trace(tmp):
+        st, _ = dec.generate(st)
+        jax.block_until_ready(st)
+    found = glob.glob(os.path.join(tmp, "plugins", "profile", "*", "*.trace.json.gz"))
+    if found:
+        shutil.copy(found[0], os.path.join(folder, name))
+    return st
+
+
+def steps(smoke: bool, clock: Clock, rounds: int, info: dict, out: list, save=lambda: None,
+          settings=None, live=None, trace_dir=None) -> list[dict]:
     """The served decode step over random 8B-shaped bf16 weights, every setting interleaved;
     rows appended to `out` as they are made (a run cut short keeps the compiled settings)."""
     import jax
@@ -180,17 +209,20 @@ def steps(smoke: bool, clock: Clock, rounds: int, info: dict, out: list, save=la
     from wedlm_jax import attention_backends as ab
     from wedlm_jax.model import unstack_layers
     config = model_config(dict(SMOKE_SHAPE if smoke else DECODE_SHAPES["8b"]))
-    capacity, live = (128, 32) if smoke else (4096, 2048)
+    capacity, default_live = (128, 32) if smoke else (4096, 2048)
+    live = live or default_live
     params = device_params(config)
     if jax.default_backend() == "gpu":
         params = unstack_layers(params, config.num_layers)
     rng = np.random.default_rng(1)
     decs = []
     for name, method, window, refill, slots, page_size, attention in STEP_SETTINGS:
+        if settings and name not in settings:
+            continue
         if clock.left() < 60:
             out.append(dict(setting=name, skipped="time budget"))
             continue
-        row = dict(setting=name, method=method, window=window, refill=refill, slots=slots)
+        row = dict(setting=name, method=method, window=window, refill=refill, slots=slots, live=live)
         t0 = time.perf_counter()
         try:
             dec = Decoder(params, config, method=method, window=window, refill=refill, slots=slots,
@@ -221,6 +253,11 @@ def steps(smoke: bool, clock: Clock, rounds: int, info: dict, out: list, save=la
             jax.block_until_ready(st)
             ms.append((time.perf_counter() - t0) * 1e3 / max(res.steps, 1))
             entry[1] = st
+    if trace_dir and decs:
+        try:
+            decs[0][1] = _trace(decs[0][0], decs[0][1], trace_dir, "trace.json.gz")
+        except Exception as e:
+            decs[0][2]["trace_failed"] = _err(e)
     ar = {}
     for dec, _, row, ms in decs:
         row["ms_per_step"] = statistics.median(ms)
@@ -284,6 +321,14 @@ def main(argv=None) -> int:
     ap.add_argument("--parts", default=",".join(PARTS))
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--settings", default="", help="steps: only these settings (comma list of "
+                    "their names: " + "; ".join(x[0] for x in STEP_SETTINGS) + ")")
+    ap.add_argument("--live", type=int, default=None, help="steps: committed rows per slot")
+    ap.add_argument("--pages-per-tile", type=int, default=None,
+                    help="steps, a probe: the paged gather path's pages per tile (default 4)")
+    ap.add_argument("--trace", action="store_true",
+                    help="steps: one generate call of the first setting under jax's profiler, "
+                         "its trace written to OUT/trace.json.gz")
     a = ap.parse_args(argv)
     parts = [p for p in a.parts.split(",") if p]
     bad = [p for p in parts if p not in PARTS]
@@ -295,6 +340,13 @@ def main(argv=None) -> int:
         print(f"on_gpu: needs a GPU (jax sees {jax.default_backend()}); --smoke runs it on CPU",
               file=sys.stderr)
         return 2
+    settings = [x.strip() for x in a.settings.split(",") if x.strip()]
+    unknown = [x for x in settings if x not in [t[0] for t in STEP_SETTINGS]]
+    if unknown:
+        print(f"on_gpu: unknown setting(s) {unknown}", file=sys.stderr)
+        return 2
+    if a.pages_per_tile:
+        _pages_per_tile(a.pages_per_tile)
     os.makedirs(a.out, exist_ok=True)
     clock, report = Clock(a.budget_s), {"argv": sys.argv[1:]}
     path = os.path.join(a.out, "on_gpu.json")
@@ -318,7 +370,8 @@ def main(argv=None) -> int:
                     report[part] = train(a.smoke, report["probes"])
             else:
                 report[part] = []
-                steps(a.smoke, clock, a.rounds, report.get("probes") or {}, report[part], save)
+                steps(a.smoke, clock, a.rounds, report.get("probes") or {}, report[part], save,
+                      settings, a.live, a.out if a.trace else None)
         except Exception as e:
             report[part] = {"failed": _err(e), "traceback": traceback.format_exc()[-3000:]}
         report.setdefault("seconds", {})[part] = round(time.perf_counter() - t0, 1)

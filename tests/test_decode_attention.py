@@ -218,3 +218,50 @@ def test_decoder_picks_the_pallas_tile_for_its_device():
         Decoder(params, c, prefill_chunk=128, **kw)
     dec = Decoder(params, c, prefill_chunk=16, **kw)   # the window's 32 slots x 4 = 128 rows
     assert dec.static.kv_tile == ca.pallas_tile(256, 128, 128, 2, ca.smem_limit(None)) == 64
+
+
+def test_pallas_reads_its_layer_of_the_stacked_cache_in_place():
+    """With a static layer the kernel takes the stacked cache [L, B, T, KVH, D] whole (its blocks
+    index the layer; no copy of the layer's slice before the call): the same output as the
+    kernel on the slice, and the Triton call's operand is the stacked buffer."""
+    rng = np.random.default_rng(8)
+    b, s, h, kvh, t, layers = 3, 5, 6, 2, 50, 3
+    q = rng.standard_normal((b, s, h, 8)).astype(np.float32)
+    k = rng.standard_normal((layers, b, t, kvh, 8)).astype(np.float32)
+    v = rng.standard_normal((layers, b, t, kvh, 8)).astype(np.float32)
+    lens = jnp.asarray([0, 20, 45], jnp.int32)
+    for layer in range(layers):
+        want = reference(s, t, q, k[layer], v[layer], lens)
+        got = ca.attend_cache("pallas", q, k, v, lens, 0.3, tile=7, interpret=True, layer=layer)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-6, err_msg=str(layer))
+    with pytest.raises(ValueError, match="layer must be a Python int"):
+        ca.attend_cache_pallas(q, k, v, lens, 0.3, 8, interpret=True, layer=layers)
+    qs = jax.ShapeDtypeStruct((2, 16, 32, 128), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((4, 2, 300, 8, 128), jnp.bfloat16)
+    n = jax.ShapeDtypeStruct((2,), jnp.int32)
+    for layer, stacked in ((2, True), (jnp.int32(2), False)):   # a traced layer takes the slice
+        fn = jax.jit(lambda q, k, v, n, layer=layer: ca.attend_cache("pallas", q, k, v, n, 0.1,
+                                                                     tile=128, layer=layer))
+        text = fn.trace(qs, kv, kv, n).lower(lowering_platforms=("cuda",)).as_text()
+        call = next(line for line in text.splitlines() if "__gpu$xla.gpu.triton" in line)
+        assert ("tensor<4x2x300x8x128xbf16>" in call) == stacked, call[-300:]
+
+
+def test_unrolled_layers_read_the_cache_in_place_through_the_kernel():
+    """The model with one parameter tree per layer (how the Decoder runs on GPU) passes each
+    layer's index as a Python int: the Pallas path (stacked cache in place) equals dense."""
+    from wedlm_jax.model import unstack_layers
+    params = _params(6)
+    lens = jnp.array([3, 30], jnp.int32)
+    cache = _filled_cache(params, [3, 30], 64)
+    toks = np.random.default_rng(7).integers(0, 64, (2, 4))
+    pos = np.asarray(lens)[:, None] + np.array([2, 0, 3, 1])[None]
+    want, wcache = forward(params, toks, pos, cache, lens)
+    model = Transformer(CONFIG, attention="pallas", kv_tile=8, attention_interpret=True,
+                        stacked_layers=False)
+    got, gcache = jax.jit(lambda p, c: model.apply({"params": p}, toks, pos, kv_cache=c,
+                                                   cache_len=lens))(
+        unstack_layers(params, CONFIG.num_layers), cache)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
+    for a, b in zip(jax.tree.leaves(wcache), jax.tree.leaves(gcache)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)

@@ -215,16 +215,28 @@ def test_layout_is_the_tpu_kernels_own():
 
 
 def test_the_platforms_page_size():
-    """No page size asked for: pages of 64 on TPU where the ragged kernel tiles the heads, and on
-    GPU; the dense cache (0) on CPU and where the TPU kernel cannot tile the heads."""
+    """No page size asked for: pages of 64 on TPU where the ragged kernel tiles the heads; the
+    dense cache (0) on CPU, on GPU (its Triton kernel measured faster than the gather path on an
+    H100) and where the TPU kernel cannot tile the heads."""
     auto = pa.auto_page_size
     assert auto("tpu", 32, 8, jnp.bfloat16) == pa.TPU_PAGE_SIZE == 64
     assert auto("tpu", 32, 8, jnp.bfloat16, tensor=8) == 64
     assert auto("cpu", 32, 8, jnp.bfloat16) == 0
-    assert auto("gpu", 32, 8, jnp.bfloat16) == auto("cuda", 6, 3, jnp.float32) == pa.GPU_PAGE_SIZE == 64
+    assert auto("gpu", 32, 8, jnp.bfloat16) == auto("cuda", 6, 3, jnp.float32) == pa.GPU_PAGE_SIZE == 0
     assert auto("tpu", 6, 3, jnp.float32) == 0          # 6 interleaved rows: the kernel cannot tile
     with pytest.raises(ValueError):
         pa.check_ragged(6, 3, jnp.float32)
+
+
+def test_the_gather_tile_is_a_whole_number_of_pages():
+    """On GPU the gather loop takes at least GPU_GATHER_ROWS rows per iteration (each iteration a
+    fixed cost there); elsewhere the Decoder's kv_tile, rounded down to whole pages."""
+    assert pa.gather_tile("gpu", 256, 64) == pa.GPU_GATHER_ROWS == 1024
+    assert pa.gather_tile("gpu", 2048, 64) == 2048
+    assert pa.gather_tile("gpu", 256, 24) == 1008            # 42 pages of 24
+    assert pa.gather_tile("cpu", 256, 64) == 256
+    assert pa.gather_tile("tpu", 100, 64) == 64             # at least one page
+    assert pa.gather_tile("cpu", 256, 48) == 240
 
 
 def test_unknown_implementation_is_named():

@@ -29,6 +29,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from wedlm_jax.attention import NEG_SCORE, attend, cache_last_key, cache_mask
 
@@ -215,17 +216,30 @@ def _pallas_kernel(len_ref, q_ref, k_ref, v_ref, o_ref, *, scale, tile, groups, 
     o_ref[...] = jnp.where(l > 0, acc / jnp.maximum(l, 1e-30), 0.0).astype(o_ref.dtype)
 
 
+def _static_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
 def attend_cache_pallas(q, k, v, cache_len, scale: float, tile: int, *,
-                        interpret: bool = False):
+                        interpret: bool = False, layer: int | None = None):
     """Cache-mode attention as a Pallas kernel: grid (B, KVH), each program walks its own row's
     live tiles, ceil((cache_len[b] + S) / tile_used). The tile used is the largest power of two
     <= min(tile, T) (power-of-two blocks for the Triton lowering); the S x G query heads of a KV
-    head are one block, padded to a power of two >= 16 rows. `interpret=True` runs the kernel in
-    Pallas interpret mode (any platform)."""
+    head are one block, padded to a power of two >= 16 rows. With `layer` (a Python int), k and
+    v are the stacked cache [L, B, T, KVH, D] and the kernel's blocks read that layer's rows in
+    place (no copy of the layer's slice). `interpret=True` runs the kernel in Pallas interpret
+    mode (any platform)."""
     from jax.experimental import pallas as pl
-    _check(q, k, v, cache_len)
+    if layer is not None:
+        if not _static_int(layer) or k.ndim != 5 or not 0 <= layer < k.shape[0]:
+            raise ValueError(f"layer must be a Python int in [0, {k.shape[0] if k.ndim == 5 else '?'}) "
+                             f"with the stacked cache [L, B, T, KVH, D]; got layer {layer!r}, "
+                             f"k {tuple(k.shape)}")
+        _check(q, k[0], v[0], cache_len)
+    else:
+        _check(q, k, v, cache_len)
     b, s, h, d = q.shape
-    t, kvh = k.shape[1], k.shape[2]
+    t, kvh = k.shape[-3], k.shape[-2]
     g = h // kvh
     tile_used = _pow2_at_most(min(check_tile(tile), t))
     rows = s * g
@@ -239,13 +253,16 @@ def attend_cache_pallas(q, k, v, cache_len, scale: float, tile: int, *,
     if not interpret:   # Triton parameters select the Triton lowering (not Mosaic GPU)
         from jax.experimental.pallas import triton as plgpu
         params["compiler_params"] = plgpu.CompilerParams(num_warps=4, num_stages=2)
+    if layer is None:
+        kv_spec = pl.BlockSpec((None, t, None, d), lambda i, j: (i, 0, j, 0))
+    else:
+        kv_spec = pl.BlockSpec((None, None, t, None, d), lambda i, j: (layer, i, 0, j, 0))
     out = pl.pallas_call(
         kernel,
         grid=(b, kvh),
         in_specs=[pl.BlockSpec((None, 1), lambda i, j: (i, 0)),
                   pl.BlockSpec((None, None, r_pad, d), lambda i, j: (i, j, 0, 0)),
-                  pl.BlockSpec((None, t, None, d), lambda i, j: (i, 0, j, 0)),
-                  pl.BlockSpec((None, t, None, d), lambda i, j: (i, 0, j, 0))],
+                  kv_spec, kv_spec],
         out_specs=pl.BlockSpec((None, None, r_pad, d), lambda i, j: (i, j, 0, 0)),
         out_shape=jax.ShapeDtypeStruct((b, kvh, r_pad, d), q.dtype),
         interpret=interpret, name="wedlm_cache_attention", **params,
@@ -285,9 +302,14 @@ def attend_cache(impl: str, q, k, v, cache_len, scale: float, *, tile: int = 256
     "tiled" and "pallas"; `interpret`: Pallas interpret mode / cuDNN's argument set through XLA
     (for checking the accelerator kernels on CPU). With `layer`, k and v are the stacked cache
     [L, B, T, KVH, D]: "tiled" reads its tiles from that layer in place; the others take the
-    layer's slice."""
+    layer's slice (a copy of it at every call), except "pallas" with a static `layer` (a Python
+    int: the layers unrolled, as the Decoder runs them on GPU), whose blocks read the stacked
+    cache where it lies."""
     if impl == "tiled":
         return attend_cache_tiles(q, k, v, cache_len, scale, tile, layer)
+    if impl == "pallas" and _static_int(layer):   # the kernel's blocks index the stacked cache
+        return attend_cache_pallas(q, k, v, cache_len, scale, tile, interpret=interpret,
+                                   layer=int(layer))
     if layer is not None:
         k = jax.lax.dynamic_index_in_dim(k, layer, 0, keepdims=False)
         v = jax.lax.dynamic_index_in_dim(v, layer, 0, keepdims=False)

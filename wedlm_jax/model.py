@@ -262,11 +262,12 @@ class Transformer(nn.Module):
         inv_freq, scaling = rope_frequencies(c)
         cos, sin = rope_cos_sin(positions, inv_freq, scaling)
 
-        carry = (x, kv_cache, jnp.zeros((), jnp.int32))
         if self.stacked_layers:
+            carry = (x, kv_cache, jnp.zeros((), jnp.int32))
             carry, _ = layer_stack(c, self.dtype, self.param_dtype, self.remat,
                                    unroll=self.scan_unroll)(carry, cos, sin, mask, cache_len)
-        else:
+        else:   # the layer index a Python int: a kernel can read its layer of the cache in place
+            carry = (x, kv_cache, 0)
             for i in range(c.num_layers):
                 carry, _ = _block(self.remat)(c, self.dtype, self.param_dtype, name=f"layer_{i}")(
                     carry, cos, sin, mask, cache_len)

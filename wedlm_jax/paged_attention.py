@@ -89,17 +89,24 @@ def implementation_for(platform: str | None) -> str:
 # tiled XLA attention (8B on v5p with the compiler's weight layouts: AR 1.006 against 1.047 of the
 # floor, streaming W 16 refill after 1.160 against 1.274; BENCHMARKS.md, issue 21).
 TPU_PAGE_SIZE = 64
-# ... and on GPU, where the XLA gather path over pages reads the stacked pool in place while the
-# dense cache's Triton kernel takes a copy of its layer at every step (8B, H100 compile, bytes
-# estimated from the program: AR 1.05 of the floor paged against 1.59 dense, streaming W 16
-# refill before 1.51 against 1.95; BENCHMARKS.md, issue 21).
-GPU_PAGE_SIZE = 64
+# On GPU the dense cache is the default: measured on an H100 (8B shape, bf16, 8 slots of 2048 live
+# rows; benchmarks.on_gpu, BENCHMARKS.md, issue 21) its Triton kernel steps in 12.0 ms (AR) and
+# 14.3 ms (streaming W 16 refill after) where the paged gather path takes 14.7-15.0 and 20.2 at
+# its best tile: the gather path runs an XLA loop of several small kernels per tile, each
+# iteration a fixed cost of launches and a device-to-host read of the loop's predicate. The
+# compiled bytes alone (1.05x the floor paged against 1.59x dense) had said the opposite.
+# A paged cache on GPU is still there for what it gives (prefix reuse, more requests in flight
+# at equal memory): --page-size 64.
+GPU_PAGE_SIZE = 0
+# ... and its gather loop's tile on GPU, in rows: one iteration per 16 pages of 64 (the H100 step
+# above: 38.4 ms at one page per iteration, 15.0 at 16, 14.7 at 32)
+GPU_GATHER_ROWS = 1024
 
 
 def auto_page_size(platform: str | None, num_heads: int, kv_heads: int, dtype, tensor: int = 1) -> int:
-    """The page size of the cache a Decoder builds when none is asked for: GPU_PAGE_SIZE on GPU,
-    TPU_PAGE_SIZE on TPU where the ragged kernel tiles the heads (slots over data x fsdp or not:
-    a pool per shard), else 0 (the dense cache: CPU)."""
+    """The page size of the cache a Decoder builds when none is asked for: TPU_PAGE_SIZE on TPU
+    where the ragged kernel tiles the heads (slots over data x fsdp or not: a pool per shard),
+    else 0 (the dense cache: CPU, and GPU, GPU_PAGE_SIZE)."""
     if platform in ("gpu", "cuda", "rocm"):
         return GPU_PAGE_SIZE
     if implementation_for(platform) != "ragged":
@@ -109,6 +116,14 @@ def auto_page_size(platform: str | None, num_heads: int, kv_heads: int, dtype, t
     except ValueError:
         return 0
     return TPU_PAGE_SIZE
+
+
+def gather_tile(platform: str | None, kv_tile: int, page_size: int) -> int:
+    """Rows per iteration of the gather path's loop over pages (a whole number of pages): at
+    least GPU_GATHER_ROWS on GPU, where each iteration costs launches and a predicate read;
+    `kv_tile` elsewhere."""
+    rows = max(kv_tile, GPU_GATHER_ROWS) if platform in ("gpu", "cuda", "rocm") else kv_tile
+    return max(page_size, rows // page_size * page_size)
 
 
 def check_ragged(num_heads: int, kv_heads: int, dtype, tensor: int = 1) -> None:
