@@ -37,14 +37,15 @@ import traceback
 import numpy as np
 
 PARTS = ("probes", "kernel", "tokens", "steps", "train")
-# (name, method, window, refill, slots, page_size, attention): the served default first
+# (name, method, window, refill, slots, page_size, attention): the served default (page_size
+# None: the platform's choice, the dense cache and the Triton kernel on GPU) first
 STEP_SETTINGS = (
     ("ar b8", "ar", 1, "after", 8, None, "auto"),
     ("streaming W16 after b8", "streaming", 16, "after", 8, None, "auto"),
     ("streaming W8 after b8", "streaming", 8, "after", 8, None, "auto"),
     ("streaming W16 before b8", "streaming", 16, "before", 8, None, "auto"),
-    ("ar b8 dense", "ar", 1, "after", 8, 0, "auto"),
-    ("streaming W16 after b8 dense", "streaming", 16, "after", 8, 0, "auto"),
+    ("ar b8 paged", "ar", 1, "after", 8, 64, "auto"),
+    ("streaming W16 after b8 paged", "streaming", 16, "after", 8, 64, "auto"),
     ("ar b1", "ar", 1, "after", 1, None, "auto"),
     ("streaming W16 after b1", "streaming", 16, "after", 1, None, "auto"),
     ("verified W16 after b8", "verified", 16, "after", 8, None, "auto"),
