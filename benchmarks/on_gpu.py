@@ -52,6 +52,9 @@ STEP_SETTINGS = (
 )
 
 
+MAX_TRACES = 4       # a lent machine returns at most 8 files
+
+
 class Clock:
     def __init__(self, budget_s: float):
         self.t0, self.budget = time.perf_counter(), budget_s
@@ -197,6 +200,21 @@ def _trace(dec, st, folder: str, name: str):
     return st
 
 
+def trace_summary(path: str, steps: int) -> dict:
+    """Per step, from a profiler trace: kernels run on the device, the device busy (ms), the
+    share in kernels longer than 5 us (the matmuls) and the device-to-host copies (a loop's
+    predicate read each iteration on XLA:GPU). CPU traces have no device rows: zeros."""
+    import gzip
+    events = json.load(gzip.open(path))["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    dev = [e for e in events if e.get("ph") == "X" and "/device:" in names.get(e["pid"], "")]
+    n = max(steps, 1)
+    return dict(kernels=len(dev) / n, busy_ms=sum(e["dur"] for e in dev) / 1e3 / n,
+                long_kernels_ms=sum(e["dur"] for e in dev if e["dur"] > 5) / 1e3 / n,
+                device_to_host=sum(e["name"] == "MemcpyD2H" for e in dev) / n)
+
+
 def steps(smoke: bool, clock: Clock, rounds: int, info: dict, out: list, save=lambda: None,
           settings=None, live=None, trace_dir=None) -> list[dict]:
     """The served decode step over random 8B-shaped bf16 weights, every setting interleaved;
@@ -254,11 +272,14 @@ def steps(smoke: bool, clock: Clock, rounds: int, info: dict, out: list, save=la
             jax.block_until_ready(st)
             ms.append((time.perf_counter() - t0) * 1e3 / max(res.steps, 1))
             entry[1] = st
-    if trace_dir and decs:
+    for i, entry in enumerate(decs[:MAX_TRACES] if trace_dir else []):
         try:
-            decs[0][1] = _trace(decs[0][0], decs[0][1], trace_dir, "trace.json.gz")
+            entry[1] = _trace(entry[0], entry[1], trace_dir, f"trace_{i}.json.gz")
+            entry[2]["trace"] = f"trace_{i}.json.gz"
+            entry[2]["trace_per_step"] = trace_summary(os.path.join(trace_dir, f"trace_{i}.json.gz"),
+                                                       entry[0].steps_per_call)
         except Exception as e:
-            decs[0][2]["trace_failed"] = _err(e)
+            entry[2]["trace_failed"] = _err(e)
     ar = {}
     for dec, _, row, ms in decs:
         row["ms_per_step"] = statistics.median(ms)
@@ -328,8 +349,8 @@ def main(argv=None) -> int:
     ap.add_argument("--pages-per-tile", type=int, default=None,
                     help="steps, a probe: the paged gather path's pages per tile (default 4)")
     ap.add_argument("--trace", action="store_true",
-                    help="steps: one generate call of the first setting under jax's profiler, "
-                         "its trace written to OUT/trace.json.gz")
+                    help=f"steps: one generate call of each of the first {MAX_TRACES} settings "
+                         "under jax's profiler, traces written to OUT/trace_<i>.json.gz")
     a = ap.parse_args(argv)
     parts = [p for p in a.parts.split(",") if p]
     bad = [p for p in parts if p not in PARTS]

@@ -53,3 +53,49 @@ def test_per_layer_weights_halve_the_gpu_decode_steps_bytes():
     weights = 2 * 2 * (3 * 1024 * 4096 + 1024 * (8 + 2 + 2) * 128 + 8 * 128 * 1024)   # bf16, 2 layers
     assert stacked["bytes"] - flat["bytes"] > weights, out      # the copies: more than the weights
     assert flat["bytes"] < stacked["bytes"] / 1.8, out
+
+
+SCRIPT_IN_PLACE = textwrap.dedent("""
+    import json
+    import jax
+    from decode import aot
+    from wedlm_jax import cache_attention as ca
+    from wedlm_jax.compiled import figures
+    from wedlm_jax.config import ModelConfig
+    from wedlm_jax.targets import describe_target
+    config = ModelConfig(model_type="qwen3", vocab_size=512, hidden_size=256, intermediate_size=512,
+                         num_layers=2, num_heads=8, num_kv_heads=2, head_dim=128, qk_norm=True)
+    dev = describe_target("h100")[0][0]
+    out = {}
+    static_int = ca._static_int
+    for in_place in (True, False):
+        ca._static_int = static_int if in_place else (lambda x: False)   # False: the layer's slice
+        jax.clear_caches()                    # the programs are traced again under the patch
+        for cap in (512, 2048):
+            dec, compiled = aot.generate_program(config, [dev], method="streaming", window=16,
+                                                 slots=4, capacity=cap, dtype="bfloat16",
+                                                 attention="auto", page_size=0, prefill_chunk=16)
+            f = figures(compiled)
+            out[f"{in_place} {cap}"] = dict(temp=f["memory"]["temp"], attention=dec.static.attention,
+                                            page_size=dec.static.page_size,
+                                            triton="__gpu$xla.gpu.triton" in compiled.as_text())
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def test_the_triton_kernel_reads_the_cache_in_place_on_the_gpu():
+    """The GPU default (dense cache, the Triton kernel, layers unrolled): the compiled step's
+    temporaries do not grow with the capacity, i.e. no copy of a layer's K/V is made for the
+    kernel. The same program with the layer's slice taken (the code before) grows with it."""
+    assert os.path.isdir(os.path.join(GPU_COMPILER, "jax_plugins")), (
+        f"XLA's GPU compiler is not in {GPU_COMPILER}: run `make setup` (or `make gpu-compiler`)")
+    env = dict(xla.full_compile(os.environ), JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([ROOT, GPU_COMPILER]))
+    proc = subprocess.run([sys.executable, "-c", SCRIPT_IN_PLACE], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads([l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1][7:])
+    assert all(r["triton"] and r["page_size"] == 0 for r in out.values()), out
+    layer_k = 4 * (2048 - 512) * 2 * 128 * 2      # the K of one layer: 4 slots, 2 heads, bf16
+    assert out["True 2048"]["temp"] == out["True 512"]["temp"], out
+    assert out["False 2048"]["temp"] - out["False 512"]["temp"] >= layer_k, out

@@ -34,3 +34,14 @@ def test_bad_choices_exit_2_before_any_work(tmp_path, capsys):
     assert on_gpu.main(["--smoke", "--out", str(tmp_path / "c"), "--settings", "ar b9"]) == 2
     assert "unknown setting" in capsys.readouterr().err
     assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
+
+
+def test_traces_come_back_as_files_of_the_out_folder(tmp_path):
+    out = tmp_path / "run"
+    assert on_gpu.main(["--smoke", "--out", str(out), "--parts", "steps", "--rounds", "1",
+                        "--settings", "ar b8,ar b1", "--trace"]) == 0
+    report = json.loads((out / "on_gpu.json").read_text())
+    assert [r["trace"] for r in report["steps"]] == ["trace_0.json.gz", "trace_1.json.gz"]
+    import gzip
+    events = json.load(gzip.open(out / "trace_0.json.gz"))["traceEvents"]
+    assert any(e.get("ph") == "X" for e in events)
