@@ -189,7 +189,8 @@ def source_group(source: str) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.step_bytes",
                                  description=__doc__.split("\n\n")[0])
-    ap.add_argument("--topology", default="v5p:1x1x1")
+    ap.add_argument("--topology", default="v5p:1x1x1", help="a TPU topology, or h100 (XLA's GPU "
+                    "compiler: PYTHONPATH=.:.venv/gpu-compiler)")
     ap.add_argument("--method", default="streaming")
     ap.add_argument("--window", type=int, default=16)
     ap.add_argument("--refill", default="before", help="streaming's refill order: before, after")
@@ -199,16 +200,18 @@ def main(argv=None) -> int:
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--tensor", type=int, default=1, help="heads over this many of the chips")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--attention", default="tiled", help="the cache attention (auto: the "
+                    "Decoder's choice for the target, the Triton kernel on GPU)")
     args = ap.parse_args(argv)
     from decode import aot
     from wedlm_jax.compiled import figures
     from wedlm_jax.convert import read_config
     config = read_config(ROOT_ARCH).replace(num_layers=args.layers)
-    devs = aot.describe_tpu(args.topology)[0][:args.tensor]
+    devs = aot.describe_target(args.topology)[0][:args.tensor]     # a TPU topology, or h100
     dec, compiled = aot.generate_program(
         config, devs, method=args.method, window=args.window, refill=args.refill,
         slots=args.slots, capacity=4096, dtype="bfloat16", scan_unroll=args.layers,
-        page_size=args.page_size, weight_layout=args.weight_layout,
+        page_size=args.page_size, weight_layout=args.weight_layout, attention=args.attention,
         mesh_shape=(1, 1, args.tensor) if args.tensor > 1 else None)
     cost = figures(compiled).get("cost") or {}
     floor = aot.step_floor(dec.static, 2048, args.tensor)
