@@ -3,6 +3,12 @@
     python -m benchmarks.on_gpu --out DIR [--budget-s 420] [--parts kernel,tokens,steps]
     python -m benchmarks.on_gpu --smoke --out DIR        # this CPU: tiny shapes, the same paths
 
+On a lent card (the machine's own jax: `PYTHONPATH=. XLA_PYTHON_CLIENT_MEM_FRACTION=.92 python3
+-m benchmarks.on_gpu --out $OUT ...`): the whole run took 455 s on an H100 (kernel 161 s, tokens
+127 s, each decode setting ~25 s of compile); with kernels and tokens checked once (2026-11-26),
+`--parts probes,steps,train --trace --budget-s 480` spends the minutes on the step times, with
+a profiler trace of the first settings.
+
 Parts, in this order, each skipped when the run's time budget is spent (what ran is written to
 DIR/on_gpu.json after every part, so a run cut short keeps its figures):
   probes   the card's HBM bandwidth (x + 1 over 4 GiB: bytes read + written) and bf16 matmul rate
