@@ -52,6 +52,7 @@ STEP_SETTINGS = (
     ("streaming W16 before b8", "streaming", 16, "before", 8, None, "auto"),
     ("ar b8 paged", "ar", 1, "after", 8, 64, "auto"),
     ("streaming W16 after b8 paged", "streaming", 16, "after", 8, 64, "auto"),
+    ("ar b8 paged gather", "ar", 1, "after", 8, 64, "tiled"),
     ("ar b1", "ar", 1, "after", 1, None, "auto"),
     ("streaming W16 after b1", "streaming", 16, "after", 1, None, "auto"),
     ("verified W16 after b8", "verified", 16, "after", 8, None, "auto"),
@@ -232,6 +233,7 @@ def steps(smoke: bool, clock: Clock, rounds: int, info: dict, out: list, save=la
     from decode.aot import step_floor
     from decode.decoder import Decoder, Request
     from wedlm_jax import attention_backends as ab
+    from wedlm_jax import paged_attention as pa
     from wedlm_jax.model import unstack_layers
     config = model_config(dict(SMOKE_SHAPE if smoke else DECODE_SHAPES["8b"]))
     capacity, default_live = (128, 32) if smoke else (4096, 2048)
@@ -259,8 +261,9 @@ def steps(smoke: bool, clock: Clock, rounds: int, info: dict, out: list, save=la
             st = dec.start(reqs)
             st, _ = dec.generate(st)
             jax.block_until_ready(st)
+            paged_impl = pa.implementation_for(jax.default_backend(), dec.static.attention)
             row.update(compile_s=round(time.perf_counter() - t0, 1), page_size=dec.static.page_size,
-                       attention=("gather" if dec.static.page_size else ab.resolve(
+                       attention=(paged_impl if dec.static.page_size else ab.resolve(
                            attention, "cache", backend=jax.default_backend(), dtype=jnp.bfloat16)))
             floor = step_floor(dec.static, live)
             row["floor_bytes"] = floor["total"]

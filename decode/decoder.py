@@ -151,8 +151,14 @@ class Decoder:
                 device.platform, model_config.num_heads, model_config.num_kv_heads, dtype,
                 1 if mesh is None else int(mesh.shape.get("tensor", 1)))
         page_size, num_pages = pool_size(page_size or None, num_pages, rows, slots, multiple)
-        if page_size:      # the paged gather path's tile (the TPU kernel has its own blocks)
-            kv_tile = paged.gather_tile(device.platform, kv_tile, page_size)
+        if page_size:
+            try:
+                attention = paged.choose_attention(
+                    attention, device.platform, page_size, model_config.head_dim,
+                    jnp.dtype(dtype).itemsize, ca.smem_limit(device))
+            except ValueError as e:
+                raise DecodeConfigError(str(e)) from None
+            kv_tile = paged.gather_tile(device.platform, kv_tile, page_size)   # the gather path's
         elif attention == "pallas" or (attention == "auto" and attn_backends.resolve(
                 "auto", "cache", backend=device.platform, dtype=dtype) == "pallas"):
             # the Triton kernel's tile must fit the device's shared memory

@@ -99,3 +99,43 @@ def test_the_triton_kernel_reads_the_cache_in_place_on_the_gpu():
     layer_k = 4 * (2048 - 512) * 2 * 128 * 2      # the K of one layer: 4 slots, 2 heads, bf16
     assert out["True 2048"]["temp"] == out["True 512"]["temp"], out
     assert out["False 2048"]["temp"] - out["False 512"]["temp"] >= layer_k, out
+
+
+SCRIPT_PAGED = textwrap.dedent("""
+    import json
+    from decode import aot
+    from wedlm_jax.config import ModelConfig
+    from wedlm_jax.targets import describe_target
+    config = ModelConfig(model_type="qwen3", vocab_size=512, hidden_size=256, intermediate_size=512,
+                         num_layers=2, num_heads=8, num_kv_heads=2, head_dim=128, qk_norm=True)
+    dev = describe_target("h100")[0][0]
+    out = {}
+    for cap in (512, 2048):
+        dec, compiled = aot.generate_program(config, [dev], method="streaming", window=16, slots=4,
+                                             capacity=cap, dtype="bfloat16", attention="auto",
+                                             page_size=64)
+        adm = aot.compile_admission(dec, 256)
+        out[cap] = dict(temp=compiled.memory_analysis().temp_size_in_bytes,
+                        attention=dec.static.attention,
+                        kernel="wedlm_paged_attention" in compiled.as_text(),
+                        admission_temp=adm["memory"]["temp"])
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def test_the_paged_cache_on_the_gpu_steps_through_the_triton_paged_kernel_in_place():
+    """A paged Decoder for an H100 (attention auto) takes the Triton paged kernel: the step and
+    the admission (a prefill chunk and the first fill: query blocks) compile for the device, and
+    the step's temporaries do not grow with the pool (read in place, no gathered tiles)."""
+    assert os.path.isdir(os.path.join(GPU_COMPILER, "jax_plugins")), (
+        f"XLA's GPU compiler is not in {GPU_COMPILER}: run `make setup` (or `make gpu-compiler`)")
+    env = dict(xla.full_compile(os.environ), JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([ROOT, GPU_COMPILER]))
+    proc = subprocess.run([sys.executable, "-c", SCRIPT_PAGED], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads([l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1][7:])
+    small, large = out["512"], out["2048"]
+    assert small["attention"] == large["attention"] == "pallas" and small["kernel"], out
+    assert small["temp"] == large["temp"], out
+    assert small["admission_temp"] == large["admission_temp"], out

@@ -285,6 +285,58 @@ def test_ragged_kernel_compiles_for_a_tpu_over_this_layout():
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"64": True, "24": True, "200": True}
 
 
+@pytest.mark.parametrize("case", [dict(seed=0), dict(seed=6, s=40, page=16, width=6, num_pages=40),
+                                  dict(seed=7, s=1, g=4, page=16, width=5, num_pages=20)])
+def test_triton_paged_kernel_equals_the_dense_cache(case):
+    """The Triton paged kernel (Pallas interpret mode here) reads each sequence's pages through
+    its table: the dense cache's result, with unmapped entries, an empty sequence, query blocks
+    (40 slots x 2 query heads: two blocks of 64 rows) and one layer's pages at an offset."""
+    q, pool, table, lens = _random_case(**case)
+    k, v = _dense(pool, table)
+    want = attend_cache_dense(q, k, v, lens, 0.25)
+    got = pa.attend_pages("triton", q, pool, table, lens, 0.25, interpret=True)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
+    other = jnp.asarray(np.random.default_rng(9).standard_normal(pool.shape).astype(np.float32))
+    stacked = jnp.concatenate([other, pool])                     # layer 1 = `pool`
+    got = pa.attend_pages("triton", q, stacked, table, lens, 0.25, first_page=pool.shape[0],
+                          interpret=True)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
+
+
+def test_triton_paged_kernel_lowers_for_the_gpu():
+    """Cross-lowered for CUDA (the compiled kernel runs only on a GPU): bf16, the 8B head layout,
+    pages of 64, a window of 16 slots and a prefill chunk of 144 (query blocks)."""
+    for s in (16, 144):
+        q = jax.ShapeDtypeStruct((2, s, 32, 128), jnp.bfloat16)
+        pool = jax.ShapeDtypeStruct((4 * 20, 64, 16, 128), jnp.bfloat16)
+        table = jax.ShapeDtypeStruct((2, 10), jnp.int32)
+        n = jax.ShapeDtypeStruct((2,), jnp.int32)
+        fn = jax.jit(lambda q, p, t, n: pa.attend_pages("triton", q, p, t, n, 0.1, first_page=40))
+        text = fn.trace(q, pool, table, n).lower(lowering_platforms=("cuda",)).as_text()
+        assert "__gpu$xla.gpu.triton" in text and "wedlm_paged_attention" in text
+
+
+def test_paged_attention_is_chosen_for_the_device():
+    """Off TPU a paged cache takes the Triton kernel on GPU where it fits (asked for, or auto),
+    the XLA gather path otherwise; asking for the kernel where it cannot run is an error naming
+    why; TPU keeps its ragged kernel."""
+    h100, ada = 232448, 101376
+    choose = pa.choose_attention
+    assert choose("auto", "gpu", 64, 128, 2, h100) == choose("pallas", "gpu", 64, 128, 2, h100) == "pallas"
+    assert choose("tiled", "gpu", 64, 128, 2, h100) == "tiled"
+    assert choose("auto", "gpu", 24, 128, 2, h100) == "tiled"            # not a power of two
+    assert choose("auto", "gpu", 64, 256, 4, ada) == "tiled"             # does not fit
+    assert choose("auto", "cpu", 64, 128, 2, h100) == "tiled"
+    assert choose("tiled", "tpu", 64, 128, 2, h100) == "tiled"
+    assert pa.implementation_for("tpu", "pallas") == "ragged"
+    assert pa.implementation_for("gpu", "pallas") == "triton"
+    assert pa.implementation_for("gpu", "tiled") == pa.implementation_for("cpu") == "gather"
+    with pytest.raises(ValueError, match="needs a GPU"):
+        choose("pallas", "cpu", 64, 128, 2, h100)
+    with pytest.raises(ValueError, match="page_size 24"):
+        choose("pallas", "gpu", 24, 128, 2, h100)
+
+
 def test_first_page_reads_and_writes_one_layers_pages():
     """The stacked pool [L * P, ...]: layer l is the offset l * P, never a slice."""
     q, pool, table, lens = _random_case(4)
@@ -302,7 +354,8 @@ def test_first_page_reads_and_writes_one_layers_pages():
 
 def test_model_cache_mode_paged_equals_dense():
     """The Transformer in cache mode over a paged cache (pages scattered over the pool) gives the
-    logits of the dense cache, a prefill then two window-sized steps, rows of different lengths."""
+    logits of the dense cache, a prefill then two window-sized steps, rows of different lengths:
+    through the XLA gather path and through the Triton paged kernel."""
     from tests.synthetic import random_params
     from wedlm_jax import model as model_lib
     from wedlm_jax.config import ModelConfig
@@ -310,6 +363,10 @@ def test_model_cache_mode_paged_equals_dense():
                          num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True)
     params = random_params(config, seed=1)
     model = model_lib.Transformer(config, attention="tiled", kv_tile=8)
+    # the Triton paged kernel (interpret mode), layers unrolled as on GPU (a static first page)
+    kernel = model_lib.Transformer(config, attention="pallas", attention_interpret=True,
+                                   stacked_layers=False)
+    flat = model_lib.unstack_layers(params, config.num_layers)
     b, cap, page = 2, 48, 4
     dense = model_lib.init_kv_cache(config, b, cap)
     paged = pa.init_paged_cache(config.num_layers, 40, page, config.num_kv_heads, config.head_dim, b,
@@ -322,6 +379,8 @@ def test_model_cache_mode_paged_equals_dense():
         toks = jnp.asarray(rng.integers(0, 64, (b, s)).astype(np.int32))
         pos = n[:, None] + jnp.arange(s)[None]
         ld, dense = model.apply({"params": params}, toks, pos, kv_cache=dense, cache_len=n)
+        lk, _ = kernel.apply({"params": flat}, toks, pos, kv_cache=paged, cache_len=n)
         lp, paged = model.apply({"params": params}, toks, pos, kv_cache=paged, cache_len=n)
         np.testing.assert_allclose(np.asarray(lp), np.asarray(ld), atol=2e-5, rtol=2e-5)
+        np.testing.assert_allclose(np.asarray(lk), np.asarray(ld), atol=2e-5, rtol=2e-5)
         n = n + jnp.asarray([s, s - 3])          # rows commit different amounts

@@ -192,28 +192,65 @@ def _pallas_kernel(len_ref, q_ref, k_ref, v_ref, o_ref, *, scale, tile, groups, 
     n_tiles = (jnp.minimum(n + width, capacity) + tile - 1) // tile
 
     def body(i, carry):
-        m, l, acc = carry
         nominal = i * tile
         start = jnp.minimum(nominal, capacity - tile)
-        kt = k_ref[pl.ds(start, tile), :]
-        vt = v_ref[pl.ds(start, tile), :]
-        sc = jax.lax.dot_general(q, kt, (((1,), (1,)), ((), ())),
-                                 preferred_element_type=jnp.float32) * scale     # [R, tile]
         col = start + jax.lax.broadcasted_iota(jnp.int32, (1, tile), 1)
-        ok = (col <= last) & (col >= nominal)
-        sc = jnp.where(ok, sc, NEG_SCORE)
-        m_new = jnp.maximum(m, jnp.max(sc, axis=1, keepdims=True))
-        p = jnp.where(ok, jnp.exp(sc - m_new), 0.0)
-        corr = jnp.exp(m - m_new)
-        l = l * corr + jnp.sum(p, axis=1, keepdims=True)
-        acc = acc * corr + jnp.dot(p.astype(vt.dtype), vt, preferred_element_type=jnp.float32)
-        return m_new, l, acc
+        return kernel_tile(carry, q, k_ref[pl.ds(start, tile), :], v_ref[pl.ds(start, tile), :],
+                           (col <= last) & (col >= nominal), scale)
 
-    d = q_ref.shape[1]
-    init = (jnp.full((r_pad, 1), NEG_SCORE, jnp.float32), jnp.zeros((r_pad, 1), jnp.float32),
-            jnp.zeros((r_pad, d), jnp.float32))
-    _, l, acc = jax.lax.fori_loop(0, n_tiles, body, init)
-    o_ref[...] = jnp.where(l > 0, acc / jnp.maximum(l, 1e-30), 0.0).astype(o_ref.dtype)
+    _, l, acc = jax.lax.fori_loop(0, n_tiles, body, kernel_init(r_pad, q_ref.shape[1]))
+    o_ref[...] = kernel_result(l, acc, o_ref.dtype)
+
+
+def kernel_init(rows: int, d: int):
+    """The online softmax's (max, sum, accumulator) of a kernel program's query block."""
+    return (jnp.full((rows, 1), NEG_SCORE, jnp.float32), jnp.zeros((rows, 1), jnp.float32),
+            jnp.zeros((rows, d), jnp.float32))
+
+
+def kernel_tile(carry, q, kt, vt, ok, scale):
+    """One K/V tile [T, D] into a kernel program's online softmax over its query block q [R, D];
+    `ok` [R, T]: which (query, key) pairs the cache rule allows."""
+    m, l, acc = carry
+    sc = jax.lax.dot_general(q, kt, (((1,), (1,)), ((), ())),
+                             preferred_element_type=jnp.float32) * scale         # [R, T]
+    sc = jnp.where(ok, sc, NEG_SCORE)
+    m_new = jnp.maximum(m, jnp.max(sc, axis=1, keepdims=True))
+    p = jnp.where(ok, jnp.exp(sc - m_new), 0.0)
+    corr = jnp.exp(m - m_new)
+    l = l * corr + jnp.sum(p, axis=1, keepdims=True)
+    acc = acc * corr + jnp.dot(p.astype(vt.dtype), vt, preferred_element_type=jnp.float32)
+    return m_new, l, acc
+
+
+def kernel_result(l, acc, dtype):
+    return jnp.where(l > 0, acc / jnp.maximum(l, 1e-30), 0.0).astype(dtype)
+
+
+def query_block(q, kvh: int, dtype):
+    """q [B, S, H, D] -> [B, KVH, R, D]: each KV head's S x G query heads (row r = slot r // G),
+    padded to R = a power of two >= 16 rows (the Triton lowering's block shapes)."""
+    b, s, h, d = q.shape
+    rows = s * (h // kvh)
+    r_pad = max(16, _pow2_at_least(rows))
+    qr = q.reshape(b, s, kvh, h // kvh, d).transpose(0, 2, 1, 3, 4).reshape(b, kvh, rows, d)
+    return jnp.pad(qr, ((0, 0), (0, 0), (0, r_pad - rows), (0, 0))).astype(dtype)
+
+
+def from_query_block(out, s: int, h: int):
+    """The inverse of `query_block` on a kernel's output [B, KVH, R, D] -> [B, S, H, D]."""
+    b, kvh, _, d = out.shape
+    g = h // kvh
+    out = out[:, :, :s * g].reshape(b, kvh, s, g, d).transpose(0, 2, 1, 3, 4)
+    return out.reshape(b, s, h, d)
+
+
+def triton_params(interpret: bool) -> dict:
+    """pallas_call's compiler parameters: the Triton lowering's (not Mosaic GPU's) when compiled."""
+    if interpret:
+        return {}
+    from jax.experimental.pallas import triton as plgpu
+    return {"compiler_params": plgpu.CompilerParams(num_warps=4, num_stages=PALLAS_STAGES)}
 
 
 def _static_int(x) -> bool:
@@ -242,17 +279,11 @@ def attend_cache_pallas(q, k, v, cache_len, scale: float, tile: int, *,
     t, kvh = k.shape[-3], k.shape[-2]
     g = h // kvh
     tile_used = _pow2_at_most(min(check_tile(tile), t))
-    rows = s * g
-    r_pad = max(16, _pow2_at_least(rows))
-    qr = q.reshape(b, s, kvh, g, d).transpose(0, 2, 1, 3, 4).reshape(b, kvh, rows, d)
-    qr = jnp.pad(qr, ((0, 0), (0, 0), (0, r_pad - rows), (0, 0))).astype(k.dtype)
+    qr = query_block(q, kvh, k.dtype)
+    r_pad = qr.shape[2]
     lens = jnp.asarray(cache_len, jnp.int32).reshape(b, 1)
     kernel = functools.partial(_pallas_kernel, scale=float(scale), tile=tile_used, groups=g,
                                width=s, capacity=t)
-    params = {}
-    if not interpret:   # Triton parameters select the Triton lowering (not Mosaic GPU)
-        from jax.experimental.pallas import triton as plgpu
-        params["compiler_params"] = plgpu.CompilerParams(num_warps=4, num_stages=2)
     if layer is None:
         kv_spec = pl.BlockSpec((None, t, None, d), lambda i, j: (i, 0, j, 0))
     else:
@@ -265,10 +296,9 @@ def attend_cache_pallas(q, k, v, cache_len, scale: float, tile: int, *,
                   kv_spec, kv_spec],
         out_specs=pl.BlockSpec((None, None, r_pad, d), lambda i, j: (i, j, 0, 0)),
         out_shape=jax.ShapeDtypeStruct((b, kvh, r_pad, d), q.dtype),
-        interpret=interpret, name="wedlm_cache_attention", **params,
+        interpret=interpret, name="wedlm_cache_attention", **triton_params(interpret),
     )(lens, qr, k, v)
-    out = out[:, :, :rows].reshape(b, kvh, s, g, d).transpose(0, 2, 1, 3, 4)
-    return out.reshape(b, s, h, d).astype(q.dtype)
+    return from_query_block(out, s, h).astype(q.dtype)
 
 
 # ------------------------------------------------------------------------------------- cuDNN

@@ -126,7 +126,8 @@ class Attention(nn.Module):
         if kv_cache is not None and paged.is_paged(kv_cache):   # paged cache mode (PagedContext)
             out, new_cache = paged.layer_step(q, k, v, kv_cache, cache_len, layer, c.num_layers,
                                               impl=mask.impl, scale=c.head_dim ** -0.5,
-                                              pages_per_tile=mask.pages_per_tile)
+                                              pages_per_tile=mask.pages_per_tile,
+                                              interpret=mask.interpret)
         elif kv_cache is not None:   # cache mode: always through an AttentionContext
             ck = attn_lib.cache_write(kv_cache["k"], k, cache_len, layer)
             cv = attn_lib.cache_write(kv_cache["v"], v, cache_len, layer)
@@ -311,8 +312,9 @@ def attention_input(c: ModelConfig, shape, attention: str, *, dtype, tile: int, 
         paged.check_paged_cache(c.num_layers, c.num_kv_heads, c.head_dim, b, kv_cache)
         page = kv_cache["pool"].shape[1]
         return paged.PagedContext(jnp.asarray(cache_len, jnp.int32),
-                                  paged.implementation_for(platform or jax.default_backend()),
-                                  max(1, kv_tile // page))
+                                  paged.implementation_for(platform or jax.default_backend(),
+                                                           attention),
+                                  max(1, kv_tile // page), interpret)
     layout = ("structure" if structure is not None else "cache" if kv_cache is not None
               else "mask" if mask is not None else "causal")
     impl = attn_backends.resolve(attention, layout, backend=platform, dtype=dtype,

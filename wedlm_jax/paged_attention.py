@@ -39,6 +39,8 @@ ids and rows are the single-device ones.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -47,15 +49,16 @@ from wedlm_jax import cache_attention as ca
 from wedlm_jax.attention import cache_last_key
 
 UNMAPPED = -1
-IMPLEMENTATIONS = ("gather", "ragged")
+IMPLEMENTATIONS = ("gather", "ragged", "triton")
 
 
 @struct.dataclass
 class PagedContext:
     """What every layer's attention gets in paged cache mode (built once per forward)."""
     cache_len: jax.Array                                          # [B] int32
-    impl: str = struct.field(pytree_node=False, default="gather")  # gather | ragged
+    impl: str = struct.field(pytree_node=False, default="gather")  # gather | ragged | triton
     pages_per_tile: int = struct.field(pytree_node=False, default=4)
+    interpret: bool = struct.field(pytree_node=False, default=False)  # triton: CPU-checkable
 
 
 def paged_cache_logical_axes() -> dict:
@@ -79,9 +82,13 @@ def is_paged(kv_cache) -> bool:
     return isinstance(kv_cache, dict) and "pool" in kv_cache
 
 
-def implementation_for(platform: str | None) -> str:
-    """The TPU kernel on TPU, the XLA gather path elsewhere."""
-    return "ragged" if platform == "tpu" else "gather"
+def implementation_for(platform: str | None, attention: str = "tiled") -> str:
+    """The TPU kernel on TPU; elsewhere the Triton kernel when `attention` asks for the Pallas
+    kernel ("pallas": the Decoder asks for it on GPU where `triton_fits`), else the XLA gather
+    path."""
+    if platform == "tpu":
+        return "ragged"
+    return "triton" if attention == "pallas" else "gather"
 
 
 # The page size a Decoder takes on TPU when none is asked for: there the paged cache with jax's
@@ -249,14 +256,103 @@ def attend_pages_ragged(q, pool, page_table, cache_len, scale: float, first_page
     return out.reshape(b, s, h, d).astype(q.dtype)
 
 
+# query rows per program of the Triton paged kernel (a prefill chunk's rows are split over programs)
+TRITON_QUERY_BLOCK = 64
+
+
+def _triton_kernel(len_ref, first_ref, q_ref, table_ref, pool_ref, o_ref, *, scale, groups,
+                   width):
+    """One (sequence b, KV head j, query block k) program: q_ref [Rb, D] rows k * Rb.. of the
+    sequence's query block (`ca.query_block`), table_ref [pages_per_seq] its page ids, pool_ref
+    the whole pool. It walks the pages its queries' rows span, ceil((cache_len[b] + its last
+    slot + 1) / page), reading K and V of head j from each page where it lies. An UNMAPPED entry
+    reads page 0, masked (a free slot's rows)."""
+    from jax.experimental import pallas as pl
+    n, first, j, k = len_ref[0], first_ref[0], pl.program_id(1), pl.program_id(2)
+    page, rb = pool_ref.shape[1], q_ref.shape[0]
+    q = q_ref[...]
+    slot = (k * rb + jax.lax.broadcasted_iota(jnp.int32, (rb, 1), 0)) // groups
+    last = n + jnp.minimum(slot, width - 1)                                        # [Rb, 1]
+    top = n + jnp.minimum((k * rb + rb - 1) // groups, width - 1)
+    n_pages = jnp.minimum(top // page + 1, table_ref.shape[0])
+
+    def body(i, carry):
+        entry = table_ref[i]
+        pid = jnp.maximum(entry, 0) + first
+        col = i * page + jax.lax.broadcasted_iota(jnp.int32, (1, page), 1)
+        return ca.kernel_tile(carry, q, pool_ref[pid, :, 2 * j, :], pool_ref[pid, :, 2 * j + 1, :],
+                              (col <= last) & (entry >= 0), scale)
+
+    _, l, acc = jax.lax.fori_loop(0, n_pages, body, ca.kernel_init(rb, q_ref.shape[1]))
+    o_ref[...] = ca.kernel_result(l, acc, o_ref.dtype)
+
+
+def triton_fits(page_size: int, head_dim: int, itemsize: int, smem: int) -> bool:
+    """Whether the Triton paged kernel compiles for pages of `page_size` rows: power-of-two pages
+    of at least 16 rows (the lowering's block shapes), their K/V in every pipeline stage and a
+    query block of TRITON_QUERY_BLOCK rows within `smem` bytes of shared memory."""
+    return (page_size >= 16 and page_size & (page_size - 1) == 0
+            and ca.pallas_smem(page_size, TRITON_QUERY_BLOCK, head_dim, itemsize) <= smem)
+
+
+def choose_attention(attention: str, platform: str | None, page_size: int, head_dim: int,
+                     itemsize: int, smem: int) -> str:
+    """A paged cache's attention off TPU, as a Decoder asks the model for it: "pallas" (the
+    Triton paged kernel) when asked for, or with "auto" on GPU, where `triton_fits`; "tiled" (the
+    XLA gather path) otherwise; a ValueError when "pallas" is asked for and cannot run. TPU: the
+    ragged kernel, whatever is asked."""
+    if implementation_for(platform) == "ragged":
+        return attention
+    fits = triton_fits(page_size, head_dim, itemsize, smem)
+    if attention == "pallas" and (platform != "gpu" or not fits):
+        raise ValueError(
+            f"attention 'pallas' with a paged cache is the Triton paged kernel: it needs a GPU and "
+            f"power-of-two pages of 16+ rows whose K/V and query block fit the device's shared "
+            f"memory (page_size {page_size}, head_dim {head_dim}, {itemsize}-byte items, {smem} "
+            f"bytes, on {platform}); use attention 'tiled' (the XLA gather path) or 'auto'")
+    return "pallas" if platform == "gpu" and attention in ("auto", "pallas") and fits else "tiled"
+
+
+def attend_pages_triton(q, pool, page_table, cache_len, scale: float, first_page=0,
+                        interpret: bool = False):
+    """The cache rule over pages as a Pallas (Triton) kernel: grid (B, KVH, query blocks), each
+    program walks its own sequence's live pages through the page table and reads them in the
+    pool, in place (no gathered tile, one kernel per layer). GPU; anywhere with
+    `interpret=True`."""
+    from jax.experimental import pallas as pl
+    b, s, h, d = q.shape
+    kvh = pool.shape[2] // 2
+    qr = ca.query_block(q, kvh, pool.dtype)
+    r_pad, width = qr.shape[2], page_table.shape[1]
+    rb = min(r_pad, TRITON_QUERY_BLOCK)
+    lens = jnp.asarray(cache_len, jnp.int32).reshape(b, 1)
+    first = jnp.asarray(first_page, jnp.int32).reshape(1)
+    kernel = functools.partial(_triton_kernel, scale=float(scale), groups=h // kvh, width=s)
+    out = pl.pallas_call(
+        kernel,
+        grid=(b, kvh, r_pad // rb),
+        in_specs=[pl.BlockSpec((None, 1), lambda i, j, k: (i, 0)),
+                  pl.BlockSpec((1,), lambda i, j, k: (0,)),
+                  pl.BlockSpec((None, None, rb, d), lambda i, j, k: (i, j, k, 0)),
+                  pl.BlockSpec((None, width), lambda i, j, k: (i, 0)),
+                  pl.BlockSpec(pool.shape, lambda i, j, k: (0, 0, 0, 0))],
+        out_specs=pl.BlockSpec((None, None, rb, d), lambda i, j, k: (i, j, k, 0)),
+        out_shape=jax.ShapeDtypeStruct((b, kvh, r_pad, d), q.dtype),
+        interpret=interpret, name="wedlm_paged_attention", **ca.triton_params(interpret),
+    )(lens, first, qr, jnp.asarray(page_table, jnp.int32), pool)
+    return ca.from_query_block(out, s, h).astype(q.dtype)
+
+
 def attend_pages(impl: str, q, pool, page_table, cache_len, scale: float, *, pages_per_tile: int = 4,
-                 first_page=0, **kernel_args):
+                 first_page=0, interpret: bool = False, **kernel_args):
     """Run paged implementation `impl` (one of IMPLEMENTATIONS) over the layer whose pages start
     at `first_page` of the pool."""
     if impl == "gather":
         return attend_pages_gather(q, pool, page_table, cache_len, scale, pages_per_tile, first_page)
     if impl == "ragged":
         return attend_pages_ragged(q, pool, page_table, cache_len, scale, first_page, **kernel_args)
+    if impl == "triton":
+        return attend_pages_triton(q, pool, page_table, cache_len, scale, first_page, interpret)
     raise ValueError(f"paged attention must be one of {', '.join(IMPLEMENTATIONS)}; got {impl!r}")
 
 
@@ -308,7 +404,7 @@ def copy_pages(pool, src, dst, num_layers: int, heads: int, kv_heads: int):
 
 
 def layer_step(q, k, v, cache: dict, cache_len, layer, num_layers: int, *, impl: str,
-               scale: float, pages_per_tile: int = 4):
+               scale: float, pages_per_tile: int = 4, interpret: bool = False):
     """One layer in paged cache mode: the new K/V [B, S, KVH, D] written at rows cache_len[b]..
     of each sequence's pages of layer `layer`, then the queries [B, S, H, D] attend over them.
     Returns (out [B, S, H, D], the cache with the written pool).
@@ -325,12 +421,12 @@ def layer_step(q, k, v, cache: dict, cache_len, layer, num_layers: int, *, impl:
         first = layer * per_layer
         pool = write_pages(pool, k, v, table, cache_len, first)
         out = attend_pages(impl, q, pool, table, cache_len, scale, pages_per_tile=pages_per_tile,
-                           first_page=first)
+                           first_page=first, interpret=interpret)
         return out, pool
 
     mesh = jax.sharding.get_abstract_mesh()
     shards, tensor = _mesh_split(mesh, h, kvh)
-    if not shards and (impl != "ragged" or tensor is None):
+    if not shards and (impl == "gather" or tensor is None):   # a kernel is not partitioned
         out, pool = run(q, k, v, pool, table, cache_len, layer, pool.shape[0] // num_layers)
         return out, {"pool": pool, "table": table}
 
