@@ -22,8 +22,12 @@ Layout (the one jax's TPU ragged paged attention kernel reads, so no copy stands
     attend_pages(impl, q, pool, page_table, cache_len, scale,   "gather" (XLA, any platform: a loop
                  first_page=...)
                                                               over tiles of pages, as many as the
-                                                              longest sequence needs) or "ragged"
-                                                              (jax's TPU Pallas kernel)
+                                                              longest sequence needs), "ragged"
+                                                              (jax's TPU Pallas kernel) or "triton"
+                                                              (ours, GPU: each sequence's live
+                                                              pages read in place; jax's GPU paged
+                                                              kernel takes one query a sequence,
+                                                              a window has up to 2W)
 
 Rows whose page is UNMAPPED (a free slot's window, a sequence's rows past its pages) are dropped on
 write and masked on read, so they cannot touch another sequence's pages.
@@ -103,7 +107,9 @@ TPU_PAGE_SIZE = 64
 # iteration a fixed cost of launches and a device-to-host read of the loop's predicate. The
 # compiled bytes alone (1.05x the floor paged against 1.59x dense) had said the opposite.
 # A paged cache on GPU is still there for what it gives (prefix reuse, more requests in flight
-# at equal memory): --page-size 64.
+# at equal memory): --page-size 64, read by the Triton paged kernel where it fits
+# (`choose_attention`; compiled for an H100 it moves the dense cache's bytes). Whether it steps
+# as fast as the dense cache on a card decides this default; not measured yet.
 GPU_PAGE_SIZE = 0
 # ... and its gather loop's tile on GPU, in rows: one iteration per 16 pages of 64 (the H100 step
 # above: 38.4 ms at one page per iteration, 15.0 at 16, 14.7 at 32)
