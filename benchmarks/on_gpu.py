@@ -6,8 +6,8 @@
 On a lent card (the machine's own jax: `PYTHONPATH=. XLA_PYTHON_CLIENT_MEM_FRACTION=.92 python3
 -m benchmarks.on_gpu --out $OUT ...`): the whole run took 455 s on an H100 (kernel 161 s, tokens
 127 s, each decode setting ~25 s of compile); with kernels and tokens checked once (2026-11-26),
-`--parts probes,steps,train --trace --budget-s 480` spends the minutes on the step times, with
-a profiler trace of the first settings.
+`--parts probes,kernel_time,steps,train --trace --budget-s 480` spends the minutes on the
+kernels' and the steps' times, with a profiler trace of the first settings.
 
 Parts, in this order, each skipped when the run's time budget is spent (what ran is written to
 DIR/on_gpu.json after every part, so a run cut short keeps its figures):
@@ -17,6 +17,9 @@ DIR/on_gpu.json after every part, so a run cut short keeps its figures):
            and the paged gather path against the dense reference in float32 at HIGHEST
            precision, on random K/V and ragged cache lengths, at the 8B model's head layout for
            1, 16 and 32 query slots: relative error, NaN never.
+  kernel_time  each Triton kernel (dense cache in place; paged) at 1, 4 and 16 splits of the
+           live rows and the paged gather path, alone: microseconds per layer and the live K/V
+           GB/s at batch 1 and 8, 2K and 16K live rows, 1 and 16 query slots (KERNEL_POINTS).
   tokens   the demo model decoded greedy on this GPU by the Decoder with each cache layout and
            backend (dense tiled / dense Triton / paged 64), against the same Decoder on this
            machine's CPU: sequences equal, first difference.
@@ -42,7 +45,7 @@ import traceback
 
 import numpy as np
 
-PARTS = ("probes", "kernel", "tokens", "steps", "train")
+PARTS = ("probes", "kernel", "kernel_time", "tokens", "steps", "train")
 # (name, method, window, refill, slots, page_size, attention): the served default (page_size
 # None: the platform's choice, the dense cache and the Triton kernel on GPU) first
 STEP_SETTINGS = (
@@ -129,6 +132,78 @@ def kernel(smoke: bool) -> list[dict]:
                 except Exception as e:                  # one backend failing keeps the others
                     row["failed"] = _err(e)
                 out.append(row)
+    return out
+
+
+# (batch, live rows, query slots): a long context at batch 1, the served batch at 2K, windows
+KERNEL_POINTS = ((1, 16384, 1), (1, 16384, 16), (1, 2048, 16), (8, 2048, 1), (8, 2048, 16))
+KERNEL_SPLITS = (1, 4, 16)
+
+
+def kernel_time(smoke: bool, clock: Clock, info: dict) -> list[dict]:
+    """Each cache-attention kernel alone, as a step runs it: `layers` layers' calls (a static
+    layer each) in one jitted program over the stacked cache or the pool, bf16, the 8B heads (32
+    query / 8 KV, head_dim 128): the Triton kernel on the dense cache and the Triton paged kernel
+    at each of KERNEL_SPLITS, and the paged gather path; median ms per layer and the live K/V
+    bytes a layer reads over it (GB/s, against the card's copy rate)."""
+    import jax
+    import jax.numpy as jnp
+
+    from wedlm_jax import cache_attention as ca
+    from wedlm_jax import paged_attention as pa
+    layers, h, kvh, d, page = (2, 4, 2, 16, 16) if smoke else (8, 32, 8, 128, 64)
+    points = ((1, 64, 1), (2, 32, 4)) if smoke else KERNEL_POINTS
+    out = []
+    for b, live, s in points:
+        cap = -(-(live + s) // page) * page
+        pages = cap // page
+        rng = jax.random.split(jax.random.key(b * live + s), 3)
+        q = jax.random.normal(rng[0], (b, s, h, d), jnp.bfloat16)
+        lens = jnp.full((b,), live, jnp.int32)
+        kv_bytes = b * (live + s) * kvh * d * 2 * 2
+        table = jnp.arange(b * pages, dtype=jnp.int32).reshape(b, pages)
+        variants = [(f"dense pallas, {n} split{'s' * (n > 1)}", "dense", n) for n in KERNEL_SPLITS]
+        variants += [(f"paged triton, {n} split{'s' * (n > 1)}", "triton", n) for n in KERNEL_SPLITS]
+        variants.append(("paged gather, 16 pages a tile", "gather", 1))
+        k = jax.random.normal(rng[1], (layers, b, cap, kvh, d), jnp.bfloat16)
+        v = jax.random.normal(rng[2], (layers, b, cap, kvh, d), jnp.bfloat16)
+        pool = pa.interleave(k, v).reshape(layers * b * pages, page, 2 * kvh, d)
+        for name, kind, n in variants:
+            if clock.left() < 30:
+                out.append(dict(batch=b, live=live, slots=s, kernel=name, skipped="time budget"))
+                continue
+            row = dict(batch=b, live=live, slots=s, kernel=name)
+
+            def one(q, k, v, pool, kind=kind, n=n):
+                acc = jnp.zeros(q.shape, jnp.float32)
+                for layer in range(layers):
+                    if kind == "dense":
+                        o = ca.attend_cache_pallas(q, k, v, lens, 0.1, 64, layer=layer, splits=n,
+                                                   interpret=smoke)
+                    elif kind == "triton":
+                        o = pa.attend_pages_triton(q, pool, table, lens, 0.1,
+                                                   first_page=layer * b * pages, splits=n,
+                                                   interpret=smoke)
+                    else:
+                        o = pa.attend_pages_gather(q, pool, table, lens, 0.1,
+                                                   1024 // page, first_page=layer * b * pages)
+                    acc = acc + o.astype(jnp.float32)
+                return acc
+            try:
+                fn = jax.jit(one)
+                jax.block_until_ready(fn(q, k, v, pool))
+                times = []
+                for _ in range(3 if smoke else 15):
+                    t0 = time.perf_counter()
+                    jax.block_until_ready(fn(q, k, v, pool))
+                    times.append((time.perf_counter() - t0) / layers)
+                t = statistics.median(times)
+                row.update(ms_per_layer=t * 1e3, gb_per_s=kv_bytes / t / 1e9,
+                           of_copy_rate=kv_bytes / t / info.get("hbm_bytes_per_s", float("inf")))
+            except Exception as e:
+                row["failed"] = _err(e)
+            out.append(row)
+        del k, v, pool
     return out
 
 
@@ -324,6 +399,10 @@ def table(report: dict) -> str:
     for r in report.get("kernel") or []:
         lines.append(f"kernel {r['dtype']:>8} S={r['slots']:<3} {r['backend']:<13} "
                      + (f"rel err {r['rel_err']:.2e} nan {r['nan']}" if "rel_err" in r else r.get("failed", "")))
+    for r in report.get("kernel_time") or []:
+        lines.append(f"kernel time b={r['batch']} live={r['live']} S={r['slots']:<3} {r['kernel']:<30} "
+                     + (f"{r['ms_per_layer'] * 1e3:8.1f} us/layer {r['gb_per_s']:7.0f} GB/s"
+                        if "ms_per_layer" in r else r.get("failed") or r.get("skipped", "")))
     for r in report.get("tokens") or []:
         lines.append(f"tokens {r['method']:<10} {r['layout']:<13} "
                      + (f"{r['equal']}/{r['of']} equal, first differences {r['first_difference']}"
@@ -392,6 +471,8 @@ def main(argv=None) -> int:
                 report[part] = probes(a.smoke)
             elif part == "kernel":
                 report[part] = kernel(a.smoke)
+            elif part == "kernel_time":
+                report[part] = kernel_time(a.smoke, clock, report.get("probes") or {})
             elif part == "tokens":
                 report[part] = tokens(a.smoke)
             elif part == "train":

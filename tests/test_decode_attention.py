@@ -236,6 +236,13 @@ def test_pallas_reads_its_layer_of_the_stacked_cache_in_place():
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-6, err_msg=str(layer))
     with pytest.raises(ValueError, match="layer must be a Python int"):
         ca.attend_cache_pallas(q, k, v, lens, 0.3, 8, interpret=True, layer=layers)
+    # the live tiles split over programs (3 parts, and more parts than tiles: empty splits)
+    want = reference(s, t, q, k[1], v[1], lens)
+    for splits in (3, 16):
+        got = ca.attend_cache_pallas(q, k, v, lens, 0.3, 7, interpret=True, layer=1, splits=splits)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-6, err_msg=str(splits))
+    with pytest.raises(ValueError, match="splits must be an int >= 1"):
+        ca.attend_cache_pallas(q, k, v, lens, 0.3, 8, interpret=True, layer=1, splits=0)
     qs = jax.ShapeDtypeStruct((2, 16, 32, 128), jnp.bfloat16)
     kv = jax.ShapeDtypeStruct((4, 2, 300, 8, 128), jnp.bfloat16)
     n = jax.ShapeDtypeStruct((2,), jnp.int32)
@@ -245,6 +252,8 @@ def test_pallas_reads_its_layer_of_the_stacked_cache_in_place():
         text = fn.trace(qs, kv, kv, n).lower(lowering_platforms=("cuda",)).as_text()
         call = next(line for line in text.splitlines() if "__gpu$xla.gpu.triton" in line)
         assert ("tensor<4x2x300x8x128xbf16>" in call) == stacked, call[-300:]
+    fn = jax.jit(lambda q, k, v, n: ca.attend_cache_pallas(q, k, v, n, 0.1, 128, layer=2, splits=4))
+    assert "__gpu$xla.gpu.triton" in fn.trace(qs, kv, kv, n).lower(lowering_platforms=("cuda",)).as_text()
 
 
 def test_unrolled_layers_read_the_cache_in_place_through_the_kernel():

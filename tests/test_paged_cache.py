@@ -301,19 +301,24 @@ def test_triton_paged_kernel_equals_the_dense_cache(case):
     got = pa.attend_pages("triton", q, stacked, table, lens, 0.25, first_page=pool.shape[0],
                           interpret=True)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
+    for splits in (2, 5):     # each sequence's pages split over programs, partials combined
+        got = pa.attend_pages_triton(q, pool, table, lens, 0.25, interpret=True, splits=splits)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
 
 
 def test_triton_paged_kernel_lowers_for_the_gpu():
     """Cross-lowered for CUDA (the compiled kernel runs only on a GPU): bf16, the 8B head layout,
-    pages of 64, a window of 16 slots and a prefill chunk of 144 (query blocks)."""
+    pages of 64, a window of 16 slots and a prefill chunk of 144 (query blocks), whole and split."""
     for s in (16, 144):
         q = jax.ShapeDtypeStruct((2, s, 32, 128), jnp.bfloat16)
         pool = jax.ShapeDtypeStruct((4 * 20, 64, 16, 128), jnp.bfloat16)
         table = jax.ShapeDtypeStruct((2, 10), jnp.int32)
         n = jax.ShapeDtypeStruct((2,), jnp.int32)
-        fn = jax.jit(lambda q, p, t, n: pa.attend_pages("triton", q, p, t, n, 0.1, first_page=40))
-        text = fn.trace(q, pool, table, n).lower(lowering_platforms=("cuda",)).as_text()
-        assert "__gpu$xla.gpu.triton" in text and "wedlm_paged_attention" in text
+        for splits in (1, 4):
+            fn = jax.jit(lambda q, p, t, n, splits=splits: pa.attend_pages_triton(
+                q, p, t, n, 0.1, first_page=40, splits=splits))
+            text = fn.trace(q, pool, table, n).lower(lowering_platforms=("cuda",)).as_text()
+            assert "__gpu$xla.gpu.triton" in text and "wedlm_paged_attention" in text
 
 
 def test_paged_attention_is_chosen_for_the_device():

@@ -179,10 +179,12 @@ def pallas_tile(tile: int, rows: int, head_dim: int, itemsize: int, limit: int) 
     return t
 
 
-def _pallas_kernel(len_ref, q_ref, k_ref, v_ref, o_ref, *, scale, tile, groups, width, capacity):
-    """One (row b, KV head) program. q_ref [R, D]: the row's S x G query heads of this KV head,
-    row r = slot r // G (padded to R rows); k_ref / v_ref [T, D]: the cache of this row and head,
-    read tile by tile; len_ref [1]: cache_len[b]."""
+def _pallas_kernel(len_ref, q_ref, k_ref, v_ref, *out_refs, scale, tile, groups, width, capacity,
+                   splits):
+    """One (row b, KV head, split p) program. q_ref [R, D]: the row's S x G query heads of this
+    KV head, row r = slot r // G (padded to R rows); k_ref / v_ref [T, D]: the cache of this row
+    and head, read tile by tile (split p of `splits` takes its share of the live tiles); len_ref
+    [1]: cache_len[b]. out_refs: the output, or with splits the partials (`kernel_store`)."""
     from jax.experimental import pallas as pl
     n = len_ref[0]
     r_pad = q_ref.shape[0]
@@ -198,8 +200,51 @@ def _pallas_kernel(len_ref, q_ref, k_ref, v_ref, o_ref, *, scale, tile, groups, 
         return kernel_tile(carry, q, k_ref[pl.ds(start, tile), :], v_ref[pl.ds(start, tile), :],
                            (col <= last) & (col >= nominal), scale)
 
-    _, l, acc = jax.lax.fori_loop(0, n_tiles, body, kernel_init(r_pad, q_ref.shape[1]))
-    o_ref[...] = kernel_result(l, acc, o_ref.dtype)
+    lo, hi = split_range(n_tiles, pl.program_id(2), splits)
+    kernel_store(out_refs, jax.lax.fori_loop(lo, hi, body, kernel_init(r_pad, q_ref.shape[1])))
+
+
+def split_range(n, p, splits: int):
+    """Split p's share [lo, hi) of n loop iterations cut into `splits` consecutive parts."""
+    per = (n + splits - 1) // splits
+    lo = jnp.minimum(p * per, n)
+    return lo, jnp.minimum(lo + per, n)
+
+
+def kernel_store(out_refs, carry) -> None:
+    """A program's online softmax written out: one ref, the normalised output; three (a split
+    kernel), the float32 accumulator, max and sum for `combine_splits`."""
+    m, l, acc = carry
+    if len(out_refs) == 1:
+        out_refs[0][...] = kernel_result(l, acc, out_refs[0].dtype)
+    else:
+        o_ref, m_ref, l_ref = out_refs
+        o_ref[...], m_ref[...], l_ref[...] = acc, m, l
+
+
+def split_outputs(b: int, kvh: int, blocks: int, rows: int, d: int, dtype, splits: int):
+    """(out_shape, out_specs) of a kernel over grid (B, KVH, blocks x splits): the output
+    [B, KVH, blocks x rows, D] in `dtype`, or with splits > 1 the partials [B, KVH, splits,
+    blocks x rows, D | 1] in float32."""
+    from jax.experimental import pallas as pl
+    if splits == 1:
+        return (jax.ShapeDtypeStruct((b, kvh, blocks * rows, d), dtype),
+                pl.BlockSpec((None, None, rows, d), lambda i, j, c: (i, j, c, 0)))
+    spec = lambda w: pl.BlockSpec((None, None, None, rows, w),
+                                  lambda i, j, c: (i, j, c % splits, c // splits, 0))
+    shape = lambda w: jax.ShapeDtypeStruct((b, kvh, splits, blocks * rows, w), jnp.float32)
+    return (shape(d), shape(1), shape(1)), (spec(d), spec(1), spec(1))
+
+
+def combine_splits(out, dtype):
+    """A split kernel's partials (acc, max, sum) [B, KVH, P, R, D | 1] -> the output [B, KVH, R,
+    D]: each split's accumulator rescaled to the common max, summed, normalised."""
+    if not isinstance(out, (tuple, list)):
+        return out
+    acc, m, l = out
+    w = jnp.exp(m - jnp.max(m, axis=2, keepdims=True))
+    num, den = jnp.sum(w * acc, axis=2), jnp.sum(w * l, axis=2)
+    return jnp.where(den > 0, num / jnp.maximum(den, 1e-30), 0.0).astype(dtype)
 
 
 def kernel_init(rows: int, d: int):
@@ -253,19 +298,26 @@ def triton_params(interpret: bool) -> dict:
     return {"compiler_params": plgpu.CompilerParams(num_warps=4, num_stages=PALLAS_STAGES)}
 
 
+def check_int_at_least(name: str, value, low: int) -> None:
+    if not _static_int(value) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}; got {value!r}")
+
+
 def _static_int(x) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
 def attend_cache_pallas(q, k, v, cache_len, scale: float, tile: int, *,
-                        interpret: bool = False, layer: int | None = None):
+                        interpret: bool = False, layer: int | None = None, splits: int = 1):
     """Cache-mode attention as a Pallas kernel: grid (B, KVH), each program walks its own row's
     live tiles, ceil((cache_len[b] + S) / tile_used). The tile used is the largest power of two
     <= min(tile, T) (power-of-two blocks for the Triton lowering); the S x G query heads of a KV
     head are one block, padded to a power of two >= 16 rows. With `layer` (a Python int), k and
     v are the stacked cache [L, B, T, KVH, D] and the kernel's blocks read that layer's rows in
-    place (no copy of the layer's slice). `interpret=True` runs the kernel in Pallas interpret
-    mode (any platform)."""
+    place (no copy of the layer's slice). `splits` > 1 cuts each row's live tiles into that many
+    parts, one program each (more programs for a small batch), their partial softmaxes combined
+    after (`combine_splits`). `interpret=True` runs the kernel in Pallas interpret mode (any
+    platform)."""
     from jax.experimental import pallas as pl
     if layer is not None:
         if not _static_int(layer) or k.ndim != 5 or not 0 <= layer < k.shape[0]:
@@ -282,22 +334,23 @@ def attend_cache_pallas(q, k, v, cache_len, scale: float, tile: int, *,
     qr = query_block(q, kvh, k.dtype)
     r_pad = qr.shape[2]
     lens = jnp.asarray(cache_len, jnp.int32).reshape(b, 1)
+    check_int_at_least("splits", splits, 1)
     kernel = functools.partial(_pallas_kernel, scale=float(scale), tile=tile_used, groups=g,
-                               width=s, capacity=t)
+                               width=s, capacity=t, splits=splits)
     if layer is None:
-        kv_spec = pl.BlockSpec((None, t, None, d), lambda i, j: (i, 0, j, 0))
+        kv_spec = pl.BlockSpec((None, t, None, d), lambda i, j, c: (i, 0, j, 0))
     else:
-        kv_spec = pl.BlockSpec((None, None, t, None, d), lambda i, j: (layer, i, 0, j, 0))
-    out = pl.pallas_call(
+        kv_spec = pl.BlockSpec((None, None, t, None, d), lambda i, j, c: (layer, i, 0, j, 0))
+    out_shape, out_specs = split_outputs(b, kvh, 1, r_pad, d, q.dtype, splits)
+    out = combine_splits(pl.pallas_call(
         kernel,
-        grid=(b, kvh),
-        in_specs=[pl.BlockSpec((None, 1), lambda i, j: (i, 0)),
-                  pl.BlockSpec((None, None, r_pad, d), lambda i, j: (i, j, 0, 0)),
+        grid=(b, kvh, splits),
+        in_specs=[pl.BlockSpec((None, 1), lambda i, j, c: (i, 0)),
+                  pl.BlockSpec((None, None, r_pad, d), lambda i, j, c: (i, j, 0, 0)),
                   kv_spec, kv_spec],
-        out_specs=pl.BlockSpec((None, None, r_pad, d), lambda i, j: (i, j, 0, 0)),
-        out_shape=jax.ShapeDtypeStruct((b, kvh, r_pad, d), q.dtype),
+        out_specs=out_specs, out_shape=out_shape,
         interpret=interpret, name="wedlm_cache_attention", **triton_params(interpret),
-    )(lens, qr, k, v)
+    )(lens, qr, k, v), q.dtype)
     return from_query_block(out, s, h).astype(q.dtype)
 
 

@@ -266,15 +266,16 @@ def attend_pages_ragged(q, pool, page_table, cache_len, scale: float, first_page
 TRITON_QUERY_BLOCK = 64
 
 
-def _triton_kernel(len_ref, first_ref, q_ref, table_ref, pool_ref, o_ref, *, scale, groups,
-                   width):
-    """One (sequence b, KV head j, query block k) program: q_ref [Rb, D] rows k * Rb.. of the
-    sequence's query block (`ca.query_block`), table_ref [pages_per_seq] its page ids, pool_ref
-    the whole pool. It walks the pages its queries' rows span, ceil((cache_len[b] + its last
-    slot + 1) / page), reading K and V of head j from each page where it lies. An UNMAPPED entry
-    reads page 0, masked (a free slot's rows)."""
+def _triton_kernel(len_ref, first_ref, q_ref, table_ref, pool_ref, *out_refs, scale, groups,
+                   width, splits):
+    """One (sequence b, KV head j, query block k x split p) program: q_ref [Rb, D] rows k * Rb..
+    of the sequence's query block (`ca.query_block`), table_ref [pages_per_seq] its page ids,
+    pool_ref the whole pool. It walks its share (split p of `splits`) of the pages its queries'
+    rows span, ceil((cache_len[b] + its last slot + 1) / page), reading K and V of head j from
+    each page where it lies. An UNMAPPED entry reads page 0, masked (a free slot's rows)."""
     from jax.experimental import pallas as pl
-    n, first, j, k = len_ref[0], first_ref[0], pl.program_id(1), pl.program_id(2)
+    n, first, j, c = len_ref[0], first_ref[0], pl.program_id(1), pl.program_id(2)
+    k, p = c // splits, c % splits
     page, rb = pool_ref.shape[1], q_ref.shape[0]
     q = q_ref[...]
     slot = (k * rb + jax.lax.broadcasted_iota(jnp.int32, (rb, 1), 0)) // groups
@@ -289,8 +290,8 @@ def _triton_kernel(len_ref, first_ref, q_ref, table_ref, pool_ref, o_ref, *, sca
         return ca.kernel_tile(carry, q, pool_ref[pid, :, 2 * j, :], pool_ref[pid, :, 2 * j + 1, :],
                               (col <= last) & (entry >= 0), scale)
 
-    _, l, acc = jax.lax.fori_loop(0, n_pages, body, ca.kernel_init(rb, q_ref.shape[1]))
-    o_ref[...] = ca.kernel_result(l, acc, o_ref.dtype)
+    lo, hi = ca.split_range(n_pages, p, splits)
+    ca.kernel_store(out_refs, jax.lax.fori_loop(lo, hi, body, ca.kernel_init(rb, q_ref.shape[1])))
 
 
 def triton_fits(page_size: int, head_dim: int, itemsize: int, smem: int) -> bool:
@@ -320,10 +321,11 @@ def choose_attention(attention: str, platform: str | None, page_size: int, head_
 
 
 def attend_pages_triton(q, pool, page_table, cache_len, scale: float, first_page=0,
-                        interpret: bool = False):
-    """The cache rule over pages as a Pallas (Triton) kernel: grid (B, KVH, query blocks), each
-    program walks its own sequence's live pages through the page table and reads them in the
-    pool, in place (no gathered tile, one kernel per layer). GPU; anywhere with
+                        interpret: bool = False, splits: int = 1):
+    """The cache rule over pages as a Pallas (Triton) kernel: grid (B, KVH, query blocks x
+    `splits`), each program walks its own sequence's live pages (its split's share of them)
+    through the page table and reads them in the pool, in place (no gathered tile, one kernel per
+    layer; split partials combined after, `ca.combine_splits`). GPU; anywhere with
     `interpret=True`."""
     from jax.experimental import pallas as pl
     b, s, h, d = q.shape
@@ -333,19 +335,22 @@ def attend_pages_triton(q, pool, page_table, cache_len, scale: float, first_page
     rb = min(r_pad, TRITON_QUERY_BLOCK)
     lens = jnp.asarray(cache_len, jnp.int32).reshape(b, 1)
     first = jnp.asarray(first_page, jnp.int32).reshape(1)
-    kernel = functools.partial(_triton_kernel, scale=float(scale), groups=h // kvh, width=s)
-    out = pl.pallas_call(
+    ca.check_int_at_least("splits", splits, 1)
+    kernel = functools.partial(_triton_kernel, scale=float(scale), groups=h // kvh, width=s,
+                               splits=splits)
+    blocks = r_pad // rb
+    out_shape, out_specs = ca.split_outputs(b, kvh, blocks, rb, d, q.dtype, splits)
+    out = ca.combine_splits(pl.pallas_call(
         kernel,
-        grid=(b, kvh, r_pad // rb),
-        in_specs=[pl.BlockSpec((None, 1), lambda i, j, k: (i, 0)),
-                  pl.BlockSpec((1,), lambda i, j, k: (0,)),
-                  pl.BlockSpec((None, None, rb, d), lambda i, j, k: (i, j, k, 0)),
-                  pl.BlockSpec((None, width), lambda i, j, k: (i, 0)),
-                  pl.BlockSpec(pool.shape, lambda i, j, k: (0, 0, 0, 0))],
-        out_specs=pl.BlockSpec((None, None, rb, d), lambda i, j, k: (i, j, k, 0)),
-        out_shape=jax.ShapeDtypeStruct((b, kvh, r_pad, d), q.dtype),
+        grid=(b, kvh, blocks * splits),
+        in_specs=[pl.BlockSpec((None, 1), lambda i, j, c: (i, 0)),
+                  pl.BlockSpec((1,), lambda i, j, c: (0,)),
+                  pl.BlockSpec((None, None, rb, d), lambda i, j, c: (i, j, c // splits, 0)),
+                  pl.BlockSpec((None, width), lambda i, j, c: (i, 0)),
+                  pl.BlockSpec(pool.shape, lambda i, j, c: (0, 0, 0, 0))],
+        out_specs=out_specs, out_shape=out_shape,
         interpret=interpret, name="wedlm_paged_attention", **ca.triton_params(interpret),
-    )(lens, first, qr, jnp.asarray(page_table, jnp.int32), pool)
+    )(lens, first, qr, jnp.asarray(page_table, jnp.int32), pool), q.dtype)
     return ca.from_query_block(out, s, h).astype(q.dtype)
 
 

@@ -10,7 +10,8 @@ from benchmarks import on_gpu
 
 def test_smoke_run_measures_every_backend_and_step(tmp_path):
     out = tmp_path / "run"
-    assert on_gpu.main(["--smoke", "--out", str(out), "--parts", "kernel,steps", "--rounds", "1",
+    assert on_gpu.main(["--smoke", "--out", str(out), "--parts", "kernel,kernel_time,steps",
+                        "--rounds", "1",
                         "--settings", "ar b8,streaming W16 after b8,ar b8 paged"]) == 0
     report = json.loads((out / "on_gpu.json").read_text())
     kernel = report["kernel"]
@@ -18,6 +19,9 @@ def test_smoke_run_measures_every_backend_and_step(tmp_path):
     for r in kernel:
         assert "failed" not in r and not r["nan"], r
         assert r["rel_err"] < (1e-5 if r["dtype"] == "float32" else 1e-2), r
+    timed = report["kernel_time"]
+    assert len(timed) == 2 * (2 * len(on_gpu.KERNEL_SPLITS) + 1)          # 2 smoke points
+    assert all(r["ms_per_layer"] > 0 and "failed" not in r for r in timed), timed
     steps = {r["setting"]: r for r in report["steps"]}
     assert set(steps) == {"ar b8", "streaming W16 after b8", "ar b8 paged"}
     assert steps["ar b8 paged"]["page_size"] == 64 and steps["ar b8"]["page_size"] == 0
