@@ -18,6 +18,8 @@ the raw logits.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -34,14 +36,36 @@ def entropy(logits: jnp.ndarray) -> jnp.ndarray:
     return jnp.log(z) - jnp.sum(e * x, axis=-1) / z
 
 
-def token_logprobs(logits: jnp.ndarray, tokens: jnp.ndarray, top_n: int, want=None):
+class LogitStats(NamedTuple):
+    greedy: jnp.ndarray     # [B, S] int32: the argmax
+    lse: jnp.ndarray        # [B, S] float32: log Z, the log-softmax's normaliser
+    entropy: jnp.ndarray    # [B, S] float32 (nats)
+
+
+def logit_stats(logits: jnp.ndarray) -> LogitStats:
+    """What a step reads off a forward's logits [B, S, V], in two passes over the vocabulary:
+    the argmax (whose value is the max), then one exp pass giving both log Z and the entropy
+    (`entropy`'s formula). The float32 logits of a window are the step's largest temporary;
+    separate max, logsumexp and entropy reductions read them five times."""
+    x = logits.astype(jnp.float32)
+    greedy = jnp.argmax(x, axis=-1).astype(jnp.int32)
+    top = jnp.take_along_axis(x, greedy[..., None], axis=-1)                     # the max
+    xm = x - top
+    e = jnp.exp(xm)
+    z = jnp.sum(e, axis=-1)
+    lz = jnp.log(z)
+    return LogitStats(greedy, top[..., 0] + lz, lz - jnp.sum(e * xm, axis=-1) / z)
+
+
+def token_logprobs(logits: jnp.ndarray, tokens: jnp.ndarray, top_n: int, want=None, lse=None):
     """The log-probabilities under softmax(logits) (the model's own distribution, before any
     temperature or filter: what vLLM reports by default) of `tokens` [B, S] and of the `top_n`
     likeliest tokens: (lp [B, S], top_ids [B, S, top_n], top_lp [B, S, top_n]); top_n 0 gives
     empty top arrays (a static width: the decode state carries them, docs/algorithm.md §6). The
-    top-n search over the vocabulary runs only when some row `want`s it ([B] bool; zeros else)."""
+    top-n search over the vocabulary runs only when some row `want`s it ([B] bool; zeros else).
+    `lse`: log Z when already known (`logit_stats`), else computed here."""
     x = logits.astype(jnp.float32)
-    lse = jax.nn.logsumexp(x, axis=-1)
+    lse = jax.nn.logsumexp(x, axis=-1) if lse is None else lse
     lp = jnp.take_along_axis(x, tokens[..., None], axis=-1)[..., 0] - lse
     if not top_n:
         return lp, jnp.zeros(tokens.shape + (0,), jnp.int32), jnp.zeros(tokens.shape + (0,), jnp.float32)
@@ -96,12 +120,14 @@ def row_keys(seed: jnp.ndarray, steps: jnp.ndarray) -> jnp.ndarray:
 
 
 def choose_tokens(logits: jnp.ndarray, keys: jnp.ndarray, settings,
-                  sampling: bool = True) -> jnp.ndarray:
+                  sampling: bool = True, greedy=None) -> jnp.ndarray:
     """logits [B, S, V] -> token ids [B, S]: the argmax for greedy rows (temperature 0), a draw
     from the filtered distribution for the others. The sampling work runs only when some row
     samples (`lax.cond`), so an all-greedy batch pays for the argmax alone; with `sampling`
-    False (a static flag: no request may sample) the program holds the argmax only."""
-    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    False (a static flag: no request may sample) the program holds the argmax only. `greedy`:
+    the argmax when already known (`logit_stats`)."""
+    if greedy is None:
+        greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     if not sampling:
         return greedy
     sampled_rows = settings.temperature > 0

@@ -35,7 +35,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from decode.sampling import choose_tokens, entropy, row_keys, token_logprobs
+from decode.sampling import choose_tokens, logit_stats, row_keys, token_logprobs
 from decode.state import DecodeState, TokenLogProbs, keep_if_done
 
 from decode.config import REFILLS  # noqa: E402  (defined once, in decode.config)
@@ -175,10 +175,12 @@ def window_step(forward, params, st: DecodeState, spec: StepSpec, mask_id):
     active = idx < wlen[:, None]
     logits, layers, inv, phys_tok, phys_pos = forward_window(forward, params, st, filled, active,
                                                              mask_id)
-    ent = jnp.take_along_axis(entropy(logits), inv, axis=1)
-    chosen = choose_tokens(logits, row_keys(s.seed, st.steps), s, spec.sampling)
+    stats = logit_stats(logits)
+    ent = jnp.take_along_axis(stats.entropy, inv, axis=1)
+    chosen = choose_tokens(logits, row_keys(s.seed, st.steps), s, spec.sampling, stats.greedy)
     cand = jnp.take_along_axis(chosen, inv, axis=1)
-    cand_lps = TokenLogProbs(*token_logprobs(logits, chosen, spec.top_logprobs, s.want_top)).take(inv)
+    cand_lps = TokenLogProbs(*token_logprobs(logits, chosen, spec.top_logprobs, s.want_top,
+                                             stats.lse)).take(inv)
     emitted, emitted_lps = st.tok[:, :spec.window], st.lps.head(spec.window)
     k_emit, stopped = emit_until_stop(emitted, c, s.stop_ids)
     remaining = active & ~filled & (idx >= c[:, None])
@@ -197,8 +199,9 @@ def ar_step(forward, params, st: DecodeState, spec: StepSpec, mask_id):
     """Cached next-token decoding: feed the pending token (slot 0, position n), choose the next."""
     s = st.settings
     logits, layers = forward(params, st.tok[:, :1], st.n[:, None], st.cache.layers, st.n)
-    nxt = choose_tokens(logits, row_keys(s.seed, st.steps), s, spec.sampling)
-    lps = TokenLogProbs(*token_logprobs(logits, nxt, spec.top_logprobs, s.want_top))
+    stats = logit_stats(logits)
+    nxt = choose_tokens(logits, row_keys(s.seed, st.steps), s, spec.sampling, stats.greedy)
+    lps = TokenLogProbs(*token_logprobs(logits, nxt, spec.top_logprobs, s.want_top, stats.lse))
     one = jnp.ones_like(st.n)
     k_emit, stopped = emit_until_stop(nxt, one, s.stop_ids)
     n_new = st.n + 1

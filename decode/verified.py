@@ -57,7 +57,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from decode.sampling import entropy, filter_logits, row_keys, token_logprobs
+from decode.sampling import filter_logits, logit_stats, row_keys, token_logprobs
 from decode.state import DecodeState, TokenLogProbs
 from decode.steps import (StepSpec, advance, emit_until_stop, fill_select, forward_window, slide,
                           window_span)
@@ -68,10 +68,10 @@ def _take_slot(x, j):
     return jax.vmap(lambda xb, jb: jax.lax.dynamic_index_in_dim(xb, jb, 0, keepdims=False))(x, j)
 
 
-def _verify_greedy(logits, tok, c, idx):
+def _verify_greedy(ar, tok, c, idx):
     """Greedy verification: (a, pending). Slot j in 1..c-1 is accepted when its draft equals the
-    AR prediction read at physical (= logical, inside the leading run) slot j - 1."""
-    ar = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    AR prediction `ar` (the argmax of each physical slot's logits) read at physical (= logical,
+    inside the leading run) slot j - 1."""
     target = jnp.concatenate([tok[:, :1], ar[:, :-1]], axis=1)
     ok = (idx < c[:, None]) & (tok == target)
     a = 1 + jnp.sum(jnp.cumprod(ok[:, 1:].astype(jnp.int32), axis=1), axis=1)
@@ -111,8 +111,9 @@ def verified_step(forward, params, st: DecodeState, spec: StepSpec, mask_id):
     keys = jax.vmap(lambda k: jax.random.split(k, 3))(row_keys(s.seed, st.steps))
     k_draft, k_acc, k_res = keys[:, 0], keys[:, 1], keys[:, 2]
     sampled_rows = s.temperature > 0
-    a, pend = _verify_greedy(logits, st.tok, c, idx)
-    drafts = jnp.take_along_axis(jnp.argmax(logits, axis=-1).astype(jnp.int32), inv, axis=1)
+    stats = logit_stats(logits)
+    a, pend = _verify_greedy(stats.greedy, st.tok, c, idx)
+    drafts = jnp.take_along_axis(stats.greedy, inv, axis=1)
     q_new = st.q
     if st.q is not None:
         def sampled(_):
@@ -135,10 +136,10 @@ def verified_step(forward, params, st: DecodeState, spec: StepSpec, mask_id):
     emitted = ext[:, 1:spec.window + 1]
     # emitted token j is the AR reading's at slot j (inside the leading run: physical = logical)
     emitted_lps = TokenLogProbs(*token_logprobs(logits[:, :spec.window], emitted, spec.top_logprobs,
-                                                s.want_top))
+                                                s.want_top, stats.lse[:, :spec.window]))
     k_emit, stopped = emit_until_stop(emitted, jnp.minimum(a, st.end - 1 - st.n), s.stop_ids)
     # next window (logical indices before the slide): drafts by the streaming fill rule
-    ent = jnp.take_along_axis(entropy(logits), inv, axis=1)
+    ent = jnp.take_along_axis(stats.entropy, inv, axis=1)
     remaining = active & ~filled & (idx >= c[:, None])
     sel = (fill_select(ent, remaining, idx, s.tau, s.lam) & (idx > c[:, None])
            & ~reject[:, None])
