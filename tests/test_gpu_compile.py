@@ -39,15 +39,21 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_per_layer_weights_halve_the_gpu_decode_steps_bytes():
+def run_for_the_gpu(script: str) -> dict:
+    """Run `script` in a process with XLA's GPU compiler (no GPU: JAX_PLATFORMS=cpu); its
+    "RESULT {json}" line."""
     assert os.path.isdir(os.path.join(GPU_COMPILER, "jax_plugins")), (
         f"XLA's GPU compiler is not in {GPU_COMPILER}: run `make setup` (or `make gpu-compiler`)")
     env = dict(xla.full_compile(os.environ), JAX_PLATFORMS="cpu",
                PYTHONPATH=os.pathsep.join([ROOT, GPU_COMPILER]))
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=ROOT, capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads([l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1][7:])
+    return json.loads([l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1][7:])
+
+
+def test_per_layer_weights_halve_the_gpu_decode_steps_bytes():
+    out = run_for_the_gpu(SCRIPT)
     stacked, flat = out["True"], out["False"]
     assert flat["flat"] and not stacked["flat"]
     weights = 2 * 2 * (3 * 1024 * 4096 + 1024 * (8 + 2 + 2) * 128 + 8 * 128 * 1024)   # bf16, 2 layers
@@ -87,14 +93,7 @@ def test_the_triton_kernel_reads_the_cache_in_place_on_the_gpu():
     """The GPU default (dense cache, the Triton kernel, layers unrolled): the compiled step's
     temporaries do not grow with the capacity, i.e. no copy of a layer's K/V is made for the
     kernel. The same program with the layer's slice taken (the code before) grows with it."""
-    assert os.path.isdir(os.path.join(GPU_COMPILER, "jax_plugins")), (
-        f"XLA's GPU compiler is not in {GPU_COMPILER}: run `make setup` (or `make gpu-compiler`)")
-    env = dict(xla.full_compile(os.environ), JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([ROOT, GPU_COMPILER]))
-    proc = subprocess.run([sys.executable, "-c", SCRIPT_IN_PLACE], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads([l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1][7:])
+    out = run_for_the_gpu(SCRIPT_IN_PLACE)
     assert all(r["triton"] and r["page_size"] == 0 for r in out.values()), out
     layer_k = 4 * (2048 - 512) * 2 * 128 * 2      # the K of one layer: 4 slots, 2 heads, bf16
     assert out["True 2048"]["temp"] == out["True 512"]["temp"], out
@@ -127,14 +126,7 @@ def test_the_paged_cache_on_the_gpu_steps_through_the_triton_paged_kernel_in_pla
     """A paged Decoder for an H100 (attention auto) takes the Triton paged kernel: the step and
     the admission (a prefill chunk and the first fill: query blocks) compile for the device, and
     the step's temporaries do not grow with the pool (read in place, no gathered tiles)."""
-    assert os.path.isdir(os.path.join(GPU_COMPILER, "jax_plugins")), (
-        f"XLA's GPU compiler is not in {GPU_COMPILER}: run `make setup` (or `make gpu-compiler`)")
-    env = dict(xla.full_compile(os.environ), JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([ROOT, GPU_COMPILER]))
-    proc = subprocess.run([sys.executable, "-c", SCRIPT_PAGED], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads([l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1][7:])
+    out = run_for_the_gpu(SCRIPT_PAGED)
     small, large = out["512"], out["2048"]
     assert small["attention"] == large["attention"] == "pallas" and small["kernel"], out
     assert small["temp"] == large["temp"], out

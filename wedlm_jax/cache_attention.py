@@ -299,7 +299,7 @@ def triton_params(interpret: bool) -> dict:
 
 
 def check_int_at_least(name: str, value, low: int) -> None:
-    if not _static_int(value) or value < low:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
         raise ValueError(f"{name} must be an int >= {low}; got {value!r}")
 
 
