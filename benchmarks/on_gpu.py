@@ -5,9 +5,10 @@
 
 On a lent card (the machine's own jax: `PYTHONPATH=. XLA_PYTHON_CLIENT_MEM_FRACTION=.92 python3
 -m benchmarks.on_gpu --out $OUT ...`): the whole run took 455 s on an H100 (kernel 161 s, tokens
-127 s, each decode setting ~25 s of compile); with kernels and tokens checked once (2026-11-26),
-`--parts probes,kernel_time,steps,train --trace --budget-s 480` spends the minutes on the
-kernels' and the steps' times, with a profiler trace of the first settings.
+127 s, each decode setting ~25 s of compile). The next card: `--parts
+probes,tokens,kernel_time,steps,train --trace --budget-s 480` (tokens again: the paged cache's
+Triton kernel is new since the first run, 2026-11-26), the kernels' and steps' times, a profiler
+trace of the first settings.
 
 Parts, in this order, each skipped when the run's time budget is spent (what ran is written to
 DIR/on_gpu.json after every part, so a run cut short keeps its figures):
