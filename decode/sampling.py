@@ -26,16 +26,6 @@ import jax.numpy as jnp
 from decode.config import SAMPLING_ORDERS  # noqa: E402  (defined once, in decode.config)
 
 
-def entropy(logits: jnp.ndarray) -> jnp.ndarray:
-    """Entropy (nats) of softmax(logits) over the last axis, float32, with one exp pass:
-    H = log Z - sum(e * x') / Z where x' = x - max(x), e = exp(x'), Z = sum(e)."""
-    x = logits.astype(jnp.float32)
-    x = x - jnp.max(x, axis=-1, keepdims=True)
-    e = jnp.exp(x)
-    z = jnp.sum(e, axis=-1)
-    return jnp.log(z) - jnp.sum(e * x, axis=-1) / z
-
-
 class LogitStats(NamedTuple):
     greedy: jnp.ndarray     # [B, S] int32: the argmax
     lse: jnp.ndarray        # [B, S] float32: log Z, the log-softmax's normaliser
@@ -44,9 +34,10 @@ class LogitStats(NamedTuple):
 
 def logit_stats(logits: jnp.ndarray) -> LogitStats:
     """What a step reads off a forward's logits [B, S, V], in two passes over the vocabulary:
-    the argmax (whose value is the max), then one exp pass giving both log Z and the entropy
-    (`entropy`'s formula). The float32 logits of a window are the step's largest temporary;
-    separate max, logsumexp and entropy reductions read them five times."""
+    the argmax (whose value is the max), then one exp pass giving both log Z and the entropy in
+    nats, H = log Z - sum(e * x') / Z with x' = x - max(x), e = exp(x'), Z = sum(e) (the fill
+    rule's score). The float32 logits of a window are the step's largest temporary; separate
+    max, logsumexp and entropy reductions read them five times."""
     x = logits.astype(jnp.float32)
     greedy = jnp.argmax(x, axis=-1).astype(jnp.int32)
     top = jnp.take_along_axis(x, greedy[..., None], axis=-1)                     # the max

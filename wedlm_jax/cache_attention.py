@@ -49,10 +49,15 @@ def _check(q, k, v, cache_len):
         raise ValueError(f"{s} new slots do not fit a cache of {k.shape[1]} rows")
 
 
+def check_int_at_least(name: str, value, low: int) -> int:
+    """`value` when it is an int >= `low`; a ValueError naming `name` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return int(value)
+
+
 def check_tile(tile) -> int:
-    if isinstance(tile, bool) or not isinstance(tile, int) or tile < 1:
-        raise ValueError(f"kv_tile must be an int >= 1, got {tile!r}")
-    return tile
+    return check_int_at_least("kv_tile", tile, 1)
 
 
 # ------------------------------------------------------------------------------------- dense
@@ -296,11 +301,6 @@ def triton_params(interpret: bool) -> dict:
         return {}
     from jax.experimental.pallas import triton as plgpu
     return {"compiler_params": plgpu.CompilerParams(num_warps=4, num_stages=PALLAS_STAGES)}
-
-
-def check_int_at_least(name: str, value, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}; got {value!r}")
 
 
 def _static_int(x) -> bool:
