@@ -160,6 +160,7 @@ def generate_figures(dec, compiled, live_rows: int | None = None) -> dict:
     out = dict(platform=platform, method=dec.method, window=dec.window, refill=dec.refill, slots=dec.slots, capacity=dec.capacity, rows=dec.static.rows,
                dtype=jnp.dtype(dec.static.dtype).name, attention=dec.static.attention,
                page_size=dec.static.page_size, weight_layout=dec.weight_layout,
+               compiler_options=dec.compiler_options,
                mesh=None if dec.mesh is None else dict(dec.mesh.shape),
                cache_bytes=estimate_memory(dec.static)["cache"] // (tensor * batch_shards),
                **figures(compiled))
@@ -313,6 +314,9 @@ def dry_run(config, target: str, placement, *, method: str, window: int, refill:
         lines[0] += (f"; paged cache, pages of {dec.static.page_size} rows"
                      + (" (the platform's choice)" if placement.page_size is None else "")
                      if dec.paged else "; dense cache")
+        if dec.compiler_options:
+            lines[0] += "; step compiled with " + ", ".join(
+                f"{k}={v}" for k, v in sorted(dec.compiler_options.items()))
         return dict(generate_figures(dec, compiled), weight_formats=(
             compiled.input_formats[0][0] if dec.weight_layout == "compiler" else None))
 

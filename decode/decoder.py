@@ -207,13 +207,14 @@ class Decoder:
         except ValueError as e:
             raise DecodeConfigError(str(e), "weight_layout") from None
         self._generate_compiled = None
+        self.compiler_options = None          # the step's, when compiled here (layouts.step_options)
         if self.weight_layout == "compiler":
             self.use_compiler_layouts()
 
     def use_compiler_layouts(self, compiler_options: dict | None = None) -> None:
         """Compile `generate` with the weights' layouts left to the compiler, keep that program for
         `generate` calls and put the weights into the layouts it chose (decode/layouts.py)."""
-        self._generate_compiled, formats = layouts.choose(self, compiler_options)
+        self._generate_compiled, formats, self.compiler_options = layouts.choose(self, compiler_options)
         self.params = layouts.place(self.params, formats)
         self.weight_layout = "compiler"
 

@@ -17,7 +17,10 @@ are: jit follows a committed argument's layout, so they read them without a copy
                                latter, since XLA:GPU copies each layer's weights out of the
                                stacked buffer at every step (the 8B AR step on H100: 13.3 GB of
                                such copies against 15.1 GB of weights; BENCHMARKS.md)
-    choose(decoder)            (the compiled `generate`, the weights' formats it chose)
+    step_options(device, given) the compiler options `generate` is compiled with on `device`:
+                               STEP_OPTIONS of its TPU generation, `given` over them (a key
+                               given as None: the compiler's own default)
+    choose(decoder)            (the compiled `generate`, the weights' formats it chose, its options)
     place(params, formats)     the weights in those formats (abstract shapes stay abstract)
 """
 
@@ -44,6 +47,27 @@ def layers_stacked(platform: str) -> bool:
     return platform not in ("gpu", "cuda", "rocm")
 
 
+# libtpu options for the decode step, per TPU generation, chosen from compiles of the 8B step
+# (BENCHMARKS.md, "Scoped VMEM for the decode step"; benchmarks/results/step_options.json). On v5p
+# libtpu's default scoped-VMEM limit keeps a 128-row step's up_proj a fusion of its own (its
+# output written to HBM and read back by down_proj); with a core's whole 64 MiB it fuses them as
+# it does at 8 rows: streaming W 16 after 7.654 -> 7.151 ms, 10 other programs 0-6% faster, one
+# 0.14% slower (streaming W 16 at batch 1; libtpu 0.0.42.1's estimates). MaxText's v5p recipes
+# pass the same limit. v6e is not listed: 96 MiB there speeds one program and slows another, by
+# the mesh. Other generations compile with libtpu's defaults. (The options ride on the compiler's weight layouts, the TPU default: a Decoder given
+# weight_layout "default" runs the plain jitted step, compiled with the defaults.)
+STEP_OPTIONS = {"v5p": {"xla_tpu_scoped_vmem_limit_kib": 65536}}
+
+
+def step_options(device, given: dict | None = None) -> dict | None:
+    """Compiler options of the decode step on `device`: STEP_OPTIONS of its TPU generation with
+    `given` over them; a key given as None is dropped (the compiler's default). None when empty."""
+    from wedlm_jax.targets import tpu_generation
+    merged = dict(STEP_OPTIONS.get(tpu_generation(device), {}), **(given or {}))
+    merged = {k: v for k, v in merged.items() if v is not None}
+    return merged or None
+
+
 def _abstract(x, fallback):
     """A leaf as a ShapeDtypeStruct carrying its sharding (`fallback` when it has none)."""
     sharding = getattr(x, "sharding", None) or fallback
@@ -52,8 +76,9 @@ def _abstract(x, fallback):
 
 def choose(decoder, compiler_options: dict | None = None):
     """`generate` of `decoder` (k = its steps_per_call) compiled with the weights' layouts left to
-    the compiler (and `compiler_options`, e.g. `wedlm_jax.compiled.estimate_options` for a program
-    compiled to be costed); returns (compiled program, the weights' formats as a pytree of Format)."""
+    the compiler, under `step_options` (with `compiler_options` over them, e.g.
+    `wedlm_jax.compiled.estimate_options` for a program compiled to be costed); returns (compiled
+    program, the weights' formats as a pytree of Format, the options it was compiled with)."""
     from decode.aot import abstract_args
     from decode.programs import _generate_loop
     dev = decoder.mesh.devices.flat[0] if decoder.mesh is not None else jax.local_devices()[0]
@@ -64,10 +89,11 @@ def choose(decoder, compiler_options: dict | None = None):
     fn = jax.jit(_generate_loop, static_argnums=(0, 1), donate_argnums=(3,),
                  in_shardings=(jax.tree.map(lambda x: Format(Layout.AUTO, x.sharding), params),
                                shardings(state), mask_id.sharding, run.sharding))
+    options = step_options(dev, compiler_options)
     with jax.default_device(dev):   # a Mosaic kernel's lowering reads the TPU generation from it
         compiled = decoder._call(fn.lower, decoder.static, decoder.steps_per_call, params, state,
-                                 mask_id, run).compile(compiler_options)
-    return compiled, compiled.input_formats[0][0]
+                                 mask_id, run).compile(options)
+    return compiled, compiled.input_formats[0][0], options
 
 
 def place(params, formats):

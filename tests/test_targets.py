@@ -32,13 +32,16 @@ def test_a_gpu_target_without_its_compiler_names_the_install_command(monkeypatch
 
 def test_a_tpu_topology_is_described_with_its_chip():
     code = ("import json; from wedlm_jax.targets import describe_target as d\n"
+            "from wedlm_jax.targets import tpu_generation as g\n"
             "devs, chip = d('tpu:v5p:2x2x2'); one, c1 = d('v5e:1x1')\n"
-            "print(json.dumps([len(devs), devs[0].platform, chip.hbm, len(one), c1.bandwidth]))")
+            "print(json.dumps([len(devs), devs[0].platform, chip.hbm, len(one), c1.bandwidth,\n"
+            "                  g(devs[0]), g(one[0]), g(d('v6e:2x4')[0][0])]))")
     proc = subprocess.run([sys.executable, "-c", code], env=tpu_compiler.env(), capture_output=True,
                           text=True, timeout=300, cwd=tpu_compiler.ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    n, platform, hbm, one, bw = json.loads(proc.stdout.strip().splitlines()[-1])
+    n, platform, hbm, one, bw, *gens = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (n, platform, hbm, one, bw) == (8, "tpu", 95 << 30, 1, 0.819e12)
+    assert gens == ["v5p", "v5e", "v6e"]      # libtpu's device kinds: "TPU v5", "TPU v5 lite", ...
 
 
 def test_the_decode_door_refuses_a_gpu_target_it_cannot_compile_for_in_one_line(tmp_path):

@@ -243,19 +243,25 @@ COSTED_DECODE = textwrap.dedent("""
               dtype="bfloat16", page_size=64, weight_layout="compiler")
     out = {name: compile_generate(config, dev, compiler_options=options, **kw)
            for name, options in (("plain", None), ("costed", estimate_options("tpu")))}
-    print(json.dumps({k: dict(v["cost"], layout=v["weight_layout"]) for k, v in out.items()}))
+    print(json.dumps({k: dict(v["cost"], layout=v["weight_layout"],
+                              options=v["compiler_options"]) for k, v in out.items()}))
 """)
 
 
 def test_a_decode_step_compiles_for_tpu_with_the_estimate_options():
     """The decode step's costed compile takes `estimate_options` (libtpu knows each option; the
     weights' layouts chosen under them too): a time and the plain program's FLOPs."""
+    from wedlm_jax.compiled import estimate_options
     rc, out, err = _run([sys.executable, "-c", COSTED_DECODE, json.dumps(TPU_MODEL)])
     assert rc == 0, err[-4000:]
     r = json.loads(out.strip().splitlines()[-1])
     assert r["plain"]["layout"] == r["costed"]["layout"] == "compiler"
     assert r["costed"]["optimal_seconds"] > 0
     assert r["costed"]["flops"] == pytest.approx(r["plain"]["flops"], rel=0.01)
+    # both under v5p's step options (decode.layouts.STEP_OPTIONS), the estimate's over them
+    vmem = {"xla_tpu_scoped_vmem_limit_kib": 65536}
+    assert r["plain"]["options"] == vmem, r
+    assert r["costed"]["options"] == dict(vmem, **estimate_options("tpu")), r
 
 
 def test_serve_dry_run_compiles_the_server_programs_for_a_topology(tmp_path):
@@ -273,6 +279,8 @@ def test_serve_dry_run_compiles_the_server_programs_for_a_topology(tmp_path):
     assert rc == 0, out + err[-3000:]
     assert "wedlm-serve dry run for v5p:2x2x2: 2 of its 8 chips" in out
     assert "; paged cache, pages of 64 rows" in out    # slots over data: a pool per shard
+    # v5p: the step under its generation's libtpu options (decode.layouts.STEP_OPTIONS)
+    assert "; step compiled with xla_tpu_scoped_vmem_limit_kib=65536" in out
     # a paged door admits into pages: its admission program (prefill + first fill) is compiled
     assert "decode step" in out and "admission of a 1024-token prompt" in out
     assert "verdict      FITS in 95.00 GiB per chip" in out

@@ -92,6 +92,26 @@ def test_the_choice_is_resolved_per_platform_and_checked():
         Placement(weight_layout="tiled")
 
 
+class _Device:
+    def __init__(self, platform, kind):
+        self.platform, self.device_kind = platform, kind
+
+
+def test_the_step_options_are_the_tpu_generations_with_the_callers_over_them():
+    """`layouts.step_options`: the table's options for the device's TPU generation (as libtpu names
+    the chips, real or compile-only), none elsewhere; a caller's options over them, a key given
+    as None left to the compiler."""
+    vmem = "xla_tpu_scoped_vmem_limit_kib"
+    v5p, v5e = _Device("tpu", "TPU v5"), _Device("tpu", "TPU v5 lite")
+    assert layouts.step_options(v5p) == {vmem: 65536}
+    assert layouts.step_options(v5e) is None
+    assert layouts.step_options(_Device("cpu", "cpu")) is None
+    assert layouts.step_options(_Device("gpu", "NVIDIA H100 80GB HBM3")) is None
+    assert layouts.step_options(v5p, {vmem: None}) is None
+    assert layouts.step_options(v5p, {vmem: 32768, "x": 1}) == {vmem: 32768, "x": 1}
+    assert layouts.step_options(v5e, {"x": 1}) == {"x": 1}
+
+
 def test_the_doors_flag_refuses_an_unknown_layout_in_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "decode.cli", "--checkpoint", str(tmp_path), "--prompt", "x",
                            "--weight-layout", "rowmajor"], capture_output=True, text=True,

@@ -5,6 +5,8 @@ the vendor figures of one chip, by name.
     describe_target("h100")        NVIDIA H100 SXM GPUs ("h100:8": eight in one host), described
                                    to XLA's GPU compiler by a target config (jax's CUDA plugin)
     -> (devices, Chip)
+    tpu_generation(device)         "v5p", "v5e", "v6e", "v4" of a TPU device (real or
+                                   compile-only), None for any other device
 
 A name that is not a known target, or whose compiler is not installed, is a TargetError naming
 the accepted forms or the install command.
@@ -62,6 +64,19 @@ dnn_version_info { major: 9 minor: 1 }
 device_description_str: "NVIDIA H100 80GB HBM3"
 """
 GPU_CHIPS = {"h100": (Chip(989e12, 3.35e12, 84942979072), H100_SXM)}
+
+# a TPU device's `device_kind` (as libtpu names it, real chip or compile-only) -> TPU_CHIPS' key
+TPU_KINDS = {"TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v5": "v5p",
+             "TPU v5p": "v5p", "TPU v6 lite": "v6e", "TPU v6e": "v6e"}
+
+
+def tpu_generation(device) -> str | None:
+    """The TPU generation of `device` (a key of TPU_CHIPS), None for a GPU, a CPU or a TPU
+    generation not in the table."""
+    if getattr(device, "platform", None) != "tpu":
+        return None
+    return TPU_KINDS.get(getattr(device, "device_kind", ""))
+
 
 FORMS = ("TPU topologies GEN:AxB[xC] with GEN one of " + ", ".join(TPU_CHIPS)
          + " (e.g. v5p:1x1x1, v5e:2x4, v6e:2x4, v5p:2x2x2), or GPUs " + ", ".join(GPU_CHIPS)
