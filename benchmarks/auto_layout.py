@@ -46,7 +46,8 @@ def measure(config, dev, chip, method: str, page_size: int | None, layout: str,
     moved = cost.get("bytes accessed", float("nan")) + extra
     return dict(method=method, window=window if method != "ar" else 1, slots=slots,
                 refill=refill if method != "ar" else None, page_size=page_size,
-                layout=layout, compiler_options=compiler_options, bytes=moved, floor=floor, flops=cost.get("flops"),
+                layout=layout, compiler_options=compiler_options, bytes=moved, floor=floor,
+                flops=cost.get("flops"),
                 bytes_over_floor=round(moved / floor, 3),
                 optimal_ms=round(1e3 * cost.get("optimal_seconds", float("nan")), 3),
                 floor_ms=round(1e3 * floor / chip.bandwidth, 3),
@@ -94,7 +95,8 @@ def main(argv=None) -> int:
             rows.append(measure(config, dev, chip, method, args.page_size, layout, args.refill,
                                 options, args.window, args.slots))
             r = rows[-1]
-            print(f"{method:10s} W {r['window']} b {r['slots']} refill {r['refill']}  paged {r['page_size']}  {layout:8s} "
+            print(f"{method:10s} W {r['window']} b {r['slots']} refill {r['refill']}  "
+                  f"paged {r['page_size']}  {layout:8s} "
                   f"bytes/floor {r['bytes_over_floor']:.3f}  optimal {r['optimal_ms']:.3f} ms "
                   f"(floor {r['floor_ms']:.3f}, flops/peak {r['flops_ms']:.3f})  compile {r['compile_s']} s",
                   flush=True)

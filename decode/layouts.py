@@ -51,11 +51,12 @@ def layers_stacked(platform: str) -> bool:
 # (BENCHMARKS.md, "Scoped VMEM for the decode step"; benchmarks/results/step_options.json). On v5p
 # libtpu's default scoped-VMEM limit keeps a 128-row step's up_proj a fusion of its own (its
 # output written to HBM and read back by down_proj); with a core's whole 64 MiB it fuses them as
-# it does at 8 rows: streaming W 16 after 7.654 -> 7.151 ms, 10 other programs 0-6% faster, one
-# 0.14% slower (streaming W 16 at batch 1; libtpu 0.0.42.1's estimates). MaxText's v5p recipes
-# pass the same limit. v6e is not listed: 96 MiB there speeds one program and slows another, by
-# the mesh. Other generations compile with libtpu's defaults. (The options ride on the compiler's weight layouts, the TPU default: a Decoder given
-# weight_layout "default" runs the plain jitted step, compiled with the defaults.)
+# it does at 8 rows: streaming W 16 after 7.654 -> 7.151 ms; of the 10 other decode programs
+# compared 8 are 0.03-6.6% faster, two slower by 0.05% (AR) and 0.14% (streaming at batch 1)
+# (libtpu 0.0.42.1's estimates). MaxText's v5p recipes pass the same limit. v6e is not listed:
+# 96 MiB there speeds one program and slows another, by the mesh. Other generations compile with
+# libtpu's defaults. The options ride on the compiler's weight layouts, the TPU default: a
+# Decoder given weight_layout "default" runs the plain jitted step, compiled with the defaults.
 STEP_OPTIONS = {"v5p": {"xla_tpu_scoped_vmem_limit_kib": 65536}}
 
 
