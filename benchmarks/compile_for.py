@@ -130,6 +130,7 @@ def decode_row(config, t: Target, prog: dict, capacity: int, live: int,
     floor = full["floor"]["total"]
     return dict(row, memory=full["memory"], fits=full["memory"]["total"] <= t.hbm, cost=cost,
                 floor_bytes=floor, weight_layout=full.get("weight_layout"),
+                compiler_options=full.get("compiler_options"),
                 bytes_over_floor=cost["bytes accessed"] / floor if cost else None,
                 floor_s=floor / t.bandwidth, roofline_s=step)
 
@@ -282,6 +283,18 @@ def derive(rows: list[dict], tpf: float) -> None:
             r["libtpu_step_over_ar"] = opt(r) / opt(base)
 
 
+def step_options_line(target: dict) -> list:
+    """The compiler options the target's decode steps were compiled with (the Decoder's own,
+    `decode.layouts.STEP_OPTIONS`), as a line and a blank one; none when there were none."""
+    seen = {json.dumps(r["compiler_options"], sort_keys=True) for r in target["rows"]
+            if r.get("kind") == "decode" and r.get("compiler_options")}
+    if not seen:
+        return []
+    return ["Decode steps compiled with the Decoder's libtpu options (decode.layouts.STEP_OPTIONS): "
+            + "; ".join(", ".join(f"{k}={v}" for k, v in json.loads(o).items()) for o in sorted(seen))
+            + ".", ""]
+
+
 def markdown(report: dict) -> str:
     out = [f"# Compiled for the target, on this CPU ({report['command']})", "",
            f"jax {report['jax']}, libtpu {report['libtpu']}, jax-cuda12-plugin "
@@ -302,6 +315,7 @@ def markdown(report: dict) -> str:
     for t in report["targets"]:
         out += [f"## {t['target']} ({t['chips']} chips, {t['hbm_gib']:.0f} GiB HBM, "
                 f"{t['peak_tflops']:.0f} TFLOP/s, {t['bandwidth_gbs']:.0f} GB/s per chip)", "",
+                *step_options_line(t),
                 "| program | batch | chips | memory GiB/chip | fits | bytes / floor | roofline ms | "
                 "libtpu optimal ms | floor ms | step / AR: roofline (libtpu) | tokens/s (est.) |",
                 "|---|---|---|---|---|---|---|---|---|---|---|"]

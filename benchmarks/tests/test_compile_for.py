@@ -33,6 +33,10 @@ def test_quick_report_for_one_v5p_chip(tmp_path):
     assert st["step_over_ar"] > 0 and st["tokens_per_s"] > 0
     md = (out / "compile_for.md").read_text()
     assert "## v5p:1x1x1 (1 chips" in md and "| streaming W16 before | 8 |" in md
+    # the Decoder's v5p step options, in each row and said once in the markdown
+    assert ar["compiler_options"] == st["compiler_options"] == {"xla_tpu_scoped_vmem_limit_kib": 65536}
+    assert "compiled with the Decoder's libtpu options (decode.layouts.STEP_OPTIONS): " \
+           "xla_tpu_scoped_vmem_limit_kib=65536." in md
     png = out / "compile_for.png"          # bytes / floor and step time per program
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
 
