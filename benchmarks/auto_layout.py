@@ -56,18 +56,12 @@ def measure(config, dev, chip, method: str, page_size: int | None, layout: str,
 
 
 def option(text: str) -> tuple[str, object]:
-    """'KEY=VALUE' -> (KEY, VALUE as int / bool / None for "default" / str)."""
+    """'KEY=VALUE' -> (KEY, VALUE read as YAML, as train overrides are; "default": None)."""
+    import yaml
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE")
-    if value == "default":
-        return key, None
-    if value.lower() in ("true", "false"):
-        return key, value.lower() == "true"
-    try:
-        return key, int(value)
-    except ValueError:
-        return key, value
+    return key, None if value == "default" else yaml.safe_load(value)
 
 
 def main(argv=None) -> int:

@@ -286,13 +286,12 @@ def derive(rows: list[dict], tpf: float) -> None:
 def step_options_line(target: dict) -> list:
     """The compiler options the target's decode steps were compiled with (the Decoder's own,
     `decode.layouts.STEP_OPTIONS`), as a line and a blank one; none when there were none."""
-    seen = {json.dumps(r["compiler_options"], sort_keys=True) for r in target["rows"]
-            if r.get("kind") == "decode" and r.get("compiler_options")}
+    seen = {", ".join(f"{k}={v}" for k, v in sorted(r["compiler_options"].items()))
+            for r in target["rows"] if r.get("kind") == "decode" and r.get("compiler_options")}
     if not seen:
         return []
     return ["Decode steps compiled with the Decoder's libtpu options (decode.layouts.STEP_OPTIONS): "
-            + "; ".join(", ".join(f"{k}={v}" for k, v in json.loads(o).items()) for o in sorted(seen))
-            + ".", ""]
+            + "; ".join(sorted(seen)) + ".", ""]
 
 
 def markdown(report: dict) -> str:
