@@ -178,10 +178,45 @@ def _write_jsonl(path: str, records) -> None:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
 
 
+def generated_doc(kind: str, seed: int, skip=frozenset(), skip_headers=frozenset()) -> str:
+    """The document of a generated kind drawn from `seed` ("" when it would hold a held-out
+    prompt: a counting header or a problem of the eval set)."""
+    rng = random.Random(seed)
+    if kind == "counting":
+        doc = tasks.counting_doc(rng)
+        return "" if doc.split("\n", 1)[0] in skip_headers else doc
+    return {"arith": tasks.arith_doc, "lists": tasks.lists_doc, "records": tasks.records_doc}[kind](rng, skip)
+
+
+def generate_share(kind: str, chars: float, worker: int, workers: int, skip, skip_headers) -> list[str]:
+    """One worker's share of a kind: documents from seeds worker, worker + workers, ... until
+    `chars` characters (the same documents for the same worker count)."""
+    docs, got, seed = [], 0, worker
+    while got < chars:
+        doc = generated_doc(kind, seed, skip, skip_headers)
+        seed += workers
+        if doc:
+            docs.append(doc)
+            got += len(doc)
+    return docs
+
+
+def tokenizer_sample(train: list[dict], mb: float):
+    """The (shuffled) training documents' texts up to `mb` million characters: what the BPE
+    merges are learned from (the whole split once it is larger than a sample needs)."""
+    size = 0
+    for d in train:
+        if size >= mb * 1e6:
+            return
+        size += len(d["text"])
+        yield d["text"]
+
+
 def build(out: str, *, stdlib: str | None = None, force: bool = False, vocab_size: int = 512,
           heldout_percent: float = 5.0, train_mb: float = 12.0, mix: dict | None = None,
           eval_count: int = 64, eval_arith: int = 64, eval_lists: int = 32, eval_records: int = 32,
-          eval_code: int = 48, seed: int = 0, log=print) -> dict:
+          eval_code: int = 48, seed: int = 0, workers: int = 1, tokenizer_mb: float = 12.0,
+          log=print) -> dict:
     """Build the whole data folder (see the module docstring); returns the stats dict."""
     t_start = time.perf_counter()
     out = os.path.abspath(out)
@@ -194,6 +229,9 @@ def build(out: str, *, stdlib: str | None = None, force: bool = False, vocab_siz
         raise DemoDataError(f"held-out percent must be in (0, 100), got {heldout_percent}")
     if not train_mb > 0:
         raise DemoDataError(f"--train-mb must be > 0, got {train_mb}")
+    if workers < 1 or not tokenizer_mb > 0:
+        raise DemoDataError(f"--workers must be >= 1 and --tokenizer-mb > 0, got {workers} and "
+                            f"{tokenizer_mb}")
     root = stdlib or stdlib_dir()
     files = list_code_files(root)
     train_files = [(r, t) for r, t in files if not heldout_file(r, heldout_percent)]
@@ -217,22 +255,16 @@ def build(out: str, *, stdlib: str | None = None, force: bool = False, vocab_siz
     evals += code_prompts(held_files, eval_code, seed)
     skip = {e["prompt"] for e in evals}
     skip_headers = {e["prompt"].split("\n", 1)[0] for e in evals if e["kind"] == "counting"}
-
-    def counting(rng):
-        doc = tasks.counting_doc(rng)
-        return "" if doc.split("\n", 1)[0] in skip_headers else doc
-
-    gens = {"counting": counting, "arith": lambda r: tasks.arith_doc(r, skip),
-            "lists": lambda r: tasks.lists_doc(r, skip), "records": lambda r: tasks.records_doc(r, skip)}
+    jobs = [(kind, want[kind] / workers, w, workers, skip, skip_headers)
+            for kind in GENERATED for w in range(workers)]
+    if workers > 1:
+        import multiprocessing
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            parts = pool.starmap(generate_share, jobs)
+    else:
+        parts = [generate_share(*j) for j in jobs]
     train = [{"text": t, "kind": "code"} for _, t in train_files]
-    for kind in GENERATED:
-        got, i = 0, 0
-        while got < want[kind]:
-            doc = gens[kind](random.Random(i))
-            i += 1
-            if doc:
-                train.append({"text": doc, "kind": kind})
-                got += len(doc)
+    train += [{"text": doc, "kind": kind} for (kind, *_), docs in zip(jobs, parts) for doc in docs]
     if not train:
         raise DemoDataError("the training split is empty (every --mix share that has data is 0)")
     random.Random(seed).shuffle(train)
@@ -240,7 +272,7 @@ def build(out: str, *, stdlib: str | None = None, force: bool = False, vocab_siz
     held = [{"text": t, "kind": "code"} for _, t in held_files]
     for kind in GENERATED:
         held += [{"text": d, "kind": kind} for i in range(50)
-                 if (d := gens[kind](random.Random(HELDOUT_SEED + 100_000 + i)))]
+                 if (d := generated_doc(kind, HELDOUT_SEED + 100_000 + i, skip, skip_headers))]
 
     tmp = out + f".partial-{os.getpid()}"
     if os.path.exists(tmp):
@@ -248,7 +280,7 @@ def build(out: str, *, stdlib: str | None = None, force: bool = False, vocab_siz
     os.makedirs(tmp)
     try:
         t0 = time.perf_counter()
-        tok_dir = train_tokenizer((d["text"] for d in train), os.path.join(tmp, "tokenizer"),
+        tok_dir = train_tokenizer(tokenizer_sample(train, tokenizer_mb), os.path.join(tmp, "tokenizer"),
                                   vocab_size)
         t_tok = time.perf_counter() - t0
         from tokenizers import Tokenizer
@@ -268,7 +300,7 @@ def build(out: str, *, stdlib: str | None = None, force: bool = False, vocab_siz
             eval={k: sum(1 for e in evals if e["kind"] == k) for k in EVAL_KINDS},
             settings=dict(stdlib=root, heldout_percent=heldout_percent, train_mb=train_mb, mix=mix,
                           requested_vocab_size=vocab_size, seed=seed, heldout_seed=HELDOUT_SEED,
-                          python=sys.version.split()[0]),
+                          python=sys.version.split()[0], workers=workers, tokenizer_mb=tokenizer_mb),
             tokenizer_s=t_tok)
         stats["build_s"] = time.perf_counter() - t_start
         with open(os.path.join(tmp, "stats.json"), "w") as f:
@@ -313,12 +345,17 @@ def main(argv=None) -> int:
     p.add_argument("--eval-records", type=int, default=32)
     p.add_argument("--eval-code", type=int, default=48)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=1,
+                   help="processes generating the tasks (the documents depend on this count)")
+    p.add_argument("--tokenizer-mb", type=float, default=12.0,
+                   help="training characters (millions) the tokenizer's merges are learned from")
     a = p.parse_args(argv)
     try:
         stats = build(a.out, stdlib=a.stdlib, force=a.force, vocab_size=a.vocab_size,
                       heldout_percent=a.heldout_percent, train_mb=a.train_mb, mix=parse_mix(a.mix),
                       eval_count=a.eval_count, eval_arith=a.eval_arith, eval_lists=a.eval_lists,
-                      eval_records=a.eval_records, eval_code=a.eval_code, seed=a.seed)
+                      eval_records=a.eval_records, eval_code=a.eval_code, seed=a.seed,
+                      workers=a.workers, tokenizer_mb=a.tokenizer_mb)
     except DemoDataError as e:
         print(f"demo_data: error: {e}", file=sys.stderr)
         return 2

@@ -31,10 +31,9 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEMO_MODEL = os.path.join(HERE, "model")
 MANIFEST = "MANIFEST.sha256"
-REQUIRED = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "eval.jsonl")
-REBUILD = ("restore it with `git checkout -- demo/model`, or rebuild it (hours on a CPU): "
-           "`python -m demo.data --out data/demo && demo/pipeline.sh && "
-           "python -m demo.ship`")
+REQUIRED = ("config.json", "tokenizer.json", "tokenizer_config.json", "eval.jsonl")  # + weights
+REBUILD = ("restore it with `git checkout -- demo/model`, or rebuild it (minutes on one GPU): "
+           "`python -m demo.pipeline --target gpu --out runs/demo && python -m demo.ship`")
 
 
 class DemoModelError(RuntimeError):
@@ -85,6 +84,8 @@ def check_model(folder: str = DEMO_MODEL) -> None:
     for name in REQUIRED:
         if name not in want:
             raise DemoModelError(f"{manifest_path}: does not list {name}; {REBUILD}")
+    if not any(name.endswith(".safetensors") for name in want):
+        raise DemoModelError(f"{manifest_path}: lists no .safetensors weights; {REBUILD}")
     for name, digest in want.items():
         path = os.path.join(folder, name)
         if not os.path.exists(path):

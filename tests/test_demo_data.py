@@ -7,6 +7,7 @@ import os
 import random
 import re
 
+import numpy as np
 import pytest
 
 from demo import data as dd
@@ -243,46 +244,42 @@ def test_force_replaces(tmp_path, built):
     assert not [p for p in os.listdir(tmp_path) if ".partial-" in p]
 
 
-def test_demo_configs(built):
+def test_demo_configs(built, tmp_path):
     from train.main import prepare
+    from train.pretokenize import pretokenize
     root, out, stats = built
     pre = load_config("configs/demo_pretrain.yaml")
     ada = load_config("configs/demo_adapt.yaml")
     assert pre.objective.kind == "ar_only" and ada.objective.kind == "dual_stream"
     assert ada.objective.ar_weight == 1.0 and 16 <= ada.objective.block_size <= 32
-    assert ada.model.from_hf == pre.checkpoint.export_hf
-    assert ada.optimizer.lr < pre.optimizer.lr and ada.steps < pre.steps
-    assert 256 <= pre.data.seq_len <= 512
+    assert ada.model.from_hf == pre.checkpoint.export_hf + "_roundtrip"
+    assert ada.optimizer.lr < pre.optimizer.lr
+    assert pre.data.seq_len == ada.data.seq_len == 512 and pre.data.packed_dir == ada.data.packed_dir
+    assert pre.compute_dtype == ada.compute_dtype == "bf16"
+    assert pre.time_limit_s and ada.time_limit_s       # a slower card still ends, saved
     mc = model_config(pre)
-    assert 1e6 <= mc.num_params() <= 10e6 and mc.tie_word_embeddings
-    assert (mc.model_type, mc.num_heads, mc.num_kv_heads, mc.head_dim, mc.qk_norm) == ("qwen3", 3, 1, 64, True)
+    assert 10e6 <= mc.num_params() <= 40e6 and mc.tie_word_embeddings
+    assert 2 * mc.num_params() <= 50e6                 # the shipped bf16 folder
+    assert (mc.model_type, mc.num_heads, mc.num_kv_heads, mc.head_dim, mc.qk_norm) == ("qwen3", 6, 2, 64, True)
     import inspect
     assert mc.vocab_size == inspect.signature(dd.build).parameters["vocab_size"].default == 512
-    assert pre.data.tokenizer == "data/demo/tokenizer" and pre.data.train_files == ("data/demo/train.jsonl",)
-    # the pretraining config reads the built data (tokenizer, documents, packing) before any compile
-    small = load_config("configs/demo_pretrain.yaml", [f"data.train_files=[{out}/train.jsonl]",
+    # the pretraining config reads the built data, packed (tokenizer, rows) before any compile
+    packed = tmp_path / "packed"
+    pretokenize([str(out / "train.jsonl")], str(out / "tokenizer"), str(packed), pre.data.seq_len,
+                workers=2)
+    small = load_config("configs/demo_pretrain.yaml", [f"data.packed_dir={packed}",
                                                        f"data.tokenizer={out}/tokenizer"])
     prep = prepare(small)
-    assert prep["mask_token_id"] is None and prep["rows"]["tokens"].shape[1] == pre.data.seq_len
-    assert prep["rows"]["tokens"].max() < stats["vocab_size"]
+    assert prep["mask_token_id"] is None and prep["rows"]["tokens"][0].shape == (pre.data.seq_len,)
+    assert int(np.max(prep["rows"]["tokens"][0])) < stats["vocab_size"]
 
 
-def test_pipeline_refuses_folders_it_did_not_make(tmp_path):
-    """demo/pipeline.sh stops (exit 2, one line naming the folder) before any stage when --runs or
-    --data is someone else's folder, and leaves it as it was."""
-    import subprocess
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    foreign = tmp_path / "runs"
-    foreign.mkdir()
-    (foreign / "keep.txt").write_text("mine")
-    r = subprocess.run(["bash", "demo/pipeline.sh", "--smoke", "--runs", str(foreign), "--data",
-                        str(tmp_path / "data")], cwd=repo, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and f"{foreign} exists and was not made by this pipeline" in r.stderr
-    assert os.listdir(foreign) == ["keep.txt"] and not (tmp_path / "data").exists()
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "notes.txt").write_text("mine")
-    r = subprocess.run(["bash", "demo/pipeline.sh", "--smoke", "--runs", str(tmp_path / "r2"), "--data",
-                        str(data)], cwd=repo, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and f"{data} exists and was not built by python -m demo.data" in r.stderr
-    assert os.listdir(data) == ["notes.txt"] and not (tmp_path / "r2").exists()
+def test_workers_split_the_same_documents(tmp_path):
+    """demo.data --workers N: each worker draws its own seeds; the kinds' shares and the held-out
+    exclusions hold whatever N; one worker gives seeds 0, 1, 2, ... as before."""
+    a = [dd.generated_doc("arith", i) for i in range(6)]
+    assert dd.generate_share("arith", sum(map(len, a[:5])) + 1, 0, 1, frozenset(), frozenset()) == a
+    two = dd.generate_share("arith", 2000, 1, 2, frozenset(), frozenset())
+    assert two[:3] == [dd.generated_doc("arith", s) for s in (1, 3, 5)]
+    header = dd.generated_doc("counting", 3).split("\n", 1)[0]
+    assert dd.generated_doc("counting", 3, skip_headers={header}) == ""

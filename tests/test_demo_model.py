@@ -57,7 +57,7 @@ def test_missing_or_corrupt_file_is_named_with_the_fix(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "demo", "--model", str(dst)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
-    assert f"{dst / 'tokenizer.json'}: missing" in proc.stderr and "demo/pipeline.sh" in proc.stderr
+    assert f"{dst / 'tokenizer.json'}: missing" in proc.stderr and "demo.pipeline" in proc.stderr
     shutil.rmtree(dst)
     with pytest.raises(DemoModelError, match="demo model folder is missing"):
         check_model(str(dst))

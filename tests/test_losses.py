@@ -120,6 +120,18 @@ def test_accuracy_counts_argmax_hits():
     assert float(terms["masked_correct"]) == argmax_hits
 
 
+def test_ar_accuracy_counts_next_token_hits_where_ar_is_trained():
+    _, _, arr, logits = make("dual")
+    trained = np.argwhere(np.asarray(arr["ar_weight"]) > 0)
+    for b, t in trained[::3]:
+        logits[b, t, arr["ar_targets"][b, t]] = 100.0
+    terms = terms_fn()(jnp.asarray(logits), arr)
+    hits = sum(int(np.argmax(logits[b, t]) == arr["ar_targets"][b, t]) for b, t in trained)
+    assert hits >= len(trained[::3]) > 0 and float(terms["ar_correct"]) == hits
+    _, m = losses.combine(terms, 1.0)
+    np.testing.assert_allclose(float(m["ar_accuracy"]), hits / float(terms["ar_count"]), rtol=1e-6)
+
+
 def test_nothing_masked_gives_zero_loss_and_finite_gradients():
     maskable = np.zeros((B, L), bool)
     _, _, arr, logits = make("dual", maskable=maskable)

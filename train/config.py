@@ -121,6 +121,8 @@ class TrainConfig:
     loss_chunk: int = 0  # > 0: the loss forms logits this many slots at a time (divides seq_len);
                          # 0: full logits [rows, slots, vocab] (wedlm_jax.losses.chunked_loss_terms)
     log_every: int = 1
+    time_limit_s: float | None = None  # stop at the first log step past this many seconds of
+                                       # training (compile excluded): saved and exported as at the end
     metrics_file: str | None = None  # JSONL; default <checkpoint.dir>/metrics.jsonl when that is set
     peak_flops: float | None = None  # per-device FLOP/s for MFU (given: "mfu" is logged)
     log_mfu: bool = False  # log "mfu" per step; without peak_flops, measures the f32 matmul rate first
@@ -411,6 +413,8 @@ def validate(cfg: TrainConfig, where: str = "config") -> None:
         bad("log_every", f"must be >= 1, got {cfg.log_every}")
     if cfg.peak_flops is not None and cfg.peak_flops <= 0:
         bad("peak_flops", f"must be > 0, got {cfg.peak_flops}")
+    if cfg.time_limit_s is not None and not 0 < cfg.time_limit_s < float("inf"):
+        bad("time_limit_s", f"must be a number of seconds > 0 (or null), got {cfg.time_limit_s}")
 
 
 def mesh_shape(cfg: TrainConfig, num_devices: int) -> tuple[int, int, int]:

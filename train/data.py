@@ -207,17 +207,22 @@ def parse_line(line: str, info: TokenizerInfo, *, vocab_size: int,
 
 def iter_documents(files: Sequence[str], info: TokenizerInfo, *, vocab_size: int,
                    skip_bad_lines: bool = False, append_eos: bool = True,
-                   skipped: list | None = None, counts: dict | None = None):
+                   skipped: list | None = None, counts: dict | None = None,
+                   part: tuple[int, int] = (0, 1)):
     """Stream (token ids, trained) of every usable line of every file, in file order, one line in
     memory at a time. A bad line raises `DataError` with `file:line`, or (`skip_bad_lines`) is
-    appended to `skipped`; `counts['lines']` counts the non-blank lines read."""
+    appended to `skipped`; `counts['lines']` counts the non-blank lines read. part=(k, n): only
+    the lines whose index over all files is k mod n (one of n workers' share)."""
     skipped = [] if skipped is None else skipped
     counts = {} if counts is None else counts
     counts.setdefault("lines", 0)
+    k, n = part
+    index = -1
     for path in files:
         with open(path, "rb") as f:          # bytes, decoded line by line: a bad byte costs
             for lineno, raw in enumerate(f, 1):    # exactly its own line, named file:line
-                if not raw.strip():
+                index += 1
+                if index % n != k or not raw.strip():
                     continue
                 counts["lines"] += 1                 # every non-blank line, bad ones included
                 try:

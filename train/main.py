@@ -39,6 +39,8 @@ def parse_args(argv=None):
     p.add_argument("--skip-bad-lines", action="store_true",
                    help="skip and count malformed data lines instead of stopping")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--verbose", action="store_true",
+                   help="also log the INFO lines of the libraries (Orbax, absl)")
     distributed.add_arguments(p)
     p.add_argument("--force", action="store_true",
                    help="replace an existing checkpoint at checkpoint.export_hf")
@@ -311,37 +313,54 @@ def _run(cfg, progress: bool = True) -> dict:
         bar = tqdm(total=cfg.steps, initial=start, desc="train", dynamic_ncols=True)
     records = []
     config_dict = cfg.to_dict()
+    pending = []    # (step, metrics on device): read at the log steps, so steps dispatch ahead
     t_prev = time.perf_counter()
-    try:
-        for step in range(start, cfg.steps):
-            batch = data_lib.to_global(next(it), bsh, cfg.data.global_batch_size)
-            state, metrics = step_fn(state, batch)
-            metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-            now = time.perf_counter()
-            dt, t_prev = now - t_prev, now
-            rec = {"step": step + 1, **metrics, "step_time_s": dt,
-                   "tokens_per_s": metrics["tokens"] / dt,
-                   "includes_compile": step == start}
-            if peak is not None:
-                rec["mfu"] = flops_step / dt / (peak * jax.device_count())
-            if prep["docs"].skipped:    # the run's metrics count them; the first row names them
-                rec["skipped_lines"] = len(prep["docs"].skipped)
-                if not records:
-                    rec["skipped_where"] = prep["docs"].skipped[:SKIPPED_NAMED]
+
+    def flush():
+        """The pending steps' metrics to host, one record each (the interval's wall time shared
+        evenly: the steps were in flight together)."""
+        nonlocal t_prev
+        if not pending:
+            return
+        got = jax.device_get([m for _, m in pending])
+        now = time.perf_counter()
+        dt, t_prev = (now - t_prev) / len(pending), now
+        for (step, _), metrics in zip(pending, got):
+            rec = step_record(step, {k: float(v) for k, v in metrics.items()}, dt, start,
+                              flops_step / (peak * jax.device_count()) if peak else None,
+                              prep["docs"].skipped, not records)
             records.append(rec)
             if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps or "skipped_where" in rec:
                 writer.write(rec)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{rec['loss']:.4f}", tok_s=f"{rec['tokens_per_s']:.0f}")
-            if mgr is not None and ((step + 1) % cfg.checkpoint.every == 0
-                                    or step + 1 == cfg.steps):
+        pending.clear()
+
+    try:
+        for step in range(start, cfg.steps):
+            batch = data_lib.to_global(next(it), bsh, cfg.data.global_batch_size)
+            state, metrics = step_fn(state, batch)
+            pending.append((step, metrics))
+            last = step + 1 == cfg.steps
+            if step == start or (step + 1) % cfg.log_every == 0 or last:
+                flush()     # the first step alone (its time holds the compile)
+                if step == start:
+                    t_loop = time.perf_counter()
+                elif not last and out_of_time(cfg.time_limit_s, t_loop):
+                    last = True
+                    log.warning("stopping at step %d of %d: time_limit_s=%s reached; saved and "
+                                "exported as at the end (a rerun resumes)", step + 1, cfg.steps,
+                                cfg.time_limit_s)
+            if mgr is not None and ((step + 1) % cfg.checkpoint.every == 0 or last):
                 if primary and "://" not in cfg.checkpoint.dir:
                     check_space(cfg.checkpoint.dir, ckpt.state_bytes(state),
                                 f"the checkpoint of step {step + 1}")
                 ckpt.save(mgr, step + 1, state, {"grain": it.get_state(),
                                                  "rows": len(prep["rows"]["tokens"])},
                           config_dict, force=True)
+            if last:
+                break
     finally:
         if bar is not None:
             bar.close()
@@ -353,6 +372,34 @@ def _run(cfg, progress: bool = True) -> dict:
                   force=cfg.checkpoint.export_force)
     return {"records": records, "state": state, "model_config": mc, "start_step": start,
             "skipped_lines": prep["docs"].skipped, "already_done": False}
+
+
+def out_of_time(limit_s: float | None, t0: float) -> bool:
+    """Whether `limit_s` seconds have passed since t0, agreed by every process (process 0's
+    clock decides)."""
+    if limit_s is None:
+        return False
+    import jax
+    over = time.perf_counter() - t0 > limit_s
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        over = bool(multihost_utils.broadcast_one_to_all(over))
+    return over
+
+
+def step_record(step: int, metrics: dict, dt: float, start: int, flops_per_peak: float | None,
+                skipped: list, first: bool) -> dict:
+    """One metrics row: the step's loss terms, its wall time and rates (and MFU when the peak is
+    known); the run's skipped lines counted, and named on its first row."""
+    rec = {"step": step + 1, **metrics, "step_time_s": dt, "tokens_per_s": metrics["tokens"] / dt,
+           "includes_compile": step == start}
+    if flops_per_peak is not None:
+        rec["mfu"] = flops_per_peak / dt
+    if skipped:
+        rec["skipped_lines"] = len(skipped)
+        if first:
+            rec["skipped_where"] = skipped[:SKIPPED_NAMED]
+    return rec
 
 
 def export_hf(mc, params, out_dir, tokenizer_dir, primary: bool, force: bool = False) -> None:
@@ -384,6 +431,8 @@ def kept_line(cfg) -> str:
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     args = parse_args(argv)
+    if not args.verbose:        # Orbax's and absl's INFO lines (dozens a checkpoint)
+        logging.getLogger("absl").setLevel(logging.WARNING)
     if args.dry_run:            # before anything imports jax (orbax does): it forces devices
         return dry_run_main(args)
     from train.checkpoint import ResumeError
@@ -423,7 +472,8 @@ def main(argv=None) -> int:
     if records:
         last = records[-1]
         print(f"wedlm-train: step {last['step']} loss {last['loss']:.4f} "
-              f"(mlm {last['mlm_loss']:.4f}, ar {last['ar_loss']:.4f})", flush=True)
+              f"(mlm {last['mlm_loss']:.4f}, ar {last['ar_loss']:.4f}; accuracy masked "
+              f"{last['masked_accuracy']:.3f}, ar {last['ar_accuracy']:.3f})", flush=True)
     return 0
 
 

@@ -241,8 +241,8 @@ def make_train_step(cfg: TrainConfig, model_cfg: ModelConfig, opt, mesh, shardin
         with nn.logical_axis_rules(rules.as_flax_rules()):
             return step(state, batch)
 
-    metric_keys = ("loss", "mlm_loss", "ar_loss", "masked_accuracy", "masked_count", "grad_norm",
-                   "lr", "tokens")
+    metric_keys = ("loss", "mlm_loss", "ar_loss", "masked_accuracy", "masked_count", "ar_accuracy",
+                   "grad_norm", "lr", "tokens")
     jitted = jax.jit(wrapped, in_shardings=(shardings, batch_shardings(mesh)),
                      out_shardings=(shardings, {k: replicated for k in metric_keys}),
                      donate_argnums=(0,))

@@ -29,7 +29,8 @@ import jax.numpy as jnp
 
 from wedlm_jax.masking import OBJECTIVES, validate_options
 
-TERM_KEYS = ("mlm_sum", "mlm_weight", "ar_sum", "ar_count", "masked_correct", "masked_count")
+TERM_KEYS = ("mlm_sum", "mlm_weight", "ar_sum", "ar_count", "ar_correct", "masked_correct",
+             "masked_count")
 
 
 def _picked_ce(logits, lse, targets):
@@ -40,7 +41,8 @@ def _picked_ce(logits, lse, targets):
 def loss_terms(logits: jnp.ndarray, batch) -> dict:
     """Sums over every slot of `logits` [..., T, V] (computed in float32): mlm_sum (sum of
     w * CE at masked slots), mlm_weight (sum of w), ar_sum, ar_count, masked_correct (argmax ==
-    target at masked slots), masked_count. Only the log-normaliser and the target logits are
+    target at masked slots), masked_count, ar_correct (argmax == next token where the AR reading is
+    trained: the two readings' accuracies side by side). Only the log-normaliser and the target logits are
     formed, never the full log-softmax."""
     logits = logits.astype(jnp.float32)
     if logits.shape[:-1] != batch["targets"].shape:
@@ -52,12 +54,14 @@ def loss_terms(logits: jnp.ndarray, batch) -> dict:
     is_masked = batch["is_masked"].astype(bool)
     mlm_ce = _picked_ce(logits, lse, batch["targets"])
     ar_ce = _picked_ce(logits, lse, batch["ar_targets"])
-    correct = is_masked & (jnp.argmax(logits, axis=-1) == batch["targets"])
+    top = jnp.argmax(logits, axis=-1)
+    correct = is_masked & (top == batch["targets"])
     return {
         "mlm_sum": jnp.sum(jnp.where(mlm_w > 0, mlm_w * mlm_ce, 0.0)),
         "mlm_weight": jnp.sum(mlm_w),
         "ar_sum": jnp.sum(jnp.where(ar_w > 0, ar_w * ar_ce, 0.0)),
         "ar_count": jnp.sum(ar_w),
+        "ar_correct": jnp.sum(jnp.where((ar_w > 0) & (top == batch["ar_targets"]), 1.0, 0.0)),
         "masked_correct": jnp.sum(correct.astype(jnp.float32)),
         "masked_count": jnp.sum(is_masked.astype(jnp.float32)),
     }
@@ -110,7 +114,7 @@ def combine(terms: dict, ar_weight: float = 1.0, *, objective: str = "dual",
     """(loss, metrics) from `loss_terms` sums. `ar_weight` is w >= 0 (a Python number);
     `objective` one of "dual" ((mlm + w*ar)/(1+w)), "plain" (mlm), "ar" (ar). `totals` (from
     `weight_totals`) overrides the denominators, for gradient accumulation. Metrics: loss,
-    mlm_loss, ar_loss, masked_accuracy, masked_count."""
+    mlm_loss, ar_loss, masked_accuracy, masked_count, ar_accuracy."""
     validate_options(objective=objective, ar_weight=ar_weight, mask_token_id=0)
     den = totals if totals is not None else terms
     mlm = _safe_mean(terms["mlm_sum"], den["mlm_weight"])
@@ -127,6 +131,7 @@ def combine(terms: dict, ar_weight: float = 1.0, *, objective: str = "dual",
         "ar_loss": ar,
         "masked_accuracy": _safe_mean(terms["masked_correct"], terms["masked_count"]),
         "masked_count": terms["masked_count"],
+        "ar_accuracy": _safe_mean(terms["ar_correct"], terms["ar_count"]),
     }
     return loss, metrics
 
