@@ -11,7 +11,7 @@ TPU_COMPILER := $(VENV)/tpu-compiler
 GPU_COMPILER := $(VENV)/gpu-compiler
 INSTALL_GPU_COMPILER = $(PY) -m pip install -q --no-deps --upgrade --target $(GPU_COMPILER) "jax-cuda12-plugin==$$($(PY) -c 'import jax; print(jax.__version__)')" "jax-cuda12-pjrt==$$($(PY) -c 'import jax; print(jax.__version__)')"
 
-.PHONY: setup test demo clean gpu-compiler
+.PHONY: setup test demo clean gpu-compiler card-wheels
 
 $(DEMO_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,15 @@ demo: $(DEMO_STAMP)
 #   PYTHONPATH=.:$(GPU_COMPILER) JAX_PLATFORMS=cpu python -m benchmarks.compile_for --compile-for h100
 gpu-compiler: $(DEMO_STAMP)
 	$(INSTALL_GPU_COMPILER)
+
+# What a lent GPU machine (Python 3.12, jax with CUDA, flax, optax, orbax, tokenizers; no network)
+# lacks to train there (demo/pipeline.py): grain and its two missing needs, as wheels in .whl/ (git
+# ignores it), carried with the tree and installed there into /tmp/site
+CARD_WHEELS := grain==0.2.18 array_record==0.8.6 portpicker==1.6.0
+card-wheels: $(DEMO_STAMP)
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+	  --platform manylinux2014_x86_64 -d .whl $(CARD_WHEELS)
 
 clean:
 	rm -rf $(VENV)

@@ -5,9 +5,9 @@ Every task draws one document (training) or one problem (held out) from a seed, 
 split (seeds 0, 1, ...) and the held-out split (HELDOUT_SEED + i) never share a draw, and a
 held-out prompt that the training generator happens to produce as well is skipped by the builder.
 
-  counting  "Count by k from a to b:" then the numbers: strides 1-25, starts up to ~10^4, also
-            down ("Count down by k from a to b:"), one per line ("..., one per line:") and in words
-            ("Count in words from ... to ...:"); a document ends at b.
+  counting  "Count by k from a to b:" then the numbers, each written with the end value ("x/b"):
+            strides 1-25, starts up to ~10^4, also down ("Count down by k from a to b:"), one per
+            line ("..., one per line:"); a document ends at "b/b".
   arith     "Q: a + b" / "Q: a - b" (1-4 digit operands, a >= b for -), then worked columns from
             the right: each line restates what is left of the operands and the carry (borrow),
             adds one column and the result so far, so every step reads only the line above it;
@@ -24,25 +24,9 @@ from __future__ import annotations
 import json
 import random
 
-ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
-        "fifteen sixteen seventeen eighteen nineteen").split()
-TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
-
-
-def number_words(n: int) -> str:
-    """English words for 0 <= n < 1,000,000."""
-    if n < 20:
-        return ONES[n]
-    if n < 100:
-        return TENS[n // 10] + ("" if n % 10 == 0 else "-" + ONES[n % 10])
-    if n < 1000:
-        return ONES[n // 100] + " hundred" + ("" if n % 100 == 0 else " " + number_words(n % 100))
-    return number_words(n // 1000) + " thousand" + ("" if n % 1000 == 0 else " " + number_words(n % 1000))
-
-
 # ----------------------------------------------------------------------------------- counting
 
-COUNT_FORMATS = ("by", "by", "by", "from", "down", "lines", "words")
+COUNT_FORMATS = ("by", "by", "by", "from", "down", "lines")
 
 
 def _start(rng: random.Random) -> int:
@@ -51,17 +35,19 @@ def _start(rng: random.Random) -> int:
 
 
 def counting_parts(rng: random.Random) -> tuple[str, list[str], str]:
-    """(header, items, separator): the document is header + sep.join(items)."""
+    """(header, items, separator): the document is header + sep.join(items). Every item carries
+    the end value ("15/30"), so the stop is an equality in plain sight ("30/30"), not a
+    comparison with a number far back in the header."""
+    header, xs, sep = _count(rng)
+    return header, [f"{x}/{xs[-1]}" for x in xs], sep
+
+
+def _count(rng: random.Random) -> tuple[str, list[str], str]:
     fmt = rng.choice(COUNT_FORMATS)
     k = rng.randint(1, 25) if rng.random() < 0.85 else rng.randint(1, 5)
-    if fmt == "words":
-        a = rng.randint(1, 9999)
-        nums = list(range(a, a + rng.randint(6, 14)))
-        return (f"Count in words from {number_words(nums[0])} to {number_words(nums[-1])}:\n",
-                [number_words(x) for x in nums], ", ")
     a = _start(rng)
     digits = len(str(a + 25 * 40))
-    n = rng.randint(6, max(8, min(40, 220 // (digits + 2))))
+    n = rng.randint(6, max(8, min(40, 220 // (2 * digits + 3))))
     if fmt == "down":
         a = max(a, k * n)
         nums = [a - k * i for i in range(n)]

@@ -129,9 +129,7 @@ def test_eval_set(built):
             assert e["prompt"] + e["target"] == tasks.counting_doc(random.Random(e["seed"]))
             header, body = e["prompt"].split(":\n", 1)
             assert not any(d.startswith(header + ":\n") for d in train_docs)    # fresh numbers
-            if "words" in header:
-                continue
-            nums = [int(x) for x in re.split(r", |\n", body + e["target"])]
+            nums = [int(x.split("/")[0]) for x in re.split(r", |\n", body + e["target"])]
             k = int(m.group(1)) if (m := re.search(r" by (\d+) ", header)) else 1
             step = -k if "down" in header else k
             assert nums == list(range(nums[0], nums[0] + step * len(nums), step))
@@ -198,8 +196,23 @@ def test_worked_arithmetic_is_right():
         for op, work in (("+", tasks.add_work(a, b)), ("-", tasks.sub_work(a, b))):
             ans = str(a + b if op == "+" else a - b)
             _check_work(f"Q: {a} {op} {b}", "\n".join(work) + f"\n{a} {op} {b} = {ans}", ans)
-    assert tasks.number_words(0) == "zero" and tasks.number_words(42) == "forty-two"
-    assert tasks.number_words(1305) == "one thousand three hundred five"
+
+
+def test_counts_carry_their_end_value_so_the_stop_is_an_equality():
+    """Every item of a count is "x/b" with b the header's end value; the count ends at "b/b" and
+    no earlier item has x == b; the numbers step by the header's stride."""
+    import re
+    for seed in range(500):
+        header, items, sep = tasks.counting_parts(random.Random(seed))
+        m = re.fullmatch(r"Count (by (\d+) |down by (\d+) |)from (\d+) to (\d+)(, one per line)?:\n", header)
+        assert m, header
+        a, b = int(m.group(4)), int(m.group(5))
+        step = int(m.group(2) or 0) or -int(m.group(3) or 0) or 1
+        xs = [tuple(map(int, it.split("/"))) for it in items]
+        assert all(end == b for _, end in xs) and xs[0][0] == a and xs[-1][0] == b
+        assert all(x != b for x, _ in xs[:-1]) and len(xs) >= 6
+        assert all(y - x == step for (x, _), (y, _) in zip(xs, xs[1:]))
+        assert sep == ("\n" if m.group(6) else ", ")
 
 
 def test_bad_inputs(tmp_path, built):
