@@ -25,6 +25,19 @@ turns it into demo/model (loss curves, the card's tables, the manifest). The tra
 masked-slot accuracy beside the AR reading's next-token accuracy (`masked_accuracy`,
 `ar_accuracy`); the report keeps each stage's last logged values of both.
 
+On a lent card (no network; Python 3.12 with jax, flax, optax, orbax, tokenizers, safetensors; grain
+and two of its needs travel as wheels: `make card-wheels` fills .whl/, carried with the tree):
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit
+    python3 -m demo.pipeline --target gpu --out /tmp/demo > /tmp/demo.log 2>&1; rc=$?
+    cp /tmp/demo/model/* $OUT/; tar czf $OUT/run.tgz -C /tmp demo.log demo/stages.json ...
+
+(the whole line is in the model card, demo/model/README.md). The GPU target's sizes come from a
+rehearsal on a CPU: the data stage at full size (100 MB of text, 70M tokens), both train steps
+compiled for an H100 with XLA's GPU compiler (26 GiB of 80 each), and the toy target under
+Python 3.12 with the card's jax.
+
 An OUT that exists is refused unless --force (then only a folder this pipeline made is replaced);
 free space is checked before the first byte is written. A stage that fails stops the pipeline with
 its name and exit code (exit 1); bad options exit 2.
