@@ -420,7 +420,9 @@ def train_backends(platform: str) -> tuple[list[str], dict]:
     return run, why
 
 
-def run_train(plan: Plan, info: dict, peak: float) -> list[dict]:
+def run_train(plan: Plan, info: dict, peak: float, attention=None) -> list[dict]:
+    """The train step timed with each attention implementation the resolver offers here, or
+    those of them in `attention` (names; None: all)."""
     import jax
     import jax.numpy as jnp
 
@@ -430,7 +432,9 @@ def run_train(plan: Plan, info: dict, peak: float) -> list[dict]:
     c = model_config(plan.train_config)
     fields = dict(plan.train_config, mask_token_id=c.vocab_size - 1)
     impls, why = train_backends(info["platform"])
-    out = [{"attention": impl, "skipped": reason} for impl, reason in why.items()]
+    impls = [i for i in impls if attention is None or i in attention]
+    out = [{"attention": impl, "skipped": reason} for impl, reason in why.items()
+           if attention is None or impl in attention]
     mc = model_config(fields)
     mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
     first = {}                      # the initial f32 params, made once (the step donates its state)

@@ -1,37 +1,61 @@
 """What only a GPU can tell, in one short run on a lent card (a session's 15 device minutes).
 
-    python -m benchmarks.on_gpu --out DIR [--budget-s 420] [--parts kernel,tokens,steps]
+    python -m benchmarks.on_gpu --out DIR [--budget-s 420] [--parts torch_baseline,probes,...]
     python -m benchmarks.on_gpu --smoke --out DIR        # this CPU: tiny shapes, the same paths
 
-On a lent card (the machine's own jax: `PYTHONPATH=. XLA_PYTHON_CLIENT_MEM_FRACTION=.92 python3
--m benchmarks.on_gpu --out $OUT ...`): the whole run took 455 s on an H100 (kernel 161 s, tokens
-127 s, each decode setting ~25 s of compile). The next card: `--parts
-probes,tokens,kernel_time,steps,train --trace --budget-s 480` (tokens again: the paged cache's
-Triton kernel is new since the first run, 2026-11-26), the kernels' and steps' times, a profiler
-trace of the first settings.
+On a lent card, the machine's own python, jax, torch and transformers (the next card's command,
+to run as it stands; about 7 minutes, results then copied to the folder the run names,
+benchmarks/results/<card>-<date>/, from on_gpu.json's "card"):
 
-Parts, in this order, each skipped when the run's time budget is spent (what ran is written to
-DIR/on_gpu.json after every part, so a run cut short keeps its figures):
+    PYTHONPATH=. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=.92 timeout 520 python3 \
+      -m benchmarks.on_gpu --out $OUT --budget-s 420 --trace 2>&1 | tee $OUT/log.txt
+
+(device run: timeout_s 560; it writes on_gpu.json, torch_baseline.json, up to 4 traces and
+log.txt, 7 files.) The default parts, estimated for an H100 from the first card run (455 s:
+kernel 161 s, tokens 127 s, each decode setting ~25 s of compile): torch_baseline ~110 s (cut at
+170), probes ~10 s, admit ~70 s (its prefill, insert, batched prefill and generate compiled),
+train ~75 s, then steps on what is left (~150 s: four to six settings in STEP_SETTINGS' order,
+"streaming W16 after b8" compiled already by admit; the rest skip, named in the report, for the
+card after: --parts probes,steps --settings ...). The first card run (2026-11-26) is in
+benchmarks/results/on_gpu_h100/.
+
+Parts, each skipped when the run's time budget, less the least time of the parts after it
+(PART_S), cannot hold it (what ran is written to DIR/on_gpu.json after every part, so a run cut
+short keeps its figures; the card, its driver and the versions are written before the first):
+  torch_baseline  the PyTorch peer (benchmarks.torch_baseline), in a process of its own and
+           before any JAX part (JAX holds the card's memory from its first part on):
+           transformers' Qwen3 of the 8B shape, random bf16 weights, static KV cache, the decode
+           step under torch.compile (reduce-overhead: CUDA graphs), AR at batch 1 and 8 with
+           2048-token prompts, interleaved rounds, medians; stopped after TORCH_MAX_S.
   probes   the card's HBM bandwidth (x + 1 over 4 GiB: bytes read + written) and bf16 matmul rate
            (8192^3), measured here: the roofline the step times are read against.
   kernel   every cache-attention backend the platform offers (Triton kernel, cuDNN, tiled XLA)
            and the paged gather path against the dense reference in float32 at HIGHEST
            precision, on random K/V and ragged cache lengths, at the 8B model's head layout for
-           1, 16 and 32 query slots: relative error, NaN never.
+           1, 16 and 32 query slots: relative error, NaN never (benchmarks.on_gpu_kernels).
   kernel_time  each Triton kernel (dense cache in place; paged) at 1, 4 and 16 splits of the
            live rows and the paged gather path, alone: microseconds per layer and the live K/V
            GB/s at batch 1 and 8, 2K and 16K live rows, 1 and 16 query slots (KERNEL_POINTS).
   tokens   the demo model decoded greedy on this GPU by the Decoder with each cache layout and
            backend (dense tiled / dense Triton / paged 64), against the same Decoder on this
            machine's CPU: sequences equal, first difference.
+  admit    the admission as served (benchmarks.on_gpu_admit): time to first token of one 2K
+           prompt and of 8 at once (one after another, and in one batched prefill), and the
+           prefill's MFU.
+  train    the train step of the ~1B shape at 4096 tokens a row (dual stream, bf16, remat) with
+           the resolver's attention for it (--train-attention; benchmarks.accelerator.run_train):
+           step time, tokens/s, MFU against the measured rate (the nominal peak without probes).
   steps    the decode step as served: a Decoder over random bf16 weights of the Qwen3-8B shape
-           (the GPU's own layout: one tree per layer, paged cache of 64 by default), 8 slots of
-           capacity 4096 each holding a distinct 2048-token prompt, AR and streaming / verified
-           windows; each setting compiled, then timed in interleaved rounds (one `generate` call
-           of 8 steps per setting per round), medians: ms per step, step / AR, and the step's
-           floor (weights + live K/V + logits) over the measured bandwidth.
-  train    the train step of the ~1B shape at 4096 tokens with each attention backend offered
-           (benchmarks.accelerator.run_train): step time, tokens/s, MFU against the measured rate.
+           (the GPU's own layout: one tree per layer; the platform's cache, dense with its Triton
+           kernel on GPU, unless the setting names a page size), 1, 8 or 32 slots of capacity
+           2048 + 512 each holding a distinct 2048-token prompt, AR and streaming / verified
+           windows; each setting compiled while the budget holds it, then all timed in
+           interleaved rounds (one `generate` call of 8 steps per setting per round), medians:
+           ms per step, step / AR, and the step's floor (weights + live K/V + logits) over the
+           copy rate measured in the same process.
+At the end the targets (benchmarks.on_gpu_report.TARGETS: AR against the floor at batch 8 and
+1, streaming W16 / AR, AR against the PyTorch peer at batch 1 and 8, the admission's and the
+train step's MFU) are read off the rows and printed with the table.
 """
 
 from __future__ import annotations
@@ -46,21 +70,42 @@ import traceback
 
 import numpy as np
 
-PARTS = ("probes", "kernel", "kernel_time", "tokens", "steps", "train")
-# (name, method, window, refill, slots, page_size, attention): the served default (page_size
-# None: the platform's choice, the dense cache and the Triton kernel on GPU) first
+from benchmarks.on_gpu_kernels import (KERNEL_POINTS, KERNEL_SPLITS, kernel,  # noqa: F401
+                                       kernel_time)
+from benchmarks.on_gpu_report import card_info, error_line, nvidia_smi, table, targets
+
+PARTS = ("torch_baseline", "probes", "kernel", "kernel_time", "tokens", "admit", "train", "steps")
+# the next card's run: the PyTorch peer first (its own process and GPU memory, before JAX takes
+# the card's), the steps last (the part that fits the budget left: settings it cannot hold skip)
+DEFAULT_PARTS = ("torch_baseline", "probes", "admit", "train", "steps")
+# seconds a part needs at least on a card, left to the parts after the one running (a part
+# skipped when the budget less theirs cannot hold its own); steps: two settings and their rounds
+PART_S = dict(torch_baseline=100, probes=10, kernel=160, kernel_time=120, tokens=130, admit=60,
+              train=90, steps=80)
+TORCH_MAX_S = 170        # the PyTorch process is stopped after this (it keeps what it wrote)
+SETTING_S = 35           # one step setting's compile on a card (~25 s on an H100) and its start
+ROUND_CALL_S = 0.6       # one timed generate call of 8 steps, the slowest setting (b32), about
+TRACE_S = 5
+# (name, method, window, refill, slots, page_size, attention), compiled in this order while the
+# budget holds: the served default (page_size None: the platform's choice, the dense cache and
+# its Triton kernel on GPU) at batch 8 and the window, AR at batch 1, the paged cache's Triton
+# kernel, batch 32, the window at batch 1 and 32, the paged gather path, verified, the other
+# refill; the last two only by --settings or a longer budget
 STEP_SETTINGS = (
     ("ar b8", "ar", 1, "after", 8, None, "auto"),
     ("streaming W16 after b8", "streaming", 16, "after", 8, None, "auto"),
-    ("streaming W8 after b8", "streaming", 8, "after", 8, None, "auto"),
-    ("streaming W16 before b8", "streaming", 16, "before", 8, None, "auto"),
-    ("ar b8 paged", "ar", 1, "after", 8, 64, "auto"),
-    ("streaming W16 after b8 paged", "streaming", 16, "after", 8, 64, "auto"),
-    ("ar b8 paged gather", "ar", 1, "after", 8, 64, "tiled"),
     ("ar b1", "ar", 1, "after", 1, None, "auto"),
+    ("ar b8 paged", "ar", 1, "after", 8, 64, "auto"),
+    ("ar b32", "ar", 1, "after", 32, None, "auto"),
     ("streaming W16 after b1", "streaming", 16, "after", 1, None, "auto"),
+    ("streaming W16 after b32", "streaming", 16, "after", 32, None, "auto"),
+    ("ar b8 paged gather", "ar", 1, "after", 8, 64, "tiled"),
     ("verified W16 after b8", "verified", 16, "after", 8, None, "auto"),
+    ("streaming W16 before b8", "streaming", 16, "before", 8, None, "auto"),
+    ("streaming W8 after b8", "streaming", 8, "after", 8, None, "auto"),
+    ("streaming W16 after b8 paged", "streaming", 16, "after", 8, 64, "auto"),
 )
+JAX_PARTS = tuple(p for p in PARTS if p != "torch_baseline")
 
 
 MAX_TRACES = 4       # a lent machine returns at most 8 files
@@ -74,138 +119,12 @@ class Clock:
         return self.budget - (time.perf_counter() - self.t0)
 
 
-def _err(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0][:400] if text else ''}"
-
-
 def probes(smoke: bool) -> dict:
     from benchmarks.accelerator import device_info, probe_bandwidth, probe_matmul
     info = device_info()
     bw = probe_bandwidth((4 << 20) if smoke else (4 << 30), 10)
     mm = probe_matmul(128 if smoke else 8192, 10)
     return dict(info, hbm_bytes_per_s=bw, bf16_flops=mm)
-
-
-def kernel(smoke: bool) -> list[dict]:
-    """Each cache-attention backend and the paged gather path against the dense reference."""
-    import jax
-    import jax.numpy as jnp
-
-    from wedlm_jax import attention_backends as ab
-    from wedlm_jax import cache_attention as ca
-    from wedlm_jax import paged_attention as pa
-    b, h, kvh, d, t = (2, 4, 2, 16, 96) if smoke else (8, 32, 8, 128, 4160)
-    interpret = smoke
-    out = []
-    rng = np.random.default_rng(0)
-    for dtype in (jnp.float32, jnp.bfloat16):
-        impls = ab.available("cache", backend=jax.default_backend(), dtype=dtype,
-                             interpret=interpret)
-        for s in (1, 16, 32):
-            q = jnp.asarray(rng.standard_normal((b, s, h, d)), dtype)
-            k = jnp.asarray(rng.standard_normal((b, t, kvh, d)), dtype)
-            v = jnp.asarray(rng.standard_normal((b, t, kvh, d)), dtype)
-            lens = jnp.asarray(rng.integers(0, t - s + 1, size=b), jnp.int32)
-            scale = d ** -0.5
-            with jax.default_matmul_precision("highest"):
-                ref = np.asarray(ca.attend_cache_dense(q.astype(jnp.float32), k.astype(jnp.float32),
-                                                       v.astype(jnp.float32), lens, scale), np.float64)
-            runs = {impl: (lambda impl=impl: ca.attend_cache(
-                impl, q, k, v, lens, scale,
-                tile=ca.pallas_tile(256, s * (h // kvh), d, jnp.dtype(dtype).itemsize,
-                                    ca.smem_limit(jax.devices()[0])) if impl == "pallas" else 256,
-                interpret=interpret)) for impl in impls if impl != "dense"}
-            page = 64 if not smoke else 16
-            pages = t // page          # t is a multiple of the page
-
-            def paged(page=page, pages=pages):
-                pool = pa.interleave(k, v).reshape(b * pages, page, 2 * kvh, d)
-                table = jnp.arange(b * pages, dtype=jnp.int32).reshape(b, pages)
-                return pa.attend_pages("gather", q, pool, table, lens, scale)
-            runs["paged gather"] = paged
-            for name, fn in runs.items():
-                row = dict(dtype=jnp.dtype(dtype).name, slots=s, backend=name)
-                try:
-                    got = np.asarray(jax.jit(fn)(), np.float64)
-                    row["rel_err"] = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
-                    row["nan"] = bool(np.isnan(got).any())
-                except Exception as e:                  # one backend failing keeps the others
-                    row["failed"] = _err(e)
-                out.append(row)
-    return out
-
-
-# (batch, live rows, query slots): a long context at batch 1, the served batch at 2K, windows
-KERNEL_POINTS = ((1, 16384, 1), (1, 16384, 16), (1, 2048, 16), (8, 2048, 1), (8, 2048, 16))
-KERNEL_SPLITS = (1, 4, 16)
-
-
-def kernel_time(smoke: bool, clock: Clock, info: dict) -> list[dict]:
-    """Each cache-attention kernel alone, as a step runs it: `layers` layers' calls (a static
-    layer each) in one jitted program over the stacked cache or the pool, bf16, the 8B heads (32
-    query / 8 KV, head_dim 128): the Triton kernel on the dense cache and the Triton paged kernel
-    at each of KERNEL_SPLITS, and the paged gather path; median ms per layer and the live K/V
-    bytes a layer reads over it (GB/s, against the card's copy rate)."""
-    import jax
-    import jax.numpy as jnp
-
-    from wedlm_jax import cache_attention as ca
-    from wedlm_jax import paged_attention as pa
-    layers, h, kvh, d, page = (2, 4, 2, 16, 16) if smoke else (8, 32, 8, 128, 64)
-    points = ((1, 64, 1), (2, 32, 4)) if smoke else KERNEL_POINTS
-    out = []
-    for b, live, s in points:
-        cap = -(-(live + s) // page) * page
-        pages = cap // page
-        rng = jax.random.split(jax.random.key(b * live + s), 3)
-        q = jax.random.normal(rng[0], (b, s, h, d), jnp.bfloat16)
-        lens = jnp.full((b,), live, jnp.int32)
-        kv_bytes = b * (live + s) * kvh * d * 2 * 2
-        table = jnp.arange(b * pages, dtype=jnp.int32).reshape(b, pages)
-        variants = [(f"dense pallas, {n} split{'s' * (n > 1)}", "dense", n) for n in KERNEL_SPLITS]
-        variants += [(f"paged triton, {n} split{'s' * (n > 1)}", "triton", n) for n in KERNEL_SPLITS]
-        variants.append(("paged gather, 16 pages a tile", "gather", 1))
-        k = jax.random.normal(rng[1], (layers, b, cap, kvh, d), jnp.bfloat16)
-        v = jax.random.normal(rng[2], (layers, b, cap, kvh, d), jnp.bfloat16)
-        pool = pa.interleave(k, v).reshape(layers * b * pages, page, 2 * kvh, d)
-        for name, kind, n in variants:
-            if clock.left() < 30:
-                out.append(dict(batch=b, live=live, slots=s, kernel=name, skipped="time budget"))
-                continue
-            row = dict(batch=b, live=live, slots=s, kernel=name)
-
-            def one(q, k, v, pool, kind=kind, n=n):
-                acc = jnp.zeros(q.shape, jnp.float32)
-                for layer in range(layers):
-                    if kind == "dense":
-                        o = ca.attend_cache_pallas(q, k, v, lens, 0.1, 64, layer=layer, splits=n,
-                                                   interpret=smoke)
-                    elif kind == "triton":
-                        o = pa.attend_pages_triton(q, pool, table, lens, 0.1,
-                                                   first_page=layer * b * pages, splits=n,
-                                                   interpret=smoke)
-                    else:
-                        o = pa.attend_pages_gather(q, pool, table, lens, 0.1,
-                                                   1024 // page, first_page=layer * b * pages)
-                    acc = acc + o.astype(jnp.float32)
-                return acc
-            try:
-                fn = jax.jit(one)
-                jax.block_until_ready(fn(q, k, v, pool))
-                times = []
-                for _ in range(3 if smoke else 15):
-                    t0 = time.perf_counter()
-                    jax.block_until_ready(fn(q, k, v, pool))
-                    times.append((time.perf_counter() - t0) / layers)
-                t = statistics.median(times)
-                row.update(ms_per_layer=t * 1e3, gb_per_s=kv_bytes / t / 1e9,
-                           of_copy_rate=kv_bytes / t / info.get("hbm_bytes_per_s", float("inf")))
-            except Exception as e:
-                row["failed"] = _err(e)
-            out.append(row)
-        del k, v, pool
-    return out
 
 
 def tokens(smoke: bool) -> list[dict]:
@@ -237,7 +156,7 @@ def tokens(smoke: bool) -> list[dict]:
         try:
             want = run(cpu, 0, "tiled")
         except Exception as e:
-            out.append(dict(method=method, layout="cpu reference", failed=_err(e)))
+            out.append(dict(method=method, layout="cpu reference", failed=error_line(e)))
             continue
         for layout, page_size, attention in (("dense tiled", 0, "tiled"),
                                              ("dense pallas", 0, "pallas"),
@@ -250,7 +169,7 @@ def tokens(smoke: bool) -> list[dict]:
                 row["first_difference"] = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y),
                                                 None) for a, b in zip(got, want)]
             except Exception as e:
-                row["failed"] = _err(e)
+                row["failed"] = error_line(e)
             out.append(row)
     return out
 
@@ -298,55 +217,81 @@ def trace_summary(path: str, steps: int) -> dict:
                 device_to_host=sum(e["name"] == "MemcpyD2H" for e in dev) / n)
 
 
-def steps(smoke: bool, clock: Clock, rounds: int, info: dict, out: list, save=lambda: None,
-          settings=None, live=None, trace_dir=None) -> list[dict]:
-    """The served decode step over random 8B-shaped bf16 weights, every setting interleaved;
-    rows appended to `out` as they are made (a run cut short keeps the compiled settings)."""
+def _compile_setting(setting, params, config, live: int, smoke: bool, info: dict, rng):
+    """A setting's Decoder holding its slots' prompts, its `generate` compiled and run once:
+    (decoder, state, row)."""
     import jax
-    import jax.numpy as jnp
+
+    from benchmarks.on_gpu_admit import capacity_for, resolved_attention, served_decoder
+    from decode.aot import step_floor
+    from decode.decoder import Request
+    name, method, window, refill, slots, page_size, attention = setting
+    row = dict(setting=name, method=method, window=window, refill=refill, slots=slots, live=live)
+    t0 = time.perf_counter()
+    dec = served_decoder(params, config, method=method, window=window, refill=refill, slots=slots,
+                         capacity=capacity_for(live, smoke), page_size=page_size,
+                         attention=attention)
+    reqs = [Request(prompt=tuple(int(x) for x in rng.integers(0, config.vocab_size - 1, live)),
+                    max_new_tokens=dec.capacity - live - 40, tau=0.4) for _ in range(slots)]
+    st, _ = dec.generate(dec.start(reqs))
+    jax.block_until_ready(st)
+    row.update(compile_s=round(time.perf_counter() - t0, 1), capacity=dec.capacity,
+               page_size=dec.static.page_size, attention=resolved_attention(dec))
+    floor = step_floor(dec.static, live)
+    row["floor_bytes"] = floor["total"]
+    row["floor_ms"] = 1e3 * floor["total"] / info.get("hbm_bytes_per_s", 1.0)
+    return dec, st, row
+
+
+def _step_time_left(n: int, rounds: int, trace: bool) -> float:
+    """Seconds the rounds (and traces) of `n` compiled settings take on a card, about."""
+    return n * rounds * ROUND_CALL_S + (TRACE_S * min(n, MAX_TRACES) if trace else 0.0)
+
+
+def _summarise(decs) -> None:
+    ar = {}
+    for dec, _, row, ms in decs:
+        row["ms_per_step"] = statistics.median(ms)
+        row["ms_rounds"] = [round(x, 3) for x in ms]
+        row["floor_over_step"] = row["floor_ms"] / row["ms_per_step"]
+        if row["method"] == "ar":
+            ar[(row["slots"], row.get("page_size"))] = row["ms_per_step"]
+    for dec, _, row, ms in decs:
+        base = ar.get((row["slots"], row.get("page_size")))
+        if base and row["method"] != "ar":
+            row["step_over_ar"] = row["ms_per_step"] / base
+
+
+def steps(smoke: bool, clock: Clock, rounds: int, info: dict, out: list, save=lambda: None,
+          settings=None, live=None, trace_dir=None, reserve_s: float = 0.0) -> list[dict]:
+    """The served decode step over random 8B-shaped bf16 weights, every setting interleaved;
+    rows appended to `out` as they are made (a run cut short keeps the compiled settings). A
+    setting is compiled only while the budget, less `reserve_s` (the later parts'), holds its
+    compile and every compiled setting's rounds."""
+    import jax
 
     from benchmarks.accelerator import DECODE_SHAPES, SMOKE_SHAPE, device_params, model_config
-    from decode.aot import step_floor
-    from decode.decoder import Decoder, Request
-    from wedlm_jax import attention_backends as ab
-    from wedlm_jax import paged_attention as pa
     from wedlm_jax.model import unstack_layers
     config = model_config(dict(SMOKE_SHAPE if smoke else DECODE_SHAPES["8b"]))
-    capacity, default_live = (128, 32) if smoke else (4096, 2048)
-    live = live or default_live
+    live = live or (32 if smoke else 2048)
     params = device_params(config)
     if jax.default_backend() == "gpu":
         params = unstack_layers(params, config.num_layers)
     rng = np.random.default_rng(1)
     decs = []
-    for name, method, window, refill, slots, page_size, attention in STEP_SETTINGS:
+    for setting in STEP_SETTINGS:
+        name = setting[0]
         if settings and name not in settings:
             continue
-        if clock.left() < 60:
+        need = SETTING_S + _step_time_left(len(decs) + 1, rounds, trace_dir is not None)
+        if clock.left() - reserve_s < need:
             out.append(dict(setting=name, skipped="time budget"))
             continue
-        row = dict(setting=name, method=method, window=window, refill=refill, slots=slots, live=live)
-        t0 = time.perf_counter()
         try:
-            dec = Decoder(params, config, method=method, window=window, refill=refill, slots=slots,
-                          capacity=capacity, steps_per_call=8, dtype=jnp.bfloat16, sampling=False,
-                          mask_token_id=config.vocab_size - 1, page_size=page_size,
-                          attention=attention, allow_long=True)
-            reqs = [Request(prompt=tuple(int(x) for x in rng.integers(0, config.vocab_size - 1, live)),
-                            max_new_tokens=capacity - live - 40, tau=0.4) for _ in range(slots)]
-            st = dec.start(reqs)
-            st, _ = dec.generate(st)
-            jax.block_until_ready(st)
-            paged_impl = pa.implementation_for(jax.default_backend(), dec.static.attention)
-            row.update(compile_s=round(time.perf_counter() - t0, 1), page_size=dec.static.page_size,
-                       attention=(paged_impl if dec.static.page_size else ab.resolve(
-                           attention, "cache", backend=jax.default_backend(), dtype=jnp.bfloat16)))
-            floor = step_floor(dec.static, live)
-            row["floor_bytes"] = floor["total"]
-            row["floor_ms"] = 1e3 * floor["total"] / info.get("hbm_bytes_per_s", 1.0)
+            dec, st, row = _compile_setting(setting, params, config, live, smoke, info, rng)
             decs.append([dec, st, row, []])
         except Exception as e:
-            row["failed"] = _err(e)
+            row = dict(setting=name, failed=error_line(e))
         out.append(row)
         save()
     for _ in range(rounds):
@@ -364,132 +309,143 @@ def steps(smoke: bool, clock: Clock, rounds: int, info: dict, out: list, save=la
             entry[2]["trace_per_step"] = trace_summary(os.path.join(trace_dir, f"trace_{i}.json.gz"),
                                                        entry[0].steps_per_call)
         except Exception as e:
-            entry[2]["trace_failed"] = _err(e)
-    ar = {}
-    for dec, _, row, ms in decs:
-        row["ms_per_step"] = statistics.median(ms)
-        row["ms_rounds"] = [round(x, 3) for x in ms]
-        row["floor_over_step"] = row["floor_ms"] / row["ms_per_step"]
-        if row["method"] == "ar":
-            ar[(row["slots"], row.get("page_size"))] = row["ms_per_step"]
-    for dec, _, row, ms in decs:
-        base = ar.get((row["slots"], row.get("page_size")))
-        if base and row["method"] != "ar":
-            row["step_over_ar"] = row["ms_per_step"] / base
+            entry[2]["trace_failed"] = error_line(e)
+    _summarise(decs)
     return out
 
 
-def train(smoke: bool, info: dict) -> list[dict]:
-    """The project's train step (the ~1B shape at 4096 tokens, one row, bf16 compute, remat)
-    with every attention backend the resolver offers here (benchmarks.accelerator.run_train)."""
+def train(smoke: bool, info: dict, attention: str = "auto") -> list[dict]:
+    """The project's train step (the ~1B shape at 4096 tokens, one row, dual stream, bf16
+    compute, remat; benchmarks.accelerator.run_train) with `attention`: names, comma-separated,
+    "auto" the resolver's choice for the training structure here (tiled on GPU), "all" every
+    one it offers. MFU against the probes' matmul rate, else the card's nominal peak."""
     import dataclasses
 
-    from benchmarks.accelerator import make_plan, run_train
+    import jax
+    import jax.numpy as jnp
+
+    from benchmarks.accelerator import device_info, make_plan, run_train
+    from benchmarks.on_gpu_admit import card_rate
+    from wedlm_jax import attention_backends as ab
+    info = info if "memory_bytes" in info else dict(device_info(), **info)
+    rate, rate_from = card_rate(info)
+    names = None if attention == "all" else [
+        ab.resolve(a, "structure", backend=jax.default_backend(), dtype=jnp.bfloat16)
+        for a in attention.split(",")]
     plan = make_plan("cpu" if smoke else "gpu", info["memory_bytes"], smoke=smoke)
     if not smoke:
         plan = dataclasses.replace(plan, train_lengths=(4096,), repeats=6)
-    return run_train(plan, info, info["bf16_flops"])
+    rows = run_train(plan, info, rate or float("nan"), attention=names)
+    for r in rows:
+        r["mfu_against"] = rate_from
+    return rows
 
 
-def table(report: dict) -> str:
-    lines = []
-    p = report.get("probes") or {}
-    if "device_kind" in p:
-        lines.append(f"{p['device_kind']}, jax {p['jax']}: copy {p['hbm_bytes_per_s'] / 1e12:.2f} "
-                     f"TB/s, bf16 matmul {p['bf16_flops'] / 1e12:.0f} TFLOP/s")
-    for r in report.get("kernel") or []:
-        lines.append(f"kernel {r['dtype']:>8} S={r['slots']:<3} {r['backend']:<13} "
-                     + (f"rel err {r['rel_err']:.2e} nan {r['nan']}" if "rel_err" in r else r.get("failed", "")))
-    for r in report.get("kernel_time") or []:
-        lines.append(f"kernel time b={r['batch']} live={r['live']} S={r['slots']:<3} {r['kernel']:<30} "
-                     + (f"{r['ms_per_layer'] * 1e3:8.1f} us/layer {r['gb_per_s']:7.0f} GB/s"
-                        if "ms_per_layer" in r else r.get("failed") or r.get("skipped", "")))
-    for r in report.get("tokens") or []:
-        lines.append(f"tokens {r['method']:<10} {r['layout']:<13} "
-                     + (f"{r['equal']}/{r['of']} equal, first differences {r['first_difference']}"
-                        if "equal" in r else r.get("failed", "")))
-    for r in report.get("steps") or []:
-        if "ms_per_step" in r:
-            lines.append(f"step {r['setting']:<30} {r['ms_per_step']:8.3f} ms  floor {r['floor_ms']:.3f} ms "
-                         f"({100 * r['floor_over_step']:.0f}%)  / AR {r.get('step_over_ar', 1.0):.3f}  "
-                         f"[{r.get('attention')}, page {r.get('page_size')}, compile {r['compile_s']} s]")
-        else:
-            lines.append(f"step {r['setting']:<30} {r.get('failed') or r.get('skipped')}")
-    for r in report.get("train") or []:
-        if isinstance(r, dict) and "step_s" in r:
-            lines.append(f"train {r['attention']:<8} L={r['seq_len']} {r['step_s'] * 1e3:.1f} ms "
-                         f"{r['tokens_per_s']:.0f} tokens/s MFU {100 * r['mfu_probe']:.1f}% of the "
-                         f"measured matmul rate")
-        elif isinstance(r, dict):
-            lines.append(f"train {r}")
-    return "\n".join(lines)
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.on_gpu", description=__doc__.split("\n\n")[0])
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.on_gpu",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="folder for on_gpu.json (created)")
     ap.add_argument("--budget-s", type=float, default=420.0)
-    ap.add_argument("--parts", default=",".join(PARTS))
+    ap.add_argument("--parts", default=",".join(DEFAULT_PARTS),
+                    help=f"comma list of {', '.join(PARTS)} (default: %(default)s)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--settings", default="", help="steps: only these settings (comma list of "
                     "their names: " + "; ".join(x[0] for x in STEP_SETTINGS) + ")")
-    ap.add_argument("--live", type=int, default=None, help="steps: committed rows per slot")
+    ap.add_argument("--live", type=int, default=None, help="steps, admit: committed rows per slot")
+    ap.add_argument("--train-attention", default="auto",
+                    help="train: attention names, comma list; auto (the resolver's), all")
+    ap.add_argument("--torch-compile", default=None, help="torch_baseline: torch.compile mode "
+                    "(default reduce-overhead; --smoke: none, eager)")
     ap.add_argument("--pages-per-tile", type=int, default=None,
                     help="steps, a probe: the paged gather path's pages per tile (default 4)")
     ap.add_argument("--trace", action="store_true",
                     help=f"steps: one generate call of each of the first {MAX_TRACES} settings "
                          "under jax's profiler, traces written to OUT/trace_<i>.json.gz")
-    a = ap.parse_args(argv)
-    parts = [p for p in a.parts.split(",") if p]
+    return ap
+
+
+def _refusal(a, parts: list, settings: list) -> str | None:
+    """Why the arguments cannot run (before any work), or None."""
     bad = [p for p in parts if p not in PARTS]
     if bad:
-        print(f"on_gpu: unknown part(s) {bad}; choose from {', '.join(PARTS)}", file=sys.stderr)
-        return 2
-    import jax
-    if jax.default_backend() != "gpu" and not a.smoke:
-        print(f"on_gpu: needs a GPU (jax sees {jax.default_backend()}); --smoke runs it on CPU",
-              file=sys.stderr)
-        return 2
-    settings = [x.strip() for x in a.settings.split(",") if x.strip()]
+        return f"unknown part(s) {bad}; choose from {', '.join(PARTS)}"
+    if "torch_baseline" in parts and set(parts[:parts.index("torch_baseline")]) & set(JAX_PARTS):
+        return ("torch_baseline runs before the JAX parts (JAX holds the card's memory from its "
+                "first part on); put it first")
     unknown = [x for x in settings if x not in [t[0] for t in STEP_SETTINGS]]
     if unknown:
-        print(f"on_gpu: unknown setting(s) {unknown}", file=sys.stderr)
+        return f"unknown setting(s) {unknown}"
+    if not a.smoke and not nvidia_smi():
+        import jax                             # no NVIDIA GPU named: does jax see another?
+        if jax.default_backend() != "gpu":
+            return f"needs a GPU (jax sees {jax.default_backend()}); --smoke runs it on CPU"
+    return None
+
+
+def run_part(part: str, a, clock: Clock, report: dict, save, later: list) -> object:
+    """One part's result (`later`: the parts after it, whose least time is kept for them)."""
+    reserve = 0.0 if a.smoke else sum(PART_S[p] for p in later)
+    info = report.get("probes") or {}
+    if part in ("torch_baseline", "admit", "train") and clock.left() - reserve < PART_S[part]:
+        return {"skipped": "time budget"}
+    if part == "torch_baseline":
+        from benchmarks.torch_baseline import run_subprocess
+        return run_subprocess(os.path.join(a.out, "torch_baseline.json"),
+                              min(TORCH_MAX_S, clock.left() - reserve), a.smoke,
+                              live=a.live, steps=8 if a.smoke else 32, rounds=2 if a.smoke else 5,
+                              mode=a.torch_compile)
+    import jax
+    if not a.smoke and jax.default_backend() != "gpu":
+        raise RuntimeError(f"jax sees {jax.default_backend()}, not the GPU")
+    if part == "probes":
+        return probes(a.smoke)
+    if part == "kernel":
+        return kernel(a.smoke)
+    if part == "kernel_time":
+        return kernel_time(a.smoke, clock, info)
+    if part == "tokens":
+        return tokens(a.smoke)
+    if part == "admit":
+        from benchmarks.on_gpu_admit import admit
+        return admit(a.smoke, min(a.rounds, 5), info, a.live)
+    if part == "train":
+        return train(a.smoke, info, a.train_attention)
+    report[part] = []
+    return steps(a.smoke, clock, a.rounds, info, report[part], save, a.settings_list, a.live,
+                 a.out if a.trace else None, reserve)
+
+
+def main(argv=None) -> int:
+    a = _parser().parse_args(argv)
+    parts = [p for p in a.parts.split(",") if p]
+    a.settings_list = [x.strip() for x in a.settings.split(",") if x.strip()]
+    why = _refusal(a, parts, a.settings_list)
+    if why:
+        print(f"on_gpu: {why}", file=sys.stderr)
         return 2
     if a.pages_per_tile:
         _pages_per_tile(a.pages_per_tile)
     os.makedirs(a.out, exist_ok=True)
-    clock, report = Clock(a.budget_s), {"argv": sys.argv[1:]}
+    clock, report = Clock(a.budget_s), {"argv": sys.argv[1:] if argv is None else list(argv)}
+    report["card"] = card_info(a.smoke)
     path = os.path.join(a.out, "on_gpu.json")
 
     def save():
         with open(path, "w") as f:
             json.dump(report, f, indent=1, default=str)
-    for part in parts:
+    save()
+    for i, part in enumerate(parts):
         t0 = time.perf_counter()
         try:
-            if part == "probes":
-                report[part] = probes(a.smoke)
-            elif part == "kernel":
-                report[part] = kernel(a.smoke)
-            elif part == "kernel_time":
-                report[part] = kernel_time(a.smoke, clock, report.get("probes") or {})
-            elif part == "tokens":
-                report[part] = tokens(a.smoke)
-            elif part == "train":
-                if clock.left() < 120:
-                    report[part] = {"skipped": "time budget"}
-                else:
-                    report[part] = train(a.smoke, report["probes"])
-            else:
-                report[part] = []
-                steps(a.smoke, clock, a.rounds, report.get("probes") or {}, report[part], save,
-                      settings, a.live, a.out if a.trace else None)
+            report[part] = run_part(part, a, clock, report, save, parts[i + 1:])
         except Exception as e:
-            report[part] = {"failed": _err(e), "traceback": traceback.format_exc()[-3000:]}
+            report[part] = {"failed": error_line(e), "traceback": traceback.format_exc()[-3000:]}
         report.setdefault("seconds", {})[part] = round(time.perf_counter() - t0, 1)
         save()
         print(f"[{part} done in {report['seconds'][part]} s, {clock.left():.0f} s left]", flush=True)
+    report["targets"] = targets(report, a.smoke)
+    save()
     print(table(report))
     return 0
 
