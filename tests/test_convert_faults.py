@@ -23,6 +23,7 @@ import pytest
 from wedlm_jax import convert, model as model_lib
 from wedlm_jax import safetensors_io as st
 from wedlm_jax.config import ModelConfig
+from wedlm_jax.failures import format_bytes
 
 CONFIG = ModelConfig(model_type="qwen3", vocab_size=96, hidden_size=32, intermediate_size=64,
                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True)
@@ -137,16 +138,16 @@ def test_disk_full_is_one_line(folders, tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     need = convert.params_nbytes(folders["params"])
     assert err == [f"wedlm-convert: error: no space left on {convert.mount_point(out)}, needed "
-                   f"~{convert._human(need)}; {out} was not changed (partial output removed)"]
+                   f"about {format_bytes(need)}; {out} was not changed (partial output removed)"]
     assert os.listdir(tmp_path) == []
     # and when the free space is known to be short, nothing is written at all
     monkeypatch.setattr(shutil, "disk_usage",
                         lambda p: types.SimpleNamespace(total=10, used=10, free=0))
     assert convert.main(["orbax-to-hf", "--orbax", folders["orbax"], "--out", out,
                          "--no-progress"]) == 2
-    assert capsys.readouterr().err.startswith(
-        f"wedlm-convert: error: no space left on {convert.mount_point(out)}, needed "
-        f"~{convert._human(need)} (0 B free)")
+    assert capsys.readouterr().err.strip() == (
+        f"wedlm-convert: error: the converted checkpoint needs about {format_bytes(need)} under "
+        f"{out}, only 0 bytes free on {convert.mount_point(out)}")
     assert os.listdir(tmp_path) == []
 
 

@@ -17,14 +17,14 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
+from wedlm_jax.dtypes import DTYPE_ALIASES, canonical, jnp_dtype  # noqa: F401 (DTYPE_ALIASES: train.step's)
+
 OBJECTIVES = ("dual_stream", "plain", "ar_only")
 COMPUTE_DTYPES = ("bfloat16", "float32")
 PARAM_DTYPES = ("float32",)
 ATTENTION = ("dense", "tiled", "splash", "cudnn", "auto")
 REMAT = ("full", "save_dots", "none")  # the layer scan's remat policy (wedlm_jax.model.REMAT_POLICIES)
 REMAT_ALIASES = {True: "full", False: "none"}  # the old boolean switch
-DTYPE_ALIASES = {"bf16": "bfloat16", "f32": "float32", "fp32": "float32", "bfloat16": "bfloat16",
-                 "float32": "float32"}
 
 
 class TrainConfigError(ValueError):
@@ -368,7 +368,7 @@ def validate(cfg: TrainConfig, where: str = "config") -> None:
         bad("optimizer.clip", f"must be >= 0 (0 disables clipping), got {o.clip}")
     if o.grad_accum < 1:
         bad("optimizer.grad_accum", f"must be >= 1, got {o.grad_accum}")
-    if o.mu_dtype is not None and DTYPE_ALIASES.get(o.mu_dtype) not in COMPUTE_DTYPES:
+    if o.mu_dtype is not None and canonical(o.mu_dtype) not in COMPUTE_DTYPES:
         bad("optimizer.mu_dtype", f"must be null (the params' dtype), bf16 or f32, got {o.mu_dtype!r}")
     for name in ("b1", "b2"):
         if not 0 <= getattr(o, name) < 1:
@@ -393,9 +393,9 @@ def validate(cfg: TrainConfig, where: str = "config") -> None:
         v = getattr(m, name)
         if v == 0 or v < -1 or (v == -1 and name != "data"):
             bad(f"mesh.{name}", f"must be >= 1{' or -1 (fill)' if name == 'data' else ''}, got {v}")
-    if DTYPE_ALIASES.get(cfg.compute_dtype) not in COMPUTE_DTYPES:
+    if canonical(cfg.compute_dtype) not in COMPUTE_DTYPES:
         bad("compute_dtype", f"must be one of bf16, f32 (bfloat16, float32), got {cfg.compute_dtype!r}")
-    if DTYPE_ALIASES.get(cfg.param_dtype) not in PARAM_DTYPES:
+    if canonical(cfg.param_dtype) not in PARAM_DTYPES:
         bad("param_dtype", f"must be f32 (float32: master weights), got {cfg.param_dtype!r}")
     if cfg.attention not in ATTENTION:
         bad("attention", f"must be one of {', '.join(ATTENTION)}, got {cfg.attention!r}")
@@ -442,8 +442,7 @@ def mesh_shape(cfg: TrainConfig, num_devices: int) -> tuple[int, int, int]:
 
 
 def compute_dtype(cfg: TrainConfig):
-    import jax.numpy as jnp
-    return jnp.bfloat16 if DTYPE_ALIASES[cfg.compute_dtype] == "bfloat16" else jnp.float32
+    return jnp_dtype(cfg.compute_dtype, COMPUTE_DTYPES, "compute_dtype")
 
 
 def model_config(cfg: TrainConfig):

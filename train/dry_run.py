@@ -27,9 +27,8 @@ import sys
 import time
 
 from wedlm_jax import compiled as compiled_lib
-from wedlm_jax.failures import out_of_memory  # the verdict's one-line reason
+from wedlm_jax.failures import GIB, format_bytes, out_of_memory  # the verdict's one-line reason
 
-GIB = 1024 ** 3
 FORCE_FLAG = "--xla_force_host_platform_device_count"
 
 
@@ -174,11 +173,12 @@ def report(cfg, devices_arg=None, topology=None) -> dict:
             "step_flops_per_device": step_flops(compiled), "model_flops_per_step": model_flops}
 
 
-def _gib(x: int) -> str:
-    return f"{x / GIB:9.2f} GiB  ({x} B)"
-
-
 def format_report(r: dict, device_memory_gib: float, source: str) -> tuple[str, bool]:
+    def size(x):                        # the memory table's column: GiB and the exact bytes
+        return f"{format_bytes(x, 'GiB'):>13}  ({x} B)"
+
+    def gib(x):
+        return format_bytes(x, "GiB")
     m = r["memory"]
     fits = m["total"] <= device_memory_gib * GIB
     flops = r["step_flops_per_device"]
@@ -195,24 +195,22 @@ def format_report(r: dict, device_memory_gib: float, source: str) -> tuple[str, 
         "  kernels      " + (", ".join(f"{k} x{n}" for k, n in r["kernels"].items())
                              or "none (plain XLA ops only)") + " (custom calls in the compiled HLO)",
         "  memory per device (XLA memory_analysis):",
-        f"    arguments    {_gib(m['argument'])}",
-        f"    outputs      {_gib(m['output'])}",
-        f"    aliased      {_gib(m['alias'])}  (donated state, updated in place)",
-        f"    temporaries  {_gib(m['temp'])}",
-        f"    total        {_gib(m['total'])}  (arguments + outputs - aliased + temporaries)",
+        f"    arguments    {size(m['argument'])}",
+        f"    outputs      {size(m['output'])}",
+        f"    aliased      {size(m['alias'])}  (donated state, updated in place)",
+        f"    temporaries  {size(m['temp'])}",
+        f"    total        {size(m['total'])}  (arguments + outputs - aliased + temporaries)",
         f"  step FLOPs   {flops:.4g} per device (XLA cost_analysis); model FLOPs "
         f"{r['model_flops_per_step']:.4g} per step (train.step.model_flops_per_row)"
         if flops is not None else "  step FLOPs   not reported by XLA for this backend",
     ]
     if fits:
-        lines.append(f"  verdict      FITS: {m['total'] / GIB:.2f} GiB <= --device-memory "
-                     f"{device_memory_gib:g} GiB ({device_memory_gib - m['total'] / GIB:.2f} GiB "
-                     f"left)")
+        lines.append(f"  verdict      FITS: {gib(m['total'])} <= --device-memory "
+                     f"{device_memory_gib:g} GiB ({gib(device_memory_gib * GIB - m['total'])} left)")
     else:
-        lines.append(f"  verdict      DOES NOT FIT: {m['total'] / GIB:.2f} GiB > --device-memory "
-                     f"{device_memory_gib:g} GiB (arguments {m['argument'] / GIB:.2f} + "
-                     f"temporaries {m['temp'] / GIB:.2f} + unaliased outputs "
-                     f"{(m['output'] - m['alias']) / GIB:.2f} GiB)")
+        lines.append(f"  verdict      DOES NOT FIT: {gib(m['total'])} > --device-memory "
+                     f"{device_memory_gib:g} GiB (arguments {gib(m['argument'])} + temporaries "
+                     f"{gib(m['temp'])} + unaliased outputs {gib(m['output'] - m['alias'])})")
     return "\n".join(lines), fits
 
 

@@ -46,15 +46,14 @@ import numpy as np
 from wedlm_jax import hf_mapping, model, sharding
 from wedlm_jax import safetensors_io as st
 from wedlm_jax.config import ConfigError, ModelConfig, settle_qk_norm
-from wedlm_jax.failures import disk_full, free_bytes, mount_point
+from wedlm_jax.dtypes import DTYPE_ALIASES, DtypeError, allowed, jnp_dtype
+from wedlm_jax.failures import DiskFullError, check_space, disk_full, format_bytes, mount_point
 from wedlm_jax.safetensors_io import CheckpointError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "generation_config.json", "chat_template.jinja", "tokenizer.model",
                    "added_tokens.json")
 PARAMS_DIR = "params"
-DTYPE_NAMES = {"f32": jnp.float32, "float32": jnp.float32, "bf16": jnp.bfloat16,
-               "bfloat16": jnp.bfloat16}
 _LIST_LIMIT = 12
 
 __all__ = ["load_hf_checkpoint", "save_hf_checkpoint", "save_orbax", "load_orbax", "load_checkpoint",
@@ -64,17 +63,14 @@ __all__ = ["load_hf_checkpoint", "save_hf_checkpoint", "save_orbax", "load_orbax
 # --------------------------------------------------------------------------- small helpers
 
 def parse_dtype(dtype) -> np.dtype | None:
-    """None (keep each tensor's dtype), 'bf16'/'f32' (and long names) or a numpy/jax dtype."""
+    """None (keep each tensor's dtype), a dtype name or alias of `wedlm_jax.dtypes` (bf16, f32,
+    ...) or a numpy / jax dtype."""
     if dtype is None:
         return None
-    if isinstance(dtype, str):
-        if dtype.lower() not in DTYPE_NAMES:
-            raise CheckpointError(f"dtype {dtype!r} is not supported; supported: bf16, f32")
-        return np.dtype(DTYPE_NAMES[dtype.lower()])
-    dt = np.dtype(dtype)
-    if dt not in (np.dtype(jnp.float32), np.dtype(jnp.bfloat16)):
-        raise CheckpointError(f"dtype {dt} is not supported; supported: bf16, f32")
-    return dt
+    try:
+        return np.dtype(jnp_dtype(dtype))
+    except DtypeError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def parse_size(size) -> int:
@@ -283,27 +279,11 @@ def _raise_interrupted(signum, frame):
     raise Interrupted(signal.Signals(signum).name)
 
 
-def _human(n: int) -> str:
-    for unit, k in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= k:
-            return f"{n / k:.1f} {unit}"
-    return f"{n} B"
-
-
 def params_nbytes(params, dtype=None) -> int:
     """Bytes the params take at `dtype` (None: as they are)."""
     target = parse_dtype(dtype)
     return sum(int(np.prod(x.shape)) * np.dtype(target or x.dtype).itemsize
                for x in jax.tree.leaves(params))
-
-
-def check_space(out_dir: str, needed: int) -> None:
-    """Refuse before writing when the output's file system has less than `needed` bytes free."""
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    free = free_bytes(parent)
-    if free < needed:
-        raise CheckpointError(f"no space left on {mount_point(parent)}, needed ~{_human(needed)} "
-                              f"({_human(free)} free)")
 
 
 _EXPONENT = {2: (np.uint16, None), 4: (np.uint32, 0x7F800000), 8: (np.uint64, 0x7FF0000000000000)}
@@ -640,8 +620,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--max-shard-size", default="5GB", help="largest safetensors file (default 5GB)")
     for s in (a, b):
         s.add_argument("--out", required=True, help="output folder (created atomically)")
-        s.add_argument("--dtype", choices=("bf16", "f32"), default=None,
-                       help="parameter dtype of the output (default: as stored)")
+        s.add_argument("--dtype", choices=tuple(DTYPE_ALIASES), default=None, metavar="DTYPE",
+                       help=f"parameter dtype of the output: {allowed()} (default: as stored)")
         s.add_argument("--force", action="store_true", help="replace an existing checkpoint at --out")
         s.add_argument("--allow-nonfinite", action="store_true",
                        help="convert weights that hold NaN/Inf instead of refusing")
@@ -669,7 +649,7 @@ def main(argv=None) -> int:
     except Exception as e:
         if not disk_full(e) is not None:
             raise
-        need = f", needed ~{_human(needed[0])}" if needed[0] else ""
+        need = f", needed about {format_bytes(needed[0])}" if needed[0] else ""
         _cleanup_line(args.out, f"error: no space left on "
                                 f"{mount_point(os.path.abspath(args.out))}{need}")
         return 2
@@ -698,7 +678,7 @@ def _convert(args, needed: list) -> int:
                                                 progress=not args.no_progress,
                                                 allow_nonfinite=args.allow_nonfinite)
             needed[0] = params_nbytes(params)
-            check_space(args.out, needed[0])
+            check_space(args.out, needed[0], "the converted checkpoint")
             out = save_orbax(config, params, args.out, tokenizer_from=args.hf, force=args.force)
         else:
             check_out_dir(os.path.abspath(args.out), args.force)
@@ -706,11 +686,11 @@ def _convert(args, needed: list) -> int:
             config, params = load_orbax(args.orbax, dtype=args.dtype,
                                         allow_nonfinite=args.allow_nonfinite)
             needed[0] = params_nbytes(params)
-            check_space(args.out, needed[0])
+            check_space(args.out, needed[0], "the converted checkpoint")
             out = save_hf_checkpoint(config, params, args.out, max_shard_size=args.max_shard_size,
                                      tokenizer_from=args.orbax, force=args.force,
                                      progress=not args.no_progress)
-    except (ConfigError, CheckpointError, FileNotFoundError, PermissionError) as e:
+    except (ConfigError, CheckpointError, DiskFullError, FileNotFoundError, PermissionError) as e:
         print(f"wedlm-convert: error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {out}", file=sys.stderr)

@@ -1,7 +1,8 @@
 """Failures that end a run, told in one line (README, "When something fails").
 
     full = disk_full(exc)     # the ENOSPC / EDQUOT OSError anywhere in exc's chain, or None
-    check_space(path, need)   # DiskFullError before writing `need` bytes where there is less room
+    check_space(path, need, what)  # DiskFullError before writing `need` bytes where there is less room
+    format_bytes(n[, unit])   # '1.25 GiB', '384.00 KiB': the one byte formatter of the messages
     reason = out_of_memory(exc)  # the compiler's / runtime's one-line reason when it ran out of
                                  # device memory, or None
 
@@ -20,13 +21,19 @@ import shutil
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _DISK_FULL_TEXT = ("no space left on device", "disk quota exceeded")
 GIB = 1 << 30
+UNITS = {"GiB": GIB, "MiB": 1 << 20, "KiB": 1 << 10}
 
 
-def _size(n: float) -> str:
-    """Bytes as the nearest readable unit (0.38 MiB, not 0.00 GiB)."""
-    for unit, size in (("GiB", GIB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
+def format_bytes(n: float, unit: str | None = None) -> str:
+    """`n` bytes as text with two decimals: in `unit` (GiB, MiB or KiB) when given, else in the
+    largest unit it reaches (0.38 MiB is '384.00 KiB', not '0.00 GiB'; under 1 KiB, '12 bytes')."""
+    if unit is not None:
+        if unit not in UNITS:
+            raise ValueError(f"unit {unit!r} is unknown; allowed: {', '.join(UNITS)}")
+        return f"{n / UNITS[unit]:.2f} {unit}"
+    for name, size in UNITS.items():
+        if abs(n) >= size:
+            return f"{n / size:.2f} {name}"
     return f"{int(n)} bytes"
 
 
@@ -80,8 +87,8 @@ def check_space(path: str, need: int, what: str) -> None:
     `need` bytes free."""
     free = free_bytes(path)
     if free < need:
-        raise DiskFullError(f"{what} needs about {_size(need)} under {path}, only "
-                            f"{_size(free)} free on {mount_point(path)}")
+        raise DiskFullError(f"{what} needs about {format_bytes(need)} under {path}, only "
+                            f"{format_bytes(free)} free on {mount_point(path)}")
 
 
 OOM_MARKERS = ("exceeds available hbm", "resource_exhausted", "out of memory",
