@@ -130,10 +130,10 @@ def probes(smoke: bool) -> dict:
 def tokens(smoke: bool) -> list[dict]:
     """The demo model's greedy tokens by each Decoder layout on this GPU against its CPU run."""
     import jax
-    import jax.numpy as jnp
 
-    from decode.config import DecodeConfig
+    from decode.config import DecodeConfig, EngineOptions, Placement
     from decode.decoder import Decoder
+    from decode.plan import make_plan
     from decode.static_batch import generate
     from demo.eval import eval_items, load_model
     config, params, tok = load_model()
@@ -149,9 +149,11 @@ def tokens(smoke: bool) -> list[dict]:
         def run(device, page_size, attention):
             with jax.default_device(device), jax.default_matmul_precision("highest"):
                 p = jax.device_put(params, device)
-                dec = Decoder(p, config, method=method, window=window, slots=8, capacity=cap,
-                              steps_per_call=8, sampling=False, page_size=page_size,
-                              attention=attention, dtype=jnp.float32)
+                dec = Decoder(p, make_plan(
+                    config, EngineOptions(method=method, window=window, slots=8, capacity=cap,
+                                          steps_per_call=8),
+                    Placement(page_size=page_size, attention=attention, dtype="float32"),
+                    sampling=False))
                 return generate(p, config, prompts, dc, decoder=dec).tokens
         try:
             want = run(cpu, 0, "tiled")

@@ -44,13 +44,14 @@ def served_decoder(params, config, *, method: str, window: int, refill: str, slo
     """A Decoder as the card's runs build it: bf16, greedy, 8 steps a call, the last id of the
     vocabulary as the mask (random weights: any id serves), capacity past the model's positions
     allowed. Equal arguments give equal static settings: the compiled programs are shared."""
-    import jax.numpy as jnp
-
+    from decode.config import EngineOptions, Placement
     from decode.decoder import Decoder
-    return Decoder(params, config, method=method, window=window, refill=refill, slots=slots,
-                   capacity=capacity, steps_per_call=8, dtype=jnp.bfloat16, sampling=False,
-                   mask_token_id=config.vocab_size - 1, page_size=page_size,
-                   attention=attention, allow_long=True)
+    from decode.plan import make_plan
+    engine = EngineOptions(method=method, window=window, refill=refill, slots=slots,
+                           capacity=capacity, steps_per_call=8, allow_long=True)
+    placement = Placement(dtype="bfloat16", page_size=page_size, attention=attention)
+    return Decoder(params, make_plan(config, engine, placement, sampling=False,
+                                     mask_token_id=config.vocab_size - 1))
 
 
 def rows_prefilled(method: str, prompt_len: int) -> int:

@@ -22,8 +22,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from decode import layouts
 from wedlm_jax import model as model_lib
@@ -36,43 +34,6 @@ DRY_RUN_CAPACITY = 2048   # a door without --capacity (wedlm-decode sizes it fro
 
 def _device_list(devices) -> list:
     return list(devices) if isinstance(devices, (list, tuple)) else [devices]
-
-
-def _abstract(tree):
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), tree)
-
-
-def _on(device, tree):
-    sharding = jax.sharding.SingleDeviceSharding(device)
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding),
-                        tree)
-
-
-def _replicated(decoder, device, tree):
-    """`tree`'s shapes on `device` without a mesh, replicated over the Decoder's mesh otherwise."""
-    if decoder.mesh is None:
-        return _on(device, tree)
-    rep = NamedSharding(decoder.mesh, P())
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=rep), tree)
-
-
-def abstract_args(decoder, device=None):
-    """(params, state, mask_id, run) of `decoder`'s `generate` as ShapeDtypeStructs: on `device`
-    without a mesh, laid out as the Decoder lays them out on its mesh otherwise."""
-    st = decoder.static
-    host = decoder._host_free()
-    layers = jax.eval_shape(decoder._empty_layers)          # dense or paged
-    state = _abstract(host.replace(cache=host.cache.replace(layers=None)))
-    state = state.replace(cache=state.cache.replace(layers=layers))
-    scalar = jax.ShapeDtypeStruct((), jnp.int32)
-    if decoder.mesh is None:
-        params = model_lib.param_shapes(decoder.model_config, jnp.dtype(st.dtype))
-        if not st.stacked_layers:
-            params = model_lib.unstack_layers(params, decoder.model_config.num_layers)
-        return _on(device, params), _on(device, state), _on(device, scalar), _on(device, scalar)
-    state = decoder._place(state, decoder._state_shardings(state))
-    rep = _replicated(decoder, device, scalar)
-    return decoder.params, state, rep, rep
 
 
 def step_floor(static, live_rows: int, tensor: int = 1, batch_shards: int = 1) -> dict:
@@ -100,29 +61,31 @@ def make_decoder(config, devices, *, method="streaming", window=16, refill="befo
     """A Decoder over abstract weights (shapes only) for `devices` (one device, or a
     ('data', 'fsdp', 'tensor') mesh of `mesh_shape` over the first devices); `scan_unroll`
     layers per iteration of the layer scan; `page_size` a paged cache (heads over tensor; None:
-    the dense cache, the figures' baseline; "auto": the Decoder's choice for the platform);
-    `weight_layout` as the Decoder's (resolved for the devices' platform: with "compiler" its
+    the dense cache, the figures' baseline; "auto": the plan's choice for the platform);
+    `weight_layout` as the plan's (resolved for the devices' platform: with "compiler" its
     `generate` is compiled here, with the weights' layouts left to the compiler, under
     `compiler_options`)."""
-    import dataclasses
+    from decode.config import EngineOptions, Placement
     from decode.decoder import Decoder
+    from decode.plan import make_plan
     from wedlm_jax.sharding import make_mesh
     devs = _device_list(devices)
     mesh = None
     if mesh_shape is not None and math.prod(mesh_shape) > 1:
         mesh = make_mesh(*mesh_shape, devices=devs[:math.prod(mesh_shape)])
     elif devs[0].platform != jax.default_backend():
-        mesh = make_mesh(1, 1, 1, devices=devs[:1])   # the Decoder sees the target's device
-    params = model_lib.param_shapes(config, jnp.dtype(dtype))
-    dec = Decoder(params, config, method=method, window=window, refill=refill, slots=slots,
-                  capacity=capacity, steps_per_call=1, dtype=jnp.dtype(dtype), attention=attention,
-                  kv_tile=kv_tile, prefill_chunk=prefill_chunk, sampling=False,
-                  mask_token_id=config.vocab_size - 1, memory_limit_bytes=1 << 62,
-                  allow_long=True, mesh=mesh, num_pages=num_pages,
-                  page_size=None if page_size == "auto" else (page_size or 0),
-                  weight_layout="default")
+        mesh = make_mesh(1, 1, 1, devices=devs[:1])   # the plan sees the target's device
+    engine = EngineOptions(method=method, window=window, refill=refill, slots=slots,
+                           capacity=capacity, steps_per_call=1, prefill_chunk=prefill_chunk,
+                           allow_long=True)
+    placement = Placement(dtype=jnp.dtype(dtype).name, attention=attention, kv_tile=kv_tile,
+                          page_size=None if page_size == "auto" else (page_size or 0),
+                          num_pages=num_pages, weight_layout="default")
+    plan = make_plan(config, engine, placement, mesh=mesh, sampling=False,
+                     mask_token_id=config.vocab_size - 1, memory_limit_bytes=1 << 62)
     if scan_unroll != 1:
-        dec.static = dataclasses.replace(dec.static, scan_unroll=scan_unroll)
+        plan = plan.replace(scan_unroll=scan_unroll)
+    dec = Decoder(model_lib.param_shapes(config, jnp.dtype(dtype)), plan)
     if layouts.resolve(weight_layout, devs[0].platform) == "compiler":
         dec.use_compiler_layouts(compiler_options)
     return dec
@@ -139,15 +102,10 @@ def generate_program(config, devices, compiler_options: dict | None = None, **se
     """(Decoder, compiled `generate` of k = 1) of a Decoder of these settings (`make_decoder`) for
     the devices' platform, compiled with `compiler_options`; with the weights in the compiler's
     layouts, the program that chose them (its `input_formats[0][0]`: the weights' formats)."""
-    from decode.decoder import _generate
     dec = make_decoder(config, devices, compiler_options=compiler_options, **settings)
-    compiled = dec._generate_compiled       # compiled already when the weights take its layouts
+    compiled = dec.compiled_generate       # compiled already when the weights take its layouts
     if compiled is None:
-        dev = _device_list(devices)[0]
-        p, s, mask_id, run = abstract_args(dec, dev)
-        with jax.default_device(dev):   # a Mosaic kernel's lowering reads the TPU generation from it
-            compiled = dec._call(_generate.lower, dec.static, 1, p, s, mask_id,
-                                 run).compile(compiler_options)
+        compiled = dec.compile("generate", compiler_options)
     return dec, compiled
 
 
@@ -182,44 +140,34 @@ def compile_prefill(config, devices, *, prompt_len: int = 2048, weight_formats=N
     layer: see `unrolled_cost`, and scale by the chunk count when chunked). `weight_formats`: the
     weights' formats (a Decoder's in the compiler's layouts: `compile_generate`'s
     "weight_formats"); default row-major."""
-    from decode.decoder import _prefill
     settings = dict(dict(prefill_chunk=prompt_len, capacity=prompt_len), **settings)
     settings["weight_layout"] = "default"     # `weight_formats` places the weights instead
     dec = make_decoder(config, devices, **settings)
-    dev = _device_list(devices)[0]
-    p = abstract_args(dec, dev)[0]
-    if weight_formats is not None:
-        p = layouts.place(p, weight_formats)
-    tok, n = _replicated(dec, dev, (jax.ShapeDtypeStruct((1, prompt_len), jnp.int32),
-                                    jax.ShapeDtypeStruct((1,), jnp.int32)))
-    compiled = dec._call(_prefill.lower, dec.static, p, tok, n).compile(compiler_options)
-    return dict(platform=dev.platform, prompt_len=prompt_len, prefill_chunk=dec.static.prefill_chunk,
+    compiled = dec.compile("prefill", compiler_options, prompt_len=prompt_len,
+                           params=_formatted(dec, "prefill", prompt_len, weight_formats))
+    return dict(platform=dec.plan.device.platform, prompt_len=prompt_len,
+                prefill_chunk=dec.static.prefill_chunk,
                 mesh=None if dec.mesh is None else dict(dec.mesh.shape), **figures(compiled))
 
 
 def compile_admission(dec, prompt_len: int, weight_formats=None,
                       compiler_options: dict | None = None) -> dict:
-    """Compile a paged Decoder's admission of one `prompt_len`-token prompt (`_prefill_slot`: its
-    rows written into the pool through its page row, and for a window method the first fill,
+    """Compile a paged Decoder's admission of one `prompt_len`-token prompt (the "admit" program:
+    its rows written into the pool through its page row, and for a window method the first fill,
     in the decode state the step runs on) and return its figures; `weight_formats` as in
     `compile_prefill`."""
-    from decode.programs import _prefill_slot
     st = dec.static
-    dev = dec.mesh.devices.flat[0] if dec.mesh is not None else jax.local_devices()[0]
-    params, state, scalar, _ = abstract_args(dec, dev)
-    if weight_formats is not None:
-        params = layouts.place(params, weight_formats)
-    host = dec._host_free()
-    bare = host.replace(cache=host.cache.replace(layers=None))
-    row = _abstract(jax.tree.map(lambda x: x[:1], bare))
-    row, pages, tokens = _replicated(dec, dev, (
-        row, jax.ShapeDtypeStruct((st.pages_per_seq,), jnp.int32),
-        jax.ShapeDtypeStruct((1, prompt_len), jnp.int32)))
-    with jax.default_device(dev):   # a Mosaic kernel's lowering reads the TPU generation from it
-        compiled = dec._call(_prefill_slot.lower, st, params, state, row, scalar, pages, tokens,
-                             scalar, scalar, scalar).compile(compiler_options)
-    return dict(platform=dev.platform, prompt_len=prompt_len, prefill_chunk=st.prefill_chunk,
-                page_size=st.page_size, **figures(compiled))
+    compiled = dec.compile("admit", compiler_options, prompt_len=prompt_len,
+                           params=_formatted(dec, "admit", prompt_len, weight_formats))
+    return dict(platform=dec.plan.device.platform, prompt_len=prompt_len,
+                prefill_chunk=st.prefill_chunk, page_size=st.page_size, **figures(compiled))
+
+
+def _formatted(dec, program: str, prompt_len: int, weight_formats):
+    """The program's abstract weights in `weight_formats` (None: as the Decoder lays them out)."""
+    if weight_formats is None:
+        return None
+    return layouts.place(dec.abstract_args(program, prompt_len=prompt_len)[0], weight_formats)
 
 
 def unrolled_cost(compile_fn, config, *args, **kwargs) -> dict:

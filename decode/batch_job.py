@@ -1,4 +1,4 @@
-"""Offline batch decoding of a prompt file through the continuous batcher (issue 13 item 4).
+"""Offline batch decoding of a prompt file through the continuous batcher.
 
     wedlm-decode --checkpoint DIR --input prompts.jsonl --output results.jsonl [--slots 16]
 
@@ -326,8 +326,12 @@ def run_job(args) -> int:
 
     from decode.batching import Batcher
     from decode.decoder import Decoder, Request
+    from decode.plan import door_plan
+    from wedlm_jax.model import layers_stacked
     config, params, mesh = ckpt.load()
-    decoder = Decoder(params, config, mesh=mesh, **opts.decoder_kwargs(capacity, ckpt.mask_token_id))
+    decoder = Decoder(params, door_plan(opts, config, capacity=capacity, mesh=mesh,
+                                        mask_token_id=ckpt.mask_token_id,
+                                        stacked_params=layers_stacked(params)))
     requests = []
     for it in todo:
         try:

@@ -176,17 +176,15 @@ def run(args) -> dict:
 
 def _write_trace(args, tokenizer, prompts, config, params, dc, res) -> dict:
     """Run the same decode step by step and draw it; the trace's commits must equal the result."""
-    from decode.config import resolve_mask_token
     from decode.static_batch import trace_steps
     from decode.trace import committed_ids, trace_view, write_trace
     trace, final = trace_steps(params, config, [ids for _, ids in prompts], dc, capacity=args.capacity,
                                mask_token_id=args.mask_token_id)
-    mask_id = resolve_mask_token(config.mask_token_id, args.mask_token_id, dc.method)
     settings = (f"method {dc.method}, W = {dc.window}, tau = {dc.tau}, lambda = {dc.lam}, "
                 f"temperature = {dc.temperature}, max_new_tokens = {dc.max_new_tokens}")
     views = []
     for r, (text, _) in enumerate(prompts):
-        steps = trace_view(trace, final, r, dc.method, mask_id)
+        steps = trace_view(trace, final, r, dc.method)
         if committed_ids(steps) != list(res.tokens[r]):
             raise RuntimeError(f"trace of prompt {r} commits other tokens than the decode "
                                f"(a step-by-step / compiled-loop mismatch)")

@@ -166,7 +166,8 @@ class Method(_Checked):
     window: int = option(16, int, "W: undecided slots in the window (limited to the budget)", low=1)
     refill: str = option("before", str, "when the window's masks are refilled: 'before' is the "
                          "official engine's order (up to 2W slots a forward, up to W tokens a "
-                         "forward), 'after' SPEC's (W slots, up to W/2 tokens)", choices=REFILLS)
+                         "forward), 'after' docs/algorithm.md's (W slots, up to W/2 tokens)",
+                         choices=REFILLS)
     prefill_chunk: int = option(128, int, "prompt tokens per prefill forward (the last chunk of a "
                                 "prompt is computed whole, padding included)", low=1)
 
@@ -235,18 +236,6 @@ def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int, capacity: i
             raise DecodeConfigError(f"prompt {i} has {len(ids)} tokens, longer than the capacity {capacity}")
         out.append(ids)
     return out
-
-
-def resolve_mask_token(model_mask_id: int | None, given: int | None, method: str) -> int:
-    """The [MASK] id: the one given, else the checkpoint's. AR decoding needs none (returns -1)."""
-    mask_id = given if given is not None else model_mask_id
-    if mask_id is None:
-        if method == "ar":
-            return -1
-        raise DecodeConfigError(
-            f"method {method!r} needs a mask token id: the checkpoint's config has no mask_token_id "
-            "and none was given (pass mask_token_id=...)")
-    return int(mask_id)
 
 
 # ------------------------------------------------------------------------------- placement
@@ -466,12 +455,3 @@ class DoorOptions:
     def decode_config(self) -> DecodeConfig:
         """The static batch's settings (wedlm-decode --prompt / --prompts-file)."""
         return DecodeConfig(**Method.pick(self.engine), **Sampling.pick(self.sampling))
-
-    def decoder_kwargs(self, capacity: int, mask_token_id) -> dict:
-        """The Decoder's settings: one construction for every door."""
-        e, pl = self.engine, self.placement
-        return dict(**Method.pick(e), slots=e.slots, capacity=capacity,
-                    steps_per_call=e.steps_per_call, allow_long=e.allow_long,
-                    page_size=pl.page_size, num_pages=pl.num_pages, mask_token_id=mask_token_id,
-                    dtype=pl.dtype, attention=pl.attention, kv_tile=pl.kv_tile,
-                    weight_layout=pl.weight_layout)

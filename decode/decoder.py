@@ -1,26 +1,31 @@
 """The Decoder: compiled decoding over a fixed set of slots (continuous batching, JetStream's shape).
 
-    decoder = Decoder(params, model_config, method="streaming", window=16, slots=8, capacity=1024)
+    plan = make_plan(model_config, EngineOptions(method="streaming", window=16, slots=8,
+                                                 capacity=1024))      # decode/plan.py
+    decoder = Decoder(params, plan)
     state = decoder.init_state()                        # every slot free
     prefix = decoder.prefill(Request(prompt=(1, 2, 3), max_new_tokens=64, tau=0.4))
     state = decoder.insert(prefix, state, slot=0)
     state, result = decoder.generate(state)             # k steps in one jitted call
     result.tokens[slot, i, :result.counts[slot, i]]     # the ids slot emitted at step i
 
+Ahead of time (no weights, no device of the target: decode/aot.py): `abstract_args(program)`,
+`lower(program)`, `compile(program)` for the programs "generate", "prefill" and "admit".
+
 `generate` runs up to `steps_per_call` steps of every slot as one `lax.while_loop` over the donated
 state (no host round trip inside; it stops early when every slot is done). Between calls the host
 hands out the new ids, frees finished slots and inserts waiting requests (`decode.batching`).
-prefill + insert are the dense cache's admission; a paged cache (`page_size`, the default on
-TPU) admits with `prefill_into_slot` into pages the host hands out (`decode.batching` does
+prefill + insert are the dense cache's admission; a paged cache (the plan's page size, the default
+on TPU) admits with `prefill_into_slot` into pages the host hands out (`decode.batching` does
 both), and for streaming / block runs the request's first step there too (its window's first
 fill, which commits nothing: `decode.programs.fills_at_prefill`).
 
-Compiled programs: one prefill and one insert per prompt bucket (powers of two), one generate,
-one free; all keyed by the Decoder's static settings (`Static`), so Decoders with equal settings
-share them (jax's own cache) and nothing compiled reads module state. Per-request settings (tau,
-lambda, temperature, top-k, top-p, sampling order, max_new_tokens, stop ids, seed) are runtime
-values in the state (`decode.state.Settings`). A request's random draws depend only on its seed
-and its own step count, so its output does not depend on its slot or its neighbours.
+Compiled programs (decode/programs.py): one prefill and one insert per prompt bucket (powers of
+two), one generate, one free; all keyed by the plan's `Static`, so Decoders with equal plans share
+them (jax's own cache) and nothing compiled reads module state. Per-request settings (tau, lambda,
+temperature, top-k, top-p, sampling order, max_new_tokens, stop ids, seed) are runtime values in
+the state (`decode.state.Settings`). A request's random draws depend only on its seed and its own
+step count, so its output does not depend on its slot or its neighbours.
 
 Prefill conventions: streaming / block write the prompt's rows 0..P-1 and start with a window of
 masks at position P; ar / verified write rows 0..P-2 and hold the last prompt token as the pending
@@ -35,28 +40,21 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
+from jax.experimental.layout import Format, Layout
+from jax.sharding import NamedSharding, PartitionSpec as P
 
-from decode import layouts
-from decode.config import (MAX_LOGPROBS, DecodeConfigError, EngineOptions, Sampling,
-                           _is_int, check_int)
-from decode.memory import _gib, available_memory, estimate_memory
-from decode.pages import pool_size, static_batch_table
-from decode.programs import (STEPS, Static, _copy_pages, _forward, _free, _generate,  # noqa: F401
-                             _generate_live, _insert, _one_step, _prefill, _prefill_into,
-                             _prefill_slot, _set_rows, _unmap, cache_axes, compiled_count)
+from decode import layouts, programs
+from decode.config import DecodeConfigError, Sampling, _is_int
+from decode.pages import static_batch_table
+from decode.plan import Plan
+from decode.programs import cache_axes, compiled_count  # noqa: F401 (compiled_count: a check)
 from decode.state import DecodeState, Prefix, ResultTokens, free_rows, request_row  # noqa: F401
-from decode.steps import StepSpec
-from wedlm_jax import attention_backends as attn_backends
-from wedlm_jax import cache_attention as ca
 from wedlm_jax import model as model_lib
 from wedlm_jax import paged_attention as paged
-from wedlm_jax.config import ConfigError, ModelConfig, released_mask_token_id
 from wedlm_jax.sharding import DEFAULT_RULES, is_axes, spec_for, tree_shardings
 
-ROW_ALIGN = 64
-DEFAULT_KV_TILE = 256
 MIN_PROMPT_BUCKET = 16
+PROGRAMS = ("generate", "prefill", "admit")      # what `abstract_args` / `lower` / `compile` take
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -67,149 +65,55 @@ class Request(Sampling):
     top_logprobs: int = 0           # alternatives wanted per generated token (<= the Decoder's)
 
 
-def _round_up(x: int, m: int) -> int:
-    return -(-x // m) * m
-
-
 def pow2_at_least(x: int, floor: int = 1) -> int:
     return max(floor, 1 << max(0, int(x) - 1).bit_length())
 
 
-# ----------------------------------------------------------------------------- the Decoder
-
-_D = EngineOptions()     # the Decoder's defaults are the doors'
-
-
 class Decoder:
-    """Compiled WeDLM decoding over `slots` rows of a preallocated, donated KV cache.
+    """Compiled WeDLM decoding over the plan's slots of a preallocated, donated KV cache
+    (decode/plan.py says what a plan decides). The weights are placed once: on the plan's mesh
+    (slots over data x fsdp, heads over tensor), one tree per layer where the plan's programs
+    take them so (GPU), and with weight_layout "compiler" in the layouts the compiled `generate`
+    picks (decode/layouts.py)."""
 
-    method: streaming | block | ar | verified; window: W; refill: before (the official engine's
-    order, up to 2W slots per forward) | after (W slots); capacity: the most positions (prompt +
-    generated) a slot holds; steps_per_call: k of `generate`; sampling: whether sampled requests
-    (temperature > 0) are accepted (method verified then carries [slots, S, V] draft
-    distributions); mesh: a ('data', 'fsdp', 'tensor') mesh, slots over data/fsdp, heads over
-    tensor; attention: the cache-attention backend (tiled, dense, pallas, cudnn, auto; see
-    wedlm_jax.attention_backends); allow_long: capacity past the model's max_position_embeddings;
-    memory_limit_bytes: the budget the cache and logits estimate is checked against (default:
-    what the device reports, or the host's available memory on CPU).
-
-    page_size: a paged KV cache (issue 25) of pages of that many rows, `num_pages` per layer
-    (default slots x pages per sequence: the dense cache's memory), shared by the slots: a
-    request holds the pages `decode.batching` gives it (`prefill_into_slot`), from a prefix it
-    shares with earlier requests on. On a mesh: heads over tensor (the pool split by its K/V
-    heads) and slots over data x fsdp, each slot shard with a pool of its own (num_pages / shards
-    pages; a slot holds pages of its shard only). None (default): the platform's choice
-    (`paged_attention.auto_page_size`: pages of 64 on TPU, where the paged step moves fewer
-    bytes; the dense cache on CPU, and on GPU, where its Triton kernel steps faster than the
-    paged gather path, measured on an H100); 0: the dense cache.
-
-    top_logprobs: how many likeliest alternatives every emitted token carries beside its own
-    log-probability (`ResultTokens.new_logprobs`; 0 to MAX_LOGPROBS, a compile-time width).
-
-    weight_layout: "compiler" puts the weights in the layouts the compiled `generate` picks
-    (decode/layouts.py: no relayout copy of the weights inside each TPU step), "default" keeps
-    them row-major, "auto" (default) is "compiler" on TPU and "default" elsewhere."""
-
-    def __init__(self, params, model_config: ModelConfig, *, method: str = _D.method,
-                 window: int = _D.window, refill: str = _D.refill, slots: int = _D.slots,
-                 capacity: int = 1024, steps_per_call: int = _D.steps_per_call,
-                 dtype=jnp.float32, mesh=None, mask_token_id: int | None = None,
-                 kv_tile: int = DEFAULT_KV_TILE, prefill_chunk: int = _D.prefill_chunk,
-                 sampling: bool = True, allow_long: bool = _D.allow_long,
-                 memory_limit_bytes: int | None = None, attention: str = "tiled",
-                 page_size: int | None = None, num_pages: int | None = None,
-                 top_logprobs: int = 0, weight_layout: str = "auto"):
-        EngineOptions(method=method, window=window, refill=refill, slots=slots, capacity=capacity,
-                      steps_per_call=steps_per_call, prefill_chunk=prefill_chunk,
-                      allow_long=allow_long)                  # the doors' checks, the same code
-        check_int("capacity", capacity, 1)
-        check_int("kv_tile", kv_tile, 1)
-        if method != "ar" and window > capacity:
-            raise DecodeConfigError(f"window {window} is larger than the capacity {capacity}: "
-                                    f"a slot never holds more than {capacity} positions")
-        max_pos = model_config.max_position_embeddings
-        if max_pos and capacity > max_pos and not allow_long:
-            raise DecodeConfigError(
-                f"capacity {capacity} exceeds the model's max_position_embeddings {max_pos}; "
-                "positions past it were never trained (pass allow_long=True / --allow-long to "
-                "decode there anyway)")
-        self.method, self.window, self.refill = method, (1 if method == "ar" else window), refill
-        self.slots, self.capacity, self.steps_per_call = slots, capacity, steps_per_call
-        self.sampling, self.mesh, self.model_config = sampling, mesh, model_config
-        self.mask_id = self._mask_id(model_config, mask_token_id, method)
-        check_int("top_logprobs", top_logprobs, 0, MAX_LOGPROBS)
-        spec = StepSpec(method=method, window=self.window, refill=refill, sampling=sampling,
-                        top_logprobs=int(top_logprobs))
-        multiple = 1 if mesh is None else int(mesh.shape.get("data", 1)) * int(mesh.shape.get("fsdp", 1))
-        if slots % multiple:
-            raise DecodeConfigError(f"slots {slots} must be a multiple of the mesh's data x fsdp "
-                                    f"size {multiple}")
-        rows = _round_up(capacity + spec.span, ROW_ALIGN)
-        device = mesh.devices.flat[0] if mesh is not None else jax.local_devices()[0]
-        if page_size is None and num_pages is None:      # the platform's choice (0: dense)
-            page_size = paged.auto_page_size(
-                device.platform, model_config.num_heads, model_config.num_kv_heads, dtype,
-                1 if mesh is None else int(mesh.shape.get("tensor", 1)))
-        page_size, num_pages = pool_size(page_size or None, num_pages, rows, slots, multiple)
-        if page_size:
-            try:
-                attention = paged.choose_attention(
-                    attention, device.platform, page_size, model_config.head_dim,
-                    jnp.dtype(dtype).itemsize, ca.smem_limit(device))
-            except ValueError as e:
-                raise DecodeConfigError(str(e)) from None
-            kv_tile = paged.gather_tile(device.platform, kv_tile, page_size)   # the gather path's
-        elif attention == "pallas" or (attention == "auto" and attn_backends.resolve(
-                "auto", "cache", backend=device.platform, dtype=dtype) == "pallas"):
-            # the Triton kernel's tile must fit the device's shared memory
-            q_rows = max(spec.span, prefill_chunk) * (model_config.num_heads // model_config.num_kv_heads)
-            try:
-                kv_tile = ca.pallas_tile(min(kv_tile, rows), q_rows, model_config.head_dim,
-                                         jnp.dtype(dtype).itemsize, ca.smem_limit(device))
-            except ValueError as e:
-                raise DecodeConfigError(str(e)) from None
-        if page_size and paged.implementation_for(device.platform) == "ragged":
-            try:
-                paged.check_ragged(model_config.num_heads, model_config.num_kv_heads, dtype,
-                                   1 if mesh is None else int(mesh.shape.get("tensor", 1)))
-            except ValueError as e:
-                raise DecodeConfigError(f"--page-size on {device.platform}: {e}") from None
-        shape_config = model_config.replace(mask_token_id=None, bos_token_id=None,
-                                            eos_token_id=None, pad_token_id=None)
-        self.static = Static(
-            config=shape_config, dtype=jnp.dtype(dtype).name, spec=spec, slots=slots,
-            capacity=capacity, rows=rows, kv_tile=min(kv_tile, rows),
-            prefill_chunk=min(prefill_chunk, rows), keep_q=(method == "verified" and sampling),
-            attention=attention,
-            mesh=None if mesh is None else (tuple(mesh.axis_names), tuple(mesh.devices.shape),
-                                             tuple(d.id for d in mesh.devices.flat)),
-            platform=None if mesh is None else mesh.devices.flat[0].platform,
-            page_size=page_size, num_pages=num_pages, page_shards=multiple if page_size else 1,
-            stacked_layers=(layouts.layers_stacked(device.platform)
-                            and model_lib.layers_stacked(params)))
-        self.memory_estimate = estimate_memory(self.static)
-        limit = memory_limit_bytes if memory_limit_bytes is not None else available_memory(mesh)
-        if limit is not None and self.memory_estimate["total"] > limit:
-            raise DecodeConfigError(
-                f"decoding needs ~{_gib(self.memory_estimate['total'])} (KV cache "
-                f"{_gib(self.memory_estimate['cache'])}, logits {_gib(self.memory_estimate['logits'])}"
-                f", draft distributions {_gib(self.memory_estimate['q'])}) per device for "
-                f"{slots} slots x {rows} cache rows, more than the {_gib(limit)} available; lower "
-                "the capacity (--capacity / --max-new-tokens), the slots or the window")
-        if not self.static.stacked_layers and model_lib.layers_stacked(params):
+    def __init__(self, params, plan: Plan):
+        if not isinstance(plan, Plan):
+            raise DecodeConfigError(f"a Decoder takes (params, plan) with a Plan from "
+                                    f"decode.plan.make_plan, got {type(plan).__name__}")
+        self.plan = plan
+        config = plan.model_config
+        if plan.static.stacked_layers and not model_lib.layers_stacked(params):
+            raise DecodeConfigError("the plan takes stacked layer weights and these are one tree "
+                                    "per layer: make the plan with stacked_params=False")
+        if not plan.static.stacked_layers and model_lib.layers_stacked(params):
             # one tree per layer (decode/layouts.py); a checkpoint opened for this platform is
             # loaded so already (decode.checkpoint), with no stacked copy beside it
-            params = model_lib.unstack_layers(params, model_config.num_layers)
-        self._shardings = self._make_shardings(params) if mesh is not None else None
-        self.params = self._place(params, self._shardings["params"]) if mesh is not None else params
-        try:
-            self.weight_layout = layouts.resolve(weight_layout, device.platform)
-        except ValueError as e:
-            raise DecodeConfigError(str(e), "weight_layout") from None
+            params = model_lib.unstack_layers(params, config.num_layers)
+        if plan.mesh is not None:
+            self._param_shardings = self._make_shardings(params)
+            params = self._place(params, self._param_shardings)
+        self.params = params
+        self.weight_layout = plan.weight_layout
         self._generate_compiled = None
         self.compiler_options = None          # the step's, when compiled here (layouts.step_options)
         if self.weight_layout == "compiler":
             self.use_compiler_layouts()
+
+    # the plan's decisions, as the callers read them
+    static = property(lambda self: self.plan.static)
+    model_config = property(lambda self: self.plan.model_config)
+    mask_id = property(lambda self: self.plan.mask_id)
+    method = property(lambda self: self.plan.method)
+    window = property(lambda self: self.plan.window)
+    refill = property(lambda self: self.plan.refill)
+    slots = property(lambda self: self.plan.slots)
+    capacity = property(lambda self: self.plan.capacity)
+    steps_per_call = property(lambda self: self.plan.steps_per_call)
+    sampling = property(lambda self: self.plan.sampling)
+    mesh = property(lambda self: self.plan.mesh)
+    memory_estimate = property(lambda self: self.plan.memory_estimate)
+    compiled_generate = property(lambda self: self._generate_compiled,
+                                 doc="`generate` compiled for the weights' layouts (or None)")
 
     def use_compiler_layouts(self, compiler_options: dict | None = None) -> None:
         """Compile `generate` with the weights' layouts left to the compiler, keep that program for
@@ -242,32 +146,13 @@ class Decoder:
             rows = min(rows, length + (self.steps_per_call + 1) * st.span)
         return -(-rows // st.page_size)
 
-    @staticmethod
-    def _mask_id(config: ModelConfig, given, method: str) -> int:
-        mask_id = given if given is not None else config.mask_token_id
-        if mask_id is None and method != "ar":   # a released `wedlm` config: its null means 151665
-            try:
-                mask_id = released_mask_token_id(config, "the model config", "mask_token_id=ID")
-            except ConfigError as e:
-                raise DecodeConfigError(str(e)) from None
-        if mask_id is None:
-            if method == "ar":
-                return 0
-            raise DecodeConfigError(
-                f"method {method!r} needs a mask token id: the checkpoint's config has no "
-                "mask_token_id and none was given (pass mask_token_id=... / --mask-token-id)")
-        if not _is_int(mask_id) or not 0 <= int(mask_id) < config.vocab_size:
-            raise DecodeConfigError(f"mask_token_id {mask_id!r} is outside the vocabulary "
-                                    f"[0, {config.vocab_size})")
-        return int(mask_id)
-
     def _make_shardings(self, params):
         mesh, config = self.mesh, self.model_config
         shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
         axes = model_lib.param_logical_axes(config)
         if not self.static.stacked_layers:
             axes = model_lib.unstack_layers(axes, config.num_layers)
-        return dict(params=tree_shardings(axes, shapes, mesh, DEFAULT_RULES))
+        return tree_shardings(axes, shapes, mesh, DEFAULT_RULES)
 
     def _place(self, tree, shardings):
         if all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(tree)):
@@ -347,7 +232,7 @@ class Decoder:
         pb = self.prompt_bucket(len(prompt))
         tokens = np.zeros((1, pb), np.int32)
         tokens[0, :len(prompt)] = prompt
-        kv = self._call(_prefill, self.static, self.params, tokens, np.asarray([n0], np.int32))
+        kv = self._call(programs.prefill, self.static, self.params, tokens, np.asarray([n0], np.int32))
         return Prefix(kv=kv, row=jax.tree.map(jnp.asarray, row))
 
     def start(self, requests) -> DecodeState:
@@ -382,7 +267,7 @@ class Decoder:
         state = host.replace(cache=host.cache.replace(layers=layers))
         state = (jax.tree.map(jnp.asarray, state) if self.mesh is None
                  else self._place(state, self._state_shardings(state)))
-        return self._call(_prefill_into, self.static, self.params, state, tokens, plen)
+        return self._call(programs.prefill_into, self.static, self.params, state, tokens, plen)
 
     def insert(self, prefix: Prefix, state: DecodeState, slot: int) -> DecodeState:
         """Place a prefilled request in `slot` (the state is donated). Dense cache only: a paged
@@ -390,7 +275,7 @@ class Decoder:
         self._check_slot(slot)
         if self.paged:
             raise DecodeConfigError("a paged cache admits requests with prefill_into_slot")
-        return self._call(_insert, self.static, state, prefix, jnp.int32(slot))
+        return self._call(programs.insert, self.static, state, prefix, jnp.int32(slot))
 
     def prefill_into_slot(self, state: DecodeState, request: Request, slot: int, pages,
                           start: int = 0) -> DecodeState:
@@ -417,7 +302,7 @@ class Decoder:
         tokens[0, :len(suffix)] = suffix
         table = np.full((per_seq,), paged.UNMAPPED, np.int32)
         table[:len(pages)] = pages
-        return self._call(_prefill_slot, self.static, self.params, state,
+        return self._call(programs.prefill_slot, self.static, self.params, state,
                           jax.tree.map(jnp.asarray, row), jnp.int32(slot), jnp.asarray(table),
                           jnp.asarray(tokens), jnp.int32(start), jnp.int32(n0),
                           jnp.int32(self.mask_id))
@@ -428,14 +313,14 @@ class Decoder:
         self._check_slot(slot)
         if self.paged:
             return self.unmap(state, [slot])
-        return self._call(_free, self.static, state, jnp.int32(slot))
+        return self._call(programs.free, self.static, state, jnp.int32(slot))
 
     def unmap(self, state: DecodeState, slots) -> DecodeState:
         """Paged cache: `slots` done and their page rows unmapped (before their pages go to
         another request). The state is donated."""
         mask = np.zeros((self.slots,), bool)
         mask[list(slots)] = True
-        return self._call(_unmap, self.static, state, jnp.asarray(mask))
+        return self._call(programs.unmap, self.static, state, jnp.asarray(mask))
 
     def set_page_rows(self, state: DecodeState, rows: dict) -> DecodeState:
         """Paged cache: slot -> its pages in order (mapped as a sequence grows; at most
@@ -449,7 +334,7 @@ class Decoder:
                 raise DecodeConfigError(f"slot {slot}: {len(pages)} pages, more than a sequence's "
                                         f"{per_seq}")
             which[slot], table[slot, :len(pages)] = True, pages
-        return self._call(_set_rows, self.static, state, jnp.asarray(which), jnp.asarray(table))
+        return self._call(programs.set_rows, self.static, state, jnp.asarray(which), jnp.asarray(table))
 
     def copy_pages(self, state: DecodeState, src, dst) -> DecodeState:
         """Paged cache: pages `dst` (global ids) made copies of pages `src`, every layer; at most
@@ -459,7 +344,7 @@ class Decoder:
             raise DecodeConfigError(f"copy_pages takes as many destination pages as source pages, "
                                     f"at most {per_seq}; got {len(src)} and {len(dst)}")
         pad = lambda ids: np.asarray(list(ids) + [paged.UNMAPPED] * (per_seq - len(ids)), np.int32)
-        return self._call(_copy_pages, self.static, state, jnp.asarray(pad(src)),
+        return self._call(programs.copy_pages, self.static, state, jnp.asarray(pad(src)),
                           jnp.asarray(pad(dst)))
 
     def _check_slot(self, slot) -> None:
@@ -502,10 +387,10 @@ class Decoder:
             state, toks, lps, counts, steps = self._generate_compiled(self.params, state, mask_id, run)
         elif idx is not None:
             state, toks, lps, counts, steps = self._call(
-                _generate_live, self.static, self.steps_per_call, self.params, state,
+                programs.generate_live, self.static, self.steps_per_call, self.params, state,
                 jnp.asarray(idx), mask_id, run)
         else:
-            state, toks, lps, counts, steps = self._call(_generate, self.static, self.steps_per_call,
+            state, toks, lps, counts, steps = self._call(programs.generate, self.static, self.steps_per_call,
                                                          self.params, state, mask_id, run)
         toks, lps, counts, steps, done = jax.device_get((toks, lps, counts, steps, state.done))
         return state, ResultTokens(tokens=toks, counts=counts, steps=int(steps), done=done,
@@ -539,8 +424,82 @@ class Decoder:
 
     def step_with_aux(self, state: DecodeState):
         """One step (not donated) with its aux dict: for traces and checks."""
-        return self._call(_one_step, self.static, self.params, state, jnp.int32(self.mask_id))
+        return self._call(programs.one_step, self.static, self.params, state, jnp.int32(self.mask_id))
+
+    # -- ahead of time: the programs from abstract shapes (decode/aot.py, decode/layouts.py)
+    def abstract_args(self, program: str = "generate", *, prompt_len: int | None = None):
+        """The arguments of one of PROGRAMS as ShapeDtypeStructs, laid out as this Decoder lays
+        them out (on its mesh, or on its device): "generate" (params, state, mask_id, run),
+        "prefill" (params, tokens [1, prompt_len], prefill_len [1]), "admit" (the paged
+        admission: params, state, row, slot, pages, tokens [1, prompt_len], start, prefill_len,
+        mask_id)."""
+        if program not in PROGRAMS:
+            raise DecodeConfigError(f"program must be one of {', '.join(PROGRAMS)}, got {program!r}")
+        st, dev = self.static, self.plan.device
+        scalar = jax.ShapeDtypeStruct((), jnp.int32)
+        host = self._host_free()
+        bare = _abstract(host.replace(cache=host.cache.replace(layers=None)))
+        if self.mesh is None:
+            params = model_lib.param_shapes(self.model_config, jnp.dtype(st.dtype))
+            if not st.stacked_layers:
+                params = model_lib.unstack_layers(params, self.model_config.num_layers)
+            params, put = _on(dev, params), lambda tree: _on(dev, tree)
+        else:
+            rep = NamedSharding(self.mesh, P())
+            params = self.params
+            put = lambda tree: jax.tree.map(
+                lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=rep), tree)
+        if program == "prefill":
+            return (params, *put((jax.ShapeDtypeStruct((1, prompt_len), jnp.int32),
+                                  jax.ShapeDtypeStruct((1,), jnp.int32))))
+        state = bare.replace(cache=bare.cache.replace(layers=jax.eval_shape(self._empty_layers)))
+        state = _on(dev, state) if self.mesh is None else self._place(state, self._state_shardings(state))
+        if program == "generate":
+            return (params, state, *put((scalar, scalar)))
+        row = jax.tree.map(lambda x: jax.ShapeDtypeStruct((1,) + x.shape[1:], x.dtype), bare)
+        row, pages, tokens = put((row, jax.ShapeDtypeStruct((st.pages_per_seq,), jnp.int32),
+                                  jax.ShapeDtypeStruct((1, prompt_len), jnp.int32)))
+        s = put(scalar)
+        return params, state, row, s, pages, tokens, s, s, s
+
+    def lower(self, program: str = "generate", *, prompt_len: int | None = None, params=None,
+              auto_weight_layouts: bool = False):
+        """One of PROGRAMS lowered for this Decoder's target from `abstract_args` (`params`: the
+        weights' abstract shapes in place of those, e.g. in given formats). "generate" runs k =
+        steps_per_call steps; with `auto_weight_layouts` its weights' layouts are left to the
+        compiler (decode/layouts.py)."""
+        if program == "admit" and not self.paged:
+            raise DecodeConfigError("the admit program is the paged cache's (a plan with a page size)")
+        args = list(self.abstract_args(program, prompt_len=prompt_len))
+        if params is not None:
+            args[0] = params
+        fn = {"generate": programs.generate, "prefill": programs.prefill,
+              "admit": programs.prefill_slot}[program]
+        statics = (self.static, self.steps_per_call) if program == "generate" else (self.static,)
+        if auto_weight_layouts:
+            if program != "generate":
+                raise DecodeConfigError("auto_weight_layouts is for the generate program")
+            shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
+            fn = jax.jit(programs.generate_loop, static_argnums=(0, 1), donate_argnums=(3,),
+                         in_shardings=(jax.tree.map(lambda x: Format(Layout.AUTO, x.sharding),
+                                                    args[0]), *map(shardings, args[1:])))
+        with jax.default_device(self.plan.device):   # a Mosaic kernel's lowering reads the
+            return self._call(fn.lower, *statics, *args)    # TPU generation from it
+
+    def compile(self, program: str = "generate", compiler_options: dict | None = None, **kw):
+        """`lower(program, **kw)` compiled with `compiler_options`."""
+        with jax.default_device(self.plan.device):
+            return self.lower(program, **kw).compile(compiler_options)
 
 
-__all__ = ["Decoder", "Request", "ResultTokens", "Static", "estimate_memory", "available_memory",
-           "DEFAULT_KV_TILE", "pow2_at_least"]
+def _abstract(tree):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), tree)
+
+
+def _on(device, tree):
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding),
+                        tree)
+
+
+__all__ = ["Decoder", "Request", "ResultTokens", "PROGRAMS", "pow2_at_least"]

@@ -1,4 +1,4 @@
-"""The weights in the layouts the compiled decode step asks for (issue 21).
+"""The weights in the layouts the compiled decode step asks for.
 
 A weight loaded from a checkpoint is row-major. On TPU that is not the compiler's tile order for
 every weight, and a program that takes row-major weights copies them into its own order inside
@@ -27,7 +27,6 @@ are: jit follows a committed argument's layout, so they read them without a copy
 from __future__ import annotations
 
 import jax
-from jax.experimental.layout import Format, Layout
 
 from decode.config import WEIGHT_LAYOUTS
 
@@ -80,20 +79,11 @@ def choose(decoder, compiler_options: dict | None = None):
     the compiler, under `step_options` (with `compiler_options` over them, e.g.
     `wedlm_jax.compiled.estimate_options` for a program compiled to be costed); returns (compiled
     program, the weights' formats as a pytree of Format, the options it was compiled with)."""
-    from decode.aot import abstract_args
-    from decode.programs import _generate_loop
-    dev = decoder.mesh.devices.flat[0] if decoder.mesh is not None else jax.local_devices()[0]
+    dev = decoder.plan.device
     home = jax.sharding.SingleDeviceSharding(dev)
     params = jax.tree.map(lambda x: _abstract(x, home), decoder.params)
-    _, state, mask_id, run = abstract_args(decoder, dev)
-    shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
-    fn = jax.jit(_generate_loop, static_argnums=(0, 1), donate_argnums=(3,),
-                 in_shardings=(jax.tree.map(lambda x: Format(Layout.AUTO, x.sharding), params),
-                               shardings(state), mask_id.sharding, run.sharding))
     options = step_options(dev, compiler_options)
-    with jax.default_device(dev):   # a Mosaic kernel's lowering reads the TPU generation from it
-        compiled = decoder._call(fn.lower, decoder.static, decoder.steps_per_call, params, state,
-                                 mask_id, run).compile(options)
+    compiled = decoder.compile("generate", options, params=params, auto_weight_layouts=True)
     return compiled, compiled.input_formats[0][0], options
 
 

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from decode.programs import Static
 
 
-def _gib(x: float) -> str:
+def gib(x: float) -> str:
     return f"{x / 2**30:.2f} GiB"
 
 

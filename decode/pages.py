@@ -1,4 +1,4 @@
-"""The host side of the paged KV cache (issue 25): which pages of the pool each sequence holds,
+"""The host side of the paged KV cache: which pages of the pool each sequence holds,
 and which full prompt pages can be shared by a later request with the same prefix.
 
     pool = PagePool(num_pages, page_size)

@@ -2,19 +2,19 @@
 of the static settings (`Static`, hashable: Decoders with equal settings share the programs) and
 of donated state.
 
-    _prefill        one prompt's K/V (batch 1, dense) for `insert`
-    _prefill_into   every slot's prompt straight into the state's cache (the static batch)
-    _insert         a prefilled request into a slot
-    _prefill_slot   paged cache: a prompt's rows from `start` on written straight into the pool
+    prefill        one prompt's K/V (batch 1, dense) for `insert`
+    prefill_into   every slot's prompt straight into the state's cache (the static batch)
+    insert         a prefilled request into a slot
+    prefill_slot   paged cache: a prompt's rows from `start` on written straight into the pool
                     through the slot's page row, and the slot's fields set (no dense copy; the
                     rows before `start` are a reused prefix)
-    _free / _unmap  a slot done (and, paged, its page row unmapped: its pages may go to another)
-    _set_rows       paged cache: slots' page rows replaced (pages mapped as a sequence grows)
-    _copy_pages     paged cache: pages made copies of others (a prefix cached in another shard)
-    _generate       up to k steps of every slot in one `lax.while_loop`
-    _generate_live  paged cache: the same over a live-slot bucket (the live slots gathered,
+    free / unmap  a slot done (and, paged, its page row unmapped: its pages may go to another)
+    set_rows       paged cache: slots' page rows replaced (pages mapped as a sequence grows)
+    copy_pages     paged cache: pages made copies of others (a prefix cached in another shard)
+    generate       up to k steps of every slot in one `lax.while_loop`
+    generate_live  paged cache: the same over a live-slot bucket (the live slots gathered,
                     stepped, scattered back; one program per power-of-two bucket)
-    _one_step       one step with its aux (traces, checks)
+    one_step       one step with its aux (traces, checks)
 
 Dense cache: layers {'k', 'v'} [L, B, R, KVH, D]. Paged cache: layers {'pool': [L * P, page,
 2 KVH, D], 'table': [B, pages_per_seq]} (wedlm_jax.paged_attention); the model's cache mode
@@ -85,7 +85,7 @@ class Static:
 STEPS = {"streaming": window_step, "block": window_step, "ar": ar_step, "verified": verified_step}
 
 
-def _forward(static: Static):
+def network(static: Static):
     """The network in cache mode: (params, tokens, positions, cache layers, n) -> (logits, layers).
     Cache attention reads only the cache tiles holding live keys (`kv_tile` rows each)."""
     model = model_lib.Transformer(static.config, dtype=jnp.dtype(static.dtype),
@@ -117,13 +117,13 @@ def _constrain_state(static: Static, st):
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
-def _prefill(static: Static, params, tokens, prefill_len):
+def prefill(static: Static, params, tokens, prefill_len):
     """K/V of rows 0..prefill_len-1 of one prompt ([1, Pb] tokens) in chunks; the trip count
     ceil(prefill_len / chunk) is a runtime value; the last chunk's start is pulled back inside the
     buffer (recomputing final rows gives the same values)."""
     pb = tokens.shape[1]
     chunk = min(static.prefill_chunk, pb)
-    forward = _forward(static)
+    forward = network(static)
     kv = model_lib.init_kv_cache(static.config, 1, pb, jnp.dtype(static.dtype))
 
     def body(k, kv):
@@ -137,12 +137,12 @@ def _prefill(static: Static, params, tokens, prefill_len):
 
 
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
-def _prefill_into(static: Static, params, state: DecodeState, tokens, prefill_len):
+def prefill_into(static: Static, params, state: DecodeState, tokens, prefill_len):
     """Every slot's prompt K/V (rows 0..prefill_len[b]-1, tokens [B, Pb]) written straight into
     the state's cache in chunks: the static-batch prefill (`Decoder.start`)."""
     pb = tokens.shape[1]
     chunk = min(static.prefill_chunk, pb)
-    forward = _forward(static)
+    forward = network(static)
     b = tokens.shape[0]
 
     def body(k, layers):
@@ -158,7 +158,7 @@ def _prefill_into(static: Static, params, state: DecodeState, tokens, prefill_le
 
 
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(1,))
-def _insert(static: Static, state: DecodeState, prefix: Prefix, slot):
+def insert(static: Static, state: DecodeState, prefix: Prefix, slot):
     """Write a prefilled request into `slot`: its K/V rows 0..Pb-1 and its row of every field."""
     axes = model_lib.kv_cache_logical_axes(static.config)
 
@@ -175,20 +175,20 @@ def _insert(static: Static, state: DecodeState, prefix: Prefix, slot):
 
 
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(1,))
-def _free(static: Static, state: DecodeState, slot):
+def free(static: Static, state: DecodeState, slot):
     return state.replace(done=state.done.at[slot].set(True))
 
 
-def _generate_loop(static: Static, k: int, params, state: DecodeState, mask_id, run):
+def generate_loop(static: Static, k: int, params, state: DecodeState, mask_id, run):
     """Up to `run` (a runtime value <= k) steps of every slot. Returns (state, tokens [B, k, E],
     their TokenLogProbs [B, k, E, ..], counts [B, k], steps run).
 
     The loop also ends once every slot that came in live with nothing emitted yet (a request
     just admitted) has emitted its first tokens or finished: those tokens go back to the host
     then, not after the rest of the k steps (a request's time to first token is its prefill
-    plus the steps that make its first commit, issue 25)."""
+    plus the steps that make its first commit)."""
     step = STEPS[static.spec.method]
-    forward = _forward(static)
+    forward = network(static)
     b, e = static.slots, static.spec.emit_width
     fresh = ~state.done & (state.count == 0)
 
@@ -214,17 +214,17 @@ def _generate_loop(static: Static, k: int, params, state: DecodeState, mask_id, 
     return state, toks, lps, counts, i
 
 
-_generate = functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))(_generate_loop)
+generate = functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))(generate_loop)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))
-def _generate_live(static: Static, k: int, params, state: DecodeState, idx, mask_id, run):
-    """Paged cache: `_generate` over the slots `idx` [b] alone (b < slots, a live-slot bucket:
+def generate_live(static: Static, k: int, params, state: DecodeState, idx, mask_id, run):
+    """Paged cache: `generate` over the slots `idx` [b] alone (b < slots, a live-slot bucket:
     the live slots padded with free ones, no slot twice): their rows gathered, stepped with the
     shared pool, and scattered back; the other slots are left as they are. Outputs as
-    `_generate`'s, [B, ..] (zeros in the slots not stepped). A step depends only on its own row
+    `generate`'s, [B, ..] (zeros in the slots not stepped). A step depends only on its own row
     (its tokens, its cache rows through its page row, its seed and step count), so the gathered
-    slots emit what the full batch would; a step computes b rows instead of B (issue 25: a lone
+    slots emit what the full batch would; a step computes b rows instead of B (a lone
     request after a reused prefix no longer pays for the idle slots)."""
     layers = state.cache.layers
     bare = lambda st: st.replace(cache=st.cache.replace(layers=None))
@@ -232,7 +232,7 @@ def _generate_live(static: Static, k: int, params, state: DecodeState, idx, mask
     sub = sub.replace(cache=sub.cache.replace(
         layers={"pool": layers["pool"], "table": layers["table"][idx]}))
     sub_static = dataclasses.replace(static, slots=idx.shape[0])
-    sub, toks, lps, counts, i = _generate_loop(sub_static, k, params, sub, mask_id, run)
+    sub, toks, lps, counts, i = generate_loop(sub_static, k, params, sub, mask_id, run)
     rest = jax.tree.map(lambda full, part: full.at[idx].set(part), bare(state), bare(sub))
     table = layers["table"].at[idx].set(sub.cache.layers["table"])
     state = rest.replace(cache=rest.cache.replace(
@@ -243,10 +243,10 @@ def _generate_live(static: Static, k: int, params, state: DecodeState, idx, mask
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
-def _one_step(static: Static, params, state: DecodeState, mask_id):
+def one_step(static: Static, params, state: DecodeState, mask_id):
     """One step with its aux (the trace and the cache-consistency checks)."""
     new, emitted, emitted_lps, k_emit, aux = STEPS[static.spec.method](
-        _forward(static), params, state, static.spec, mask_id)
+        network(static), params, state, static.spec, mask_id)
     return new, dict(aux, emitted_tokens=emitted, emitted_lps=emitted_lps, emitted_count=k_emit)
 
 
@@ -279,7 +279,7 @@ def _behind_suffix(forward, tokens, start, suffix_len):
 
 
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
-def _prefill_slot(static: Static, params, state: DecodeState, row: DecodeState, slot, pages,
+def prefill_slot(static: Static, params, state: DecodeState, row: DecodeState, slot, pages,
                   tokens, start, prefill_len, mask_id):
     """Paged cache: set `slot`'s page row to `pages` [pages_per_seq], compute rows start ..
     prefill_len-1 of its prompt in chunks straight into the pool (tokens [1, Pb]: the prompt from
@@ -292,7 +292,7 @@ def _prefill_slot(static: Static, params, state: DecodeState, row: DecodeState, 
     last chunk (`_behind_suffix`): one pass over the weights less per admission."""
     pb = tokens.shape[1]
     chunk = min(static.prefill_chunk, pb)
-    forward = _forward(static)
+    forward = network(static)
     table = state.cache.layers["table"].at[slot].set(pages)
 
     def body(k, pool):
@@ -322,7 +322,7 @@ def _prefill_slot(static: Static, params, state: DecodeState, row: DecodeState, 
 
 
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(1,))
-def _copy_pages(static: Static, state: DecodeState, src, dst):
+def copy_pages(static: Static, state: DecodeState, src, dst):
     """Paged cache: pages `dst` [pages_per_seq] (global ids, -1 padding) made copies of pages `src`
     in every layer (a prefix cached in another slot shard's pool)."""
     c = static.config
@@ -332,7 +332,7 @@ def _copy_pages(static: Static, state: DecodeState, src, dst):
 
 
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(1,))
-def _unmap(static: Static, state: DecodeState, slots):
+def unmap(static: Static, state: DecodeState, slots):
     """Paged cache: the slots where `slots` [B] is True are done and their page rows unmapped, so
     the forwards that still run over them write nothing into pages handed to others."""
     table = jnp.where(slots[:, None], paged.UNMAPPED, state.cache.layers["table"])
@@ -341,7 +341,7 @@ def _unmap(static: Static, state: DecodeState, slots):
 
 
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(1,))
-def _set_rows(static: Static, state: DecodeState, which, table):
+def set_rows(static: Static, state: DecodeState, which, table):
     """Paged cache: the page rows of the slots where `which` [B] is True set to `table`'s rows
     ([B, pages_per_seq]): pages mapped as sequences grow (decode.batching)."""
     old = state.cache.layers["table"]
@@ -351,6 +351,6 @@ def _set_rows(static: Static, state: DecodeState, which, table):
 
 def compiled_count() -> int:
     """How many programs the decoder's jitted functions hold (jax's cache; a compile-once check)."""
-    return sum(f._cache_size() for f in (_prefill, _prefill_into, _insert, _free, _generate,
-                                         _generate_live, _one_step, _prefill_slot, _unmap,
-                                         _set_rows, _copy_pages))
+    return sum(f._cache_size() for f in (prefill, prefill_into, insert, free, generate,
+                                         generate_live, one_step, prefill_slot, unmap,
+                                         set_rows, copy_pages))

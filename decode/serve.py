@@ -1,4 +1,4 @@
-"""wedlm-serve: an OpenAI-compatible HTTP server over the continuous batcher (issue 13 item 5).
+"""wedlm-serve: an OpenAI-compatible HTTP server over the continuous batcher.
 
     wedlm-serve --checkpoint DIR [--host 127.0.0.1 --port 8000 --slots 16 --method streaming
                                   --window 16 --api-key KEY]
@@ -113,6 +113,8 @@ def load_decoder(args):
     """(Decoder, tokenizer, ServerConfig) from parsed arguments; reads the checkpoint."""
     from decode.checkpoint import OpenCheckpoint
     from decode.decoder import Decoder
+    from decode.plan import door_plan
+    from wedlm_jax.model import layers_stacked
 
     opts = DoorOptions.from_args(args)
     placement = opts.placement
@@ -124,8 +126,10 @@ def load_decoder(args):
     if len(stops) > MAX_STOP_IDS:
         raise DecodeConfigError(f"the checkpoint's default stops are {len(stops)} ids, more than {MAX_STOP_IDS}")
     config, params, mesh = ckpt.load()
-    decoder = Decoder(params, config, mesh=mesh, top_logprobs=args.max_logprobs,
-                      **opts.decoder_kwargs(args.capacity, ckpt.mask_token_id))
+    decoder = Decoder(params, door_plan(opts, config, capacity=args.capacity, mesh=mesh,
+                                        mask_token_id=ckpt.mask_token_id,
+                                        top_logprobs=args.max_logprobs,
+                                        stacked_params=layers_stacked(params)))
     name = args.model_name or os.path.basename(os.path.normpath(args.checkpoint))
     cfg = ServerConfig(model_name=name, capacity=decoder.capacity, vocab_size=config.vocab_size,
                        default_stop_ids=stops, defaults=opts.sampling, api_key=args.api_key,

@@ -15,8 +15,8 @@ streaming  Each step, per row, with committed length `n` (cache rows 0..n-1 fina
              4. fill: entropy H_i of each remaining mask slot, d_i = i - (index of the first
                 remaining mask), fill all with H_i + lam * d_i < tau, else the argmin; tokens come
                 from the mask slot's own logits (greedy at temperature 0);
-             5. slide: drop the c committed slots; with refill 'after' (SPEC order) masks are
-                appended now, up to W. Never past the row's budget min(prompt + max_new_tokens,
+             5. slide: drop the c committed slots; with refill 'after' (docs/algorithm.md's
+                order) masks are appended now, up to W. Never past the row's budget min(prompt + max_new_tokens,
                 capacity).
 block      The same step with commit restricted to "all slots of the block filled".
 ar         Cached next-token decoding (AR reading of the same network).
@@ -44,8 +44,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from decode.config import DecodeConfig, DecodeConfigError, Sampling, check_prompts
-from decode.decoder import DEFAULT_KV_TILE, Decoder, Request, compiled_count, pow2_at_least
+from decode.config import (DecodeConfig, DecodeConfigError, EngineOptions, Method, Placement,
+                           Sampling, check_prompts)
+from decode.decoder import Decoder, Request, compiled_count, pow2_at_least
+from decode.plan import make_plan
+from wedlm_jax import model as model_lib
 from wedlm_jax.config import ModelConfig
 
 MIN_CAPACITY_BUCKET = 64
@@ -119,8 +122,8 @@ def _requests(prompts, dc: DecodeConfig, capacity: int) -> list[Request | None]:
 
 def static_decoder(params, model_config: ModelConfig, num_prompts: int, dc: DecodeConfig,
                    capacity: int, longest_budget: int, *, mesh=None, mask_token_id=None,
-                   kv_tile: int = DEFAULT_KV_TILE, dtype=jnp.float32,
-                   allow_long: bool = False, attention: str = "tiled") -> Decoder:
+                   kv_tile: int = Placement().kv_tile, dtype=jnp.float32,
+                   allow_long: bool = False, attention: str = Placement().attention) -> Decoder:
     """The Decoder a static batch runs on: slots and capacity rounded up to buckets (one compile
     per bucket), the window limited to the longest row budget (no forward wider than the most
     tokens a row can still produce)."""
@@ -137,15 +140,17 @@ def static_decoder(params, model_config: ModelConfig, num_prompts: int, dc: Deco
         multiple = int(mesh.shape.get("data", 1)) * int(mesh.shape.get("fsdp", 1))
     # verified windows start at the pending token (position P - 1): one slot more than the budget
     window = max(1, min(dc.window, longest_budget + (dc.method == "verified")))
-    return Decoder(params, model_config, method=dc.method, window=window, refill=dc.refill,
-                   slots=batch_bucket(num_prompts, multiple), capacity=capacity_bucket(capacity),
-                   steps_per_call=STATIC_STEPS_PER_CALL, dtype=dtype, mesh=mesh,
-                   mask_token_id=mask_token_id, kv_tile=kv_tile, prefill_chunk=dc.prefill_chunk,
-                   sampling=not dc.greedy, allow_long=True, attention=attention)
+    engine = EngineOptions(**Method.pick(dc), slots=batch_bucket(num_prompts, multiple),
+                           capacity=capacity_bucket(capacity), steps_per_call=STATIC_STEPS_PER_CALL,
+                           allow_long=True).replace(window=window)
+    placement = Placement(dtype=jnp.dtype(dtype).name, attention=attention, kv_tile=kv_tile)
+    return Decoder(params, make_plan(model_config, engine, placement, mesh=mesh,
+                                     mask_token_id=mask_token_id, sampling=not dc.greedy,
+                                     stacked_params=model_lib.layers_stacked(params)))
 
 
 def _setup(params, model_config, prompts, dc, capacity, mesh, mask_token_id, kv_tile, dtype,
-           allow_long=False, decoder=None, attention="tiled"):
+           allow_long=False, decoder=None, attention=Placement().attention):
     if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
         raise DecodeConfigError(f"capacity must be an int >= 1, got {capacity!r}")
     if isinstance(kv_tile, bool) or not isinstance(kv_tile, int) or kv_tile < 1:
@@ -172,10 +177,10 @@ def _setup(params, model_config, prompts, dc, capacity, mesh, mask_token_id, kv_
 
 def generate(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]],
              decode_config: DecodeConfig, *, capacity: int | None = None, mesh=None,
-             mask_token_id: int | None = None, kv_tile: int = DEFAULT_KV_TILE,
+             mask_token_id: int | None = None, kv_tile: int = Placement().kv_tile,
              dtype=jnp.float32, tokenizer=None, on_commit: Callable | None = None,
              allow_long: bool = False, decoder: Decoder | None = None,
-             attention: str = "tiled") -> DecodeResult:
+             attention: str = Placement().attention) -> DecodeResult:
     """Decode every prompt (token-id lists) as one static batch on a Decoder; see the module
     docstring.
 
@@ -263,7 +268,7 @@ def _collect(tokens, host, requests, dc: DecodeConfig, wall, compile_s, iteratio
 
 def trace_steps(params, model_config: ModelConfig, prompts, decode_config: DecodeConfig, *,
                 capacity: int | None = None, mask_token_id: int | None = None,
-                kv_tile: int = DEFAULT_KV_TILE, dtype=jnp.float32, max_steps: int = 10_000):
+                kv_tile: int = Placement().kv_tile, dtype=jnp.float32, max_steps: int = 10_000):
     """Debug hook: the same prefill and step functions, one jitted step at a time from a host loop.
     Returns (steps, final) where steps is a list of host dicts (the step's aux: fed tokens,
     positions, logits in physical order, n, live, wlen, commit) and final holds the state arrays

@@ -20,7 +20,7 @@ cache-consistency checks. An emitted token's log-probability is that of the forw
 (streaming and block: the step that filled its slot, carried in the window; AR and verified: the AR
 reading of this step's forward; docs/algorithm.md §6).
 
-Refill orders. 'after' (SPEC steps 1-5): the forward holds the window of W slots; tokens per
+Refill orders. 'after' (docs/algorithm.md §3, steps 1-5): the forward holds the window of W slots; tokens per
 forward top out at W/2 (every token spends one forward as a mask, one as a filled slot). 'before'
 (Tencent/WeDLM `_refill_window_masks`): the c slots about to be committed stay in the forward and
 c masks are appended behind the window, so the forward holds W + c <= 2W slots and tokens per

@@ -1,6 +1,6 @@
-"""A picture of decoding (issue 5 item 4): each step's window, slot by slot, in logical order.
+"""A picture of decoding: each step's window, slot by slot, in logical order.
 
-    steps = trace_view(trace, final, row, method, mask_id)   # from decode.static_batch.trace_steps
+    steps = trace_view(trace, final, row, method)   # from decode.static_batch.trace_steps
     write_trace("trace.html", [view], tokenizer, title=...)  # or "trace.png" (needs matplotlib)
 
 Per step and window slot (logical positions n, n+1, ...) the state is one of
@@ -76,7 +76,7 @@ def _entropy(logits: np.ndarray) -> np.ndarray:
     return np.log(z) - (e * x).sum(axis=-1) / z
 
 
-def trace_view(trace: Sequence[dict], final: dict, row: int, method: str, mask_id: int) -> list[dict]:
+def trace_view(trace: Sequence[dict], final: dict, row: int, method: str) -> list[dict]:
     """The steps of one batch row as dicts: step, n, commit, slots (logical order) with pos, state,
     token (None where masked), phys (index in the forward) and entropy (nats)."""
     if method not in DRAWN_METHODS:

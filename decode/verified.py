@@ -1,4 +1,4 @@
-"""Verified streaming decoding (issue 7): streaming drafts, AR-verified commits.
+"""Verified streaming decoding: streaming drafts, AR-verified commits.
 
     generate(params, config, prompts, DecodeConfig(method="verified", window=16, tau=0.4, lam=0.02))
 

@@ -1,4 +1,4 @@
-"""Data for the demo model (issue 20), made here; nothing is downloaded.
+"""Data for the demo model, made here; nothing is downloaded.
 
     python -m demo.data --out data/demo [--force] [--vocab-size 512] [--train-mb 12]
                         [--mix counting=0.5,arith=0.24,lists=0.09,records=0.09,code=0.08]

@@ -22,7 +22,7 @@ from decode.cost import ceiling
 from demo.eval import (DEMO_MODEL, DemoModelError, REGIMES, check_model, decode_side_by_side,
                        quality)
 
-# The demo's decoding defaults, picked from the measurements in BENCHMARKS.md (issue 5).
+# The demo's decoding defaults, picked from the measurements in BENCHMARKS.md.
 WINDOW, TAU, LAM = 8, 0.6, 0.02
 METHODS = ("streaming", "verified", "block", "ar")
 REGIME_ORDER = ("counting", "arith", "records", "code")
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
         print(f"  {kind:<9} streaming {r[7]:.2f}x AR = {100 * r[7] / ceil:.0f}% of the ceiling; "
               f"{r[4]:.2f} tokens per forward = {100 * r[4] / args.window:.0f}% of the cap {args.window}")
     print("\ntok/fwd = tokens per forward; p_cache = tokens emitted / token slots computed; "
-          "vs AR = this method's tokens/s over AR's (the wall-clock ratio for equal output).\nBENCHMARKS.md (issue 5) has the sweeps: "
+          "vs AR = this method's tokens/s over AR's (the wall-clock ratio for equal output).\nBENCHMARKS.md has the sweeps: "
           "python -m benchmarks.demo_experiments all")
     return 0
 

@@ -1,4 +1,4 @@
-"""The demo's generated tasks (issue 20): text a small model can master and that can be checked
+"""The demo's generated tasks: text a small model can master and that can be checked
 exactly, centred on what shows WeDLM's parallelism.
 
 Every task draws one document (training) or one problem (held out) from a seed, so the training

@@ -13,7 +13,8 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from decode.config import DecodeConfig, DecodeConfigError, check_prompts, resolve_mask_token
+from decode.config import DecodeConfig, DecodeConfigError, check_prompts
+from decode.plan import mask_id_for
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.model import Transformer
 
@@ -59,7 +60,7 @@ def reference_generate(params, model_config: ModelConfig, prompts, decode_config
     if not dc.greedy:
         raise DecodeConfigError("the reference implementation is greedy only (temperature 0), "
                                 f"got temperature {dc.temperature}")
-    mask_id = resolve_mask_token(model_config.mask_token_id, mask_token_id, dc.method)
+    mask_id = mask_id_for(model_config, mask_token_id, dc.method)
     prompts = check_prompts(prompts, model_config.vocab_size, capacity)
     if capacity is None:
         capacity = max(len(p) for p in prompts) + dc.max_new_tokens

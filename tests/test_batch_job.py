@@ -190,7 +190,7 @@ def test_a_request_the_engine_fails_on_is_an_error_result_and_the_job_goes_on(ck
 
 
 def test_input_honours_refill_prefill_chunk_and_sampling_order(ckpt, tmp_path, capsys, monkeypatch):
-    """Issue 23: --refill, --prefill-chunk and --allow-long reach the batch job's Decoder, and
+    """--refill, --prefill-chunk and --allow-long reach the batch job's Decoder, and
     --sampling-order (or a line's own `sampling_order`) its requests; greedy results equal
     generate() with the same settings."""
     from decode import decoder as decoder_lib
@@ -198,9 +198,9 @@ def test_input_honours_refill_prefill_chunk_and_sampling_order(ckpt, tmp_path, c
     made, seen = [], []
     real_init = decoder_lib.Decoder.__init__
 
-    def spy_init(self, *a, **kw):
-        made.append(kw)
-        real_init(self, *a, **kw)
+    def spy_init(self, params, plan):
+        made.append(plan)
+        real_init(self, params, plan)
     real_check = decoder_lib.Decoder.check_request
 
     def spy_check(self, req):
@@ -215,8 +215,8 @@ def test_input_honours_refill_prefill_chunk_and_sampling_order(ckpt, tmp_path, c
     assert cli.main(["--checkpoint", path, "--input", src, "--output", str(out), "--window", str(WINDOW),
                      "--capacity", str(CAPACITY), "--refill", "after", "--prefill-chunk", "16",
                      "--sampling-order", "temper_first", "--no-default-stops"]) == 0, capsys.readouterr().err
-    assert made[-1]["refill"] == "after" and made[-1]["prefill_chunk"] == 16
-    assert made[-1]["allow_long"] is False
+    assert made[-1].refill == "after" and made[-1].static.prefill_chunk == 16
+    assert made[-1].capacity == CAPACITY
     tok = load_tokenizer(path)
     assert dict(seen) == {len(tok.encode("one two three")): "temper_first",
                           len(tok.encode("the cat")): "filter_first"}

@@ -14,6 +14,7 @@ import threading
 import numpy as np
 import pytest
 
+from tests import plans
 from decode.batching import Batcher
 from decode.config import DecodeConfig, DecodeConfigError
 from decode.decoder import Decoder, Request
@@ -71,7 +72,7 @@ def _run_batcher(batcher, requests, rng=None):
                                             ("verified", "before"), ("ar", "after")])
 def test_greedy_equals_alone_under_random_arrivals(params, method, refill):
     requests = _requests(14, seed=1)
-    dec = Decoder(params, CONFIG, method=method, window=4, refill=refill, slots=4, capacity=CAP,
+    dec = plans.decoder(params, CONFIG, method=method, window=4, refill=refill, slots=4, capacity=CAP,
                   steps_per_call=3, kv_tile=TILE, sampling=False)
     got = _run_batcher(Batcher(dec), requests, random.Random(2))
     for i, r in enumerate(requests):
@@ -93,7 +94,7 @@ def test_a_decoder_holding_one_weight_tree_per_layer_gives_the_same_tokens(param
     monkeypatch.setattr(layouts, "layers_stacked", lambda platform: False)
     requests = _requests(5, seed=3)
     for page_size in (0, 8):
-        dec = Decoder(params, CONFIG, window=4, slots=3, capacity=CAP, steps_per_call=3,
+        dec = plans.decoder(params, CONFIG, window=4, slots=3, capacity=CAP, steps_per_call=3,
                       kv_tile=TILE, sampling=False, page_size=page_size)
         assert not dec.static.stacked_layers and "layer_1" in dec.params and "layers" not in dec.params
         got = _run_batcher(Batcher(dec), requests, random.Random(4))
@@ -118,11 +119,11 @@ def test_a_checkpoint_opened_for_gpu_is_loaded_one_tree_per_layer(tmp_path, monk
     monkeypatch.setattr(layouts, "layers_stacked", lambda platform: False)
     _, per_layer, _ = OpenCheckpoint.open(folder).load()
     assert "layers" in stacked and "layer_1" in per_layer and "layers" not in per_layer
-    dec = Decoder(per_layer, config, window=4, slots=2, capacity=CAP, kv_tile=TILE, sampling=False)
+    dec = plans.decoder(per_layer, config, window=4, slots=2, capacity=CAP, kv_tile=TILE, sampling=False)
     assert not dec.static.stacked_layers
     assert all(a is b for a, b in zip(jax.tree.leaves(dec.params), jax.tree.leaves(per_layer)))
     monkeypatch.undo()
-    ref = Decoder(stacked, config, window=4, slots=2, capacity=CAP, kv_tile=TILE, sampling=False)
+    ref = plans.decoder(stacked, config, window=4, slots=2, capacity=CAP, kv_tile=TILE, sampling=False)
     assert ref.static.stacked_layers
     reqs = [Request(prompt=(5, 6, 7), max_new_tokens=12, tau=0.3),
             Request(prompt=(9, 3), max_new_tokens=9, tau=0.3)]
@@ -135,7 +136,7 @@ def test_a_call_ends_when_a_new_request_has_its_first_tokens(params):
     """`generate` runs its k steps while every live slot has emitted before; with a request just
     inserted it ends at the step of that request's first commit (the step before emitted nothing
     for it), so the first tokens reach the host then; the running slot's tokens are unchanged."""
-    dec = Decoder(params, CONFIG, method="streaming", window=4, slots=2, capacity=CAP,
+    dec = plans.decoder(params, CONFIG, method="streaming", window=4, slots=2, capacity=CAP,
                   steps_per_call=8, kv_tile=TILE, sampling=False)
     long = Request(prompt=(5, 6, 7), max_new_tokens=50, tau=0.3)
     state = dec.start([long, None])
@@ -158,7 +159,7 @@ def test_a_call_ends_when_a_new_request_has_its_first_tokens(params):
 
 def test_sampled_depends_only_on_own_seed(params):
     requests = _requests(10, seed=3, sampled=True)
-    dec = Decoder(params, CONFIG, window=4, slots=4, capacity=CAP, steps_per_call=2, kv_tile=TILE)
+    dec = plans.decoder(params, CONFIG, window=4, slots=4, capacity=CAP, steps_per_call=2, kv_tile=TILE)
     a = _run_batcher(Batcher(dec), requests, random.Random(4))
     b = _run_batcher(Batcher(dec), requests[::-1], random.Random(5))
     n = len(requests)
@@ -170,7 +171,7 @@ def test_sampled_depends_only_on_own_seed(params):
 
 
 def test_cancel_frees_the_slot_and_no_slot_leaks(params):
-    dec = Decoder(params, CONFIG, window=4, slots=4, capacity=CAP, steps_per_call=2, kv_tile=TILE,
+    dec = plans.decoder(params, CONFIG, window=4, slots=4, capacity=CAP, steps_per_call=2, kv_tile=TILE,
                   sampling=False)
     batcher = Batcher(dec)
     finished = []
@@ -208,7 +209,7 @@ def test_two_decoders_in_two_threads(params):
     results = {}
 
     def work(name, method):
-        dec = Decoder(params, CONFIG, method=method, window=4, slots=2, capacity=CAP,
+        dec = plans.decoder(params, CONFIG, method=method, window=4, slots=2, capacity=CAP,
                       steps_per_call=2, kv_tile=TILE, sampling=False)
         results[name] = _run_batcher(Batcher(dec), requests)
 
@@ -221,7 +222,7 @@ def test_two_decoders_in_two_threads(params):
 
 
 def test_bad_requests_and_settings_named(params):
-    dec = Decoder(params, CONFIG, window=4, slots=2, capacity=CAP, kv_tile=TILE, sampling=False)
+    dec = plans.decoder(params, CONFIG, window=4, slots=2, capacity=CAP, kv_tile=TILE, sampling=False)
     # a Request's own settings are checked when it is made, the rest against the Decoder at submit
     cases = [(dict(prompt=()), "prompt"), (dict(prompt=(1, 99)), "token id 99"),
              (dict(prompt=(1,) * 65), "longer than the capacity 64"),
@@ -240,4 +241,4 @@ def test_bad_requests_and_settings_named(params):
                       (dict(capacity=4096), "max_position_embeddings"),
                       (dict(method="beam"), "method 'beam' is unknown")]:
         with pytest.raises(DecodeConfigError, match=words):
-            Decoder(params, CONFIG.replace(max_position_embeddings=2048), **{"capacity": CAP, **kw})
+            plans.decoder(params, CONFIG.replace(max_position_embeddings=2048), **{"capacity": CAP, **kw})

@@ -16,6 +16,7 @@ import jax
 import numpy as np
 import pytest
 
+from tests import plans
 from decode import sampling
 from decode.config import DecodeConfig, DecodeConfigError
 from decode.config import DecodeConfig as _DecodeConfig
@@ -289,7 +290,7 @@ def test_bad_inputs_fail_before_compiling(params):
     with pytest.raises(DecodeConfigError, match="refill 'sideways' is unknown; allowed: before, after"):
         DecodeConfig(refill="sideways")
     with pytest.raises(DecodeConfigError, match="decoding needs ~.* GiB"):
-        Decoder(params, CONFIG, slots=4, capacity=64, memory_limit_bytes=1000)
+        plans.decoder(params, CONFIG, slots=4, capacity=64, memory_limit_bytes=1000)
     assert compiled_count() == before
     # a checkpoint without a mask id still decodes AR, or anything once a mask id is given
     ar = generate(params, no_mask, PROMPTS, DecodeConfig(method="ar", max_new_tokens=4),
@@ -306,7 +307,7 @@ def test_chunked_prefill_equals_one_shot(params):
     prompt = tuple(int(t) for t in rng.integers(0, 63, 125))
     kv = {}
     for chunk in (7, 128):
-        dec = Decoder(params, CONFIG, window=4, slots=1, capacity=128, kv_tile=TILE,
+        dec = plans.decoder(params, CONFIG, window=4, slots=1, capacity=128, kv_tile=TILE,
                       prefill_chunk=chunk)
         kv[chunk] = dec.prefill(Request(prompt=prompt, max_new_tokens=2)).kv
     worst = 0.0

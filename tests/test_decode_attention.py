@@ -12,6 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests import plans
+
 from wedlm_jax import attention, attention_backends as ab, cache_attention as ca
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.model import Transformer, init_kv_cache, param_shapes
@@ -215,8 +217,8 @@ def test_decoder_picks_the_pallas_tile_for_its_device():
     # CPU: no compute capability, so the smallest budget (101,376 B): 128-row prefill chunk x 4
     # query heads = 512 query rows (131,072 B for the query block alone) leave no tile
     with pytest.raises(Exception, match="shared memory"):
-        Decoder(params, c, prefill_chunk=128, **kw)
-    dec = Decoder(params, c, prefill_chunk=16, **kw)   # the window's 32 slots x 4 = 128 rows
+        plans.decoder(params, c, prefill_chunk=128, **kw)
+    dec = plans.decoder(params, c, prefill_chunk=16, **kw)   # the window's 32 slots x 4 = 128 rows
     assert dec.static.kv_tile == ca.pallas_tile(256, 128, 128, 2, ca.smem_limit(None)) == 64
 
 

@@ -37,14 +37,15 @@ SCRIPT = textwrap.dedent('''
     # continuous batching on the mesh: 6 requests through 2 slots (one per data shard), inserted
     # into the sharded state as slots free; every request equals its own one-device decode
     from decode.batching import Batcher
-    from decode.decoder import Decoder, Request
+    from decode.decoder import Request
+    from tests import plans
     reqs = [Request(prompt=tuple(p), max_new_tokens=n, tau=2.5, lam=0.05)
             for p, n in zip(prompts + prompts[:2], (12, 3, 9, 5, 7, 1))]
 
     def through_batcher(requests, slots=2, mesh=mesh, **kw):
         """(Batcher after the run, {request id: Finished}) of `requests` on a Decoder."""
         done = {}
-        b = Batcher(Decoder(params, cfg, window=4, slots=slots, capacity=40, kv_tile=16,
+        b = Batcher(plans.decoder(params, cfg, window=4, slots=slots, capacity=40, kv_tile=16,
                             steps_per_call=3, mesh=mesh, sampling=False, **kw))
         for r in requests:
             b.submit(r, on_finish=lambda f: done.__setitem__(f.request_id, f))
@@ -74,17 +75,17 @@ SCRIPT = textwrap.dedent('''
     b.pool.check()
     errors = []
     try:
-        Decoder(params, cfg, window=4, slots=4, capacity=40, mesh=mesh, page_size=8, num_pages=13)
+        plans.decoder(params, cfg, window=4, slots=4, capacity=40, mesh=mesh, page_size=8, num_pages=13)
     except DecodeConfigError as e:
         errors.append(str(e))
-    small = Batcher(Decoder(params, cfg, window=4, slots=4, capacity=40, mesh=mesh, page_size=8,
+    small = Batcher(plans.decoder(params, cfg, window=4, slots=4, capacity=40, mesh=mesh, page_size=8,
                             num_pages=8, sampling=False))
     try:
         small.submit(Request(prompt=tuple(range(1, 30)), max_new_tokens=8))
     except DecodeConfigError as e:
         errors.append(str(e))
     static = generate(params, cfg, prompts, DecodeConfig(window=4, tau=2.5, lam=0.05, max_new_tokens=12),
-                      capacity=40, kv_tile=16, decoder=Decoder(params, cfg, window=4, slots=4, capacity=40,
+                      capacity=40, kv_tile=16, decoder=plans.decoder(params, cfg, window=4, slots=4, capacity=40,
                       kv_tile=16, mesh=mesh, sampling=False, page_size=8))
     out["paged_data2"] = dict(sharded=[got[i].tokens for i in range(len(more))], one=more_alone,
                               cached=[got[i].cached_tokens for i in range(len(more))], held=b.pool.num_held,

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from tests import plans
 from decode import cli, serve
 from decode import static_batch
 from decode.config import (ENGINE_FLAGS, SAMPLING_FLAGS, DecodeConfigError, EngineOptions, Method,
@@ -45,9 +46,10 @@ def seen(monkeypatch):
     out = dict(decoders=[], requests=[], generate=[])
     init, check, gen = Decoder.__init__, Decoder.check_request, static_batch.generate
 
-    def spy_init(self, params, config, **kw):
-        out["decoders"].append(kw)
-        init(self, params, config, **kw)
+    def spy_init(self, params, plan):
+        placement = {k: getattr(plan.placement, k) for k in Placement.__dataclass_fields__}
+        out["decoders"].append({**EngineOptions.pick(plan.engine), **placement})
+        init(self, params, plan)
 
     def spy_check(self, r):
         r = check(self, r)
@@ -226,4 +228,4 @@ def test_decoder_checks_with_the_same_definitions():
             make()
         assert str(e.value) == words
     with pytest.raises(DecodeConfigError, match=r"window must be an int in \[1, 2147483647\], got 0"):
-        Decoder({}, None, window=0)
+        plans.decoder({}, None, window=0)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests import plans
 from decode.batching import Batcher
 from decode.config import DecodeConfig, DecodeConfigError
 from decode.decoder import Decoder, Request
@@ -86,7 +87,7 @@ def test_batcher_finished_carries_logprobs_and_top_alternatives(params, method):
     batch's, the alternatives are the 3 likeliest, best first, and greedy picks the first."""
     dc = DecodeConfig(method=method, window=4, max_new_tokens=10, tau=0.5, lam=0.05)
     alone = generate(params, CONFIG, PROMPTS, dc, capacity=CAP, kv_tile=TILE)
-    dec = Decoder(params, CONFIG, method=method, window=4, slots=2, capacity=CAP, kv_tile=TILE,
+    dec = plans.decoder(params, CONFIG, method=method, window=4, slots=2, capacity=CAP, kv_tile=TILE,
                   steps_per_call=3, top_logprobs=3)
     batcher, done = Batcher(dec), {}
     ids = [batcher.submit(Request(prompt=tuple(p), max_new_tokens=10, tau=0.5, lam=0.05,
@@ -112,8 +113,8 @@ def test_batcher_finished_carries_logprobs_and_top_alternatives(params, method):
 def test_top_logprobs_bounds(params):
     for bad in (-1, 21, 2.5, True):
         with pytest.raises(DecodeConfigError, match="top_logprobs"):
-            Decoder({}, CONFIG, top_logprobs=bad, capacity=CAP)
-    dec = Decoder(params, CONFIG, capacity=CAP, top_logprobs=2)
+            plans.decoder({}, CONFIG, top_logprobs=bad, capacity=CAP)
+    dec = plans.decoder(params, CONFIG, capacity=CAP, top_logprobs=2)
     for bad in (3, -1, 1.5):
         with pytest.raises(DecodeConfigError, match=r"top_logprobs must be an int in \[0, 2\]"):
             dec.check_request(Request(prompt=(1, 2), top_logprobs=bad))

@@ -11,6 +11,7 @@ import os
 import numpy as np
 import pytest
 
+from tests import plans
 from decode.config import INT32_MAX, DecodeConfig, DecodeConfigError
 from tests.tiny_checkpoint import make_checkpoint
 
@@ -33,7 +34,7 @@ def tiny(tmp_path_factory):
 def _decoder(tiny, **kw):
     from decode.decoder import Decoder
     _, config, params = tiny
-    return Decoder(params, config, **dict(dict(method="streaming", window=4, slots=2, capacity=128,
+    return plans.decoder(params, config, **dict(dict(method="streaming", window=4, slots=2, capacity=128,
                                                 steps_per_call=4, sampling=True), **kw))
 
 

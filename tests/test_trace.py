@@ -54,7 +54,7 @@ def test_view_commits_equal_generate(ckpt, method, tau):
     dc = DecodeConfig(method=method, window=4, tau=tau, lam=0.1, max_new_tokens=20)
     want = generate(params, config, [prompt], dc).tokens[0]
     trace, final = trace_steps(params, config, [prompt], dc)
-    steps = trace_view(trace, final, 0, method, MASK)
+    steps = trace_view(trace, final, 0, method)
     assert len(steps) == len(trace)
     assert committed_ids(steps) == want and len(want) == 20
     assert [st["commit"] for st in steps] == [int(a["commit"][0]) for a in trace]
@@ -80,7 +80,7 @@ def test_streaming_states_are_consistent(ckpt, refill):
     dc = DecodeConfig(window=4, tau=1.0, lam=0.05, max_new_tokens=24, refill=refill)
     most = 8 if refill == "before" else 4
     trace, final = trace_steps(params, config, [prompt], dc)
-    steps = trace_view(trace, final, 0, "streaming", MASK)
+    steps = trace_view(trace, final, 0, "streaming")
     seen = {s["state"] for st in steps for s in st["slots"]}
     assert seen == set(STATES)
     for st, nxt in zip(steps, steps[1:]):

@@ -12,6 +12,7 @@ import sys
 import jax
 import pytest
 
+from tests import plans
 from decode import layouts
 from decode.batching import Batcher
 from decode.config import DecodeConfigError, Placement
@@ -30,7 +31,7 @@ def params():
 
 
 def _decoder(params, method, layout, **kw):
-    return Decoder(params, CONFIG, method=method, window=4, slots=3, capacity=64,
+    return plans.decoder(params, CONFIG, method=method, window=4, slots=3, capacity=64,
                    steps_per_call=3, kv_tile=16, weight_layout=layout, **kw)
 
 
@@ -53,14 +54,14 @@ def _arrivals(decoder, n=9, seed=0):
 def test_compiler_layouts_give_the_tokens_of_row_major_weights(params, method):
     default = _decoder(params, method, "default")
     chosen = _decoder(params, method, "compiler")
-    assert default.weight_layout == "default" and default._generate_compiled is None
-    assert chosen.weight_layout == "compiler" and chosen._generate_compiled is not None
+    assert default.weight_layout == "default" and default.compiled_generate is None
+    assert chosen.weight_layout == "compiler" and chosen.compiled_generate is not None
     assert _arrivals(chosen) == _arrivals(default)
 
 
 def test_the_weights_sit_in_the_compiled_programs_formats(params):
     dec = _decoder(params, "streaming", "compiler")
-    formats = dec._generate_compiled.input_formats[0][0]
+    formats = dec.compiled_generate.input_formats[0][0]
     placed = jax.tree.leaves(jax.tree.map(lambda x, f: x.format == f, dec.params, formats))
     assert placed and all(placed)
     # the static batch (prefill_into, then the kept generate program) agrees with row-major weights
@@ -85,7 +86,7 @@ def test_the_choice_is_resolved_per_platform_and_checked():
     assert layouts.resolve("default", "tpu") == "default"
     with pytest.raises(DecodeConfigError, match="weight_layout 'rowmajor' is unknown; allowed: "
                                                 "auto, compiler, default") as e:
-        Decoder(random_params(CONFIG, seed=0), CONFIG, method="ar", capacity=32,
+        plans.decoder(random_params(CONFIG, seed=0), CONFIG, method="ar", capacity=32,
                 weight_layout="rowmajor")
     assert e.value.field == "weight_layout"
     with pytest.raises(DecodeConfigError, match="allowed: auto, compiler, default"):

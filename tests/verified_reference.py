@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from decode.config import DecodeConfig, DecodeConfigError, check_prompts, resolve_mask_token
+from decode.config import DecodeConfig, DecodeConfigError, check_prompts
+from decode.plan import mask_id_for
 from tests.decode_reference import _entropy, _FullForward
 from wedlm_jax.config import ModelConfig
 
@@ -34,7 +35,7 @@ def reference_verified(params, model_config: ModelConfig, prompts, decode_config
     dc = decode_config
     if not dc.greedy:
         raise DecodeConfigError(f"the reference is greedy only (temperature 0), got {dc.temperature}")
-    mask_id = resolve_mask_token(model_config.mask_token_id, mask_token_id, "verified")
+    mask_id = mask_id_for(model_config, mask_token_id, "verified")
     prompts = check_prompts(prompts, model_config.vocab_size, capacity)
     if capacity is None:
         capacity = max(len(p) for p in prompts) + dc.max_new_tokens

@@ -373,7 +373,7 @@ def unstack_layers(tree, num_layers: int):
     one tree per layer ("layer_0" .. "layer_{L-1}", leaves [...]), what `Transformer(...,
     stacked_layers=False)` takes. Leaves may be arrays, ShapeDtypeStructs or logical-axis
     tuples (the layer axis dropped). Decoding on GPU holds its weights this way: XLA:GPU copies
-    a layer's weights out of the stacked buffer at every step (BENCHMARKS.md, issue 21)."""
+    a layer's weights out of the stacked buffer at every step (BENCHMARKS.md)."""
     def layer(i):
         def pick(x):
             if isinstance(x, tuple):

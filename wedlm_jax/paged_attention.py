@@ -1,4 +1,4 @@
-"""Attention over a paged KV cache (issue 25): the device side. `decode/pages.py` decides which
+"""Attention over a paged KV cache: the device side. `decode/pages.py` decides which
 pages each sequence holds; here they are read and written.
 
 Layout (the one jax's TPU ragged paged attention kernel reads, so no copy stands between them):
@@ -98,10 +98,10 @@ def implementation_for(platform: str | None, attention: str = "tiled") -> str:
 # The page size a Decoder takes on TPU when none is asked for: there the paged cache with jax's
 # ragged paged attention kernel compiles to fewer bytes per decode step than the dense cache's
 # tiled XLA attention (8B on v5p with the compiler's weight layouts: AR 1.006 against 1.047 of the
-# floor, streaming W 16 refill after 1.160 against 1.274; BENCHMARKS.md, issue 21).
+# floor, streaming W 16 refill after 1.160 against 1.274; BENCHMARKS.md).
 TPU_PAGE_SIZE = 64
 # On GPU the dense cache is the default: measured on an H100 (8B shape, bf16, 8 slots of 2048 live
-# rows; benchmarks.on_gpu, BENCHMARKS.md, issue 21) its Triton kernel steps in 12.0 ms (AR) and
+# rows; benchmarks.on_gpu, BENCHMARKS.md) its Triton kernel steps in 12.0 ms (AR) and
 # 14.3 ms (streaming W 16 refill after) where the paged gather path takes 14.7-15.0 and 20.2 at
 # its best tile: the gather path runs an XLA loop of several small kernels per tile, each
 # iteration a fixed cost of launches and a device-to-host read of the loop's predicate. The

@@ -1,4 +1,4 @@
-"""Accelerators to compile for without the hardware (issue 21): their compile-only devices and
+"""Accelerators to compile for without the hardware: their compile-only devices and
 the vendor figures of one chip, by name.
 
     describe_target("v5p:2x2x2")   a TPU topology, described by libtpu (the `tpu` extra)

@@ -1,0 +1,212 @@
+"""The decoding plan: every static decision a Decoder is built on, made and checked once.
+
+    plan = make_plan(model_config, EngineOptions(method="streaming", window=16, slots=8,
+                                                 capacity=1024),
+                     Placement(dtype="bf16", page_size=64))
+    decoder = Decoder(params, plan)
+
+`make_plan` takes the option objects the doors build (decode/config.py: `EngineOptions` for the
+method and the slots, `Placement` for the device side), the target (`mesh`: a jax Mesh whose
+devices may be a compile-only topology, or None for this process's first device) and the few
+settings only a program sets (the [MASK] id, whether sampled requests are accepted, the top
+log-probabilities carried, a memory budget), and resolves everything the compiled programs depend
+on: the mask id (`mask_id_for`, the one rule), the cache (dense, or pages of which size and how
+many), the attention kernel and its tiles, the cache rows, whether the weights' layers are
+stacked, the memory estimate against the budget. A setting that cannot work raises
+`DecodeConfigError` naming it, before any weight is placed or anything compiles. The `Plan` is
+frozen: the Decoder and the ahead-of-time compiles (decode/aot.py) read it, never change it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from decode import layouts
+from decode.config import (MAX_LOGPROBS, DecodeConfigError, DoorOptions, EngineOptions, Placement,
+                           _is_int, check_int)
+from decode.memory import available_memory, estimate_memory, gib
+from decode.pages import pool_size
+from decode.programs import Static
+from decode.steps import StepSpec
+from wedlm_jax import attention_backends as attn_backends
+from wedlm_jax import cache_attention as ca
+from wedlm_jax import paged_attention as paged
+from wedlm_jax.config import ConfigError, ModelConfig, released_mask_token_id
+
+ROW_ALIGN = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A Decoder's static decisions (see the module docstring). `static` is what the compiled
+    programs are keyed by; the rest is what the host side of the Decoder needs."""
+    static: Static
+    model_config: ModelConfig
+    engine: EngineOptions       # the options it was made from, as given
+    placement: Placement
+    mask_id: int
+    steps_per_call: int
+    sampling: bool
+    mesh: Any                   # a jax Mesh, or None: this process's first device
+    weight_layout: str          # "compiler" | "default" (resolved for the platform)
+    memory_estimate: dict
+
+    method = property(lambda self: self.static.spec.method)
+    window = property(lambda self: self.static.spec.window)
+    refill = property(lambda self: self.static.spec.refill)
+    slots = property(lambda self: self.static.slots)
+    capacity = property(lambda self: self.static.capacity)
+    paged = property(lambda self: self.static.paged)
+
+    @property
+    def device(self):
+        """The target's first device (its platform decides kernels and layouts)."""
+        return self.mesh.devices.flat[0] if self.mesh is not None else jax.local_devices()[0]
+
+    def replace(self, **static_fields) -> "Plan":
+        """This plan with fields of `static` replaced (e.g. scan_unroll for a cost compile)."""
+        return dataclasses.replace(self, static=dataclasses.replace(self.static, **static_fields))
+
+
+def make_plan(model_config: ModelConfig, engine: EngineOptions, placement: Placement = Placement(),
+              *, mesh=None, mask_token_id: int | None = None, sampling: bool = True,
+              top_logprobs: int = 0, memory_limit_bytes: int | None = None,
+              stacked_params: bool = True) -> Plan:
+    """The Plan of a Decoder for `model_config` (see the module docstring). `stacked_params`:
+    whether the weights it will get have their layers stacked (as loaded on every platform but
+    GPU, decode.checkpoint)."""
+    check_engine(model_config, engine)
+    method = engine.method
+    mask_id = mask_id_for(model_config, mask_token_id, method)
+    check_int("top_logprobs", top_logprobs, 0, MAX_LOGPROBS)
+    spec = StepSpec(method=method, window=1 if method == "ar" else engine.window,
+                    refill=engine.refill, sampling=sampling, top_logprobs=int(top_logprobs))
+    shards = 1 if mesh is None else int(mesh.shape.get("data", 1)) * int(mesh.shape.get("fsdp", 1))
+    if engine.slots % shards:
+        raise DecodeConfigError(f"slots {engine.slots} must be a multiple of the mesh's data x "
+                                f"fsdp size {shards}", "slots")
+    device = mesh.devices.flat[0] if mesh is not None else jax.local_devices()[0]
+    rows = -(-(engine.capacity + spec.span) // ROW_ALIGN) * ROW_ALIGN
+    cache = cache_choice(model_config, placement, spec, engine, rows, shards, device,
+                         1 if mesh is None else int(mesh.shape.get("tensor", 1)))
+    static = Static(
+        config=model_config.replace(mask_token_id=None, bos_token_id=None, eos_token_id=None,
+                                    pad_token_id=None),
+        dtype=jnp.dtype(placement.dtype).name, spec=spec, slots=engine.slots,
+        capacity=engine.capacity, rows=rows, kv_tile=min(cache["kv_tile"], rows),
+        prefill_chunk=min(engine.prefill_chunk, rows), keep_q=(method == "verified" and sampling),
+        attention=cache["attention"],
+        mesh=None if mesh is None else (tuple(mesh.axis_names), tuple(mesh.devices.shape),
+                                         tuple(d.id for d in mesh.devices.flat)),
+        platform=None if mesh is None else device.platform,
+        page_size=cache["page_size"], num_pages=cache["num_pages"],
+        page_shards=shards if cache["page_size"] else 1,
+        stacked_layers=layouts.layers_stacked(device.platform) and stacked_params)
+    memory = estimate_memory(static)
+    check_memory(memory, memory_limit_bytes if memory_limit_bytes is not None
+                 else available_memory(mesh), static)
+    try:
+        weight_layout = layouts.resolve(placement.weight_layout, device.platform)
+    except ValueError as e:
+        raise DecodeConfigError(str(e), "weight_layout") from None
+    return Plan(static=static, model_config=model_config, engine=engine, placement=placement,
+                mask_id=mask_id,
+                steps_per_call=engine.steps_per_call, sampling=sampling, mesh=mesh,
+                weight_layout=weight_layout, memory_estimate=memory)
+
+
+def door_plan(opts: DoorOptions, model_config: ModelConfig, *, capacity: int, mesh=None,
+              mask_token_id: int | None = None, top_logprobs: int = 0,
+              stacked_params: bool = True) -> Plan:
+    """The plan of a door's Decoder (wedlm-decode --input, wedlm-serve): its options as parsed,
+    the capacity it sized, the checkpoint's mask id and the mesh the weights were loaded on."""
+    return make_plan(model_config, opts.engine.replace(capacity=capacity), opts.placement,
+                     mesh=mesh, mask_token_id=mask_token_id, top_logprobs=top_logprobs,
+                     stacked_params=stacked_params)
+
+
+def check_engine(config: ModelConfig, engine: EngineOptions) -> None:
+    """The engine options against the model: a capacity given, the window inside it, positions
+    the model was trained on (unless allow_long)."""
+    if not isinstance(engine, EngineOptions):
+        raise DecodeConfigError(f"expected EngineOptions, got {type(engine).__name__}")
+    if engine.capacity is None:
+        raise DecodeConfigError("capacity must be given: the most positions (prompt + generated) "
+                                "a slot holds", "capacity")
+    if engine.method != "ar" and engine.window > engine.capacity:
+        raise DecodeConfigError(f"window {engine.window} is larger than the capacity "
+                                f"{engine.capacity}: a slot never holds more than "
+                                f"{engine.capacity} positions", "window")
+    max_pos = config.max_position_embeddings
+    if max_pos and engine.capacity > max_pos and not engine.allow_long:
+        raise DecodeConfigError(
+            f"capacity {engine.capacity} exceeds the model's max_position_embeddings {max_pos}; "
+            "positions past it were never trained (pass allow_long=True / --allow-long to decode "
+            "there anyway)", "capacity")
+
+
+def mask_id_for(config: ModelConfig, given: int | None, method: str) -> int:
+    """THE [MASK] id rule: the one given, else the model config's, else (a released `wedlm`
+    config, whose null means it) the released id; AR decoding needs none (0, never read). Raises
+    DecodeConfigError when a window method has none or the id is outside the vocabulary."""
+    mask_id = given if given is not None else config.mask_token_id
+    if mask_id is None and method != "ar":
+        try:
+            mask_id = released_mask_token_id(config, "the model config", "mask_token_id=ID")
+        except ConfigError as e:
+            raise DecodeConfigError(str(e)) from None
+    if mask_id is None:
+        if method == "ar":
+            return 0
+        raise DecodeConfigError(
+            f"method {method!r} needs a mask token id: the checkpoint's config has no "
+            "mask_token_id and none was given (pass mask_token_id=... / --mask-token-id)",
+            "mask_token_id")
+    if not _is_int(mask_id) or not 0 <= int(mask_id) < config.vocab_size:
+        raise DecodeConfigError(f"mask_token_id {mask_id!r} is outside the vocabulary "
+                                f"[0, {config.vocab_size})", "mask_token_id")
+    return int(mask_id)
+
+
+def cache_choice(config: ModelConfig, placement: Placement, spec: StepSpec, engine: EngineOptions,
+                 rows: int, shards: int, device, tensor: int) -> dict:
+    """{page_size, num_pages, attention, kv_tile}: the cache and the kernel reading it. No page
+    size given: the platform's choice (paged 64 on TPU; the dense cache on CPU and on GPU, where
+    its Triton kernel steps faster than the paged gather path, measured on an H100)."""
+    platform, device_smem = device.platform, ca.smem_limit(device)
+    page_size, num_pages = placement.page_size, placement.num_pages
+    attention, kv_tile, dtype = placement.attention, placement.kv_tile, jnp.dtype(placement.dtype)
+    if page_size is None and num_pages is None:
+        page_size = paged.auto_page_size(platform, config.num_heads, config.num_kv_heads, dtype,
+                                         tensor)
+    page_size, num_pages = pool_size(page_size or None, num_pages, rows, engine.slots, shards)
+    try:
+        if page_size:
+            attention = paged.choose_attention(attention, platform, page_size, config.head_dim,
+                                               dtype.itemsize, device_smem)
+            kv_tile = paged.gather_tile(platform, kv_tile, page_size)      # the gather path's
+            if paged.implementation_for(platform) == "ragged":
+                paged.check_ragged(config.num_heads, config.num_kv_heads, dtype, tensor)
+        elif attention == "pallas" or (attention == "auto" and attn_backends.resolve(
+                "auto", "cache", backend=platform, dtype=dtype) == "pallas"):
+            # the Triton kernel's tile must fit the device's shared memory
+            q_rows = max(spec.span, engine.prefill_chunk) * (config.num_heads // config.num_kv_heads)
+            kv_tile = ca.pallas_tile(min(kv_tile, rows), q_rows, config.head_dim, dtype.itemsize,
+                                     device_smem)
+    except ValueError as e:
+        where = f"--page-size on {platform}: " if page_size and "ragged" in str(e) else ""
+        raise DecodeConfigError(f"{where}{e}") from None
+    return dict(page_size=page_size, num_pages=num_pages, attention=attention, kv_tile=kv_tile)
+
+
+def check_memory(memory: dict, limit: int | None, static: Static) -> None:
+    if limit is not None and memory["total"] > limit:
+        raise DecodeConfigError(
+            f"decoding needs ~{gib(memory['total'])} (KV cache {gib(memory['cache'])}, logits "
+            f"{gib(memory['logits'])}, draft distributions {gib(memory['q'])}) per device for "
+            f"{static.slots} slots x {static.rows} cache rows, more than the {gib(limit)} "
+            "available; lower the capacity (--capacity / --max-new-tokens), the slots or the window")
