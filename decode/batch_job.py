@@ -301,7 +301,6 @@ def run_job(args) -> int:
     ckpt = OpenCheckpoint.open(args.checkpoint, placement, method=args.method,   # no weights yet
                                mask_token_id=args.mask_token_id, default_stops=not args.no_default_stops)
     model_config, tokenizer = ckpt.config, ckpt.tokenizer
-    args.mask_token_id = ckpt.mask_token_id
     cli_stop_ids, _ = split_stop_strings(tokenizer, args.stop)
     base_ids = list(ckpt.default_stop_ids) + list(args.stop_id) + cli_stop_ids
     items = read_input(args.input, tokenizer, opts.sampling, list(dict.fromkeys(base_ids)),

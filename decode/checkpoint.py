@@ -65,16 +65,14 @@ class OpenCheckpoint:
     @classmethod
     def open(cls, folder: str, placement: Placement | None = None, *, method: str = "streaming",
              mask_token_id: int | None = None, default_stops: bool = True,
-             prog: str = "wedlm-decode", with_tokenizer=None) -> "OpenCheckpoint":
-        """Read and check the tokenizer, then config.json (against the placement: dtype, mesh);
-        `with_tokenizer(tokenizer)` runs between the two (what can be checked with the tokenizer
-        alone, the prompts, is refused before config.json is read). DecodeConfigError /
-        ConfigError / FileNotFoundError name what is wrong."""
+             prog: str = "wedlm-decode", tokenizer: TextTokenizer | None = None) -> "OpenCheckpoint":
+        """Read and check the tokenizer (or take the one read already: a door that checks its
+        prompts with it reads it first, `load_tokenizer(folder)`), then config.json (against the
+        placement: dtype, mesh). DecodeConfigError / ConfigError / FileNotFoundError name what is
+        wrong."""
         from wedlm_jax.convert import read_config
         placement = placement or Placement()
-        tokenizer = load_tokenizer(folder)
-        if with_tokenizer is not None:
-            with_tokenizer(tokenizer)
+        tokenizer = tokenizer or load_tokenizer(folder)
         config = read_config(folder)
         placement.check_model(config)
         mask = resolve_mask_token_id(folder, config, tokenizer, method, mask_token_id, _stderr(prog))

@@ -24,7 +24,7 @@ import sys
 from decode.config import (DecodeConfigError, DoorOptions, EngineOptions, Placement,
                            add_decoding_arguments)
 from decode.checkpoint import OpenCheckpoint
-from decode.text import ChatTemplateError, split_stop_strings, stop_at_strings
+from decode.text import ChatTemplateError, load_tokenizer, split_stop_strings, stop_at_strings
 from wedlm_jax import compile_cache, distributed
 
 
@@ -116,7 +116,7 @@ def run(args) -> dict:
                                 "wedlm-serve (--prompt / --prompts-file decode one static batch)")
     read = {}
 
-    def read_inputs(tokenizer):   # the prompts and stops, refused before config.json is read
+    def read_inputs(tokenizer):
         read["stops"] = split_stop_strings(tokenizer, args.stop)
         read["prompts"] = _read_prompts(args, tokenizer)
         if args.trace is not None:
@@ -125,12 +125,13 @@ def run(args) -> dict:
             if placement != Placement(attention=placement.attention, kv_tile=placement.kv_tile):
                 raise DecodeConfigError("--trace steps through the decode on one device in "
                                         "float32; leave --dtype and --mesh at their defaults with it")
+    tokenizer = load_tokenizer(args.checkpoint)
+    read_inputs(tokenizer)          # the prompts and stops, refused before config.json is read
     ckpt = OpenCheckpoint.open(args.checkpoint, placement, method=args.method,
                                mask_token_id=args.mask_token_id, default_stops=not args.no_default_stops,
-                               with_tokenizer=read_inputs)
-    tokenizer, prompts = ckpt.tokenizer, read["prompts"]
+                               tokenizer=tokenizer)
+    prompts = read["prompts"]
     stop_ids, cut_strings = read["stops"]
-    args.mask_token_id = ckpt.mask_token_id
     config, params, mesh = ckpt.load()
     stop_ids = list(dict.fromkeys(list(ckpt.default_stop_ids) + stop_ids + list(args.stop_id)))
     dc = base.replace(stop_token_ids=tuple(stop_ids))
@@ -151,7 +152,7 @@ def run(args) -> dict:
                 sys.stderr.flush()
 
     res = generate(params, config, [ids for _, ids in prompts], dc, capacity=args.capacity,
-                   mask_token_id=args.mask_token_id, on_commit=on_commit,
+                   mask_token_id=ckpt.mask_token_id, on_commit=on_commit,
                    allow_long=args.allow_long, mesh=mesh, dtype=placement.dtype,
                    kv_tile=placement.kv_tile, attention=placement.attention)
     if args.stream:
@@ -170,16 +171,17 @@ def run(args) -> dict:
                  interrupted=res.interrupted)
     out = dict(results=rows, total=total)
     if args.trace is not None and not res.interrupted:
-        out["trace"] = _write_trace(args, tokenizer, prompts, config, params, dc, res)
+        out["trace"] = _write_trace(args, tokenizer, prompts, config, params, dc, res,
+                                    ckpt.mask_token_id)
     return out
 
 
-def _write_trace(args, tokenizer, prompts, config, params, dc, res) -> dict:
+def _write_trace(args, tokenizer, prompts, config, params, dc, res, mask_token_id) -> dict:
     """Run the same decode step by step and draw it; the trace's commits must equal the result."""
     from decode.static_batch import trace_steps
     from decode.trace import committed_ids, trace_view, write_trace
     trace, final = trace_steps(params, config, [ids for _, ids in prompts], dc, capacity=args.capacity,
-                               mask_token_id=args.mask_token_id)
+                               mask_token_id=mask_token_id)
     settings = (f"method {dc.method}, W = {dc.window}, tau = {dc.tau}, lambda = {dc.lam}, "
                 f"temperature = {dc.temperature}, max_new_tokens = {dc.max_new_tokens}")
     views = []

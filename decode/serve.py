@@ -96,8 +96,9 @@ def check_port(host: str, port: int) -> None:
                                     f"({e.strerror}); is another server running on it?") from None
 
 
-def _check_args(args):
-    DoorOptions.from_args(args)      # the options every door shares, checked once
+def _check_args(args) -> DoorOptions:
+    """The options every door shares (returned, checked once) and the server's own."""
+    opts = DoorOptions.from_args(args)
     if args.max_body_bytes < 1:
         raise DecodeConfigError(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
     check_int("--max-logprobs", args.max_logprobs, 0, MAX_LOGPROBS)
@@ -107,22 +108,28 @@ def _check_args(args):
         raise DecodeConfigError(f"--port must be in [0, 65535], got {args.port}")
     if args.api_key is not None and not args.api_key.strip():
         raise DecodeConfigError("--api-key is empty")
+    return opts
 
 
-def load_decoder(args):
-    """(Decoder, tokenizer, ServerConfig) from parsed arguments; reads the checkpoint."""
+def api_key(args) -> str | None:
+    """--api-key, else $WEDLM_API_KEY (API_KEY_ENV), else none."""
+    return args.api_key if args.api_key is not None else (os.environ.get(API_KEY_ENV) or None)
+
+
+def load_decoder(args, opts: DoorOptions | None = None):
+    """(Decoder, tokenizer, ServerConfig) from parsed arguments (and their options, when checked
+    already); reads the checkpoint."""
     from decode.checkpoint import OpenCheckpoint
     from decode.decoder import Decoder
     from decode.plan import door_plan
     from wedlm_jax.model import layers_stacked
 
-    opts = DoorOptions.from_args(args)
+    opts = opts or DoorOptions.from_args(args)
     placement = opts.placement
     ckpt = OpenCheckpoint.open(args.checkpoint, placement, method=args.method,
                                mask_token_id=args.mask_token_id,
                                default_stops=not args.no_default_stops, prog="wedlm-serve")
     tokenizer, stops = ckpt.tokenizer, ckpt.default_stop_ids
-    args.mask_token_id = ckpt.mask_token_id       # null in config.json: released / tokenizer
     if len(stops) > MAX_STOP_IDS:
         raise DecodeConfigError(f"the checkpoint's default stops are {len(stops)} ids, more than {MAX_STOP_IDS}")
     config, params, mesh = ckpt.load()
@@ -132,7 +139,7 @@ def load_decoder(args):
                                         stacked_params=layers_stacked(params)))
     name = args.model_name or os.path.basename(os.path.normpath(args.checkpoint))
     cfg = ServerConfig(model_name=name, capacity=decoder.capacity, vocab_size=config.vocab_size,
-                       default_stop_ids=stops, defaults=opts.sampling, api_key=args.api_key,
+                       default_stop_ids=stops, defaults=opts.sampling, api_key=api_key(args),
                        slots=args.slots, method=args.method, window=args.window,
                        max_body_bytes=args.max_body_bytes, max_logprobs=args.max_logprobs)
     return decoder, tokenizer, cfg
@@ -168,10 +175,10 @@ def scorer_for(decoder):
                                           decoder.static.dtype)
 
 
-def build_server(args):
+def build_server(args, opts: DoorOptions | None = None):
     """(engine, app, ServerConfig): load, compile, start the engine thread."""
     from decode.batching import Batcher
-    decoder, tokenizer, cfg = load_decoder(args)
+    decoder, tokenizer, cfg = load_decoder(args, opts)
     batcher = Batcher(decoder)
     log.info("compiled in %.1f s", warm_up(batcher, cfg.capacity, every_bucket=not args.lazy_compile))
     engine = Engine(batcher, max_pending=args.slots + args.max_queue,
@@ -181,11 +188,9 @@ def build_server(args):
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
-    if args.api_key is None:
-        args.api_key = os.environ.get(API_KEY_ENV) or None
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
-        _check_args(args)
+        opts = _check_args(args)
         if args.dry_run:
             from decode.aot import dry_run_door
             return dry_run_door(args, "wedlm-serve")
@@ -201,7 +206,7 @@ def main(argv=None) -> int:
               f"'wedlm-jax[serve]'", file=sys.stderr)
         return 2
     try:
-        engine, app, cfg = build_server(args)
+        engine, app, cfg = build_server(args, opts)
     except (DecodeConfigError, ValueError, FileNotFoundError) as e:
         print(f"wedlm-serve: error: {e}", file=sys.stderr)
         return 2
@@ -225,7 +230,7 @@ def main(argv=None) -> int:
                                    timeout_graceful_shutdown=args.shutdown_timeout))
     log.info("serving %r (%s, W=%d, %d slots, capacity %d) on http://%s:%d%s", cfg.model_name, args.method,
              args.window, args.slots, cfg.capacity, args.host, args.port,
-             " (API key required)" if args.api_key else "")
+             " (API key required)" if cfg.api_key else "")
     # uvicorn re-raises the signal that stopped it once it is done; by then the shutdown was
     # graceful, so that second delivery is swallowed here and the process exits 0
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -153,8 +153,6 @@ def _setup(params, model_config, prompts, dc, capacity, mesh, mask_token_id, kv_
            allow_long=False, decoder=None, attention=Placement().attention):
     if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
         raise DecodeConfigError(f"capacity must be an int >= 1, got {capacity!r}")
-    if isinstance(kv_tile, bool) or not isinstance(kv_tile, int) or kv_tile < 1:
-        raise DecodeConfigError(f"kv_tile must be an int >= 1, got {kv_tile!r}")
     if not isinstance(dc, DecodeConfig):
         raise DecodeConfigError(f"decode_config must be a DecodeConfig, got {type(dc).__name__}")
     prompts = check_prompts(prompts, model_config.vocab_size, capacity)
