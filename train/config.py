@@ -10,6 +10,7 @@ so a bad config stops the program before anything is compiled.
 from __future__ import annotations
 
 import dataclasses
+import math
 import difflib
 import os
 import typing
@@ -123,6 +124,8 @@ class TrainConfig:
     log_every: int = 1
     time_limit_s: float | None = None  # stop at the first log step past this many seconds of
                                        # training (compile excluded): saved and exported as at the end
+    nonfinite_skips: int = 0  # updates with a non-finite loss or gradient norm skipped before the
+                              # run stops at one (0: stop at the first; train/loop.py)
     metrics_file: str | None = None  # JSONL; default <checkpoint.dir>/metrics.jsonl when that is set
     peak_flops: float | None = None  # per-device FLOP/s for MFU (given: "mfu" is logged)
     log_mfu: bool = False  # log "mfu" per step; without peak_flops, measures the f32 matmul rate first
@@ -415,6 +418,33 @@ def validate(cfg: TrainConfig, where: str = "config") -> None:
         bad("peak_flops", f"must be > 0, got {cfg.peak_flops}")
     if cfg.time_limit_s is not None and not 0 < cfg.time_limit_s < float("inf"):
         bad("time_limit_s", f"must be a number of seconds > 0 (or null), got {cfg.time_limit_s}")
+    if cfg.nonfinite_skips < 0:
+        bad("nonfinite_skips", f"must be >= 0, got {cfg.nonfinite_skips}")
+    check_numbers(cfg, bad)
+
+
+STEP_MAX = 2 ** 31 - 1      # the train state's step counter is int32
+
+
+def check_numbers(cfg: TrainConfig, bad) -> None:
+    """Every number of the config finite, and the step counts within the state's int32 counter:
+    `lr: nan` or `steps: 1e30` is refused here, before the model loads."""
+    for key, value in _numbers(cfg.to_dict()):
+        if isinstance(value, float) and not math.isfinite(value):
+            bad(key, f"must be a finite number, got {value}")
+    for key, value in (("steps", cfg.steps), ("checkpoint.every", cfg.checkpoint.every),
+                       ("log_every", cfg.log_every)):
+        if value > STEP_MAX:
+            bad(key, f"must be at most {STEP_MAX} (the step counter is int32), got {value}")
+
+
+def _numbers(tree, prefix=""):
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            yield from _numbers(v, key + "." if k != "config" else key + ".")
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            yield key, v
 
 
 def mesh_shape(cfg: TrainConfig, num_devices: int) -> tuple[int, int, int]:

@@ -2,12 +2,18 @@
 
 Order of work: parse and validate the config; read the tokenizer, resolve the [MASK] id, read,
 validate, tokenize and pack every data file (or, with `data.packed_dir`, check a pretokenized folder
-and memory-map its shards); resolve the mesh against the device count and the
-batch. Only then is anything placed on devices or compiled: params (restored from the latest
-complete checkpoint, else loaded from `model.from_hf` or `model.from_orbax`, else random), the jitted step, the loop.
-Each step logs loss terms, grad norm, lr, tokens/s and MFU to a JSONL file (and TensorBoard when
-installed) and a progress bar; checkpoints are saved asynchronously every `checkpoint.every` steps
-and at the end; `checkpoint.export_hf` receives the final params in Hugging Face format.
+and memory-map its shards); resolve the mesh against the device count and the batch. Only then
+is anything placed on devices or compiled (`setup`): params (restored from the latest complete
+checkpoint, else loaded from `model.from_hf` or `model.from_orbax`, else random), the jitted step
+(train/step.py), the loop (train/loop.py). The loop logs loss terms, accuracies, grad norm, lr,
+tokens/s and MFU to a JSONL file (and TensorBoard when installed) at the log steps; checkpoints
+are saved asynchronously every `checkpoint.every` steps and at the end; `checkpoint.export_hf`
+receives the final params in Hugging Face format.
+
+Stopping early: SIGTERM or SIGINT (a preempted VM, a Slurm job's end, Ctrl-C) saves a checkpoint
+at the step in flight and exits with 128 + the signal's number (143, 130): the run is not done,
+a rerun resumes it exactly; `time_limit_s` saves and exports as at the end (exit 0); a non-finite
+loss or gradient norm stops the run naming the step (exit 1), no checkpoint past it written.
 
 Multi-host: with `--coordinator-address/--num-processes/--process-id`, or the environment variables
 JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID, or `distributed=true` (cluster
@@ -21,13 +27,13 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import time
 
 from wedlm_jax import distributed
 
 log = logging.getLogger("wedlm-train")
-SKIPPED_NAMED = 20     # malformed lines named (file:line) in the run's first metrics row
 
 
 # ---------------------------------------------------------------------------- setup (no JAX)
@@ -225,181 +231,139 @@ def _run(cfg, progress: bool = True) -> dict:
     """Train according to `cfg`. Returns {'records': per-step metric dicts of this invocation,
     'state': the final train state, 'model_config': the ModelConfig, 'start_step': the step it
     resumed from (0 when fresh), 'skipped_lines': malformed lines skipped, 'already_done': the
-    final checkpoint was there already (nothing trained)}."""
+    final checkpoint was there already (nothing trained), 'stopped': why the loop ended (done,
+    time_limit, or the signal's name: train/loop.py)}."""
     import jax
-    from jax.experimental import multihost_utils
 
     from train import checkpoint as ckpt
-    from train import data as data_lib
-    from train import step as step_lib
-    from wedlm_jax.sharding import make_mesh
-    from wedlm_jax.failures import check_space
+    from train.loop import run_loop
 
     if cfg.checkpoint.dir and cfg.checkpoint.resume:
         # the saved config against this one, before any data is read or any folder touched
         latest = ckpt.check_resume(cfg.checkpoint.dir, cfg.to_dict())
         if latest == cfg.steps and not cfg.checkpoint.export_hf:
             return {"records": [], "state": None, "model_config": None, "start_step": latest,
-                    "skipped_lines": [], "already_done": True}
+                    "skipped_lines": [], "already_done": True, "stopped": "done"}
     prep = prepare(cfg)
-    mc = prep["model_config"]
-    primary = jax.process_index() == 0
+    loop = setup(cfg, prep, progress)
+    try:
+        stopped = run_loop(loop)
+    finally:
+        if loop.bar is not None:
+            loop.bar.close()
+        loop.writer.close()
+        if loop.mgr is not None:
+            loop.mgr.wait_until_finished()
+    if cfg.checkpoint.export_hf and stopped in ("done", "time_limit"):
+        export_hf(prep["model_config"], loop.state["params"], cfg.checkpoint.export_hf,
+                  prep["tokenizer_dir"], jax.process_index() == 0, force=cfg.checkpoint.export_force)
+    return {"records": loop.records, "state": loop.state, "model_config": prep["model_config"],
+            "start_step": loop.start, "skipped_lines": prep["docs"].skipped,
+            "already_done": False, "stopped": stopped}
+
+
+def setup(cfg, prep: dict, progress: bool):
+    """The mesh, the state (restored from the latest complete checkpoint, else loaded or random),
+    the data iterator at its saved position, the jitted step and the metrics outputs: a Loop."""
+    import jax
+
+    from train import data as data_lib
+    from train import step as step_lib
+    from train.loop import Loop
+    from wedlm_jax.sharding import make_mesh
+
+    mc, primary = prep["model_config"], jax.process_index() == 0
     if prep["docs"].skipped:
         log.warning("skipped %d malformed line(s) of %d; first: %s", len(prep["docs"].skipped),
                     prep["docs"].num_lines, prep["docs"].skipped[0])
-
     mesh = make_mesh(*prep["mesh_shape"])
     opt = step_lib.make_optimizer(cfg)
     shardings = step_lib.state_shardings(mc, opt, mesh)
-    state, data_state, start = None, None, 0
-    mgr = None
-    if cfg.checkpoint.dir and not cfg.checkpoint.resume and primary \
-            and "://" not in cfg.checkpoint.dir:
-        ckpt.move_previous(cfg.checkpoint.dir)  # start fresh: nothing deleted
-    if cfg.checkpoint.dir:
-        mgr = ckpt.make_manager(cfg.checkpoint.dir, every=cfg.checkpoint.every,
-                                keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
-        if cfg.checkpoint.resume:
-            found = ckpt.restore_latest(mgr, step_lib.state_shapes(mc, opt, shardings),
-                                        set_aside=primary)
-            if jax.process_count() > 1:
-                multihost_utils.sync_global_devices("wedlm-train: restore")
-                mgr.reload()
-            if found is not None:
-                start, state, data_state = found
-                log.info("resumed from %s/%d", cfg.checkpoint.dir, start)
+    mgr, found = restore(cfg, step_lib.state_shapes(mc, opt, shardings), primary)
+    start, state, data_state = found if found is not None else (0, None, None)
     if state is None:
-        if cfg.model.from_hf is not None:
-            from wedlm_jax.convert import load_hf_checkpoint
-            _, params = load_hf_checkpoint(cfg.model.from_hf, mesh=mesh, dtype="f32",
-                                           progress=progress and primary)
-        elif cfg.model.from_orbax is not None:
-            from wedlm_jax.convert import load_orbax
-            _, params = load_orbax(cfg.model.from_orbax, mesh=mesh, dtype="f32")
-        else:
-            params = step_lib.init_params_sharded(mc, cfg.seed, shardings)
-        state = step_lib.init_state(params, opt, shardings)
-
+        state = step_lib.init_state(initial_params(cfg, mc, mesh, shardings, progress and primary),
+                                    opt, shardings)
     bsh = step_lib.batch_shardings(mesh)
     first_row, local_rows = data_lib.rows_of_process(bsh["tokens"], cfg.data.global_batch_size,
                                                      cfg.data.seq_len)
-    pipeline = data_lib.make_pipeline(prep["rows"], cfg.data.global_batch_size,
-                                      cfg.data.shuffle_seed, first_row=first_row,
-                                      local_rows=local_rows)
-    it = iter(pipeline)
+    it = iter(data_lib.make_pipeline(prep["rows"], cfg.data.global_batch_size,
+                                     cfg.data.shuffle_seed, first_row=first_row,
+                                     local_rows=local_rows))
+    rows = len(prep["rows"]["tokens"])
     if data_state is not None:
-        if data_state.get("rows") != len(prep["rows"]["tokens"]):
+        if data_state.get("rows") != rows:
             log.warning("the data now packs into %d rows, the checkpoint's into %s: the data "
-                        "order after resuming differs from the interrupted run's",
-                        len(prep["rows"]["tokens"]), data_state.get("rows"))
+                        "order after resuming differs from the interrupted run's", rows,
+                        data_state.get("rows"))
         it.set_state(data_state["grain"])
-    step_fn = step_lib.make_train_step(cfg, mc, opt, mesh, shardings, prep["mask_token_id"])
-
     # MFU only when asked for (log_mfu, or a given peak_flops): the matmul-rate probe would
     # otherwise cost seconds at the start of every run
     peak = cfg.peak_flops or (step_lib.measure_matmul_flops() if cfg.log_mfu else None)
-    flops_row = step_lib.model_flops_per_row(mc, cfg.data.seq_len, cfg.objective.kind,
-                                             cfg.objective.block_size)
-    flops_step = flops_row * cfg.data.global_batch_size
-    metrics_path = cfg.metrics_file
-    if metrics_path is None and cfg.checkpoint.dir and "://" not in cfg.checkpoint.dir:
-        metrics_path = os.path.join(cfg.checkpoint.dir, "metrics.jsonl")
-    if primary and metrics_path:
-        ckpt.truncate_metrics(metrics_path, start)  # rows past the restored step are redone
-    writer = MetricsWriter(metrics_path, primary)
-    bar = None
-    if progress and cfg.progress and primary:
-        from tqdm import tqdm
-        bar = tqdm(total=cfg.steps, initial=start, desc="train", dynamic_ncols=True)
-    records = []
-    config_dict = cfg.to_dict()
-    pending = []    # (step, metrics on device): read at the log steps, so steps dispatch ahead
-    t_prev = time.perf_counter()
-
-    def flush():
-        """The pending steps' metrics to host, one record each (the interval's wall time shared
-        evenly: the steps were in flight together)."""
-        nonlocal t_prev
-        if not pending:
-            return
-        got = jax.device_get([m for _, m in pending])
-        now = time.perf_counter()
-        dt, t_prev = (now - t_prev) / len(pending), now
-        for (step, _), metrics in zip(pending, got):
-            rec = step_record(step, {k: float(v) for k, v in metrics.items()}, dt, start,
-                              flops_step / (peak * jax.device_count()) if peak else None,
-                              prep["docs"].skipped, not records)
-            records.append(rec)
-            if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps or "skipped_where" in rec:
-                writer.write(rec)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{rec['loss']:.4f}", tok_s=f"{rec['tokens_per_s']:.0f}")
-        pending.clear()
-
-    try:
-        for step in range(start, cfg.steps):
-            batch = data_lib.to_global(next(it), bsh, cfg.data.global_batch_size)
-            state, metrics = step_fn(state, batch)
-            pending.append((step, metrics))
-            last = step + 1 == cfg.steps
-            if step == start or (step + 1) % cfg.log_every == 0 or last:
-                flush()     # the first step alone (its time holds the compile)
-                if step == start:
-                    t_loop = time.perf_counter()
-                elif not last and out_of_time(cfg.time_limit_s, t_loop):
-                    last = True
-                    log.warning("stopping at step %d of %d: time_limit_s=%s reached; saved and "
-                                "exported as at the end (a rerun resumes)", step + 1, cfg.steps,
-                                cfg.time_limit_s)
-            if mgr is not None and ((step + 1) % cfg.checkpoint.every == 0 or last):
-                if primary and "://" not in cfg.checkpoint.dir:
-                    check_space(cfg.checkpoint.dir, ckpt.state_bytes(state),
-                                f"the checkpoint of step {step + 1}")
-                ckpt.save(mgr, step + 1, state, {"grain": it.get_state(),
-                                                 "rows": len(prep["rows"]["tokens"])},
-                          config_dict, force=True)
-            if last:
-                break
-    finally:
-        if bar is not None:
-            bar.close()
-        writer.close()
-        if mgr is not None:
-            mgr.wait_until_finished()
-    if cfg.checkpoint.export_hf:
-        export_hf(mc, state["params"], cfg.checkpoint.export_hf, prep["tokenizer_dir"], primary,
-                  force=cfg.checkpoint.export_force)
-    return {"records": records, "state": state, "model_config": mc, "start_step": start,
-            "skipped_lines": prep["docs"].skipped, "already_done": False}
+    flops_step = step_lib.model_flops_per_row(mc, cfg.data.seq_len, cfg.objective.kind,
+                                              cfg.objective.block_size) * cfg.data.global_batch_size
+    return Loop(cfg=cfg, step_fn=step_lib.make_train_step(cfg, mc, opt, mesh, shardings,
+                                                          prep["mask_token_id"]),
+                state=state, it=it, mgr=mgr, start=start, rows=rows,
+                to_batch=lambda local: data_lib.to_global(local, bsh, cfg.data.global_batch_size),
+                writer=MetricsWriter(metrics_path(cfg, start, primary), primary),
+                bar=progress_bar(cfg, start, progress and primary),
+                flops_per_peak=flops_step / (peak * jax.device_count()) if peak else None,
+                skipped_lines=prep["docs"].skipped)
 
 
-def out_of_time(limit_s: float | None, t0: float) -> bool:
-    """Whether `limit_s` seconds have passed since t0, agreed by every process (process 0's
-    clock decides)."""
-    if limit_s is None:
-        return False
+def restore(cfg, shapes, primary: bool):
+    """(checkpoint manager or None, (step, state, data state) of the latest complete checkpoint
+    or None). A run with resume=false moves the earlier steps aside first (nothing deleted)."""
     import jax
-    over = time.perf_counter() - t0 > limit_s
+    from jax.experimental import multihost_utils
+
+    from train import checkpoint as ckpt
+    c = cfg.checkpoint
+    if not c.dir:
+        return None, None
+    if not c.resume and primary and "://" not in c.dir:
+        ckpt.move_previous(c.dir)  # start fresh: nothing deleted
+    mgr = ckpt.make_manager(c.dir, every=c.every, keep=c.keep, async_save=c.async_save)
+    if not c.resume:
+        return mgr, None
+    found = ckpt.restore_latest(mgr, shapes, set_aside=primary)
     if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-        over = bool(multihost_utils.broadcast_one_to_all(over))
-    return over
+        multihost_utils.sync_global_devices("wedlm-train: restore")
+        mgr.reload()
+    if found is not None:
+        log.info("resumed from %s/%d", c.dir, found[0])
+    return mgr, found
 
 
-def step_record(step: int, metrics: dict, dt: float, start: int, flops_per_peak: float | None,
-                skipped: list, first: bool) -> dict:
-    """One metrics row: the step's loss terms, its wall time and rates (and MFU when the peak is
-    known); the run's skipped lines counted, and named on its first row."""
-    rec = {"step": step + 1, **metrics, "step_time_s": dt, "tokens_per_s": metrics["tokens"] / dt,
-           "includes_compile": step == start}
-    if flops_per_peak is not None:
-        rec["mfu"] = flops_per_peak / dt
-    if skipped:
-        rec["skipped_lines"] = len(skipped)
-        if first:
-            rec["skipped_where"] = skipped[:SKIPPED_NAMED]
-    return rec
+def initial_params(cfg, mc, mesh, shardings, progress: bool):
+    """The weights of a fresh run: model.from_hf, model.from_orbax, or random from the seed."""
+    from train import step as step_lib
+    if cfg.model.from_hf is not None:
+        from wedlm_jax.convert import load_hf_checkpoint
+        return load_hf_checkpoint(cfg.model.from_hf, mesh=mesh, dtype="f32", progress=progress)[1]
+    if cfg.model.from_orbax is not None:
+        from wedlm_jax.convert import load_orbax
+        return load_orbax(cfg.model.from_orbax, mesh=mesh, dtype="f32")[1]
+    return step_lib.init_params_sharded(mc, cfg.seed, shardings)
+
+
+def metrics_path(cfg, start: int, primary: bool) -> str | None:
+    """metrics_file, else <checkpoint.dir>/metrics.jsonl; rows past the restored step dropped."""
+    from train import checkpoint as ckpt
+    path = cfg.metrics_file
+    if path is None and cfg.checkpoint.dir and "://" not in cfg.checkpoint.dir:
+        path = os.path.join(cfg.checkpoint.dir, "metrics.jsonl")
+    if primary and path:
+        ckpt.truncate_metrics(path, start)  # rows past the restored step are redone
+    return path
+
+
+def progress_bar(cfg, start: int, show: bool):
+    if not (show and cfg.progress):
+        return None
+    from tqdm import tqdm
+    return tqdm(total=cfg.steps, initial=start, desc="train", dynamic_ncols=True)
 
 
 def export_hf(mc, params, out_dir, tokenizer_dir, primary: bool, force: bool = False) -> None:
@@ -438,6 +402,7 @@ def main(argv=None) -> int:
     from train.checkpoint import ResumeError
     from train.config import TrainConfigError
     from train.data import DataError
+    from train.loop import NonFiniteError
     from wedlm_jax.config import ConfigError
     from wedlm_jax.convert import CheckpointError
     from wedlm_jax.failures import disk_full, out_of_memory
@@ -450,6 +415,9 @@ def main(argv=None) -> int:
     except (TrainConfigError, DataError, ConfigError, CheckpointError, ResumeError) as e:
         print(f"wedlm-train: error: {e}", file=sys.stderr)
         return 2
+    except NonFiniteError as e:
+        print(f"wedlm-train: error: {e}; {kept_line(cfg)}", file=sys.stderr)
+        return 1
     except Exception as e:  # noqa: BLE001 - a full disk or memory is one line; anything else a bug
         full, oom = disk_full(e), out_of_memory(e)
         if full is not None:
@@ -469,6 +437,13 @@ def main(argv=None) -> int:
         return 0
     if result["skipped_lines"]:
         print(f"wedlm-train: skipped {len(result['skipped_lines'])} malformed line(s)", flush=True)
+    if result["stopped"] in ("SIGTERM", "SIGINT"):      # preempted: saved, not finished
+        step = records[-1]["step"] if records else result["start_step"]
+        where = (f"saved the checkpoint of step {step} in {cfg.checkpoint.dir}; rerun the same "
+                 "command to resume" if cfg.checkpoint.dir else "nothing saved (no checkpoint.dir)")
+        print(f"wedlm-train: stopped by {result['stopped']} at step {step} of {cfg.steps}; {where}",
+              file=sys.stderr, flush=True)
+        return 128 + int(getattr(signal, result["stopped"]))
     if records:
         last = records[-1]
         print(f"wedlm-train: step {last['step']} loss {last['loss']:.4f} "

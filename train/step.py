@@ -221,6 +221,11 @@ def make_step_fn(cfg: TrainConfig, model_cfg: ModelConfig, opt, mask_token_id: i
         new_params = optax.apply_updates(params, updates)
         metrics = dict(metrics, grad_norm=grad_norm, lr=schedule(state["step"]),
                        tokens=jnp.sum((batch["segment_ids"] != 0).astype(jnp.float32)))
+        if cfg.nonfinite_skips:     # a non-finite step leaves the weights and moments as they were
+            ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+            keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
+            new_params, opt_state = keep(new_params, params), keep(opt_state, state["opt_state"])
+            metrics["skipped_update"] = 1.0 - ok.astype(jnp.float32)
         new_state = {"params": new_params, "opt_state": opt_state, "step": state["step"] + 1}
         return new_state, metrics
 
@@ -242,7 +247,7 @@ def make_train_step(cfg: TrainConfig, model_cfg: ModelConfig, opt, mesh, shardin
             return step(state, batch)
 
     metric_keys = ("loss", "mlm_loss", "ar_loss", "masked_accuracy", "masked_count", "ar_accuracy",
-                   "grad_norm", "lr", "tokens")
+                   "grad_norm", "lr", "tokens") + (("skipped_update",) if cfg.nonfinite_skips else ())
     jitted = jax.jit(wrapped, in_shardings=(shardings, batch_shardings(mesh)),
                      out_shardings=(shardings, {k: replicated for k in metric_keys}),
                      donate_argnums=(0,))
