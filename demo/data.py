@@ -221,6 +221,30 @@ def build(out: str, *, stdlib: str | None = None, force: bool = False, vocab_siz
     t_start = time.perf_counter()
     out = os.path.abspath(out)
     mix = parse_mix(None) if mix is None else dict(mix)
+    check_build(out, force, vocab_size, heldout_percent, train_mb, workers, tokenizer_mb)
+    root = stdlib or stdlib_dir()
+    want = {k: train_mb * 1e6 * mix.get(k, 0.0) for k in DEFAULT_MIX}
+    train_files, held_files = split_code(root, heldout_percent, want["code"], log)
+    evals = tasks.heldout_items(HELDOUT_SEED, eval_count, eval_arith, eval_lists, eval_records)
+    evals += code_prompts(held_files, eval_code, seed)
+    skip = {e["prompt"] for e in evals}
+    skip_headers = {e["prompt"].split("\n", 1)[0] for e in evals if e["kind"] == "counting"}
+    train = [{"text": t, "kind": "code"} for _, t in train_files]
+    train += generate_all(want, workers, skip, skip_headers)
+    if not train:
+        raise DemoDataError("the training split is empty (every --mix share that has data is 0)")
+    random.Random(seed).shuffle(train)
+    held = [{"text": t, "kind": "code"} for _, t in held_files]
+    for kind in GENERATED:
+        held += [{"text": d, "kind": kind} for i in range(50)
+                 if (d := generated_doc(kind, HELDOUT_SEED + 100_000 + i, skip, skip_headers))]
+    settings = dict(stdlib=root, heldout_percent=heldout_percent, train_mb=train_mb, mix=mix,
+                    requested_vocab_size=vocab_size, seed=seed, heldout_seed=HELDOUT_SEED,
+                    python=sys.version.split()[0], workers=workers, tokenizer_mb=tokenizer_mb)
+    return write_folder(out, train, held, evals, vocab_size, tokenizer_mb, settings, t_start)
+
+
+def check_build(out, force, vocab_size, heldout_percent, train_mb, workers, tokenizer_mb) -> None:
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)) and not force:
         raise DemoDataError(f"output folder {out} already exists; pass --force to replace it")
     if not 256 + len(SPECIAL_TOKENS) < vocab_size <= 65536:
@@ -232,7 +256,11 @@ def build(out: str, *, stdlib: str | None = None, force: bool = False, vocab_siz
     if workers < 1 or not tokenizer_mb > 0:
         raise DemoDataError(f"--workers must be >= 1 and --tokenizer-mb > 0, got {workers} and "
                             f"{tokenizer_mb}")
-    root = stdlib or stdlib_dir()
+
+
+def split_code(root: str, heldout_percent: float, code_chars: float, log) -> tuple[list, list]:
+    """(training files, held-out files) of the code corpus: the split by file hash, the training
+    share whole files in path-hash order up to `code_chars` characters."""
     files = list_code_files(root)
     train_files = [(r, t) for r, t in files if not heldout_file(r, heldout_percent)]
     held_files = [(r, t) for r, t in files if heldout_file(r, heldout_percent)]
@@ -240,21 +268,19 @@ def build(out: str, *, stdlib: str | None = None, force: bool = False, vocab_siz
         raise DemoDataError(f"{root}: {len(files)} files give an empty "
                             f"{'training' if not train_files else 'held-out'} split at "
                             f"{heldout_percent}% held out; the corpus is too small")
-    want = {k: train_mb * 1e6 * mix.get(k, 0.0) for k in DEFAULT_MIX}
     ranked = sorted(train_files, key=lambda rt: hashlib.sha256(rt[0].encode()).hexdigest())
     chosen, size = [], 0
-    for r, t in ranked:           # the code share: whole files in path-hash order
-        if size >= want["code"]:
+    for r, t in ranked:
+        if size >= code_chars:
             break
         chosen.append((r, t))
         size += len(t)
-    train_files = sorted(chosen)
-    log(f"code: {len(files)} files under {root}: {len(train_files)} train, {len(held_files)} held out")
+    log(f"code: {len(files)} files under {root}: {len(chosen)} train, {len(held_files)} held out")
+    return sorted(chosen), held_files
 
-    evals = tasks.heldout_items(HELDOUT_SEED, eval_count, eval_arith, eval_lists, eval_records)
-    evals += code_prompts(held_files, eval_code, seed)
-    skip = {e["prompt"] for e in evals}
-    skip_headers = {e["prompt"].split("\n", 1)[0] for e in evals if e["kind"] == "counting"}
+
+def generate_all(want: dict, workers: int, skip, skip_headers) -> list[dict]:
+    """The generated kinds' training documents, each kind's characters split over the workers."""
     jobs = [(kind, want[kind] / workers, w, workers, skip, skip_headers)
             for kind in GENERATED for w in range(workers)]
     if workers > 1:
@@ -263,25 +289,20 @@ def build(out: str, *, stdlib: str | None = None, force: bool = False, vocab_siz
             parts = pool.starmap(generate_share, jobs)
     else:
         parts = [generate_share(*j) for j in jobs]
-    train = [{"text": t, "kind": "code"} for _, t in train_files]
-    train += [{"text": doc, "kind": kind} for (kind, *_), docs in zip(jobs, parts) for doc in docs]
-    if not train:
-        raise DemoDataError("the training split is empty (every --mix share that has data is 0)")
-    random.Random(seed).shuffle(train)
+    return [{"text": doc, "kind": kind} for (kind, *_), docs in zip(jobs, parts) for doc in docs]
 
-    held = [{"text": t, "kind": "code"} for _, t in held_files]
-    for kind in GENERATED:
-        held += [{"text": d, "kind": kind} for i in range(50)
-                 if (d := generated_doc(kind, HELDOUT_SEED + 100_000 + i, skip, skip_headers))]
 
+def write_folder(out, train, held, evals, vocab_size, tokenizer_mb, settings, t_start) -> dict:
+    """The tokenizer, the splits, the eval set and stats.json, built beside `out` and swapped in
+    whole; returns the stats."""
     tmp = out + f".partial-{os.getpid()}"
     if os.path.exists(tmp):
         shutil.rmtree(tmp)
     os.makedirs(tmp)
     try:
         t0 = time.perf_counter()
-        tok_dir = train_tokenizer(tokenizer_sample(train, tokenizer_mb), os.path.join(tmp, "tokenizer"),
-                                  vocab_size)
+        tok_dir = train_tokenizer(tokenizer_sample(train, tokenizer_mb),
+                                  os.path.join(tmp, "tokenizer"), vocab_size)
         t_tok = time.perf_counter() - t0
         from tokenizers import Tokenizer
         tok = Tokenizer.from_file(os.path.join(tok_dir, "tokenizer.json"))
@@ -290,19 +311,15 @@ def build(out: str, *, stdlib: str | None = None, force: bool = False, vocab_siz
             for kind in GENERATED + ("code",):
                 texts = [d["text"] for d in docs if d["kind"] == kind]
                 n_tok = sum(len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=False))
-                stats[name][kind] = {"documents": len(texts), "mb": sum(len(t.encode()) for t in texts) / 1e6,
-                                     "tokens": n_tok}
+                stats[name][kind] = {"documents": len(texts), "tokens": n_tok,
+                                     "mb": sum(len(t.encode()) for t in texts) / 1e6}
             _write_jsonl(os.path.join(tmp, f"{name}.jsonl"),
                          [{"text": d["text"]} if name == "train" else d for d in docs])
         _write_jsonl(os.path.join(tmp, "eval.jsonl"), evals)
         stats.update(
             vocab_size=tok.get_vocab_size(), special_tokens={t: tok.token_to_id(t) for t in SPECIAL_TOKENS},
             eval={k: sum(1 for e in evals if e["kind"] == k) for k in EVAL_KINDS},
-            settings=dict(stdlib=root, heldout_percent=heldout_percent, train_mb=train_mb, mix=mix,
-                          requested_vocab_size=vocab_size, seed=seed, heldout_seed=HELDOUT_SEED,
-                          python=sys.version.split()[0], workers=workers, tokenizer_mb=tokenizer_mb),
-            tokenizer_s=t_tok)
-        stats["build_s"] = time.perf_counter() - t_start
+            settings=settings, tokenizer_s=t_tok, build_s=time.perf_counter() - t_start)
         with open(os.path.join(tmp, "stats.json"), "w") as f:
             json.dump(stats, f, indent=1)
         if os.path.exists(out):

@@ -333,7 +333,12 @@ def validate(cfg: TrainConfig, where: str = "config") -> None:
     def bad(key, msg):
         raise TrainConfigError(f"{where}: {key} {msg}")
 
-    o, ob, d, m, c = cfg.optimizer, cfg.objective, cfg.data, cfg.mesh, cfg.checkpoint
+    for check in (_check_model, _check_objective, _check_optimizer, _check_data, _check_run,
+                  check_numbers):
+        check(cfg, bad)
+
+
+def _check_model(cfg: TrainConfig, bad) -> None:
     given = [k for k in ("from_hf", "from_orbax", "config") if getattr(cfg.model, k) is not None]
     if not given:
         bad("model", "needs model.from_hf (a Hugging Face folder), model.from_orbax (an Orbax "
@@ -342,6 +347,10 @@ def validate(cfg: TrainConfig, where: str = "config") -> None:
     if len(given) > 1:
         bad("model", f"takes one of model.from_hf, model.from_orbax, model.config; got "
                      f"{', '.join('model.' + k for k in given)}")
+
+
+def _check_objective(cfg: TrainConfig, bad) -> None:
+    ob = cfg.objective
     if ob.kind not in OBJECTIVES:
         bad("objective.kind", f"must be one of {', '.join(OBJECTIVES)}, got {ob.kind!r}")
     if ob.block_size < 1:
@@ -352,6 +361,10 @@ def validate(cfg: TrainConfig, where: str = "config") -> None:
         bad("objective.ar_weight", "must be > 0 for objective.kind=ar_only (it is the only loss)")
     if not 0 < ob.eps <= 1:
         bad("objective.eps", f"must be in (0, 1], got {ob.eps}")
+
+
+def _check_optimizer(cfg: TrainConfig, bad) -> None:
+    o = cfg.optimizer
     if cfg.steps < 1:
         bad("steps", f"must be >= 1, got {cfg.steps}")
     if o.lr <= 0 or o.final_lr < 0:
@@ -376,6 +389,10 @@ def validate(cfg: TrainConfig, where: str = "config") -> None:
     for name in ("b1", "b2"):
         if not 0 <= getattr(o, name) < 1:
             bad(f"optimizer.{name}", f"must be in [0, 1), got {getattr(o, name)}")
+
+
+def _check_data(cfg: TrainConfig, bad) -> None:
+    d, o, ob = cfg.data, cfg.optimizer, cfg.objective
     if d.seq_len < 2:
         bad("data.seq_len", f"must be >= 2, got {d.seq_len}")
     if ob.kind != "ar_only" and ob.block_size > d.seq_len:
@@ -392,6 +409,10 @@ def validate(cfg: TrainConfig, where: str = "config") -> None:
     if d.packed_dir is None and not d.train_files:
         bad("data.train_files", "is empty; list one or more JSONL files (or set data.packed_dir to "
                                 "a pretokenized folder)")
+
+
+def _check_run(cfg: TrainConfig, bad) -> None:
+    m, c = cfg.mesh, cfg.checkpoint
     for name in ("data", "fsdp", "tensor"):
         v = getattr(m, name)
         if v == 0 or v < -1 or (v == -1 and name != "data"):
@@ -420,7 +441,6 @@ def validate(cfg: TrainConfig, where: str = "config") -> None:
         bad("time_limit_s", f"must be a number of seconds > 0 (or null), got {cfg.time_limit_s}")
     if cfg.nonfinite_skips < 0:
         bad("nonfinite_skips", f"must be >= 0, got {cfg.nonfinite_skips}")
-    check_numbers(cfg, bad)
 
 
 STEP_MAX = 2 ** 31 - 1      # the train state's step counter is int32
