@@ -222,7 +222,6 @@ def dry_run(config, target: str, placement, *, method: str, window: int, refill:
     compiled for an accelerator (a TPU topology, or GPUs: wedlm_jax.targets) from config.json
     alone, laid out as `placement` says; (report text, fits). An out-of-memory compile is the
     verdict, not an error."""
-    from wedlm_jax.failures import out_of_memory
     devices, chip = describe_target(target)
     hbm = chip.hbm
     if placement.devices_needed > len(devices):
@@ -243,28 +242,13 @@ def dry_run(config, target: str, placement, *, method: str, window: int, refill:
              f" layout; {method} W {window} refill {refill}, {slots} slots x capacity {capacity}"]
     prompt = min(1 << max(capacity - 1, 1).bit_length(), capacity + 2 * window)
 
-    def verdict(compile_fn):
-        """A program's figures, or the compiler's out-of-memory message (a verdict, not an error)."""
-        try:
-            return compile_fn()
-        except Exception as e:  # noqa: BLE001 - only an out-of-memory compile is a verdict
-            reason = out_of_memory(e)
-            if reason is None:
-                raise
-            return reason
-
     made = {}
 
     def step():
         dec, compiled = generate_program(config, devs,
                                          **dict(settings, prefill_chunk=prefill_chunk))
         made["decoder"] = dec
-        lines[0] += (f"; paged cache, pages of {dec.static.page_size} rows"
-                     + (" (the platform's choice)" if placement.page_size is None else "")
-                     if dec.paged else "; dense cache")
-        if dec.compiler_options:
-            lines[0] += "; step compiled with " + ", ".join(
-                f"{k}={v}" for k, v in sorted(dec.compiler_options.items()))
+        lines[0] += step_note(dec, placement)
         return dict(generate_figures(dec, compiled), weight_formats=(
             compiled.input_formats[0][0] if dec.weight_layout == "compiler" else None))
 
@@ -282,7 +266,36 @@ def dry_run(config, target: str, placement, *, method: str, window: int, refill:
                        config, devs, **dict(settings, prompt_len=prompt, weight_formats=formats,
                                             prefill_chunk=min(prefill_chunk, prompt),
                                             page_size=None, num_pages=None))))]
-    fits = True
+    fits, rows = verdict_lines(results, limit)
+    return "\n".join(lines + rows), fits
+
+
+def verdict(compile_fn):
+    """A program's figures, or the compiler's out-of-memory message (a verdict, not an error)."""
+    from wedlm_jax.failures import out_of_memory
+    try:
+        return compile_fn()
+    except Exception as e:  # noqa: BLE001 - only an out-of-memory compile is a verdict
+        reason = out_of_memory(e)
+        if reason is None:
+            raise
+        return reason
+
+
+def step_note(dec, placement) -> str:
+    """What the dry run's headline says of the step: the cache and the compiler options."""
+    note = (f"; paged cache, pages of {dec.static.page_size} rows"
+            + (" (the platform's choice)" if placement.page_size is None else "")
+            if dec.paged else "; dense cache")
+    if dec.compiler_options:
+        note += "; step compiled with " + ", ".join(
+            f"{k}={v}" for k, v in sorted(dec.compiler_options.items()))
+    return note
+
+
+def verdict_lines(results, limit: int) -> tuple[bool, list[str]]:
+    """(fits, a line per program and the verdict) of [(label, figures or out-of-memory text)]."""
+    fits, lines = True, []
     for label, f in results:
         if isinstance(f, str):
             lines.append(f"  {label:<34} DOES NOT FIT: the compiler ran out of memory: {f}")
@@ -295,7 +308,7 @@ def dry_run(config, target: str, placement, *, method: str, window: int, refill:
                      f"{m['argument'] / GIB:.2f}, temporaries {m['temp'] / GIB:.2f})"
                      + ("" if ok else "  DOES NOT FIT"))
     lines.append(f"  verdict      {'FITS' if fits else 'DOES NOT FIT'} in {limit / GIB:.2f} GiB per chip")
-    return "\n".join(lines), fits
+    return fits, lines
 
 
 def dry_run_door(args, who: str) -> int:
