@@ -231,9 +231,18 @@ def generate(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]]
     except KeyboardInterrupt:
         interrupted = True
     wall = time.perf_counter() - t0
-    host = jax.device_get((state.steps, state.n_fwd, state.accepted, state.rejected))
+    host = row_counters(state, decoder.slots)
     return _collect(tokens, host, requests, dc, wall, setup_s, iterations, tokenizer, interrupted,
                     logprobs)
+
+
+def row_counters(state, slots: int):
+    """(steps, n_fwd, accepted, rejected) per slot; zeros when Ctrl-C came while a call held the
+    donated state (its buffers are gone; the tokens handed out before it are kept)."""
+    fields = (state.steps, state.n_fwd, state.accepted, state.rejected)
+    if any(x.is_deleted() for x in fields):
+        return tuple(np.zeros((slots,), np.int32) for _ in fields)
+    return jax.device_get(fields)
 
 
 def _collect(tokens, host, requests, dc: DecodeConfig, wall, compile_s, iterations, tokenizer,

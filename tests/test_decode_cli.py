@@ -188,6 +188,31 @@ def test_interrupt_stops_within_a_chunk_and_keeps_the_text(ckpt, monkeypatch, ca
     assert out.strip()          # the text decoded before the interrupt is printed
 
 
+def test_interrupt_inside_a_call_keeps_the_tokens_handed_out_before_it(ckpt, monkeypatch, capsys):
+    """Ctrl-C while a generate call holds the donated state (its buffers are gone): the rows keep
+    the tokens of the chunks before it, and wedlm-decode prints them and exits 130."""
+    from decode.decoder import Decoder
+    path, config, params = ckpt
+    real, calls = Decoder.generate, []
+
+    def interrupted_second_call(self, state, *a, **kw):
+        out = real(self, state, *a, **kw)        # the state passed in is donated: deleted now
+        calls.append(out[1])
+        if len(calls) == 3:                      # the compile call, one chunk, then Ctrl-C
+            raise KeyboardInterrupt
+        return out
+    monkeypatch.setattr(Decoder, "generate", interrupted_second_call)
+    res = generate(params, config, [[3, 4, 5]], DecodeConfig(method="ar", max_new_tokens=200),
+                   capacity=256)
+    first_chunk = calls[1].new_ids(0)
+    assert res.interrupted and res.tokens[0] == first_chunk and 0 < len(first_chunk) < 200
+    calls.clear()
+    code, out, err = _cli(capsys, "--checkpoint", path, "--prompt", "one two", "--method", "ar",
+                          "--max-new-tokens", "100", "--no-default-stops")
+    assert code == 130 and "interrupted" in err and "Array has been deleted" not in err, err
+    assert out.strip()
+
+
 def test_persistent_compilation_cache_is_reused_by_the_next_run(ckpt, tmp_path):
     """The first run fills --compile-cache; a second run of the same command compiles nothing new
     (every program loads from the folder) and prints the same text; the prompts-file keys are
