@@ -197,6 +197,8 @@ def _write_trace(args, tokenizer, prompts, config, params, dc, res, mask_token_i
 
 
 def main(argv=None) -> int:
+    from wedlm_jax import platforms
+    platforms.choose()      # no backend whose hardware is absent (a libtpu lock, a CUDA error)
     from wedlm_jax.failures import disk_full, out_of_memory
     parser = _parser()
     args = parser.parse_args(argv)

@@ -187,6 +187,8 @@ def build_server(args, opts: DoorOptions | None = None):
 
 
 def main(argv=None) -> int:
+    from wedlm_jax import platforms
+    platforms.choose()      # no backend whose hardware is absent (a libtpu lock, a CUDA error)
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:

@@ -66,6 +66,8 @@ def table(results: dict) -> str:
 
 
 def main(argv=None) -> int:
+    from wedlm_jax import platforms
+    platforms.choose()      # no backend whose hardware is absent (a libtpu lock, a CUDA error)
     p = argparse.ArgumentParser(prog="python -m demo.heldout", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="a checkpoint folder (HF layout, with tokenizer)")
     p.add_argument("--eval", default=None, help="eval.jsonl (default: the model folder's)")

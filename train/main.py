@@ -393,6 +393,8 @@ def kept_line(cfg) -> str:
 
 
 def main(argv=None) -> int:
+    from wedlm_jax import platforms
+    platforms.choose()      # no backend whose hardware is absent (a libtpu lock, a CUDA error)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     args = parse_args(argv)
     if not args.verbose:        # Orbax's and absl's INFO lines (dozens a checkpoint)

@@ -632,6 +632,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     """The command: `_convert` with SIGINT/SIGTERM and a full disk turned into one line each, the
     partial output removed first; exit 130 / 143 (signals) or 2 (errors)."""
+    from wedlm_jax import platforms
+    platforms.choose()      # no backend whose hardware is absent (a libtpu lock, a CUDA error)
     import threading
     args = _parser().parse_args(argv)
     previous = {}

@@ -112,6 +112,12 @@ def describe_tpu(name: str) -> tuple[list, Chip]:
     try:
         desc = topologies.get_topology_desc(platform="tpu", topology_name=name, **kw)
     except Exception as e:  # noqa: BLE001 - libtpu's own message, one line
+        if "lockfile" in str(e):
+            raise TargetError(
+                f"{name!r}: the TPU compiler (libtpu) is held by another process (its lock "
+                "/tmp/libtpu_lockfile): one process at a time uses it; wait for that one (another "
+                "dry run or TPU compile) to end, or set ALLOW_MULTIPLE_LIBTPU_LOAD=1 to share "
+                "it") from None
         raise TargetError(f"{name!r}: libtpu cannot describe it ({_first_line(e)}); "
                           f"accepted: {FORMS}") from None
     return list(desc.devices), TPU_CHIPS[gen]
