@@ -143,12 +143,12 @@ def _prompt_ids(obj: dict, tokenizer, chat: bool, where: str) -> list:
                            and isinstance(m.get("content"), str) for m in msgs)):
             raise DecodeConfigError(f"{where}: field 'messages' must be a non-empty list of "
                                     "{'role': str, 'content': str} objects")
-        ids = tokenizer.encode(_render(tokenizer, msgs, where, "messages"))
+        ids = _encode(tokenizer, _render(tokenizer, msgs, where, "messages"), where, "messages")
     else:
         p = obj["prompt"]
         if isinstance(p, str):
             text = _render(tokenizer, [{"role": "user", "content": p}], where, "prompt") if chat else p
-            ids = tokenizer.encode(text)
+            ids = _encode(tokenizer, text, where, "prompt")
         elif isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in p):
             ids = list(p)
         else:
@@ -157,6 +157,13 @@ def _prompt_ids(obj: dict, tokenizer, chat: bool, where: str) -> list:
         raise DecodeConfigError(f"{where}: field {'messages' if 'messages' in obj else 'prompt'!r} "
                                 "encodes to no tokens")
     return ids
+
+
+def _encode(tokenizer, text: str, where: str, field: str) -> list:
+    try:
+        return tokenizer.encode(text)
+    except ValueError as e:      # wedlm_jax.tokenizer.TextError: not valid Unicode
+        raise DecodeConfigError(f"{where}: field {field!r}: {e}") from None
 
 
 def _render(tokenizer, messages, where, field) -> str:

@@ -25,6 +25,7 @@ from decode.config import (DecodeConfigError, DoorOptions, EngineOptions, Placem
                            add_decoding_arguments)
 from decode.checkpoint import OpenCheckpoint
 from decode.text import ChatTemplateError, load_tokenizer, split_stop_strings, stop_at_strings
+from wedlm_jax.tokenizer import TextError
 from wedlm_jax import compile_cache, distributed
 
 
@@ -63,11 +64,16 @@ def _read_prompts(args, tokenizer) -> list[tuple[str, list[int]]]:
     if args.prompt is not None:
         items.append(("--prompt", args.prompt))
     else:
-        with open(args.prompts_file) as f:
-            for lineno, line in enumerate(f, 1):
+        with open(args.prompts_file, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                where = f"{args.prompts_file}:{lineno}"
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise DecodeConfigError(f"{where}: not UTF-8 ({e.reason} at byte "
+                                            f"{e.start + 1} of the line)") from None
                 if not line.strip():
                     continue
-                where = f"{args.prompts_file}:{lineno}"
                 try:
                     items.append((where, json.loads(line)))
                 except json.JSONDecodeError as e:
@@ -96,9 +102,10 @@ def _read_prompts(args, tokenizer) -> list[tuple[str, list[int]]]:
                 text = tokenizer.apply_chat_template([{"role": "user", "content": item}])
             else:
                 text = item
-        except ChatTemplateError as e:
+            ids = tokenizer.encode(text)
+        except (ChatTemplateError, TextError) as e:
             raise DecodeConfigError(f"{where}: {e}") from None
-        out.append((text, tokenizer.encode(text)))
+        out.append((text, ids))
     return out
 
 
@@ -117,7 +124,10 @@ def run(args) -> dict:
     read = {}
 
     def read_inputs(tokenizer):
-        read["stops"] = split_stop_strings(tokenizer, args.stop)
+        try:
+            read["stops"] = split_stop_strings(tokenizer, args.stop)
+        except DecodeConfigError as e:
+            raise DecodeConfigError(f"--stop: {e}") from None
         read["prompts"] = _read_prompts(args, tokenizer)
         if args.trace is not None:
             from decode.trace import check_request

@@ -31,7 +31,10 @@ def split_stop_strings(tokenizer: TextTokenizer, strings: Sequence[str]) -> tupl
     """(ids of single-token stop strings, the multi-token strings cut after decoding)."""
     ids, cut = [], []
     for s in strings:
-        enc = tokenizer.encode(s)
+        try:
+            enc = tokenizer.encode(s)
+        except ValueError as e:      # wedlm_jax.tokenizer.TextError
+            raise DecodeConfigError(f"stop string {ascii(s)}: {e}") from None
         if not enc:
             raise DecodeConfigError(f"stop string {s!r} tokenizes to nothing")
         if len(enc) == 1:

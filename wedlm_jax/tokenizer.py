@@ -193,6 +193,24 @@ def _token_string(tok):
     return tok.get("content") if isinstance(tok, dict) else tok
 
 
+class TextError(ValueError):
+    """Text a tokenizer cannot take: not a string, or not valid Unicode (a lone surrogate, as a
+    JSON escape like \\ud800 or a non-UTF-8 byte in argv decodes to)."""
+
+
+def check_text(text, what: str = "text") -> str:
+    """`text` itself when it is a string of valid Unicode; TextError naming the first bad
+    character otherwise."""
+    if not isinstance(text, str):
+        raise TextError(f"{what} must be a string, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise TextError(f"{what} is not valid Unicode: {ascii(text[e.start])} at character "
+                        f"{e.start + 1} is a lone surrogate (an invalid escape or byte)") from None
+    return text
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Tokenizer:
     """A `tokenizers.Tokenizer` plus what the folder's json files say around it."""
@@ -220,7 +238,7 @@ class Tokenizer:
         return self.token_id(self.eos_token)
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        return list(self.tokenizer.encode(check_text(text), add_special_tokens=False).ids)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
