@@ -206,6 +206,17 @@ def _write_trace(args, tokenizer, prompts, config, params, dc, res, mask_token_i
     return dict(path=path, steps=[len(v["steps"]) for v in views])
 
 
+def print_texts(results: list, shown: bool) -> None:
+    """Each prompt's text on stdout, after a "=== [i] ===" line when there are several; not again
+    when --stream already showed it on this terminal (stderr and stdout both the screen)."""
+    if shown:
+        return
+    for i, r in enumerate(results):
+        if len(results) > 1:
+            print(f"=== [{i}] ===")
+        print(r["text"])
+
+
 def main(argv=None) -> int:
     from wedlm_jax import platforms
     platforms.choose()      # no backend whose hardware is absent (a libtpu lock, a CUDA error)
@@ -248,8 +259,7 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(out, indent=1))
     else:
-        for r in out["results"]:
-            print(r["text"])
+        print_texts(out["results"], shown=args.stream and sys.stdout.isatty() and sys.stderr.isatty())
         t = out["total"]
         print(f"[{t['method']}] {t['n_gen']} tokens, {t['steps']} forwards, "
               f"{t['tokens_per_forward']:.2f} tokens/forward, p_cache {t['p_cache']:.3f}, "

@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="Orbax or Hugging Face checkpoint folder")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=8000, help="TCP port to listen on (default 8000)")
     p.add_argument("--model-name", default=None, help="the `model` clients name (default: the folder's name)")
     p.add_argument("--api-key", default=None, help=f"require this bearer token (default: ${API_KEY_ENV})")
     p.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot before 429")
@@ -204,8 +204,8 @@ def main(argv=None) -> int:
         print(f"wedlm-serve: error: {e}", file=sys.stderr)
         return 2
     except ImportError as e:
-        print(f"wedlm-serve: error: {e.name} is missing; install the serve extra: pip install "
-              f"'wedlm-jax[serve]'", file=sys.stderr)
+        print(f"wedlm-serve: error: {e.name} is missing; install the serve extra: pip install -e "
+              f"'.[serve]' in the repository", file=sys.stderr)
         return 2
     try:
         engine, app, cfg = build_server(args, opts)

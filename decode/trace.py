@@ -63,7 +63,7 @@ def check_request(path: str, method: str, num_prompts: int) -> str:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            raise TraceError("a PNG trace needs matplotlib (pip install 'wedlm-jax[plot]'); "
+            raise TraceError("a PNG trace needs matplotlib (pip install -e '.[plot]' in the repository); "
                              "an .html trace does not") from None
     return kind
 

@@ -193,6 +193,13 @@ def check_outputs(cfg) -> None:
     c = cfg.checkpoint
     if c.dir and "://" not in c.dir and os.path.lexists(c.dir) and not os.path.isdir(c.dir):
         raise TrainConfigError(f"checkpoint.dir {c.dir}: exists and is not a folder")
+    from wedlm_jax.failures import check_writable
+    for key, path in (("checkpoint.dir", c.dir), ("checkpoint.export_hf", c.export_hf)):
+        if path and "://" not in path:
+            try:
+                check_writable(path, key)
+            except PermissionError as e:
+                raise TrainConfigError(str(e)) from None
     if not c.export_hf:
         return
     if "://" in c.export_hf:

@@ -47,7 +47,8 @@ from wedlm_jax import hf_mapping, model, sharding
 from wedlm_jax import safetensors_io as st
 from wedlm_jax.config import ConfigError, ModelConfig, settle_qk_norm
 from wedlm_jax.dtypes import DTYPE_ALIASES, DtypeError, allowed, jnp_dtype
-from wedlm_jax.failures import DiskFullError, check_space, disk_full, format_bytes, mount_point
+from wedlm_jax.failures import (DiskFullError, check_space, check_writable, disk_full, format_bytes,
+                                mount_point)
 from wedlm_jax.safetensors_io import CheckpointError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
@@ -143,6 +144,23 @@ def _copy_tokenizer(src: str | None, dst: str) -> list[str]:
             shutil.copyfile(path, os.path.join(dst, name))
             copied.append(name)
     return copied
+
+
+def check_tokenizer(folder: str) -> str | None:
+    """The source folder's tokenizer before it travels with the weights: a CheckpointError naming
+    a tokenizer.json that does not load; a note (None when there is one) when the folder has none."""
+    path = os.path.join(folder, "tokenizer.json")
+    if not os.path.isfile(path):
+        return (f"note: {folder} has no tokenizer.json; the converted folder has none either "
+                "(decoding needs one: copy it in)")
+    try:
+        from tokenizers import Tokenizer
+        Tokenizer.from_file(path)
+    except Exception as e:  # noqa: BLE001 - the tokenizers library's own message, one line
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise CheckpointError(f"{path}: not a tokenizer the tokenizers library reads ({first}); "
+                              "fix or remove it before converting") from None
+    return None
 
 
 def read_config(folder: str) -> ModelConfig:
@@ -673,6 +691,10 @@ def _convert(args, needed: list) -> int:
         if os.path.realpath(src) == os.path.realpath(args.out):
             raise CheckpointError(f"{args.out}: the output folder is the input folder; choose "
                                   f"another --out")
+        check_writable(args.out, "--out")
+        tokenizer_note = check_tokenizer(src)
+        if tokenizer_note:
+            print(f"wedlm-convert: {tokenizer_note}", file=sys.stderr)
         if args.command == "hf-to-orbax":
             check_out_dir(os.path.abspath(args.out), args.force)
             config, params = load_hf_checkpoint(args.hf, dtype=args.dtype,

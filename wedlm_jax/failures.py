@@ -82,6 +82,24 @@ def free_bytes(path: str) -> int:
     return shutil.disk_usage(p).free
 
 
+def check_writable(path: str, what: str) -> None:
+    """PermissionError naming `what` and `path` when nothing can be written there (a read-only
+    folder or file system): a file is created and removed in `path`, or in its nearest existing
+    parent when it does not exist yet."""
+    import tempfile
+    where = os.path.abspath(path)
+    while not os.path.isdir(where):
+        parent = os.path.dirname(where)
+        if parent == where:
+            break
+        where = parent
+    try:
+        with tempfile.NamedTemporaryFile(dir=where, prefix=".wedlm-write-check-"):
+            pass
+    except OSError as e:
+        raise PermissionError(f"{what} {path}: cannot write in {where} ({e.strerror})") from None
+
+
 def check_space(path: str, need: int, what: str) -> None:
     """DiskFullError naming `what`, `path` and both sizes when `path`'s file system has fewer than
     `need` bytes free."""

@@ -136,9 +136,4 @@ def combine(terms: dict, ar_weight: float = 1.0, *, objective: str = "dual",
     return loss, metrics
 
 
-def objective_loss(logits, batch, ar_weight: float = 1.0, objective: str = "dual"):
-    """`combine(loss_terms(logits, batch), ar_weight, objective=objective)`."""
-    return combine(loss_terms(logits, batch), ar_weight, objective=objective)
-
-
-__all__ = ["OBJECTIVES", "TERM_KEYS", "loss_terms", "chunked_loss_terms", "weight_totals", "combine", "objective_loss"]
+__all__ = ["OBJECTIVES", "TERM_KEYS", "loss_terms", "chunked_loss_terms", "weight_totals", "combine"]

@@ -1,20 +1,18 @@
 """Which JAX backends a wedlm process starts, decided before JAX starts one.
 
-JAX tries every backend whose plugin is installed. With libtpu installed (the `tpu` extra, or the
-TPU compiler the tests use) a process on a machine without a TPU still opens libtpu, which takes a
-machine-wide lock (/tmp/libtpu_lockfile): a second process that needs the TPU compiler (a dry run
-for a topology) then fails, and every start logs "Unable to initialize backend 'tpu'". A CUDA
-plugin on a machine without a GPU (XLA's GPU compiler installed for `--topology h100`) fails its
-start likewise. `choose()` leaves out the backends whose plugin is installed but whose hardware
-is absent, by setting JAX_PLATFORMS (never when the user set it); a machine with the hardware,
-or without such a plugin, keeps JAX's own choice.
+JAX tries the TPU backend on every Linux machine and every installed GPU plugin. Without a TPU
+that logs "Unable to initialize backend 'tpu'" at each start, and with libtpu installed (the `tpu`
+extra, or the TPU compiler the tests use) it opens libtpu, which takes a machine-wide lock
+(/tmp/libtpu_lockfile): a second process that needs the TPU compiler (a dry run for a topology)
+then fails. A CUDA plugin on a machine without a GPU (XLA's GPU compiler installed for
+`--topology h100`) fails its start likewise. `choose()` leaves out the backends whose hardware is
+absent, by setting JAX_PLATFORMS (never when the user set it).
 """
 
 from __future__ import annotations
 
 import glob
 import importlib.metadata
-import importlib.util
 import os
 import shutil
 import sys
@@ -30,19 +28,22 @@ def gpu_present() -> bool:
             or shutil.which("nvidia-smi") is not None)
 
 
-def cuda_plugin_installed() -> bool:
-    return any((d.metadata["Name"] or "").lower().startswith(("jax-cuda", "jax_cuda"))
+def plugin_installed(prefix: str) -> bool:
+    """Whether a jax plugin distribution (jax-cuda12-plugin, jax-rocm60-plugin, ...) is installed."""
+    return any((d.metadata["Name"] or "").lower().replace("_", "-").startswith(prefix)
                for d in importlib.metadata.distributions())
 
 
 def platforms() -> str | None:
-    """The JAX_PLATFORMS value this machine wants, or None for JAX's own choice."""
-    libtpu = importlib.util.find_spec("libtpu") is not None
-    cuda = cuda_plugin_installed()
-    tpu, gpu = tpu_present(), gpu_present()
-    if not ((libtpu and not tpu) or (cuda and not gpu)):
+    """The JAX_PLATFORMS value this machine wants, or None for JAX's own choice: the backends
+    whose hardware is here (JAX tries the TPU one on every Linux machine, and each installed GPU
+    plugin), then the CPU."""
+    tpu, gpu, amd = tpu_present(), gpu_present(), os.path.exists("/dev/kfd")
+    cuda, rocm = plugin_installed("jax-cuda"), plugin_installed("jax-rocm")
+    if tpu and (gpu or not cuda) and (amd or not rocm):
         return None
-    keep = (["tpu"] if libtpu and tpu else []) + (["cuda"] if cuda and gpu else []) + ["cpu"]
+    keep = (["tpu"] if tpu else []) + (["cuda"] if cuda and gpu else []) \
+        + (["rocm"] if rocm and amd else []) + ["cpu"]
     return ",".join(keep)
 
 

@@ -8,8 +8,8 @@ their own structure (queries and keys may differ). Which query sees which key is
 keys sharing one structure).
 
 Layouts (helpers below build their structures):
-    dual-stream (§2)        `dual_stream_structure` / `arrangement_structure(arrangement)`
-    section-4.1 reorder      `arrangement_structure` of an "plain" arrangement (prediction, block 0)
+    dual-stream (§2)        `dual_stream_structure` / `as_structure(arrangement)`
+    section-4.1 reorder      `as_structure` of a "plain" arrangement (prediction, block 0)
     causal + packing         `causal_structure(segment_ids)` (== `attention.segment_mask`)
 (Cache-mode decoding is not a structure layout: see `wedlm_jax.cache_attention`.)
 
@@ -75,11 +75,6 @@ def as_structure(structure, batch: int | None = None) -> dict:
     if batch is not None and out["segment"].shape[0] != batch:
         out = {k: jnp.broadcast_to(a, (batch, a.shape[1])) for k, a in out.items()}
     return out
-
-
-def arrangement_structure(arrangement) -> dict:
-    """The structure of a `masking` arrangement (dual, plain or ar; one row or a batch)."""
-    return as_structure(arrangement)
 
 
 def dual_stream_structure(segment_ids, block_size: int) -> dict:
@@ -392,10 +387,3 @@ def tiled_attention(q, k, v, q_struct, k_struct, scale: float, *, tile_q: int = 
     arrays = (plan.state, plan.kv_index, plan.kv_count, plan.q_index, plan.q_count)
     out = _tiled_core(q, k, v, qs, ks, arrays, float(scale), tq, tk)
     return out[:, :s]
-
-
-def attention_flops(plan: TilePlan, num_heads: int, head_dim: int) -> dict:
-    """Matmul FLOPs (forward: QK^T and PV) of the computed tiles vs all tiles."""
-    c = plan_counts(plan)
-    per_pair = 2 * 2 * plan.tile_q * plan.tile_k * num_heads * head_dim
-    return {"computed": (c["partial"] + c["full"]) * per_pair, "dense": c["total"] * per_pair}

@@ -1,0 +1,78 @@
+"""What a new user meets in the first hour, each a one-line answer: an output folder that cannot be
+written (wedlm-convert, wedlm-train), a missing or broken tokenizer at conversion, the prompts of
+a file told apart on stdout, --stream not printing the text twice on a terminal, the help and
+install hints that name real flags and commands."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from decode import cli, serve
+from tests.tiny_checkpoint import make_checkpoint
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+UNWRITABLE = "/proc/wedlm-out"      # a file system where nothing can be created, even by root
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("frictions"))[0]
+
+
+def _run(*argv):
+    r = subprocess.run([sys.executable, "-m", *argv], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    return r.returncode, r.stderr.strip().splitlines()
+
+
+def test_convert_names_an_unwritable_output_before_reading_weights(ckpt):
+    code, err = _run("wedlm_jax.convert", "hf-to-orbax", "--hf", ckpt, "--out", UNWRITABLE)
+    assert code == 2 and err == [f"wedlm-convert: error: --out {UNWRITABLE}: cannot write in "
+                                 "/proc (No such file or directory)"], err
+
+
+def test_convert_refuses_a_broken_tokenizer_and_notes_a_missing_one(ckpt, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(ckpt, src)
+    (src / "tokenizer.json").write_text("{not json")
+    code, err = _run("wedlm_jax.convert", "hf-to-orbax", "--hf", str(src), "--out",
+                     str(tmp_path / "o1"))
+    assert code == 2 and len(err) == 1 and err[0].startswith(
+        f"wedlm-convert: error: {src / 'tokenizer.json'}: not a tokenizer the tokenizers library "
+        "reads"), err
+    assert not (tmp_path / "o1").exists()
+    os.remove(src / "tokenizer.json")
+    code, err = _run("wedlm_jax.convert", "hf-to-orbax", "--hf", str(src), "--out",
+                     str(tmp_path / "o2"), "--no-progress")
+    assert code == 0 and err[0] == (f"wedlm-convert: note: {src} has no tokenizer.json; the "
+                                    "converted folder has none either (decoding needs one: copy "
+                                    "it in)"), err
+
+
+def test_train_names_an_unwritable_checkpoint_dir_before_the_model_loads():
+    code, err = _run("train.main", "--config", "configs/tiny_cpu.yaml", f"checkpoint.dir={UNWRITABLE}")
+    assert code == 2 and err == [f"wedlm-train: error: checkpoint.dir {UNWRITABLE}: cannot write "
+                                 "in /proc (No such file or directory)"], err
+
+
+def test_prompt_texts_are_told_apart_and_stream_is_not_repeated(monkeypatch, capsys):
+    rows = [{"text": "one\n\ntwo"}, {"text": "three"}]
+    cli.print_texts(rows, shown=False)
+    assert capsys.readouterr().out == "=== [0] ===\none\n\ntwo\n=== [1] ===\nthree\n"
+    cli.print_texts(rows[:1], shown=False)
+    assert capsys.readouterr().out == "one\n\ntwo\n"          # one prompt: the text alone
+    cli.print_texts(rows, shown=True)                         # --stream showed it on the screen
+    assert capsys.readouterr().out == ""
+
+
+def test_help_and_install_hints_name_real_things():
+    text = " ".join(serve._parser().format_help().split())
+    assert "--port PORT TCP port to listen on (default 8000)" in text
+    for path, hint in (("decode/serve.py", "pip install -e \"
+              f\"'.[serve]'"),
+                       ("decode/trace.py", "pip install -e '.[plot]'")):
+        src = open(os.path.join(ROOT, path)).read()
+        assert "wedlm-jax[" not in src and hint in src, path
