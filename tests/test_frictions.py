@@ -71,8 +71,7 @@ def test_prompt_texts_are_told_apart_and_stream_is_not_repeated(monkeypatch, cap
 def test_help_and_install_hints_name_real_things():
     text = " ".join(serve._parser().format_help().split())
     assert "--port PORT TCP port to listen on (default 8000)" in text
-    for path, hint in (("decode/serve.py", "pip install -e \"
-              f\"'.[serve]'"),
+    for path, hint in (("decode/serve.py", "'.[serve]' in the repository"),
                        ("decode/trace.py", "pip install -e '.[plot]'")):
         src = open(os.path.join(ROOT, path)).read()
         assert "wedlm-jax[" not in src and hint in src, path
