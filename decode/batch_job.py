@@ -345,8 +345,14 @@ def run_job(args) -> int:
                                                           **Sampling.pick(it.sampling))))
         except DecodeConfigError as e:
             raise DecodeConfigError(f"{args.input}:{it.line}: {e}") from None
-    with open(output, "a", encoding="utf-8") as out:
-        stats = _decode_all(Batcher(decoder), todo, requests, tokenizer, out)
+    try:
+        with open(output, "a", encoding="utf-8") as out:
+            stats = _decode_all(Batcher(decoder), todo, requests, tokenizer, out)
+    except KeyboardInterrupt:       # every line written is whole (each is flushed as it finishes)
+        kept = len(scan_output(output)[0])
+        print(f"\nwedlm-decode: interrupted (Ctrl-C): {kept} result(s) kept in {output}; rerun "
+              "the same command to decode the rest", file=sys.stderr)
+        return 130
     _summary(stats, args, skipped, output)
     if stats["errors"]:
         print(f"wedlm-decode: {stats['errors']} request(s) failed in the engine (finish_reason "

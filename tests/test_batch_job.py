@@ -227,3 +227,32 @@ def test_input_honours_refill_prefill_chunk_and_sampling_order(ckpt, tmp_path, c
     bad = _write(tmp_path / "bad.jsonl", [{"prompt": "hi", "sampling_order": "random"}])
     assert cli.main(["--checkpoint", path, "--input", bad, "--output", str(tmp_path / "o2.jsonl")]) == 2
     assert "bad.jsonl:1: field 'sampling_order'" in capsys.readouterr().err
+
+
+def test_ctrl_c_keeps_the_finished_results_and_says_how_many(ckpt, tmp_path, capsys, monkeypatch):
+    """Ctrl-C in the batch job: the lines written so far are whole and counted, exit 130, and a
+    rerun decodes only the rest."""
+    from decode.batching import Batcher
+    path = ckpt[0]
+    src = _write(tmp_path / "in.jsonl", [{"id": i, "prompt": "one two", "max_tokens": 2 + 10 * i}
+                                         for i in range(4)])
+    out = tmp_path / "out.jsonl"
+    real, seen = Batcher.step, []
+
+    def step_then_ctrl_c(self):
+        more = real(self)
+        if os.path.exists(out) and open(out).read().count("\n") >= 1:
+            raise KeyboardInterrupt
+        return more
+    monkeypatch.setattr(Batcher, "step", step_then_ctrl_c)
+    code = cli.main(["--checkpoint", path, "--input", src, "--output", str(out), "--slots", "1",
+                     "--window", str(WINDOW), "--no-default-stops"])
+    err = capsys.readouterr().err.strip().splitlines()
+    kept = open(out).read().count("\n")
+    assert code == 130 and 1 <= kept < 4, err
+    assert err[-1] == (f"wedlm-decode: interrupted (Ctrl-C): {kept} result(s) kept in {out}; rerun "
+                       "the same command to decode the rest"), err
+    monkeypatch.setattr(Batcher, "step", real)
+    assert cli.main(["--checkpoint", path, "--input", src, "--output", str(out), "--slots", "1",
+                     "--window", str(WINDOW), "--no-default-stops"]) == 0
+    assert sorted(json.loads(x)["id"] for x in open(out)) == [0, 1, 2, 3]
