@@ -67,67 +67,55 @@ def _id_key(value) -> str:
 def read_input(path: str, tokenizer, defaults: Sampling, base_stop_ids: list, base_stop_strings: list,
                chat: bool, capacity: int | None, vocab_size: int | None = None) -> list[Item]:
     """Parse and validate every line; raises DecodeConfigError naming `path:line` and the field."""
-    from decode.text import split_stop_strings
+    from decode.text import json_lines, split_stop_strings
     if not os.path.isfile(path):
         raise DecodeConfigError(f"--input {path}: no such file")
     items, seen = [], {}
-    with open(path, "rb") as f:
-        for lineno, raw_bytes in enumerate(f, 1):
-            where = f"{path}:{lineno}"
-            try:
-                raw = raw_bytes.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DecodeConfigError(f"{where}: not UTF-8 ({e.reason} at byte {e.start + 1} of "
-                                        f"the line)") from None
-            if not raw.strip():
-                continue
-            try:
-                obj = json.loads(raw)
-            except json.JSONDecodeError as e:
-                raise DecodeConfigError(f"{where}: not valid JSON ({e})") from None
-            if not isinstance(obj, dict):
-                raise DecodeConfigError(f"{where}: expected a JSON object with 'prompt' or 'messages', "
-                                        f"got {type(obj).__name__}")
-            unknown = sorted(set(obj) - set(FIELDS))
-            if unknown:
-                raise DecodeConfigError(f"{where}: field {unknown[0]!r} is unknown; allowed: {', '.join(FIELDS)}")
-            rid = obj.get("id", lineno)
-            if isinstance(rid, bool) or not isinstance(rid, (str, int)):
-                raise DecodeConfigError(f"{where}: field 'id' must be a string or an int, got {rid!r}")
-            if _id_key(rid) in seen:
-                raise DecodeConfigError(f"{where}: field 'id' {rid!r} repeats line {seen[_id_key(rid)]}")
-            seen[_id_key(rid)] = lineno
-            ids = _prompt_ids(obj, tokenizer, chat, where)
-            if vocab_size is not None and max(ids) >= vocab_size:
-                raise DecodeConfigError(f"{where}: field 'prompt' has token id {max(ids)} outside the "
-                                        f"vocabulary [0, {vocab_size})")
-            if "max_tokens" in obj and "max_new_tokens" in obj:
-                raise DecodeConfigError(f"{where}: give one of 'max_tokens' and 'max_new_tokens', not both")
-            given = {k: obj[k] for k in SETTINGS if k in obj}
-            if "max_tokens" in obj:
-                given["max_new_tokens"] = obj["max_tokens"]
-            stops = obj.get("stop", [])
-            if isinstance(stops, str):
-                stops = [stops]
-            if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-                raise DecodeConfigError(f"{where}: field 'stop' must be a non-empty string or a list of them, "
-                                        f"got {obj.get('stop')!r}")
-            try:
-                one_token, _ = split_stop_strings(tokenizer, stops)
-            except DecodeConfigError as e:
-                raise DecodeConfigError(f"{where}: field 'stop': {e}") from None
-            try:
-                sampling = defaults.replace(**given, stop_token_ids=tuple(dict.fromkeys(
-                    list(base_stop_ids) + one_token)))
-            except DecodeConfigError as e:
-                field = {"max_new_tokens": "max_tokens" if "max_tokens" in obj else "max_new_tokens",
-                         "stop_token_ids": "stop"}.get(e.field, e.field)
-                raise DecodeConfigError(f"{where}: field {field!r}: {e}") from None
-            if capacity is not None and len(ids) > capacity:
-                raise DecodeConfigError(f"{where}: field 'prompt' has {len(ids)} tokens, longer than the "
-                                        f"capacity {capacity}")
-            items.append(Item(id=rid, line=lineno, prompt_ids=ids, sampling=sampling,
-                              stop_strings=tuple(dict.fromkeys(list(base_stop_strings) + stops))))
+    for lineno, obj in json_lines(path):
+        where = f"{path}:{lineno}"
+        if not isinstance(obj, dict):
+            raise DecodeConfigError(f"{where}: expected a JSON object with 'prompt' or 'messages', "
+                                    f"got {type(obj).__name__}")
+        unknown = sorted(set(obj) - set(FIELDS))
+        if unknown:
+            raise DecodeConfigError(f"{where}: field {unknown[0]!r} is unknown; allowed: {', '.join(FIELDS)}")
+        rid = obj.get("id", lineno)
+        if isinstance(rid, bool) or not isinstance(rid, (str, int)):
+            raise DecodeConfigError(f"{where}: field 'id' must be a string or an int, got {rid!r}")
+        if _id_key(rid) in seen:
+            raise DecodeConfigError(f"{where}: field 'id' {rid!r} repeats line {seen[_id_key(rid)]}")
+        seen[_id_key(rid)] = lineno
+        ids = _prompt_ids(obj, tokenizer, chat, where)
+        if vocab_size is not None and max(ids) >= vocab_size:
+            raise DecodeConfigError(f"{where}: field 'prompt' has token id {max(ids)} outside the "
+                                    f"vocabulary [0, {vocab_size})")
+        if "max_tokens" in obj and "max_new_tokens" in obj:
+            raise DecodeConfigError(f"{where}: give one of 'max_tokens' and 'max_new_tokens', not both")
+        given = {k: obj[k] for k in SETTINGS if k in obj}
+        if "max_tokens" in obj:
+            given["max_new_tokens"] = obj["max_tokens"]
+        stops = obj.get("stop", [])
+        if isinstance(stops, str):
+            stops = [stops]
+        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+            raise DecodeConfigError(f"{where}: field 'stop' must be a non-empty string or a list of them, "
+                                    f"got {obj.get('stop')!r}")
+        try:
+            one_token, _ = split_stop_strings(tokenizer, stops)
+        except DecodeConfigError as e:
+            raise DecodeConfigError(f"{where}: field 'stop': {e}") from None
+        try:
+            sampling = defaults.replace(**given, stop_token_ids=tuple(dict.fromkeys(
+                list(base_stop_ids) + one_token)))
+        except DecodeConfigError as e:
+            field = {"max_new_tokens": "max_tokens" if "max_tokens" in obj else "max_new_tokens",
+                     "stop_token_ids": "stop"}.get(e.field, e.field)
+            raise DecodeConfigError(f"{where}: field {field!r}: {e}") from None
+        if capacity is not None and len(ids) > capacity:
+            raise DecodeConfigError(f"{where}: field 'prompt' has {len(ids)} tokens, longer than the "
+                                    f"capacity {capacity}")
+        items.append(Item(id=rid, line=lineno, prompt_ids=ids, sampling=sampling,
+                          stop_strings=tuple(dict.fromkeys(list(base_stop_strings) + stops))))
     if not items:
         raise DecodeConfigError(f"--input {path}: no prompts (every line is blank)")
     return items

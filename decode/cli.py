@@ -24,7 +24,8 @@ import sys
 from decode.config import (DecodeConfigError, DoorOptions, EngineOptions, Placement,
                            add_decoding_arguments)
 from decode.checkpoint import OpenCheckpoint
-from decode.text import ChatTemplateError, load_tokenizer, split_stop_strings, stop_at_strings
+from decode.text import (ChatTemplateError, json_lines, load_tokenizer, split_stop_strings,
+                         stop_at_strings)
 from wedlm_jax.tokenizer import TextError
 from wedlm_jax import compile_cache, distributed
 
@@ -64,20 +65,7 @@ def _read_prompts(args, tokenizer) -> list[tuple[str, list[int]]]:
     if args.prompt is not None:
         items.append(("--prompt", args.prompt))
     else:
-        with open(args.prompts_file, "rb") as f:
-            for lineno, raw in enumerate(f, 1):
-                where = f"{args.prompts_file}:{lineno}"
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise DecodeConfigError(f"{where}: not UTF-8 ({e.reason} at byte "
-                                            f"{e.start + 1} of the line)") from None
-                if not line.strip():
-                    continue
-                try:
-                    items.append((where, json.loads(line)))
-                except json.JSONDecodeError as e:
-                    raise DecodeConfigError(f"{where}: not valid JSON ({e})") from None
+        items += [(f"{args.prompts_file}:{n}", obj) for n, obj in json_lines(args.prompts_file)]
     out = []
     for where, item in items:
         messages = None

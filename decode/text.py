@@ -12,6 +12,8 @@ the row. A stop string that tokenizes to nothing is an error.
 
 from __future__ import annotations
 
+import json
+
 from typing import Sequence
 
 from decode.config import DecodeConfigError
@@ -108,3 +110,23 @@ def stop_at_strings(tokenizer: TextTokenizer, ids: list[int], strings: Sequence[
     stream.add(ids)
     stream.finish()
     return list(ids[:stream.n_used]), stream.sent, stream.stopped
+
+
+def json_lines(path: str):
+    """(line number, object) of every non-blank line of a JSONL file (1-based);
+    a line that is not UTF-8 or not JSON raises DecodeConfigError naming it. A bad byte costs
+    exactly its own line: the file is read as bytes and each line decoded on its own."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DecodeConfigError(f"{where}: not UTF-8 ({e.reason} at byte {e.start + 1} of "
+                                        "the line)") from None
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DecodeConfigError(f"{where}: not valid JSON ({e})") from None
