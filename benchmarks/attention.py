@@ -103,7 +103,7 @@ def model_memory(length, tile):
                                        seg != 0, block_size=32, mask_token_id=31999)
             m = model_lib.Transformer(cfg, remat=True, attention=impl, attention_tile=tile)
             logits = m.apply({"params": p}, arr["tokens"], arr["positions"], structure=arr)
-            return losses.objective_loss(logits, arr)[0]
+            return losses.combine(losses.loss_terms(logits, arr))[0]
         compiled = jax.jit(jax.value_and_grad(loss)).lower(params, tokens, seg).compile()
         out[f"{impl}_peak_bytes"] = _memory(compiled)
     out["memory_ratio"] = out["tiled_peak_bytes"] / out["dense_peak_bytes"]

@@ -4,7 +4,7 @@ row-major ones, the layer scan unrolled so the whole step is counted.
 
     PYTHONPATH=.:.venv/tpu-compiler JAX_PLATFORMS=cpu python -m benchmarks.auto_layout \
         [--topology v5p:1x1x1] [--methods ar,streaming] [--page-size 64] [--out FILE.json] \
-        [--compiler-option KEY=VALUE ...]
+        [--compiler-option KEY=VALUE ...] [--layers N]
 
 `--compiler-option` sets a libtpu option over the Decoder's own (`decode.layouts.step_options`;
 VALUE "default" leaves the option to libtpu), e.g. `xla_tpu_scoped_vmem_limit_kib=default`.
@@ -14,7 +14,7 @@ copies" of BENCHMARKS.md); with AUTO the copies go. The Decoder does this on TPU
 (`weight_layout` "compiler", decode/layouts.py): the "auto" rows are the Decoder's own program. Shapes: 8B (configs/arch/qwen3-8b),
 bf16, 8 slots (`--slots`), capacity 4096, 2048 live rows, W 16 (`--window`) refill before. Bytes: libtpu's cost analysis
 plus the live K/V its tile loop does not count (`decode.aot.kv_not_counted`), or, with a paged
-cache, the ragged kernel's operands (`decode.aot.kernel_not_counted`).
+cache, the ragged kernel's operands (`benchmarks.step_bytes.kernel_not_counted`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ ROOT_ARCH = "configs/arch/qwen3-8b"
 def measure(config, dev, chip, method: str, page_size: int | None, layout: str,
             refill: str = "before", compiler_options: dict | None = None, window: int = 16,
             slots: int = 8) -> dict:
+    from benchmarks.step_bytes import kernel_not_counted
     from decode import aot
     from wedlm_jax.compiled import figures
     t0 = time.time()
@@ -40,7 +41,7 @@ def measure(config, dev, chip, method: str, page_size: int | None, layout: str,
         compiler_options=compiler_options)
     cost = figures(compiled).get("cost") or {}
     live = 2048
-    extra = (aot.kernel_not_counted(slots, dec.static.span, config, live, "bfloat16") if page_size
+    extra = (kernel_not_counted(slots, dec.static.span, config, live, "bfloat16") if page_size
              else aot.kv_not_counted(slots, config, live, dec.static.kv_tile, "bfloat16"))
     floor = aot.step_floor(dec.static, live)["total"]
     moved = cost.get("bytes accessed", float("nan")) + extra
@@ -73,6 +74,8 @@ def main(argv=None) -> int:
     ap.add_argument("--layouts", default="default,auto")
     ap.add_argument("--window", type=int, default=16)
     ap.add_argument("--slots", type=int, default=8)
+    ap.add_argument("--layers", type=int, default=None, help="the first N layers of the 8B "
+                    "(default: all; fewer for a quick look, bytes then of those layers)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--compiler-option", type=option, action="append", default=[],
                     help="KEY=VALUE over the Decoder's step options (VALUE default: libtpu's own)")
@@ -81,6 +84,8 @@ def main(argv=None) -> int:
     from decode import aot
     from wedlm_jax.convert import read_config
     config = read_config(ROOT_ARCH)
+    if args.layers:
+        config = config.replace(num_layers=args.layers)
     devices, chip = aot.describe_tpu(args.topology)
     dev = devices[0]
     rows = []

@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=DEMO_MODEL, help="a demo-shaped model folder (default: the "
                                                          "shipped one)")
     args = ap.parse_args(argv)
-    from decode.decoder import Decoder
+    from benchmarks.decoders import decoder
     config, params, tok = load_model(args.model)
     requests = make_requests(tok, args.requests, model=args.model)
     capacity = max(len(r.prompt) + r.max_new_tokens for r in requests)
@@ -93,10 +93,10 @@ def main(argv=None) -> int:
     for method in ("streaming", "ar"):
         kw = dict(method=method, window=args.window, slots=args.slots, capacity=capacity,
                   steps_per_call=16, sampling=False)
-        dec = Decoder(params, config, page_size=0, **kw)
+        dec = decoder(params, config, page_size=0, **kw)
         modes = {"static": (run_static, dec), "continuous": (run_continuous, dec)}
         if args.page_size:
-            modes["paged"] = (run_continuous, Decoder(params, config, page_size=args.page_size, **kw))
+            modes["paged"] = (run_continuous, decoder(params, config, page_size=args.page_size, **kw))
         # compile every program and prompt bucket first, the small ones too: a paged admission
         # that reuses a cached prefix prefills only the rest of its prompt
         top = max(dec.prompt_bucket(len(r.prompt)) for r in requests)

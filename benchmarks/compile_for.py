@@ -20,7 +20,7 @@ bf16, with the slots over data and the heads over `tensor` = all chips of the to
             attention resolved for the target (splash on TPU)
 with --page-size, every decode program also with the paged cache (one chip; jax's ragged paged
 attention kernel on TPU: libtpu counts ~10 KB for the Mosaic call, so every layer's live K/V
-pages, queries and output are added analytically, `decode.aot.kernel_not_counted`),
+pages, queries and output are added analytically, `benchmarks.step_bytes.kernel_not_counted`),
 and reports per program: memory per device from the full-depth compile (fits or not in the chip's
 HBM, the compiler's own out-of-memory verdict included), flops / bytes accessed / libtpu's
 optimal_seconds of the whole depth (`decode.aot.unrolled_cost`: the layer scan unrolled, since
@@ -45,6 +45,7 @@ import os
 import sys
 import time
 
+from benchmarks.step_bytes import hbm_traffic, kernel_not_counted
 from wedlm_jax.targets import FORMS, GIB, TargetError, describe_target
 
 
@@ -150,7 +151,7 @@ def libtpu_cost(config, devices, settings: dict, prog: dict, live: int, attentio
                                                     settings["kv_tile"], "bfloat16", tensor_used)
     else:
         span = 1 if prog["method"] == "ar" else (2 if prog["refill"] == "before" else 1) * prog["window"]
-        cost["kv_not_counted"] = aot.kernel_not_counted(prog["slots"], span, config, live, "bfloat16")
+        cost["kv_not_counted"] = kernel_not_counted(prog["slots"], span, config, live, "bfloat16")
     cost["bytes accessed"] += cost["kv_not_counted"]
     return cost
 
@@ -159,14 +160,13 @@ def hlo_cost(config, devices, settings: dict, prog: dict, live: int = 2048) -> d
     """A decode step's cost where the compiler gives none (XLA:GPU): the whole-depth program's
     HBM traffic estimated from its instructions (`benchmarks.step_bytes.hbm_traffic`: operands and
     results of every top-level instruction, in-place updates as their update) plus the attention
-    kernels' live K/V, queries and output (`decode.aot.kernel_not_counted`: their custom calls
-    name whole buffers); flops analytic (2 x weights x rows, the matmuls). {"from": "hlo", ...}."""
-    from benchmarks.step_bytes import hbm_traffic
+    kernels' live K/V, queries and output (`benchmarks.step_bytes.kernel_not_counted`: their
+    custom calls name whole buffers); flops analytic (2 x weights x rows, the matmuls). {"from": "hlo", ...}."""
     from decode import aot
     dec, compiled = aot.generate_program(config, devices, scan_unroll=config.num_layers, **settings)
     st = dec.static
     span = 1 if prog["method"] == "ar" else st.span
-    kernel = aot.kernel_not_counted(prog["slots"], span, config, live, settings["dtype"])
+    kernel = kernel_not_counted(prog["slots"], span, config, live, settings["dtype"])
     rows = prog["slots"] * span
     return {"bytes accessed": hbm_traffic(compiled.as_text()) + kernel, "kv_not_counted": kernel,
             "flops": 2.0 * config.num_params() * rows, "from": "hlo"}

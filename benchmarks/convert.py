@@ -1,6 +1,6 @@
 """Conversion throughput and peak RSS on a generated ~1 GB Qwen3-shaped float32 checkpoint.
 
-    python -m benchmarks.convert [--layers 12] [--keep] [--workdir /tmp]
+    python -m benchmarks.convert [--layers 12] [--hidden 1024] [--vocab 32000] [--keep] [--workdir /tmp]
 
 Writes random tensors straight into 3 safetensors shards + `model.safetensors.index.json` (like a
 real HF checkpoint; no transformers involved), then times, each in its own subprocess:
@@ -30,10 +30,10 @@ import time
 import numpy as np
 
 
-def qwen3_config(layers: int) -> dict:
-    return {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 32000,
-            "hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": layers,
-            "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+def qwen3_config(layers: int, hidden: int = 1024, vocab: int = 32000) -> dict:
+    return {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": vocab,
+            "hidden_size": hidden, "intermediate_size": hidden * 11 // 4, "num_hidden_layers": layers,
+            "num_attention_heads": hidden // 64, "num_key_value_heads": hidden // 128, "head_dim": 128,
             "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
             "max_position_embeddings": 4096, "tie_word_embeddings": False, "dtype": "float32"}
 
@@ -99,9 +99,11 @@ def dir_bytes(folder: str) -> int:
     return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(folder) for f in fs)
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, default=12, help="12 layers ~ 0.98 GB in f32")
+    ap.add_argument("--hidden", type=int, default=1024, help="a multiple of 128 (heads of 128)")
+    ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--workdir", default=tempfile.gettempdir())
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args(argv)
@@ -112,7 +114,7 @@ def main(argv=None) -> None:
     cli = [py, "-m", "wedlm_jax.convert"]
     try:
         t0 = time.perf_counter()
-        size = generate(hf, qwen3_config(args.layers))
+        size = generate(hf, qwen3_config(args.layers, args.hidden, args.vocab))
         gen_s = time.perf_counter() - t0
         mb = size / 1e6
         t_bare, bare = run_measured([py, "-c", "import jax; jax.devices()"])
@@ -138,6 +140,12 @@ def main(argv=None) -> None:
                   f"{(rss - base) / size:.2f} x checkpoint + baseline -> "
                   f"{'PASS' if rss <= target else 'FAIL'}")
         print("round trip HF -> Orbax -> HF: all tensors equal")
+        return dict(checkpoint_bytes=size, baseline_rss=base, target_rss=target,
+                    orbax_bytes=dir_bytes(orbax), orbax_bf16_bytes=dir_bytes(orbax16),
+                    hf_round_trip_bytes=dir_bytes(hf2),
+                    runs={label: dict(wall_s=t, peak_rss=rss) for label, t, rss in (
+                        ("hf-to-orbax", t_h2o, rss_h2o), ("orbax-to-hf", t_o2h, rss_o2h),
+                        ("hf-to-orbax --dtype bf16", t_h2o16, rss_h2o16))})
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)

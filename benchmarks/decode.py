@@ -29,18 +29,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from decode.config import DecodeConfig
-from decode.static_batch import DEFAULT_KV_TILE, generate
+from benchmarks.synthetic import qwen3_hf_model, random_params
+from decode.config import DecodeConfig, Placement
+from decode.static_batch import generate
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.model import Transformer, init_kv_cache
-from tests.synthetic import random_params
 
 SMALL = ModelConfig(model_type="qwen3", vocab_size=2048, hidden_size=256, intermediate_size=768,
                     num_layers=4, num_heads=8, num_kv_heads=4, head_dim=32, qk_norm=True,
                     mask_token_id=2047)
 TINY = dict(vocab=128, hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16)
-
-
 
 
 def best_of(fn, repeats):
@@ -69,7 +67,7 @@ def gen_runs(params, config, prompts, dc, repeats, **kw):
     return statistics.median(walls), statistics.median(cpus), res
 
 
-def forward_loop(params, config, window, start, advance, capacity_rows, k, tile=DEFAULT_KV_TILE):
+def forward_loop(params, config, window, start, advance, capacity_rows, k, tile=Placement().kv_tile):
     """A compiled runner of k cache-mode forwards of `window` slots; forward i reads a cache of
     length start + i * advance (the engine's committed length grows like that)."""
     model = Transformer(config, attention="tiled", kv_tile=tile)
@@ -158,13 +156,14 @@ def section_scaling(out, repeats, quick):
 def section_vs_transformers(out, repeats, quick):
     import torch
     from transformers import AutoModelForCausalLM
-    from tests.synthetic.hf import make_hf_model
+
     from wedlm_jax.convert import load_hf_checkpoint
 
     new = 64 if quick else 256
     res = {}
     with tempfile.TemporaryDirectory() as tmp:
-        path = make_hf_model("qwen3", os.path.join(tmp, "hf"), seed=0, **TINY)
+        path = os.path.join(tmp, "hf")
+        qwen3_hf_model(**TINY).save_pretrained(path)
         config, params = load_hf_checkpoint(path, progress=False)
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         hf.generation_config.eos_token_id = None

@@ -1,6 +1,7 @@
 """The paper's speed experiments at small scale, on the shipped demo model (issues 5, 20).
 
     python -m benchmarks.demo_experiments NAME [--items N] [--repeats R] [--model DIR]
+                                               [--kinds counting,arith,records,code]
 
 NAME (or `all`, in this order):
   accuracy      issue 20's targets: every held-out counting and arithmetic prompt (fresh numbers),
@@ -36,6 +37,7 @@ import time
 
 import numpy as np
 
+from benchmarks.demo_figures import KINDS, plot
 from demo.run import LAM, TAU, WINDOW
 from demo.eval import (DEMO_MODEL, REGIMES, decode_items, decode_side_by_side, eval_items,
                        load_model, quality)
@@ -43,7 +45,6 @@ from demo.eval import (DEMO_MODEL, REGIMES, decode_items, decode_side_by_side, e
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
 FIGURES = os.path.join(HERE, "figures")
-KINDS = ("counting", "arith", "records", "code")
 TAUS = (0.1, 0.3, 0.6, 0.9, 1.5, 2.5)
 LAMS = (0.0, 0.02, 0.1, 0.3)
 WINDOWS = (4, 8, 16, 32, 64)
@@ -54,7 +55,8 @@ class Ctx:
     def __init__(self, args):
         self.args = args
         self.config, self.params, self.tok = load_model(args.model)
-        self.items = {k: eval_items(args.model, k, args.items) for k in KINDS}
+        self.kinds = tuple(args.kinds.split(","))
+        self.items = {k: eval_items(args.model, k, args.items) for k in self.kinds}
 
     @staticmethod
     def config_for(kind, method, **kw):
@@ -142,10 +144,11 @@ def exp_mixed(ctx):
     from decode.config import DecodeConfig
     from demo.eval import stop_ids
     from decode.static_batch import generate
-    items = [(k, it) for k in KINDS for it in eval_items(ctx.args.model, k, 4)]
+    items = [(k, it) for k in ctx.kinds for it in eval_items(ctx.args.model, k, 4)]
     prompts = [ctx.tok.encode(it["prompt"]) for _, it in items]
-    budget = max(REGIMES[k].max_new_tokens for k in KINDS)
-    stops = tuple(dict.fromkeys(i for k in KINDS for i in stop_ids(ctx.tok, ctx.config, REGIMES[k])))
+    budget = max(REGIMES[k].max_new_tokens for k in ctx.kinds)
+    stops = tuple(dict.fromkeys(i for k in ctx.kinds for i in stop_ids(ctx.tok, ctx.config,
+                                                                       REGIMES[k])))
     out = {}
     dcs = {m: DecodeConfig(method=m, window=WINDOW, tau=TAU, lam=LAM, max_new_tokens=budget,
                            stop_token_ids=stops) for m in ("ar", "streaming")}
@@ -169,7 +172,7 @@ def exp_mixed(ctx):
 def exp_regimes(ctx):
     from benchmarks.window_cost import measure
     out = {}
-    for kind in KINDS:
+    for kind in ctx.kinds:
         runs = ctx.side_by_side(kind, ("ar", "streaming", "block"))
         res = {m: brief(r, runs["ar"]) for m, r in runs.items()}
         out[kind] = res
@@ -186,7 +189,7 @@ def sweep(ctx, key, values, methods, recompiles=False):
     method sees the same machine state). `recompiles`: the key is static (W), so every value pays
     a compile pass; tau and lambda are runtime values of one compiled program."""
     out = {}
-    for kind in KINDS:
+    for kind in ctx.kinds:
         ar = ctx.run(kind, "ar")
         rows = {"ar": brief(ar, ar), **{m: [] for m in methods}}
         for i, v in enumerate(values):
@@ -233,7 +236,7 @@ def exp_batch(ctx):
 def exp_verified(ctx):
     """Issue 7 on the trained model: verified streaming beside plain streaming and AR."""
     out = {}
-    for kind in KINDS:
+    for kind in ctx.kinds:
         runs = ctx.side_by_side(kind, ("ar", "streaming", "verified"))
         ar = runs["ar"]
         rows = {"ar": brief(ar, ar)}
@@ -255,7 +258,7 @@ REFILL_RUNS = (("ar", "ar", "after", 1), ("after W=8", "streaming", "after", 8),
 def exp_refill(ctx):
     """Issue 12: the two refill orders at equal forward size (before at W holds up to 2W slots)."""
     out = {}
-    for kind in KINDS:
+    for kind in ctx.kinds:
         dcs = {name: ctx.config_for(kind, m, refill=refill, window=w)
                for name, m, refill, w in REFILL_RUNS}
         runs = ctx.side_by_side(kind, None, dcs)
@@ -273,7 +276,7 @@ def exp_transformers(ctx):
     from transformers import AutoModelForCausalLM
     hf = AutoModelForCausalLM.from_pretrained(ctx.args.model, dtype=torch.float32).eval()
     out = {"torch_threads": torch.get_num_threads()}
-    for kind in KINDS:
+    for kind in ctx.kinds:
         items = ctx.items[kind]
         new = REGIMES[kind].max_new_tokens
         ar = ctx.run(kind, "ar")
@@ -308,86 +311,15 @@ def exp_transformers(ctx):
     return out
 
 
-# ----------------------------------------------------------------------------- plots
-
-def _plt():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
-def plot(name, res, path):
-    plt = _plt()
-    if name == "regimes":
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), dpi=110)
-        x = np.arange(len(KINDS))
-        for i, m in enumerate(("streaming", "block", "ar")):
-            axes[0].bar(x + (i - 1) * 0.27, [res[k][m]["speedup_vs_ar"] for k in KINDS], 0.27, label=m)
-            axes[1].bar(x + (i - 1) * 0.27, [res[k][m]["tokens_per_forward"] for k in KINDS], 0.27, label=m)
-        for ax, t in zip(axes, ("wall-clock speed-up over AR", "tokens per forward")):
-            ax.set_xticks(x, KINDS)
-            ax.set_title(t)
-            ax.grid(axis="y", alpha=0.3)
-        axes[0].legend()
-    elif name in ("tau", "lam", "window"):
-        fig, axes = plt.subplots(1, len(KINDS), figsize=(4 * len(KINDS), 3.6), dpi=110)
-        key = name  # the swept field of each row
-        for ax, kind in zip(axes, KINDS):
-            for m in ("streaming", "block"):
-                rows = res[kind].get(m)
-                if not rows:
-                    continue
-                xs = [r["speedup_vs_ar"] for r in rows]
-                ys = [r["quality"] for r in rows]
-                ax.plot(xs, ys, "o-", label=m)
-                for r, xx, yy in zip(rows, xs, ys):
-                    ax.annotate(f"{r[key]:g}", (xx, yy), fontsize=7, xytext=(3, 3), textcoords="offset points")
-            ar = res[kind]["ar"]
-            ax.plot([1.0], [ar["quality"]], "k*", ms=10, label="AR")
-            ax.set_xlabel("wall-clock speed-up over AR")
-            ax.set_ylabel("NLL per token (lower is better)" if kind == "code" else "accuracy")
-            ax.set_title(f"{kind}: {key} sweep")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
-    elif name == "batch":
-        fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
-        for kind in res:
-            bs = sorted(res[kind], key=int)
-            for m, style in (("streaming", "o-"), ("ar", "s--")):
-                ax.plot([int(b) for b in bs], [res[kind][b][m]["tokens_per_s"] for b in bs], style,
-                        label=f"{kind} {m}")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("batch")
-        ax.set_ylabel("tokens / s")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    else:
-        return None
-    if name == "tau":  # Figure 4c beside it: tokens/s of streaming and block across tau
-        fig.tight_layout()
-        fig.savefig(path)
-        plt.close(fig)
-        fig, axes = plt.subplots(1, len(KINDS), figsize=(4 * len(KINDS), 3.4), dpi=110)
-        for ax, kind in zip(axes, KINDS):
-            for m in ("streaming", "block"):
-                rows = res[kind][m]
-                ax.plot([r["tau"] for r in rows], [r["tokens_per_s"] for r in rows], "o-", label=m)
-            ax.axhline(res[kind]["ar"]["tokens_per_s"], color="k", ls=":", label="AR")
-            ax.set_xlabel("tau")
-            ax.set_ylabel("tokens / s")
-            ax.set_title(f"{kind}: streaming vs block")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
-        path = path.replace(".png", "_stream_vs_block.png")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
-
-
 EXPERIMENTS = {"accuracy": exp_accuracy, "mixed": exp_mixed, "refill": exp_refill, "regimes": exp_regimes, "tau": exp_tau, "lam": exp_lam, "window": exp_window,
                "batch": exp_batch, "verified": exp_verified, "transformers": exp_transformers}
+
+
+def kinds_arg(text: str) -> str:
+    bad = [k for k in text.split(",") if k not in KINDS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"{','.join(bad)}: the regimes are {', '.join(KINDS)}")
+    return text
 
 
 def main(argv=None) -> int:
@@ -396,6 +328,8 @@ def main(argv=None) -> int:
     ap.add_argument("name", choices=(*EXPERIMENTS, "all", "report"))
     ap.add_argument("--model", default=DEMO_MODEL)
     ap.add_argument("--items", type=int, default=8, help="held-out prompts per regime (default 8)")
+    ap.add_argument("--kinds", default=",".join(KINDS), type=kinds_arg,
+                    help=f"the regimes (default all: {','.join(KINDS)})")
     ap.add_argument("--repeats", type=int, default=2, help="timed runs per setting; median (default 2)")
     ap.add_argument("--results", default=RESULTS)
     ap.add_argument("--figures", default=FIGURES)
@@ -411,8 +345,9 @@ def main(argv=None) -> int:
         print(f"== {name}", flush=True)
         t0 = time.perf_counter()
         res = EXPERIMENTS[name](ctx)
+        kinds = "" if ctx.kinds == KINDS else f" --kinds {args.kinds}"
         meta = dict(command=f"python -m benchmarks.demo_experiments {name} --items {args.items} "
-                            f"--repeats {args.repeats}",
+                            f"--repeats {args.repeats}{kinds}",
                     machine=f"{platform.machine()}, {os.cpu_count()} CPUs", loadavg=os.getloadavg(),
                     seconds=round(time.perf_counter() - t0, 1), defaults=dict(window=WINDOW, tau=TAU, lam=LAM))
         with open(os.path.join(args.results, f"demo_{name}.json"), "w") as f:

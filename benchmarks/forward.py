@@ -37,7 +37,7 @@ def interleaved_medians(fns, repeats: int, warmup: int = 3) -> list[float]:
     return [statistics.median(ts) for ts in times]
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--seq", type=int, default=128)
@@ -57,16 +57,12 @@ def main(argv=None) -> None:
     import torch
     if args.single_thread:
         torch.set_num_threads(1)
-    from transformers import Qwen3Config, Qwen3ForCausalLM
 
+    from benchmarks.synthetic import qwen3_hf_model
     from wedlm_jax import convert, model as model_lib
 
-    torch.manual_seed(0)
-    hf_cfg = Qwen3Config(vocab_size=args.vocab, hidden_size=args.hidden,
-                         intermediate_size=4 * args.hidden, num_hidden_layers=args.layers,
-                         num_attention_heads=8, num_key_value_heads=4, head_dim=args.hidden // 8,
-                         max_position_embeddings=4096, tie_word_embeddings=False)
-    hf_model = Qwen3ForCausalLM(hf_cfg).eval()
+    hf_model = qwen3_hf_model(vocab=args.vocab, hidden=args.hidden, layers=args.layers, heads=8,
+                              kv_heads=4, head_dim=args.hidden // 8, intermediate=4 * args.hidden)
     with tempfile.TemporaryDirectory() as tmp:
         hf_model.save_pretrained(tmp)
         config, params = convert.load_hf_checkpoint(tmp, progress=False)
@@ -83,6 +79,7 @@ def main(argv=None) -> None:
           f"({torch.get_num_threads()} threads, attn {hf_model.config._attn_implementation}), "
           f"{os.cpu_count()} CPU cores")
     rng = np.random.default_rng(0)
+    rows = []
     for b in args.batches:
         tokens = rng.integers(0, args.vocab, (b, args.seq)).astype(np.int32)
         positions = np.broadcast_to(np.arange(args.seq, dtype=np.int32), (b, args.seq))
@@ -100,6 +97,9 @@ def main(argv=None) -> None:
         print(f"B={b:<2d} S={args.seq}: ours (jit) {t_jax * 1e3:8.2f} ms | transformers "
               f"{t_torch * 1e3:8.2f} ms | ratio ours/transformers {t_jax / t_torch:5.2f} | "
               f"max |logit diff| {diff:.1e}")
+        rows.append(dict(batch=b, seq=args.seq, ours_s=t_jax, transformers_s=t_torch,
+                         max_logit_diff=diff))
+    return rows
 
 
 if __name__ == "__main__":

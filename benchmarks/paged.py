@@ -1,8 +1,10 @@
 """The paged KV cache measured (issue 25), on the demo model, side by side in one run.
 
     python -m benchmarks.paged [--model demo/model] [--rounds 3] [--out benchmarks/results/paged.json]
+                             [--only prefix,inflight,step] [--questions 16] [--requests 48]
+                             [--few-shot 1000,1900]
 
-  prefix     few-shot workloads (a shared prefix of ~1K and of ~1.9K tokens: worked examples, then
+  prefix     few-shot workloads (a shared prefix of 1K and of 1.9K tokens, --few-shot: worked examples, then
              a short question each; the demo model's positions end at 2048) and a chat-like one (a shared ~470-token instruction, short questions),
              requests one after another: time to first token (prefill + the steps up to the
              request's first commit: a generate call of up to 8 steps ends there) and tokens/s
@@ -27,8 +29,9 @@ import time
 
 import jax
 
+from benchmarks.decoders import decoder
 from decode.batching import Batcher
-from decode.decoder import Decoder, Request
+from decode.decoder import Request
 from demo.eval import DEMO_MODEL, eval_items, load_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -102,21 +105,22 @@ def _serve(decoder, requests, prefix_reuse=True, buckets=True):
                 prompt_tokens=sum(len(r.prompt) for r in requests))
 
 
-def prefix_workloads(config, params, tok, rounds: int) -> dict:
-    items = eval_items(DEMO_MODEL, "counting") + eval_items(DEMO_MODEL, "arith")
+def prefix_workloads(config, params, tok, rounds: int, model: str = DEMO_MODEL,
+                     n_questions: int = 16, few_shot=(1000, 1900)) -> dict:
+    items = eval_items(model, "counting") + eval_items(model, "arith")
     shots = "\n\n".join(it["prompt"] + it["target"] for it in items[:40:5])   # worked examples
     few = tok.encode(shots + "\n\n")
 
     def repeat(ids, n):
         return (ids * (n // len(ids) + 1))[:n]
     system = tok.encode(("You count and add exactly. Answer with the numbers only. " * 12) + "\n")
-    questions = [tok.encode(it["prompt"]) for it in items[40:56]]
+    questions = [tok.encode(it["prompt"]) for it in items[40:40 + n_questions]]
     out = {}
-    for name, prefix in (("few-shot", repeat(few, max(len(few), 900))),
-                         ("few-shot 1.9K", repeat(few, 1900)), ("chat", system)):
+    workloads = [(f"few-shot {n}", repeat(few, n)) for n in few_shot] + [("chat", system)]
+    for name, prefix in workloads:
         reqs = [Request(prompt=tuple(prefix + q), max_new_tokens=16) for q in questions]
         cap = max(len(r.prompt) for r in reqs) + 32
-        dec = Decoder(params, config, method="streaming", window=8, slots=4, capacity=cap,
+        dec = decoder(params, config, method="streaming", window=8, slots=4, capacity=cap,
                       steps_per_call=8, page_size=PAGE)
         modes = {"on": (True, True), "off": (False, True), "on, every slot": (True, False)}
         for reuse, buckets in modes.values():    # compile
@@ -133,17 +137,17 @@ def prefix_workloads(config, params, tok, rounds: int) -> dict:
     return out
 
 
-def inflight(config, params, rounds: int) -> dict:
+def inflight(config, params, rounds: int, n_requests: int = 48) -> dict:
     """Same cache memory (rows x layers x heads): dense 4 slots of capacity 1024; paged 32 slots
     over a pool of 4 x 1024 rows. Mixed lengths: prompts 16-400, outputs 8-96 tokens."""
     rng = random.Random(0)
     reqs = [Request(prompt=tuple(rng.randrange(3, 500) for _ in range(rng.randrange(16, 400))),
-                    max_new_tokens=rng.randrange(8, 96)) for _ in range(48)]
+                    max_new_tokens=rng.randrange(8, 96)) for _ in range(n_requests)]
     cap = 1024
-    dense = Decoder(params, config, method="streaming", window=8, slots=4, capacity=cap, steps_per_call=8,
+    dense = decoder(params, config, method="streaming", window=8, slots=4, capacity=cap, steps_per_call=8,
                     page_size=0)
     rows = dense.static.rows
-    paged = Decoder(params, config, method="streaming", window=8, slots=32, capacity=cap,
+    paged = decoder(params, config, method="streaming", window=8, slots=32, capacity=cap,
                     steps_per_call=8, page_size=PAGE, num_pages=4 * rows // PAGE)
     res = {}
     for name, dec in (("dense", dense), ("paged", paged)):
@@ -166,8 +170,8 @@ def step_time(config, params, rounds: int) -> dict:
     out = {}
     for method in ("streaming", "ar"):
         kw = dict(method=method, window=8, slots=8, capacity=1024, steps_per_call=8)
-        decs = {"dense": Decoder(params, config, page_size=0, **kw),
-                "paged": Decoder(params, config, page_size=PAGE, **kw)}
+        decs = {"dense": decoder(params, config, page_size=0, **kw),
+                "paged": decoder(params, config, page_size=PAGE, **kw)}
         states = {}
         for name, dec in decs.items():
             if dec.paged:
@@ -190,19 +194,24 @@ def step_time(config, params, rounds: int) -> dict:
     return out
 
 
-def main(argv=None) -> int:
+def main(argv=None) -> dict:
     p = argparse.ArgumentParser(prog="python -m benchmarks.paged", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=DEMO_MODEL)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--only", default="prefix,inflight,step")
+    p.add_argument("--questions", type=int, default=16, help="requests of each prefix workload")
+    p.add_argument("--requests", type=int, default=48, help="requests of the in-flight workload")
+    p.add_argument("--few-shot", default="1000,1900", help="the few-shot workloads' prefix tokens")
     p.add_argument("--out", default=os.path.join(HERE, "results", "paged.json"))
     args = p.parse_args(argv)
     config, params, tok = load_model(args.model)
     t0 = time.time()
     res = {}
     for name in args.only.split(","):
-        fn = {"prefix": lambda: prefix_workloads(config, params, tok, args.rounds),
-              "inflight": lambda: inflight(config, params, args.rounds),
+        fn = {"prefix": lambda: prefix_workloads(config, params, tok, args.rounds, args.model,
+                                                 args.questions,
+                                                 [int(n) for n in args.few_shot.split(",")]),
+              "inflight": lambda: inflight(config, params, args.rounds, args.requests),
               "step": lambda: step_time(config, params, args.rounds)}[name]
         res[name] = fn()
         print(name, json.dumps(res[name], indent=1), flush=True)
@@ -212,8 +221,8 @@ def main(argv=None) -> int:
     with open(args.out, "w") as f:
         json.dump(dict(meta=meta, results=res), f, indent=1)
     print(args.out)
-    return 0
+    return res
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

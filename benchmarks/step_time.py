@@ -16,11 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 
 
-def main(argv=None) -> int:
+def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.step_time", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="checkpoint folder (default: the demo model)")
     ap.add_argument("--slots", type=int, default=8)
@@ -28,12 +27,13 @@ def main(argv=None) -> int:
     ap.add_argument("--chunks", type=int, default=12)
     a = ap.parse_args(argv)
     import jax
-    from decode.decoder import Decoder, Request
+    from benchmarks.decoders import decoder
+    from decode.decoder import Request
     from demo.eval import DEMO_MODEL, load_model
     config, params, tok = load_model(a.model or DEMO_MODEL)
     out = {}
     for method in ("streaming", "ar"):
-        dec = Decoder(params, config, method=method, window=a.window, slots=a.slots, capacity=512,
+        dec = decoder(params, config, method=method, window=a.window, slots=a.slots, capacity=512,
                       steps_per_call=8, sampling=False, page_size=0)
         st = dec.init_state()
         for b in range(a.slots):
@@ -48,8 +48,8 @@ def main(argv=None) -> int:
             times.append((time.perf_counter() - t0) / max(res.steps, 1) * 1e3)
         out[method] = round(statistics.median(times), 3)
     print(json.dumps(out))
-    return 0
+    return out
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

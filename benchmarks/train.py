@@ -3,7 +3,6 @@
     python -m benchmarks.train                       # tiny and ~100M configs, seq len 1024
     python -m benchmarks.train --models tiny --steps 5 --seq-len 256
     python -m benchmarks.train --attention dense     # the dense-mask reference path
-    python -m benchmarks.train --baseline-root DIR --steps 7  # vs the model of another tree, interleaved
 
 For each model: the dual-stream train step (the same `train.step.make_train_step` the program
 runs: on-device masking, attention over the arrangement's structure (tiled by default on CPU, or
@@ -14,9 +13,9 @@ the dense mask), loss, backward, AdamW) on one device, rows of `seq_len` tokens
   - MFU = model FLOPs of the step (`train.step.model_flops_per_row`: matmuls of the 2L fed slots
     plus attention over the (query, key) pairs the dual-stream mask allows, about a quarter of
     the dense 2L x 2L, x3 for forward+backward) / step time / the f32
-    matmul rate of this machine measured in the same run right before each timed step (a 2048^3
-    jnp.dot, best of 3): the median over the timed steps (the machine is shared, so the rate is
-    re-measured under the same load as each step),
+    matmul rate of this machine measured in the same run right before each timed step (an n^3
+    jnp.dot, n = --matmul-n, 2048, best of 3): the median over the timed steps (the machine is
+    shared, so the rate is re-measured under the same load as each step),
   - attention share = num_layers x time(forward+backward of the attention core the step uses, on
     the step's q/k/v shapes, mask or tile plan built from the structure, timed right after each
     step) / step time, median over steps; and the attention share of the model FLOPs.
@@ -25,15 +24,11 @@ the dense mask), loss, backward, AdamW) on one device, rows of `seq_len` tokens
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib.util
 import json
 import os
 import platform
 import statistics
-import sys
 import time
-import types
 
 import jax
 import jax.numpy as jnp
@@ -109,7 +104,7 @@ def _bench_config(fields, rows, seq_len, remat, attention, tile):
 
 
 def bench_model(name: str, rows: int, seq_len: int, steps: int, remat: bool, attention: str,
-                tile: int) -> dict:
+                tile: int, matmul_n: int = 2048) -> dict:
     fields = MODELS[name]
     cfg = _bench_config(fields, rows, seq_len, remat, attention, tile)
     impl = step_lib.attention_impl(cfg)
@@ -127,7 +122,7 @@ def bench_model(name: str, rows: int, seq_len: int, steps: int, remat: bool, att
     # back, step after step, and take medians of the per-step ratios.
     peaks, times, attn_times = [], [], []
     for _ in range(steps):
-        peaks.append(step_lib.measure_matmul_flops(n=2048, repeats=3))
+        peaks.append(step_lib.measure_matmul_flops(n=matmul_n, repeats=3))
         times += _time(one, 1)
         attn_times += _time(attn, 1)
     step_s = statistics.median(times)
@@ -143,32 +138,6 @@ def bench_model(name: str, rows: int, seq_len: int, steps: int, remat: bool, att
         "attention_time_share": statistics.median(
             mc.num_layers * a / t for a, t in zip(attn_times, times)),
     }
-
-
-def load_baseline_model(root: str):
-    """`wedlm_jax/model.py` of another tree (e.g. `git archive main` before the layer scan) as a
-    module of its own, wrapped so `train.step` can build its step: its `remat` was a bool."""
-    spec = importlib.util.spec_from_file_location("wedlm_baseline_model",
-                                                  os.path.join(root, "wedlm_jax", "model.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # flax's dataclass transform looks the module up
-    spec.loader.exec_module(mod)
-    return types.SimpleNamespace(
-        Transformer=lambda config, remat="none", **kw: mod.Transformer(
-            config, remat=remat not in ("none", False), **kw),
-        param_shapes=mod.param_shapes, param_logical_axes=mod.param_logical_axes,
-        init_params=mod.init_params)
-
-
-@contextlib.contextmanager
-def _model_module(module):
-    """Build (and compile) a step with `module` in place of `wedlm_jax.model` inside train.step."""
-    saved = step_lib.model_lib
-    step_lib.model_lib = module
-    try:
-        yield
-    finally:
-        step_lib.model_lib = saved
 
 
 def _step_thunk(mc, cfg, rows, seq_len):
@@ -192,34 +161,7 @@ def _step_thunk(mc, cfg, rows, seq_len):
     return one
 
 
-def compare_baseline(name: str, rows: int, seq_len: int, steps: int, remat: bool, attention: str,
-                     tile: int, baseline_root: str) -> dict:
-    """Step time of this tree's model vs the baseline tree's, same step program otherwise, in one
-    process, timed alternately (baseline, current, baseline, ...); medians and their ratio."""
-    fields = MODELS[name]
-    cfg = _bench_config(fields, rows, seq_len, remat, attention, tile)
-    mc = ModelConfig(**fields)
-    base_mod = load_baseline_model(baseline_root)
-    thunks, compile_s = {}, {}
-    for variant in ("baseline", "current"):
-        with _model_module(base_mod) if variant == "baseline" else contextlib.nullcontext():
-            thunks[variant] = _step_thunk(mc, cfg, rows, seq_len)
-            t0 = time.perf_counter()
-            jax.block_until_ready(thunks[variant]())
-            compile_s[variant] = time.perf_counter() - t0
-    times = {"baseline": [], "current": []}
-    for _ in range(steps):
-        for variant in ("baseline", "current"):
-            times[variant] += _time(thunks[variant], 1)
-    med = {v: statistics.median(t) for v, t in times.items()}
-    return {"model": name, "params": mc.num_params(), "rows": rows, "seq_len": seq_len,
-            "remat": remat, "attention": step_lib.attention_impl(cfg), "baseline_root": baseline_root,
-            "compile_and_first_step_s": compile_s, "step_times_s": times, "median_step_s": med,
-            "tokens_per_s": {v: rows * seq_len / t for v, t in med.items()},
-            "current_over_baseline_time": med["current"] / med["baseline"]}
-
-
-def main(argv=None):
+def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="tiny,100m")
     p.add_argument("--seq-len", type=int, default=1024)
@@ -228,27 +170,11 @@ def main(argv=None):
     p.add_argument("--remat", action="store_true")
     p.add_argument("--attention", default="auto", help="dense | tiled | auto (tiled on CPU)")
     p.add_argument("--tile", type=int, default=128, help="attention tile (tiled path)")
+    p.add_argument("--matmul-n", type=int, default=2048, help="the f32 matmul timed for the MFU's "
+                                                               "peak: n x n x n")
     p.add_argument("--out", help="write the results as JSON here")
-    p.add_argument("--baseline-root", help="also time the model of this tree (e.g. `git archive "
-                                           "main`), interleaved with this tree's, same step")
     args = p.parse_args(argv)
-    if args.baseline_root:
-        info = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-                           f"jax {jax.__version__} on {jax.devices()[0].platform}",
-                "loadavg_at_start": os.getloadavg()}
-        print(json.dumps(info), flush=True)
-        results = []
-        for name in args.models.split(","):
-            r = compare_baseline(name, args.rows, args.seq_len, args.steps, args.remat,
-                                 args.attention, args.tile, args.baseline_root)
-            results.append(r)
-            print(json.dumps(r), flush=True)
-        info["loadavg_at_end"] = os.getloadavg()
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump({"info": info, "results": results}, f, indent=1)
-        return
-    peak = step_lib.measure_matmul_flops(n=2048, repeats=5)
+    peak = step_lib.measure_matmul_flops(n=args.matmul_n, repeats=5)
     info = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
                        f"jax {jax.__version__} on {jax.devices()[0].platform}",
             "loadavg_at_start": os.getloadavg(), "f32_matmul_gflops": peak / 1e9}
@@ -256,16 +182,18 @@ def main(argv=None):
     results = []
     for name in args.models.split(","):
         r = bench_model(name, args.rows, args.seq_len, args.steps, args.remat, args.attention,
-                        args.tile)
+                        args.tile, args.matmul_n)
         results.append(r)
         print(json.dumps(r), flush=True)
-    peak_end = step_lib.measure_matmul_flops(n=2048, repeats=5)
+    peak_end = step_lib.measure_matmul_flops(n=args.matmul_n, repeats=5)
     info["f32_matmul_gflops_end"] = peak_end / 1e9
     info["loadavg_at_end"] = os.getloadavg()
     print(json.dumps(info), flush=True)
+    out = {"info": info, "results": results}
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"info": info, "results": results}, f, indent=1)
+            json.dump(out, f, indent=1)
+    return out
 
 
 if __name__ == "__main__":

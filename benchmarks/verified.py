@@ -6,7 +6,8 @@ For each regime and tau: tokens per forward (N_gen / forward steps), p_cache, ac
 drafts, wall time (median of interleaved repeats, compile excluded), the speed-up over AR (AR wall /
 method wall) and whether the output equals AR greedy's token for token. W = 16, lambda = 0.05.
 
-No trained WeDLM demo model exists yet (issue 5), so the regimes are synthetic:
+The regimes are synthetic, mechanics on weights whose agreement is set by hand (the trained demo
+model's regimes: `python -m benchmarks.demo_experiments verified`):
   counting  a tiny model (vocab 64, hidden 64, 2 layers) trained here for --train-steps steps of the
             dual-stream objective (block 32, Adam 3e-3, batch 32 x 64 tokens) on "count up by one
             mod 63, with a random jump at 5% of the positions"; 8 prompts of 8 counting tokens, 56 new
@@ -34,18 +35,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks.synthetic import random_params as make_params
 from decode.config import DecodeConfig
 from decode.static_batch import generate
 from wedlm_jax.config import ModelConfig
-from tests.synthetic import random_params as make_params
 
 SMALL = ModelConfig(model_type="qwen3", vocab_size=2048, hidden_size=256, intermediate_size=768,
                     num_layers=4, num_heads=8, num_kv_heads=4, head_dim=32, qk_norm=True,
                     mask_token_id=2047)
 REGIMES = {"plain": dict(head_scale=20.0), "agree": dict(head_scale=100.0, qk_scale=0.1, vo_scale=20.0)}
-
-
-
 
 COUNT = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=64, intermediate_size=128,
                     num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, qk_norm=True,
@@ -83,7 +81,7 @@ def train_counting(steps, seed=0, batch=32, length=64):
         def loss_fn(p):
             logits = model.apply({"params": p}, arr["tokens"], arr["positions"], structure=arr,
                                  objective="dual")
-            return losses.objective_loss(logits, arr)
+            return losses.combine(losses.loss_terms(logits, arr))
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         updates, opt_state = opt.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss, metrics

@@ -19,7 +19,7 @@ import os
 from decode.cost import forward_seconds as measure  # noqa: F401  (the benchmarks' name)
 
 
-def main(argv=None) -> int:
+def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="configs/demo_pretrain.yaml",
                    help="a wedlm-train config whose model.config gives the shape")
@@ -32,7 +32,7 @@ def main(argv=None) -> int:
 
     import jax
 
-    from tests.synthetic import random_params
+    from benchmarks.synthetic import random_params
     from train.config import load_config, model_config
 
     config = model_config(load_config(a.config))
@@ -48,8 +48,8 @@ def main(argv=None) -> int:
     for w in windows:
         med = times[w]
         print(f"{w:>4} {med * 1e3:>10.2f} {med / base:>8.2f} {med * 1e3 / w:>12.3f}")
-    return 0
+    return times
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

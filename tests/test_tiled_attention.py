@@ -53,7 +53,7 @@ def _arranged_structure(seg, layout, block_size):
     keys = masking.row_keys(0, 0, jnp.arange(seg.shape[0]))
     arr = masking.arrange_rows(layout, keys, jnp.zeros_like(seg), seg, seg != 0,
                                block_size=block_size, mask_token_id=7)
-    return ta.arrangement_structure(arr)
+    return ta.as_structure(arr)
 
 
 def qkv(seed, b, s, t, h, kvh, d, dtype=jnp.float32):

@@ -1,7 +1,22 @@
 """benchmarks/step_bytes.py's reading of an optimized HLO module: top-level instructions only
-(not the insides of fusions), operand + result bytes, an in-place update counted as its update."""
+(not the insides of fusions), operand + result bytes, an in-place update counted as its update;
+the paged kernel's bytes the compiler does not count; the program itself for a TPU (libtpu) at one
+layer of the 8B; and with it, the GPU decode step's bytes with its weights per layer or stacked
+(XLA's GPU compiler, no GPU: .venv/gpu-compiler, `make setup`)."""
 
-from benchmarks.step_bytes import instruction_bytes, source_group
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+from benchmarks.step_bytes import instruction_bytes, kernel_not_counted, source_group
+from tests import tpu_compiler, xla
+from wedlm_jax.config import ModelConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GPU_COMPILER = os.path.join(ROOT, ".venv", "gpu-compiler")
 
 HLO = """HloModule m, entry_computation_layout={(f32[8,16]{1,0})->f32[8,16]{1,0}}
 
@@ -95,3 +110,65 @@ ENTRY %main (w: bf16[36,64,128], x: f32[8,64], l: s32[]) -> f32[8,128] {
 """
     (row,) = instruction_bytes(hlo)
     assert row["hbm_bytes"] == 64 * 128 * 2 + 8 * 64 * 4 + 4 + 8 * 128 * 4   # one layer's slice
+
+
+def test_the_paged_kernels_uncounted_bytes_are_live_kv_queries_and_output():
+    c = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,
+                    num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8)
+    kv = 3 * 100 * 2 * 2 * 2 * 8 * 2        # slots x live rows x (K, V) x layers x kv heads x d x bf16
+    q_out = 2 * 2 * 3 * 16 * 4 * 8 * 2      # (q, out) x layers x slots x span x heads x d x bf16
+    assert kernel_not_counted(3, 16, c, 100, "bfloat16") == kv + q_out
+    assert kernel_not_counted(3, 16, c, 100, "float32") == 2 * (kv + q_out)
+
+
+def test_one_layer_of_the_8b_paged_step_for_a_v5p():
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.step_bytes", "--layers", "1",
+                           "--method", "streaming", "--window", "8", "--page-size", "64",
+                           "--top", "2"], env=tpu_compiler.env(), capture_output=True, text=True,
+                          timeout=400, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = proc.stdout
+    assert out.startswith("streaming W 8 (compiler weight layout), 1 layers"), out
+    ratio = float(re.search(r"GB = ([\d.]+) of the floor", out).group(1))
+    assert "the paged-attention kernels' live pages" in out and 0.95 < ratio < 1.5, out
+    assert "top 2 instructions" in out and "by source op" in out
+
+
+GPU_LAYERS = textwrap.dedent("""
+    import json
+    from benchmarks.step_bytes import hbm_traffic
+    from decode import aot, layouts
+    from wedlm_jax.config import ModelConfig
+    from wedlm_jax.targets import describe_target
+    config = ModelConfig(model_type="qwen3", vocab_size=512, hidden_size=1024, intermediate_size=4096,
+                         num_layers=2, num_heads=8, num_kv_heads=2, head_dim=128, qk_norm=True)
+    dev = describe_target("h100")[0][0]
+    out = {}
+    for stacked in (True, False):
+        layouts.layers_stacked = lambda platform, s=stacked: s
+        dec, compiled = aot.generate_program(config, [dev], method="ar", slots=4, capacity=256,
+                                             dtype="bfloat16", attention="auto", page_size=16,
+                                             scan_unroll=config.num_layers)   # every layer counted
+        out[str(stacked)] = dict(bytes=hbm_traffic(compiled.as_text()),
+                                 flat="layer_0" in dec.params, platform=dev.platform)
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def test_per_layer_weights_halve_the_gpu_decode_steps_bytes():
+    """The decode step compiled for an H100: with its weights as one buffer per layer
+    (decode/layouts.py) it moves about half the bytes it moves with them stacked, where XLA:GPU
+    copies each layer's weights out of the stack at every step."""
+    assert os.path.isdir(os.path.join(GPU_COMPILER, "jax_plugins")), (
+        f"XLA's GPU compiler is not in {GPU_COMPILER}: run `make setup` (or `make gpu-compiler`)")
+    env = dict(xla.full_compile(os.environ), JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([ROOT, GPU_COMPILER]))
+    proc = subprocess.run([sys.executable, "-c", GPU_LAYERS], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1][7:])
+    stacked, flat = out["True"], out["False"]
+    assert flat["flat"] and not stacked["flat"]
+    weights = 2 * 2 * (3 * 1024 * 4096 + 1024 * (8 + 2 + 2) * 128 + 8 * 128 * 1024)   # bf16, 2 layers
+    assert stacked["bytes"] - flat["bytes"] > weights, out      # the copies: more than the weights
+    assert flat["bytes"] < stacked["bytes"] / 1.8, out

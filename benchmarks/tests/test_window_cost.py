@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from tests.synthetic import random_params
+from benchmarks.synthetic import random_params
 from wedlm_jax.config import ModelConfig
 
 CONFIG = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,
@@ -19,3 +19,15 @@ def test_window_cost_measures_each_window_in_a_loop():
     times = measure(CONFIG, params, [1, 4], prefix=8, capacity=32, kv_tile=16, repeats=2, inner=3)
     assert sorted(times) == [1, 4]
     assert all(0.0 < t < 1.0 for t in times.values()), times
+
+
+def test_the_table_of_a_train_configs_shape(capsys):
+    """The program itself on the tiny train config's model: one time per W, W = 1 first."""
+    from benchmarks.window_cost import main
+    times = main(["--config", "configs/tiny_cpu.yaml", "--windows", "1,4", "--prefix", "8",
+                  "--capacity", "64", "--kv-tile", "16", "--repeats", "2"])
+    assert sorted(times) == [1, 4] and all(0.0 < t < 1.0 for t in times.values()), times
+    lines = capsys.readouterr().out.splitlines()
+    assert '"config": "configs/tiny_cpu.yaml"' in lines[0] and lines[1].split()[:2] == ["W", "median"]
+    assert [line.split()[0] for line in lines[2:]] == ["1", "4"]
+    assert lines[2].split()[2] == "1.00"                 # W = 1 against itself

@@ -1,0 +1,19 @@
+"""The Decoders the benchmarks measure, built as the doors build theirs: a plan from the option
+objects (`decode.config.EngineOptions` for the method and the slots, `Placement` for the cache),
+then `Decoder(params, plan)`."""
+
+from __future__ import annotations
+
+from decode.config import EngineOptions, Placement
+from decode.decoder import Decoder
+from decode.plan import make_plan
+
+
+def decoder(params, config, *, page_size: int | None = None, num_pages: int | None = None,
+            sampling: bool = True, **engine) -> Decoder:
+    """A float32 Decoder over `params` with these engine options (`engine`: method, window, slots,
+    capacity, steps_per_call, ...), the cache `page_size` (0: dense; None: the platform's choice)
+    and `num_pages`; the [MASK] id is the model config's."""
+    plan = make_plan(config, EngineOptions(**engine),
+                     Placement(page_size=page_size, num_pages=num_pages), sampling=sampling)
+    return Decoder(params, plan)
