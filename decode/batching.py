@@ -43,6 +43,11 @@ from decode.decoder import Decoder, Request
 from decode.pages import ShardedPool
 
 
+def _failure(e: Exception) -> str:
+    """A failed device call, in one line: its type and the first line of its message."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+
+
 @dataclasses.dataclass
 class Finished:
     request_id: int
@@ -173,71 +178,124 @@ class Batcher:
         return jax.device_get((st.steps, st.n_fwd, st.accepted, st.rejected))
 
     def step(self) -> bool:
-        """Free cancelled slots, insert waiting requests, run one generate chunk, hand out the
-        new ids and finish the requests that are done. Returns True while work remains."""
-        dec = self.decoder
+        """Free cancelled slots, map the pages live requests grow into (paged cache), insert
+        waiting requests, run one generate chunk, hand out the new ids and finish the requests
+        that are done. Returns True while work remains."""
+        self._end_cancelled()
+        self._map_growth()
+        self._admit_waiting()
+        if self.num_active == 0:
+            return self.num_waiting > 0
+        result = self._generate()
+        if result is None:                     # the call failed: its requests ended
+            return self.num_waiting > 0
+        self._hand_out(result)
+        done = [slot for slot, live in enumerate(self._slots)
+                if live is not None and bool(result.done[slot])]
+        if done:
+            self._end_slots(done)
+        return self.num_active > 0 or self.num_waiting > 0
+
+    def _end_cancelled(self) -> None:
+        """End the cancelled requests: the waiting ones, then the live ones' slots."""
         cancelled, dropped = self._take_cancelled()
         for live in dropped:
             self._finish(live, "cancelled")
         hit = [s for s, live in enumerate(self._slots)
                if live is not None and live.request_id in cancelled]
         if hit:
-            counts = self._counts()
-            if self.pool is not None:          # one call unmaps every cancelled slot
-                self.state = dec.unmap(self.state, hit)
-            for slot in hit:
-                live = self._slots[slot]
-                if self.pool is None:
-                    self.state = dec.free(self.state, slot)
-                self._slots[slot] = None
-                self._finish(live, "cancelled", tuple(int(c[slot]) for c in counts))
+            self._end_slots(hit, cancelled=True)
+
+    def _end_slots(self, slots: list[int], cancelled: bool = False) -> None:
+        """Take the requests in `slots` off the device and finish them ('cancelled', else 'stop'
+        or 'length' by their last token), their counts read in one host copy. A paged cache
+        unmaps every slot in one call, before their pages go back to the pool; a dense cache
+        marks a cancelled slot done (a finished one is done already)."""
+        dec = self.decoder
+        counts = self._counts()
         if self.pool is not None:
-            try:
-                self._grow()
-            except Exception as e:  # noqa: BLE001 - a failed device call: its requests end, we go on
-                self._reset(f"mapping pages failed ({type(e).__name__}: "
-                            f"{str(e).splitlines()[0][:300] if str(e) else ''})")
+            self.state = dec.unmap(self.state, slots)
+        for slot in slots:
+            live = self._slots[slot]
+            if cancelled and self.pool is None:
+                self.state = dec.free(self.state, slot)
+            self._slots[slot] = None
+            self._finish(live, "cancelled" if cancelled else self._stop_or_length(live),
+                         tuple(int(c[slot]) for c in counts))
+
+    @staticmethod
+    def _stop_or_length(live: _Live) -> str:
+        stops = set(live.request.stop_token_ids)
+        return "stop" if live.tokens and live.tokens[-1] in stops else "length"
+
+    def _map_growth(self) -> None:
+        """Paged cache (a dense one holds every row already): `_grow`; a failed device call
+        ends the live requests (the state and the pool rebuilt)."""
+        if self.pool is None:
+            return
+        try:
+            self._grow()
+        except Exception as e:  # noqa: BLE001 - a failed device call: its requests end, we go on
+            self._reset(f"mapping pages failed ({_failure(e)})")
+
+    def _admit_waiting(self) -> None:
+        """Insert waiting requests into free slots, first come first served; with a paged cache
+        the head of the queue waits while the pool cannot give it its first pages."""
         while True:
             free = [s for s, live in enumerate(self._slots) if live is None]
             with self._lock:
                 live = self._waiting[0] if self._waiting and free else None
             if live is None:
-                break
+                return
             slot = self._slot_for(live, free)
-            pages = self._pages_for(live, dec.static.shard_of(slot)) if self.pool is not None else None
-            if self.pool is not None and pages is None:
-                break                          # the pool cannot hold it yet: it waits, first in line
+            pages = None
+            if self.pool is not None:
+                pages = self._pages_for(live, self.decoder.static.shard_of(slot))
+                if pages is None:
+                    return                     # the pool cannot hold it yet: it waits, first in line
             with self._lock:
                 self._waiting.popleft()
-            try:
-                if pages is None:
-                    self.state = dec.insert(dec.prefill(live.request), self.state, slot)
-                else:
-                    live.pages = pages
-                    self.state = dec.prefill_into_slot(self.state, live.request, slot, pages,
-                                                       live.reused)
-                    self.pool.publish(self._prefilled(live.request), pages)
-            except Exception as e:  # noqa: BLE001 - this request fails alone
-                error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-                if self._state_lost():
-                    live.pages = []                # the pool is rebuilt with the state
-                    self._reset(f"the decoding state was lost while admitting request "
-                                f"{live.request_id} ({error})")
-                self._finish(live, "error", error=error)
-                continue
-            self._slots[slot] = live
-            live.admitted, self._admissions = self._admissions, self._admissions + 1
-            live.base = len(live.tokens)
-        if self.num_active == 0:
-            return self.num_waiting > 0
+            if self._insert(live, slot, pages):
+                self._slots[slot] = live
+                live.admitted, self._admissions = self._admissions, self._admissions + 1
+                live.base = len(live.tokens)
+
+    def _insert(self, live: _Live, slot: int, pages) -> bool:
+        """Prefill `live`'s request into `slot` (a paged cache: into its `pages`, publishing its
+        prompt's full pages). False when it failed: the request ends with 'error' alone, unless
+        the state was lost with it (then every live request ends, the state rebuilt)."""
+        dec = self.decoder
         try:
-            self.state, result = dec.generate(   # the live slots' bucket only (paged cache)
+            if pages is None:
+                self.state = dec.insert(dec.prefill(live.request), self.state, slot)
+            else:
+                live.pages = pages
+                self.state = dec.prefill_into_slot(self.state, live.request, slot, pages, live.reused)
+                self.pool.publish(self._prefilled(live.request), pages)
+        except Exception as e:  # noqa: BLE001 - this request fails alone
+            error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            if self._state_lost():
+                live.pages = []                # the pool is rebuilt with the state
+                self._reset(f"the decoding state was lost while admitting request "
+                            f"{live.request_id} ({error})")
+            self._finish(live, "error", error=error)
+            return False
+        return True
+
+    def _generate(self):
+        """One generate call over the live slots (a paged cache steps only their bucket); None
+        when it failed (its requests ended, the state rebuilt)."""
+        try:
+            self.state, result = self.decoder.generate(
                 self.state, live=[s for s, live in enumerate(self._slots) if live is not None])
         except Exception as e:  # noqa: BLE001 - the device call failed: its requests end, we go on
-            self._reset(f"the decoding step failed ({type(e).__name__}: "
-                        f"{str(e).splitlines()[0][:300] if str(e) else ''})")
-            return self.num_waiting > 0
+            self._reset(f"the decoding step failed ({_failure(e)})")
+            return None
         self.loop_iterations += result.steps
+        return result
+
+    def _hand_out(self, result) -> None:
+        """Each live request's new ids (and their log-probabilities) to it and its on_tokens."""
         for slot, live in enumerate(self._slots):
             if live is None:
                 continue
@@ -247,18 +305,6 @@ class Batcher:
                 live.logprobs.extend(result.new_logprobs(slot, live.request.top_logprobs))
                 if live.on_tokens is not None:
                     live.on_tokens(live.request_id, new)
-        finished = [slot for slot, live in enumerate(self._slots)
-                    if live is not None and bool(result.done[slot])]
-        counts = self._counts() if finished else None
-        if finished and self.pool is not None:   # before their pages go back to the pool
-            self.state = dec.unmap(self.state, finished)
-        for slot in finished:
-            live = self._slots[slot]
-            stops = set(live.request.stop_token_ids)
-            finish = "stop" if live.tokens and live.tokens[-1] in stops else "length"
-            self._slots[slot] = None
-            self._finish(live, finish, tuple(int(c[slot]) for c in counts))
-        return self.num_active > 0 or self.num_waiting > 0
 
     def _prefilled(self, request: Request) -> tuple:
         """The prompt rows the prefill writes (AR and verified hold the last token back)."""

@@ -334,7 +334,7 @@ def chat_logprobs_object(tokenizer, seq: list, scored: dict, start: int, top_n: 
     return {"content": content}
 
 
-def _field_of(e: DecodeConfigError, default: str) -> str:
+def field_of(e: DecodeConfigError, default: str) -> str:
     """The request field a DecodeConfigError names (`e.field`, in the body's words); `default`
     (the prompt's or the messages' field) for the prompt or when it names none."""
     if e.field in (None, "prompt"):

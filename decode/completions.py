@@ -1,0 +1,334 @@
+"""The completion endpoints of wedlm-serve (`/v1/completions`, `/v1/chat/completions`): a request
+checked against the server's context, submitted to the engine thread, and its tokens read back
+through one token loop (`Completions.events`), which the JSON answer (`collect`) and the server-sent
+events (`stream`) both use. The routes are `decode/app.py`'s; the protocol `decode/protocol.py`'s.
+
+Imported when the app is built (fastapi is the serve extra).
+"""
+
+import asyncio
+import dataclasses
+import json
+import time
+import uuid
+
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from decode.config import MAX_LOGPROBS, MAX_STOP_IDS, DecodeConfigError, Sampling
+from decode.decoder import Request
+from decode.engine import Busy
+from decode.protocol import (MAX_BATCH, APIError, Settings, bad, chat_logprobs_object, field_of,
+                             generated_scores, logprobs_object, parse_messages, parse_prompts,
+                             parse_settings)
+from decode.text import TextStream, split_stop_strings
+
+
+def usage(n_prompt: int, n_out: int, fin=None) -> dict:
+    out = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
+    if fin is not None and fin.cached_tokens:   # prefix reuse (--page-size)
+        out["prompt_tokens_details"] = {"cached_tokens": fin.cached_tokens}
+    return out
+
+
+def stats(fin, n_out: int):
+    if fin is None:
+        return None
+    return {"steps": fin.steps, "n_fwd": fin.n_fwd, "p_cache": n_out / fin.n_fwd if fin.n_fwd else 0.0}
+
+
+def sse(obj) -> str:
+    """One server-sent event carrying `obj` as JSON."""
+    return "data: " + json.dumps(obj) + "\n\n"
+
+
+class Completions:
+    """The completion endpoints over a started `decode.engine.Engine`, its tokenizer and the
+    server's `decode.app.ServerConfig`."""
+
+    def __init__(self, engine, tokenizer, cfg):
+        self.engine, self.tokenizer, self.cfg = engine, tokenizer, cfg
+
+    # ------------------------------------------------------------------------------- the routes
+
+    async def completions(self, http, body: dict):
+        s = parse_settings(body, self.cfg.defaults, scoring=True)
+        prompts = await asyncio.to_thread(parse_prompts, body, self.tokenizer, self.cfg.vocab_size,
+                                          MAX_BATCH, self.cfg.capacity)               # off the loop
+        if len(prompts) == 1 and s.logprobs is None and not s.echo:
+            return await self.run(http, prompts[0], s, chat=False, param="prompt")
+        if s.stream:
+            raise bad("stream", "'stream': true takes one prompt without 'logprobs' or 'echo'",
+                      "unsupported_value")
+        return await self.scored_choices(http, prompts, s)
+
+    async def chat_completions(self, http, body: dict):
+        s = parse_settings(body, self.cfg.defaults, ("max_tokens", "max_completion_tokens"),
+                           chat=True)
+        ids = await asyncio.to_thread(parse_messages, body, self.tokenizer, True, False,
+                                      self.cfg.capacity)                              # off the loop
+        return await self.run(http, ids, s, chat=True, param="messages")
+
+    # ------------------------------------------------------------------ a request to the engine
+
+    def make_request(self, ids: list, s: Settings, param: str) -> Request:
+        """OpenAI's / vLLM's lengths: a prompt that leaves no room, or a named max_tokens that does
+        not fit beside it, is a 400 context_length_exceeded; the server's default max_tokens is
+        cut to the room left."""
+        cfg = self.cfg
+        if s.logprobs is not None and s.logprobs > cfg.max_logprobs and s.max_tokens > 0:
+            field = "top_logprobs" if param == "messages" else "logprobs"
+            raise bad(field, f"generated tokens carry at most {cfg.max_logprobs} alternatives on this "
+                             f"server (--max-logprobs), got {s.logprobs}; prompt scoring alone "
+                             f"(echo with max_tokens 0) takes up to {MAX_LOGPROBS}")
+        if len(ids) >= cfg.capacity:
+            raise bad(param, f"the prompt has {len(ids)} tokens; this server's context is "
+                             f"{cfg.capacity} tokens, which leaves no room to generate",
+                      "context_length_exceeded")
+        room = cfg.capacity - len(ids)
+        if s.max_tokens > room:
+            if s.max_tokens_given:
+                raise bad("max_tokens", f"this server's context is {cfg.capacity} tokens; the prompt "
+                                        f"has {len(ids)} and max_tokens asks for {s.max_tokens} more "
+                                        f"({len(ids) + s.max_tokens}); at most {room}",
+                          "context_length_exceeded")
+            s = dataclasses.replace(s, max_tokens=room)
+        try:
+            one_token, _ = split_stop_strings(self.tokenizer, s.stop)
+        except DecodeConfigError as e:
+            raise bad("stop", str(e)) from None
+        stop_ids = tuple(dict.fromkeys(list(cfg.default_stop_ids) + one_token))
+        if len(stop_ids) > MAX_STOP_IDS:
+            raise bad("stop", f"too many stop sequences: {len(stop_ids)} stop token ids with the "
+                              f"defaults, at most {MAX_STOP_IDS}")
+        try:
+            return Request(prompt=tuple(ids), **Sampling.pick(s.sampling.replace(
+                max_new_tokens=s.max_tokens, stop_token_ids=stop_ids)), top_logprobs=s.logprobs or 0)
+        except DecodeConfigError as e:
+            raise bad(field_of(e, param), str(e)) from None
+
+    def submit(self, request: Request, param: str):
+        """-> (request id, asyncio queue of ('tokens', ids) / ('finish', Finished) / ('error', msg))."""
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        put = lambda item: loop.call_soon_threadsafe(q.put_nowait, item)
+        try:
+            rid = self.engine.submit(request, on_tokens=lambda _rid, ids: put(("tokens", list(ids))),
+                                     on_finish=lambda fin: put(("finish", fin)),
+                                     on_error=lambda msg, status=500: put(("error", (status, msg))))
+        except Busy:
+            raise APIError(429, f"the server is busy ({self.engine.max_pending} requests in flight); "
+                                "retry", type="rate_limit_error", code="rate_limit_exceeded",
+                           headers={"Retry-After": "1"}) from None
+        except DecodeConfigError as e:
+            raise bad(field_of(e, param), str(e)) from None
+        except RuntimeError as e:
+            raise APIError(503, str(e), type="server_error", code="unavailable",
+                           headers={"Retry-After": "5"}) from None
+        return rid, q
+
+    # ------------------------------------------------------------------------- the token loop
+
+    async def events(self, rid: int, q: asyncio.Queue, text: TextStream, http=None,
+                     want_finish: bool = False):
+        """The one token loop of request `rid`: its queue read into `text` (a stop string cancels
+        the request), as events:
+
+            ('text', delta)          new text (never empty)
+            ('done', (reason, fin))  the finish reason and Finished; fin is None when a stop string
+                                     ended it, unless `want_finish`: then its Finished (the
+                                     generated tokens' log-probabilities) is awaited all the same
+            ('failed', message)      the request failed in the engine (the server goes on)
+            ('error', APIError)      the engine failed or is stopping
+            ('gone', None)           `http`'s client went away (polled every 0.5 s while waiting
+                                     when `http` is given; the request is cancelled)
+
+        one of the last four ends it."""
+        while True:
+            if http is None:
+                kind, val = await q.get()
+            else:
+                try:
+                    kind, val = await asyncio.wait_for(q.get(), timeout=0.5)
+                except asyncio.TimeoutError:
+                    if await http.is_disconnected():
+                        self.engine.cancel(rid)
+                        yield "gone", None
+                        return
+                    continue
+            if kind == "tokens":
+                delta = text.add(val)
+                if delta:
+                    yield "text", delta
+                if text.stopped:
+                    self.engine.cancel(rid)
+                    if not want_finish:
+                        yield "done", ("stop", None)
+                        return
+            elif kind == "finish" and val.finish == "error":
+                yield "failed", f"request {rid} failed in the engine ({val.error}); the server goes on"
+                return
+            elif kind == "finish":
+                if not text.stopped and len(text.ids) < len(val.tokens):  # tokens not yet handed out
+                    text.add(val.tokens[len(text.ids):])
+                delta = text.finish()
+                if delta:
+                    yield "text", delta
+                yield "done", ("stop" if text.stopped else val.finish, val)
+                return
+            else:
+                status, msg = val
+                yield "error", APIError(status, msg, type="server_error",
+                                        code="engine_failed" if status == 500 else "unavailable")
+                return
+
+    async def collect(self, http, rid: int, q: asyncio.Queue, text: TextStream,
+                      want_finish: bool = False):
+        """A request's tokens until it finishes: (text, finish reason, Finished); the reason is
+        None when the client went away (the request is cancelled)."""
+        try:
+            async for kind, val in self.events(rid, q, text, http, want_finish):
+                if kind == "done":
+                    reason, fin = val
+                    return text, reason, fin
+                if kind == "gone":
+                    return text, None, None
+                if kind == "failed":
+                    raise APIError(500, val, type="server_error", code="request_failed")
+                if kind == "error":
+                    raise val
+        except asyncio.CancelledError:
+            self.engine.cancel(rid)
+            raise
+
+    async def stream(self, rid: int, q: asyncio.Queue, text: TextStream, head: dict, s: Settings,
+                     chat: bool, n_prompt: int):
+        """The server-sent events of a request: its text as chunks, then the finish reason (or
+        the error), the usage when asked, and [DONE]."""
+        obj = "chat.completion.chunk" if chat else "text_completion"
+
+        def chunk(delta=None, reason=None, **extra):
+            if chat:
+                d = {} if delta is None else ({"content": delta} if not isinstance(delta, dict) else delta)
+                choice = {"index": 0, "delta": d, "logprobs": None, "finish_reason": reason}
+            else:
+                choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": reason}
+            return sse(dict(head, object=obj, choices=[choice], **extra))
+
+        done = False
+        try:
+            if chat:
+                yield chunk({"role": "assistant", "content": ""})
+            async for kind, val in self.events(rid, q, text):
+                if kind == "text":
+                    yield chunk(val)
+                    continue
+                if kind == "failed":
+                    yield sse(APIError(500, val, type="server_error").body())
+                elif kind == "error":
+                    yield sse(val.body())
+                done = True
+                if kind == "done":
+                    reason, fin = val
+                    yield chunk(None, reason, wedlm=stats(fin, text.n_used))
+                    if s.include_usage:
+                        yield sse(dict(head, object=obj, choices=[],
+                                       usage=usage(n_prompt, text.n_used, fin)))
+            yield "data: [DONE]\n\n"
+        finally:
+            if not done:   # the client went away (or the server is stopping): free the slot
+                self.engine.cancel(rid)
+
+    # ------------------------------------------------------------------------------ the answers
+
+    async def run(self, http, ids: list, s: Settings, chat: bool, param: str):
+        """One prompt, generated: streamed, or answered whole with its choice."""
+        request = self.make_request(ids, s, param)
+        rid, q = self.submit(request, param)
+        text = TextStream(self.tokenizer, s.stop)
+        head = dict(id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex, created=int(time.time()),
+                    model=self.cfg.model_name)
+        if s.stream:
+            return StreamingResponse(self.stream(rid, q, text, head, s, chat, len(ids)),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        text, reason, fin = await self.collect(http, rid, q, text, want_finish=s.logprobs is not None)
+        if reason is None:
+            return JSONResponse({}, status_code=499)
+        n_out = text.n_used
+        choice = ({"index": 0, "message": {"role": "assistant", "content": text.sent},
+                   "logprobs": None, "finish_reason": reason} if chat else
+                  {"index": 0, "text": text.sent, "logprobs": None, "finish_reason": reason})
+        if chat and s.logprobs is not None:
+            seq = list(ids) + list(text.ids[:n_out])
+            scored = await self.sequence_scores(ids, fin, n_out, s.logprobs, echo=False)
+            choice["logprobs"] = await asyncio.to_thread(chat_logprobs_object, self.tokenizer, seq,
+                                                          scored, len(ids), s.logprobs)
+        return JSONResponse(dict(head, object="chat.completion" if chat else "text_completion",
+                                 choices=[choice], usage=usage(len(ids), n_out, fin),
+                                 wedlm=stats(fin, n_out)))
+
+    async def scored_choices(self, http, prompts: list, s: Settings):
+        """/v1/completions with `echo`, `logprobs` or several prompts: one choice per prompt (each
+        generated as its own request through the engine; the prompt scored by the AR reading
+        when echoed, the completion's log-probabilities as its decoding carried them)."""
+        results = await asyncio.gather(*(self.scored_choice(http, i, ids, s)
+                                         for i, ids in enumerate(prompts)))
+        if any(r is None for r in results):
+            return JSONResponse({}, status_code=499)
+        n_prompt, n_out = sum(r[1] for r in results), sum(r[2] for r in results)
+        head = dict(id="cmpl-" + uuid.uuid4().hex, created=int(time.time()), model=self.cfg.model_name)
+        return JSONResponse(dict(head, object="text_completion", choices=[r[0] for r in results],
+                                 usage=usage(n_prompt, n_out)))
+
+    async def scored_choice(self, http, i: int, ids: list, s: Settings):
+        """-> (choice, prompt tokens, completion tokens, Finished) of prompt `i`; None when the
+        client went away."""
+        out, sent, reason, fin = [], "", "length", None
+        if s.max_tokens > 0:
+            rid, q = self.submit(self.make_request(ids, s, "prompt"), "prompt")
+            text, reason, fin = await self.collect(http, rid, q, TextStream(self.tokenizer, s.stop),
+                                                   want_finish=s.logprobs is not None)
+            if reason is None:
+                return None
+            out, sent = text.ids[:text.n_used], text.sent
+        choice = {"index": i, "text": (self.tokenizer.decode(ids) if s.echo else "") + sent,
+                  "logprobs": None, "finish_reason": reason}
+        if s.logprobs is not None:
+            seq = list(ids) + list(out)
+            scored = await self.sequence_scores(ids, fin, len(out), s.logprobs, s.echo)
+            choice["logprobs"] = await asyncio.to_thread(logprobs_object, self.tokenizer, seq, scored,
+                                                         0 if s.echo else len(ids), s.logprobs)
+        return choice, len(ids), len(out), fin
+
+    # -------------------------------------------------------------------------------- scoring
+
+    async def engine_score(self, sequences, top_n: int) -> list:
+        """The AR reading's log-probabilities of `sequences`, computed on the engine thread."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+
+        def settle(result):
+            if fut.done():
+                return
+            if isinstance(result, BaseException):
+                fut.set_exception(result)
+            else:
+                fut.set_result(result)
+        try:
+            self.engine.score(sequences, top_n, lambda r: loop.call_soon_threadsafe(settle, r))
+        except RuntimeError as e:
+            raise APIError(503, str(e), type="server_error", code="unavailable",
+                           headers={"Retry-After": "5"}) from None
+        try:
+            return await fut
+        except DecodeConfigError as e:
+            raise bad("prompt", str(e)) from None
+
+    async def sequence_scores(self, ids, fin, n_out: int, top_n: int, echo: bool) -> dict:
+        """`scored` (decode.scoring's shape) for prompt + the first n_out generated tokens: the
+        prompt's by the AR reading on the engine thread when `echo` (else None entries), the
+        generated tokens' as the decoding carried them (docs/algorithm.md §6)."""
+        prompt = ((await self.engine_score([list(ids)], top_n))[0] if echo else
+                  {"token_logprobs": [None] * len(ids), "top_logprobs": [None] * len(ids)})
+        gen = generated_scores(fin.logprobs if fin is not None else [], n_out, top_n)
+        return {k: list(prompt[k]) + gen[k] for k in ("token_logprobs", "top_logprobs")}
