@@ -7,6 +7,7 @@ import dataclasses
 import secrets
 
 from decode.config import MAX_LOGPROBS, MAX_STOP_IDS, DecodeConfigError, Sampling  # noqa: F401 (the bounds)
+from wedlm_jax.tokenizer import TextError, check_text
 
 MAX_STOP_STRINGS = 8
 MAX_BATCH = 64      # prompts in one completions request
@@ -140,6 +141,11 @@ def parse_settings(body: dict, defaults: Sampling, max_tokens_names=("max_tokens
                   "invalid_type")
     if any(s == "" for s in stop):
         raise bad("stop", "'stop' strings must not be empty")
+    for one in stop:
+        try:
+            check_text(one, "a stop string")
+        except TextError as e:
+            raise bad("stop", f"'stop': {e}") from None
     if len(stop) > MAX_STOP_STRINGS:
         raise bad("stop", f"'stop' holds {len(stop)} sequences; at most {MAX_STOP_STRINGS}")
     opts = body.get("stream_options")
@@ -175,12 +181,21 @@ def encode_within(tokenizer, text: str, context: int | None, param: str = "promp
     cannot fit and is refused without tokenizing it all (a multi-megabyte prompt costs
     microseconds, not seconds of the server's CPU)."""
     if context is not None and len(text) > CHARS_PER_TOKEN_BOUND * (context + 2):
-        head = tokenizer.encode(text[:CHARS_PER_TOKEN_BOUND * (context + 2)])
+        head = encode_text(tokenizer, text[:CHARS_PER_TOKEN_BOUND * (context + 2)], param)
         if len(head) > context + 1:
             raise bad(param, f"the prompt has more than {context} tokens; this server's context is "
                              f"{context} tokens, which leaves no room to generate",
                       "context_length_exceeded")
-    return tokenizer.encode(text)
+    return encode_text(tokenizer, text, param)
+
+
+def encode_text(tokenizer, text: str, param: str) -> list:
+    """`tokenizer.encode(text)`; text that is not valid Unicode (a lone surrogate, as a JSON
+    escape like \\ud800 decodes to) is a 400 naming `param`."""
+    try:
+        return tokenizer.encode(text)
+    except TextError as e:
+        raise bad(param, f"'{param}' {e}") from None
 
 
 def parse_prompt(body: dict, tokenizer, vocab_size: int, context: int | None = None) -> list:
@@ -241,7 +256,7 @@ def parse_tokenize(body: dict, tokenizer) -> list:
         raise bad("prompt", "'prompt' (a string) or 'messages' is required", "missing_required_parameter")
     if not isinstance(p, str):
         raise bad("prompt", f"'prompt' must be a string, got {type(p).__name__}", "invalid_type")
-    return tokenizer.encode(p)
+    return encode_text(tokenizer, p, "prompt")
 
 
 def parse_detokenize(body: dict, vocab_size: int) -> list:

@@ -1,4 +1,4 @@
-"""Fuzz and soak of wedlm-serve (issue 22): property-based request bodies (hypothesis) against the
+"""Fuzz and soak of wedlm-serve: property-based request bodies (hypothesis) against the
 request parser and against a live server on 127.0.0.1, which must answer every one of them with
 200 or a 4xx naming the problem (never a 500, never a dead engine); then a bounded soak of mixed
 valid, invalid, cancelled and oversized requests after which the same greedy prompt returns the
@@ -39,10 +39,12 @@ json_scalars = (st.none() | st.booleans() | st.integers(min_value=-2**70, max_va
                 | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=40))
 json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=4)
                            | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
-prompts = (st.text(max_size=60) | st.lists(st.integers(-5, 2**40), max_size=12) | json_values)
+any_text = st.text(st.characters(exclude_categories=()), max_size=40)   # lone surrogates too
+prompts = (st.text(max_size=60) | any_text | st.lists(st.integers(-5, 2**40), max_size=12) | json_values)
 messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant",
                                                                     "tool", "x"]),
-                                           "content": st.text(max_size=30) | json_values}),
+                                           "content": st.text(max_size=30) | any_text
+                                           | json_values}),
                     max_size=3) | json_values
 bodies = st.fixed_dictionaries(
     {}, optional={**{f: json_values for f in FIELDS}, "prompt": prompts, "messages": messages,
@@ -117,6 +119,21 @@ def test_live_server_never_answers_500(live, body, chat, named):
         assert r.json()["error"]["message"]
     assert live["engine"].error is None
     assert live["client"].get("/health").status_code == 200
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/completions", {"prompt": "one \ud800 two"}, "prompt"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi \udfff"}]}, "messages"),
+    ("/v1/completions", {"prompt": "one", "stop": ["\udc80"]}, "stop"),
+    ("/tokenize", {"prompt": "x\ud83d"}, "prompt"),
+])
+def test_invalid_unicode_is_a_400_naming_the_field(live, path, body, param):
+    """A lone surrogate (a JSON escape no UTF-8 text holds) is the client's error, named."""
+    r = live["client"].post(path, content=json.dumps(dict(body, model="tiny", max_tokens=4)))
+    assert r.status_code == 400, (r.status_code, r.text[:300])
+    err = r.json()["error"]
+    assert err["param"] == param and "not valid Unicode" in err["message"], err
+    assert live["engine"].error is None
 
 
 def _rss_kib() -> int:
