@@ -9,10 +9,6 @@ import jax.numpy as jnp
 from decode.programs import Static
 
 
-def gib(x: float) -> str:
-    return f"{x / 2**30:.2f} GiB"
-
-
 def estimate_memory(static: Static) -> dict:
     """Bytes per device of what decoding allocates beyond the weights: the KV cache, one step's
     logits (float32, [slots, S, V], with a softmax-sized temporary), the verified drafts'

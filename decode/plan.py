@@ -28,10 +28,11 @@ import jax.numpy as jnp
 from decode import layouts
 from decode.config import (MAX_LOGPROBS, DecodeConfigError, DoorOptions, EngineOptions, Placement,
                            _is_int, check_int)
-from decode.memory import available_memory, estimate_memory, gib
+from decode.memory import available_memory, estimate_memory
 from decode.pages import pool_size
 from decode.programs import Static
 from decode.steps import StepSpec
+from wedlm_jax.failures import format_bytes
 from wedlm_jax import attention_backends as attn_backends
 from wedlm_jax import cache_attention as ca
 from wedlm_jax import paged_attention as paged
@@ -204,6 +205,7 @@ def cache_choice(config: ModelConfig, placement: Placement, spec: StepSpec, engi
 
 
 def check_memory(memory: dict, limit: int | None, static: Static) -> None:
+    gib = lambda n: format_bytes(n, "GiB")
     if limit is not None and memory["total"] > limit:
         raise DecodeConfigError(
             f"decoding needs ~{gib(memory['total'])} (KV cache {gib(memory['cache'])}, logits "
