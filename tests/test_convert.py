@@ -33,7 +33,7 @@ from tests import xla
 VOCAB = 96
 COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-TOKENIZER_STUBS = {"tokenizer.json": '{"version": "1.0", "model": {"type": "BPE"}}',
+TOKENIZER_STUBS = {"tokenizer.json": '{"version": "1.0", "model": {"type": "BPE", "vocab": {}, "merges": []}}',
                    "tokenizer_config.json": '{"model_max_length": 128}',
                    "generation_config.json": '{"do_sample": false}'}
 

@@ -151,8 +151,8 @@ def check_tokenizer(folder: str) -> str | None:
     a tokenizer.json that does not load; a note (None when there is one) when the folder has none."""
     path = os.path.join(folder, "tokenizer.json")
     if not os.path.isfile(path):
-        return (f"note: {folder} has no tokenizer.json; the converted folder has none either "
-                "(decoding needs one: copy it in)")
+        return (f"note: {folder} has no tokenizer.json, so neither has the converted folder; "
+                "decoding needs one: copy it in")
     try:
         from tokenizers import Tokenizer
         Tokenizer.from_file(path)
@@ -693,8 +693,6 @@ def _convert(args, needed: list) -> int:
                                   f"another --out")
         check_writable(args.out, "--out")
         tokenizer_note = check_tokenizer(src)
-        if tokenizer_note:
-            print(f"wedlm-convert: {tokenizer_note}", file=sys.stderr)
         if args.command == "hf-to-orbax":
             check_out_dir(os.path.abspath(args.out), args.force)
             config, params = load_hf_checkpoint(args.hf, dtype=args.dtype,
@@ -717,7 +715,7 @@ def _convert(args, needed: list) -> int:
     except (ConfigError, CheckpointError, DiskFullError, FileNotFoundError, PermissionError) as e:
         print(f"wedlm-convert: error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {out}", file=sys.stderr)
+    print(f"wrote {out}" + (f" ({tokenizer_note})" if tokenizer_note else ""), file=sys.stderr)
     return 0
 
 
