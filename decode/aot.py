@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from decode import layouts
 from wedlm_jax import model as model_lib
 from wedlm_jax.compiled import figures  # noqa: F401 (memory, cost and kernels of a program)
+from wedlm_jax.failures import format_bytes
 
 from wedlm_jax.targets import GIB, TargetError, describe_target, describe_tpu  # noqa: F401
 
@@ -204,16 +205,6 @@ def kv_not_counted(slots: int, config, live_rows: int, kv_tile: int, dtype: str,
     return slots * rows * kv_row / (tensor * batch_shards)
 
 
-def kernel_not_counted(slots: int, span: int, config, live_rows: int, dtype: str) -> float:
-    """Bytes a step's Mosaic paged-attention calls move that libtpu's cost analysis does not
-    count (it counts ~10 KB per call whatever the operands): every layer's live K/V pages, its
-    queries read and its output written."""
-    item = jnp.dtype(dtype).itemsize
-    kv = kv_not_counted(slots, config, live_rows, 0, dtype)
-    q_out = 2 * config.num_layers * slots * span * config.num_heads * config.head_dim * item
-    return kv + q_out
-
-
 def dry_run(config, target: str, placement, *, method: str, window: int, refill: str, slots: int,
             capacity: int, prefill_chunk: int = 128, device_memory_gib: float | None = None,
             who: str = "wedlm-serve") -> tuple[str, bool]:
@@ -235,7 +226,8 @@ def dry_run(config, target: str, placement, *, method: str, window: int, refill:
                     page_size="auto" if placement.page_size is None else placement.page_size,
                     num_pages=placement.num_pages, weight_layout=placement.weight_layout)
     lines = [f"{who} dry run for {target}: {len(devs)} of its {len(devices)} chips, "
-             f"{limit / GIB:.2f} GiB each; mesh data={placement.mesh[0]} fsdp={placement.mesh[1]} "
+             f"{format_bytes(limit, 'GiB')} each; mesh data={placement.mesh[0]} "
+             f"fsdp={placement.mesh[1]} "
              f"tensor={placement.mesh[2]}, {placement.dtype}, cache attention "
              f"{placement.attention}, weights "
              f"{layouts.resolve(placement.weight_layout, devices[0].platform)}"
@@ -304,10 +296,12 @@ def verdict_lines(results, limit: int) -> tuple[bool, list[str]]:
         m = f["memory"]
         ok = m["total"] <= limit
         fits = fits and ok
-        lines.append(f"  {label:<34} {m['total'] / GIB:8.2f} GiB per chip (arguments "
-                     f"{m['argument'] / GIB:.2f}, temporaries {m['temp'] / GIB:.2f})"
+        lines.append(f"  {label:<34} {format_bytes(m['total'], 'GiB'):>12} per chip (arguments "
+                     f"{format_bytes(m['argument'], 'GiB')}, temporaries "
+                     f"{format_bytes(m['temp'], 'GiB')})"
                      + ("" if ok else "  DOES NOT FIT"))
-    lines.append(f"  verdict      {'FITS' if fits else 'DOES NOT FIT'} in {limit / GIB:.2f} GiB per chip")
+    lines.append(f"  verdict      {'FITS' if fits else 'DOES NOT FIT'} in "
+                 f"{format_bytes(limit, 'GiB')} per chip")
     return fits, lines
 
 

@@ -20,6 +20,8 @@ import dataclasses
 import numbers
 from typing import Sequence
 
+from wedlm_jax.dtypes import DtypeError, dtype_name
+
 METHODS = ("streaming", "block", "ar", "verified")
 REFILLS = ("before", "after")               # decode.steps: when the window's masks are refilled
 SAMPLING_ORDERS = ("filter_first", "temper_first")   # decode.sampling: filter vs temperature
@@ -240,7 +242,6 @@ def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int, capacity: i
 
 # ------------------------------------------------------------------------------- placement
 
-DTYPES = {"float32": "float32", "f32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 CACHE_ATTENTION = ("auto", "tiled", "dense", "pallas", "cudnn")   # wedlm_jax.attention_backends
 WEIGHT_LAYOUTS = ("auto", "compiler", "default")                   # decode/layouts.py
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -276,10 +277,10 @@ class Placement:
     weight_layout: str = "auto"     # decode/layouts.py: compiler | default | auto (compiler on TPU)
 
     def __post_init__(self):
-        if self.dtype not in DTYPES:
-            raise DecodeConfigError(f"dtype {self.dtype!r} is unknown; allowed: float32, bfloat16 "
-                                    "(f32, bf16)")
-        object.__setattr__(self, "dtype", DTYPES[self.dtype])
+        try:
+            object.__setattr__(self, "dtype", dtype_name(self.dtype))
+        except DtypeError as e:
+            raise DecodeConfigError(str(e), "dtype") from None
         if len(self.mesh) != 3:
             raise DecodeConfigError(f"mesh must be (data, fsdp, tensor), got {self.mesh!r}")
         for name, n in zip(MESH_AXES, self.mesh):

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
-from wedlm_jax.dtypes import DTYPE_ALIASES, canonical, jnp_dtype  # noqa: F401 (DTYPE_ALIASES: train.step's)
+from wedlm_jax.dtypes import canonical, jnp_dtype
 
 OBJECTIVES = ("dual_stream", "plain", "ar_only")
 COMPUTE_DTYPES = ("bfloat16", "float32")

@@ -33,7 +33,8 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from train.config import DTYPE_ALIASES, TrainConfig, compute_dtype
+from train.config import TrainConfig, compute_dtype
+from wedlm_jax.dtypes import dtype_name
 from wedlm_jax import attention_backends as attn_backends
 from wedlm_jax import losses, masking
 from wedlm_jax import model as model_lib
@@ -79,7 +80,7 @@ def decay_mask(params, decay_embeddings: bool = True):
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
     o = cfg.optimizer
     adamw = optax.adamw(lr_schedule(cfg), b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
-                        mu_dtype=DTYPE_ALIASES[o.mu_dtype] if o.mu_dtype else None,
+                        mu_dtype=dtype_name(o.mu_dtype) if o.mu_dtype else None,
                         mask=functools.partial(decay_mask, decay_embeddings=o.decay_embeddings))
     if o.clip > 0:
         return optax.chain(optax.clip_by_global_norm(o.clip), adamw)
