@@ -86,6 +86,27 @@ def _bool(body, name, default=False):
     return v
 
 
+def parse_stop(stop) -> list:
+    """`stop`: a string or a list of them, none empty, at most MAX_STOP_STRINGS, valid Unicode."""
+    if stop is None:
+        stop = []
+    elif isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise bad("stop", f"'stop' must be a string or a list of strings, got {stop!r}",
+                  "invalid_type")
+    if any(s == "" for s in stop):
+        raise bad("stop", "'stop' strings must not be empty")
+    if len(stop) > MAX_STOP_STRINGS:
+        raise bad("stop", f"'stop' holds {len(stop)} sequences; at most {MAX_STOP_STRINGS}")
+    for one in stop:
+        try:
+            check_text(one, "a stop string")
+        except TextError as e:
+            raise bad("stop", f"'stop': {e}") from None
+    return stop
+
+
 def parse_settings(body: dict, defaults: Sampling, max_tokens_names=("max_tokens",),
                    scoring: bool = False, chat: bool = False) -> Settings:
     """The settings shared by both endpoints; raises APIError(400) naming the field. `defaults`:
@@ -131,23 +152,7 @@ def parse_settings(body: dict, defaults: Sampling, max_tokens_names=("max_tokens
             if not (echo and body[name] == 0 and not isinstance(body[name], bool)):
                 given["max_new_tokens"] = body[name]
             max_tokens_name = name
-    stop = body.get("stop")
-    if stop is None:
-        stop = []
-    elif isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-        raise bad("stop", f"'stop' must be a string or a list of strings, got {body.get('stop')!r}",
-                  "invalid_type")
-    if any(s == "" for s in stop):
-        raise bad("stop", "'stop' strings must not be empty")
-    for one in stop:
-        try:
-            check_text(one, "a stop string")
-        except TextError as e:
-            raise bad("stop", f"'stop': {e}") from None
-    if len(stop) > MAX_STOP_STRINGS:
-        raise bad("stop", f"'stop' holds {len(stop)} sequences; at most {MAX_STOP_STRINGS}")
+    stop = parse_stop(body.get("stop"))
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
         raise bad("stream_options", "'stream_options' must be an object", "invalid_type")
