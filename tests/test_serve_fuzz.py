@@ -4,8 +4,7 @@ request parser and against a live server on 127.0.0.1, which must answer every o
 valid, invalid, cancelled and oversized requests after which the same greedy prompt returns the
 same text, no slot is left in use, and /health answered throughout.
 
-The soak's figures (requests, status mix, RSS growth, /health latency) are printed; the longer
-run of benchmarks/reliability_cases.py is where BENCHMARKS.md's figures come from."""
+The soak's figures (requests, status mix, RSS growth, /health latency) are printed."""
 
 from __future__ import annotations
 
