@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from decode.config import (DecodeConfigError, DoorOptions, EngineOptions, Placement,

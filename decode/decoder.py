@@ -216,7 +216,6 @@ class Decoder:
 
     def init_state(self) -> DecodeState:
         """A state with every slot free (done)."""
-        st = self.static
         host = self._host_free()
         state = host.replace(cache=host.cache.replace(layers=self._empty_layers()))
         if self.mesh is None:

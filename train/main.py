@@ -29,7 +29,6 @@ import logging
 import os
 import signal
 import sys
-import time
 
 from wedlm_jax import distributed
 
