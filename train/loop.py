@@ -33,8 +33,8 @@ class NonFiniteError(RuntimeError):
 
 class StopSignals:
     """SIGTERM and SIGINT recorded instead of killing the run, while the loop holds them (one
-    process); on several hosts jax's preemption service gets the signal and the loop asks its
-    sync point, so every host stops at the same step."""
+    process; a second one stops it at once, unsaved); on several hosts jax's preemption service
+    gets the signal and the loop asks its sync point, so every host stops at the same step."""
 
     def __init__(self):
         self.received = None
@@ -48,6 +48,8 @@ class StopSignals:
         return self
 
     def _record(self, signum, frame):
+        if self.received is not None:       # asked twice: stop now, without the checkpoint
+            raise KeyboardInterrupt
         self.received = signum
 
     def __exit__(self, *exc):
