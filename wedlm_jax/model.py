@@ -423,3 +423,26 @@ def check_kv_cache(config: ModelConfig, kv_cache) -> None:
             raise ValueError(f"kv_cache[{name!r}] has shape {tuple(buf.shape)}; the model needs "
                              f"[layers={c.num_layers}, batch, capacity, kv_heads={c.num_kv_heads}, "
                              f"head_dim={c.head_dim}] (model.init_kv_cache)")
+
+
+def random_params(config: ModelConfig, seed: int = 0, head_scale: float = 1.0,
+                  qk_scale: float = 1.0, vo_scale: float = 1.0):
+    """Float32 params drawn from NumPy, fast where flax's op-by-op init is slow (tests, smoke runs,
+    benchmarks over random weights): weights N(0, 0.02), norm scales 1 + N(0, 0.1). `head_scale`
+    multiplies the LM head (peaky logits: the regime where parallel fills happen); `qk_scale` the
+    q/k norm scales and `vo_scale` the v/o projections (how much attention mixes context)."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+
+    def leaf(path, s):
+        name = jax.tree_util.keystr(path)
+        if "scale" in name:
+            x = 1.0 + 0.1 * rng.standard_normal(s.shape)
+            return (x * qk_scale if ("q_norm" in name or "k_norm" in name) else x).astype(np.float32)
+        w = 0.02 * rng.standard_normal(s.shape)
+        if "lm_head" in name:
+            w = w * head_scale
+        if "v_proj" in name or "o_proj" in name:
+            w = w * vo_scale
+        return w.astype(np.float32)
+    return jax.tree.map(jnp.asarray, jax.tree_util.tree_map_with_path(leaf, param_shapes(config)))
