@@ -82,10 +82,16 @@ def training_summary(report: dict) -> dict:
     return dict({k: report.get(k) for k in keep}, stages=stages)
 
 
+def model_files(src: str) -> list[str]:
+    """The files of src that make the model: config, tokenizer, weights (a run's logs stay out)."""
+    return sorted(n for n in os.listdir(src) if os.path.isfile(os.path.join(src, n)) and (
+        n in ("config.json", "tokenizer.json", "tokenizer_config.json")
+        or n.endswith(".safetensors") or n == "model.safetensors.index.json"))
+
+
 def write_folder(src: str, tmp: str, report: dict) -> None:
-    for name in os.listdir(src):
-        if name != REPORT and os.path.isfile(os.path.join(src, name)):
-            shutil.copyfile(os.path.join(src, name), os.path.join(tmp, name))
+    for name in model_files(src):
+        shutil.copyfile(os.path.join(src, name), os.path.join(tmp, name))
     with open(os.path.join(tmp, "eval.jsonl"), "w") as f:
         for item in report["eval_items"]:
             f.write(json.dumps(item, ensure_ascii=False) + "\n")

@@ -132,7 +132,9 @@ def list_problem(rng: random.Random) -> tuple[str, str]:
     xs = [rng.randint(0, 99) for _ in range(rng.randint(3, 8))]
     op = rng.choice(("copy", "sort"))
     out = sorted(xs) if op == "sort" else xs
-    return f"{op} {xs} -> ", str(out)
+    # the prompt stops before the space: the tokenizer reads " [" as one token, so a prompt ending
+    # in a lone space would ask for a token split that training never showed
+    return f"{op} {xs} ->", f" {out}"
 
 
 def lists_doc(rng: random.Random, skip=frozenset()) -> str:

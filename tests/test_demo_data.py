@@ -142,7 +142,7 @@ def test_eval_set(built):
             assert len(a) >= 2 and len(b) >= 2
             assert e["prompt"] not in train_text  # held-out problems are not trained on
         elif e["kind"] == "lists":
-            op, xs = re.match(r"(copy|sort) (\[.*\]) -> ", e["prompt"]).groups()
+            op, xs = re.match(r"(copy|sort) (\[.*\]) ->$", e["prompt"]).groups()
             xs = json.loads(xs)
             assert json.loads(e["answer"]) == (sorted(xs) if op == "sort" else xs)
             assert e["prompt"] not in train_text
