@@ -1,4 +1,4 @@
-"""The decode step with the weights in the layouts the TPU compiler picks (issue 21): bytes per step
+"""The decode step with the weights in the layouts the TPU compiler picks: bytes per step
 against the floor, the compiler's own layouts (`Layout.AUTO` for every weight) beside the default
 row-major ones, the layer scan unrolled so the whole step is counted.
 

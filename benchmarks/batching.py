@@ -1,4 +1,4 @@
-"""Continuous vs static batching on the demo model (issue 13).
+"""Continuous vs static batching on the demo model.
 
     python -m benchmarks.batching [--requests 128] [--slots 8] [--repeats 3] [--out FILE.json]
 
@@ -9,7 +9,7 @@ ids so every request runs its whole budget) through the same number of slots, tw
   continuous  `decode.batching.Batcher` on one Decoder: a request takes a slot the moment one
               frees;
   paged       the same continuous batching on a Decoder with the paged KV cache (`--page-size`
-              rows a page, pages mapped as each sequence grows; issue 25): every admission a
+              rows a page, pages mapped as each sequence grows): every admission a
               prefill into pages, every call ending at a new request's first tokens.
 For streaming and AR. Both are compiled before timing; rounds alternate static / continuous and
 the median wall time is kept. Prints and saves tokens/s and the ratio continuous / static.

@@ -1,5 +1,5 @@
 """The accelerator picture without the accelerator: the project's programs compiled by the
-target's own compiler on this machine (issue 21 item 2), side by side in one report.
+target's own compiler on this machine, side by side in one report.
 
     python -m benchmarks.compile_for --compile-for v5p:1x1x1,v5e:2x4,v6e:2x4,v5p:2x2x2
                                      [--model 8b|7b|4b|1.7b|0.6b] [--quick] [--out DIR]
@@ -391,7 +391,7 @@ def plot(report: dict, path: str) -> str | None:
         y = range(len(rows))
         ax_b.barh(y, [r["bytes_over_floor"] for r in rows], color="tab:blue")
         ax_b.axvline(1.0, color="k", lw=0.8)
-        ax_b.axvline(1.15, color="tab:red", ls="--", lw=0.8, label="1.15 (issue 21)")
+        ax_b.axvline(1.15, color="tab:red", ls="--", lw=0.8, label="1.15")
         ax_b.set_yticks(list(y), names, fontsize=7)
         ax_b.invert_yaxis()
         ax_b.set_xlabel("bytes per step / floor")
@@ -442,7 +442,7 @@ def main(argv=None) -> int:
                     help="streaming tokens per forward assumed for the tokens/s estimate")
     ap.add_argument("--page-size", type=int, default=None,
                     help="also compile every decode program with the paged cache of pages of "
-                         "this many rows, on one chip (issue 25)")
+                         "this many rows, on one chip")
     ap.add_argument("--programs", default="decode,prefill,train",
                     help="which programs: any of decode, prefill, train (--quick: decode)")
     ap.add_argument("--train-model", default="1b", help="the train step's shape: 1b "

@@ -10,7 +10,7 @@ real HF checkpoint; no transformers involved), then times, each in its own subpr
   3. `wedlm-convert orbax-to-hf --orbax ORBAX --out HF2`,
   4. `wedlm-convert hf-to-orbax --hf HF --out ORBAX16 --dtype bf16`,
 and reads each one's peak RSS with getrusage(RUSAGE_CHILDREN).ru_maxrss in a tiny launcher. The
-target (issue 2) is peak RSS <= 1.3 x checkpoint size + baseline. The round trip is checked:
+target is peak RSS <= 1.3 x checkpoint size + baseline. The round trip is checked:
 HF2's tensors equal the generated ones (spot-checked with safetensors.numpy). Everything under a
 fresh folder in --workdir, deleted at the end unless --keep. Note: the generated files sit in the
 page cache, so reads are memory-speed, not disk-speed.

@@ -1,4 +1,4 @@
-"""Decoding engine measurements (issue 4 "Measured"). One run, random weights, this machine.
+"""Decoding engine measurements. One run, random weights, this machine.
 
     python -m benchmarks.decode [--quick] [--json out.json]
 

@@ -1,10 +1,10 @@
-"""The paper's speed experiments at small scale, on the shipped demo model (issues 5, 20).
+"""The paper's speed experiments at small scale, on the shipped demo model.
 
     python -m benchmarks.demo_experiments NAME [--items N] [--repeats R] [--model DIR]
                                                [--kinds counting,arith,records,code]
 
 NAME (or `all`, in this order):
-  accuracy      issue 20's targets: every held-out counting and arithmetic prompt (fresh numbers),
+  accuracy      the held-out targets: every held-out counting and arithmetic prompt (fresh numbers),
                 AR greedy and streaming at the defaults side by side (batch 16): exact accuracy,
                 tokens per forward against the cap W
   mixed         a static batch of 16 mixed prompts (4 per regime): streaming vs AR tokens/s
@@ -14,8 +14,8 @@ NAME (or `all`, in this order):
   lam           lambda sweep at the default tau                               (Figure 5a)
   window        W = 4, 8, 16, 32, 64 (streaming), with the forward cost of each W
   batch         batch 1, 8, 32: streaming vs AR tokens/s
-  verified      issue 7: verified streaming (output = AR greedy) beside plain streaming and AR
-  refill        issue 12: refill 'before' (the official order, up to 2W slots a forward) against
+  verified      verified streaming (output = AR greedy) beside plain streaming and AR
+  refill        refill 'before' (the official order, up to 2W slots a forward) against
                 'after' (W slots) at equal forward size: before at W vs after at 2W
   transformers  transformers `generate` (greedy) on the same HF folder vs our AR and our streaming
   report        print the saved results as the Markdown tables of BENCHMARKS.md

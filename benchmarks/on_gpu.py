@@ -4,20 +4,20 @@
     python -m benchmarks.on_gpu --smoke --out DIR        # this CPU: tiny shapes, the same paths
 
 On a lent card, the machine's own python, jax, torch and transformers (the next card's command,
-to run as it stands; about 7 minutes, results then copied to the folder the run names,
+to run as it stands; about 9 minutes, results then copied to the folder the run names,
 benchmarks/results/<card>-<date>/, from on_gpu.json's "card"):
 
-    PYTHONPATH=. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=.92 timeout 520 python3 \
-      -m benchmarks.on_gpu --out $OUT --budget-s 420 --trace 2>&1 | tee $OUT/log.txt
+    PYTHONPATH=. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=.92 timeout 560 python3 \
+      -m benchmarks.on_gpu --out $OUT --budget-s 480 --trace 2>&1 | tee $OUT/log.txt
 
-(device run: timeout_s 560; it writes on_gpu.json, torch_baseline.json, up to 4 traces and
-log.txt, 7 files.) The default parts, estimated for an H100 from the first card run (455 s:
-kernel 161 s, tokens 127 s, each decode setting ~25 s of compile): torch_baseline ~110 s (cut at
-170), probes ~10 s, admit ~70 s (its prefill, insert, batched prefill and generate compiled),
-train ~75 s, then steps on what is left (~150 s: four to six settings in STEP_SETTINGS' order,
-"streaming W16 after b8" compiled already by admit; the rest skip, named in the report, for the
-card after: --parts probes,steps --settings ...). The first card run (2026-11-26) is in
-benchmarks/results/on_gpu_h100/.
+(device run: timeout_s 590; it writes on_gpu.json, torch_baseline.json, up to 4 traces and
+log.txt, 7 files.) The default parts, as measured on an H100 (2026-11-27): torch_baseline up to
+170 s (its torch.compile took 65 s a batch size), probes ~3 s, admit ~100 s (its prefill, insert,
+batched prefill and generate compiled), train ~75 s (estimated), then steps on what is left
+(~35 s a setting: compile ~50 s for the first, then rounds; in STEP_SETTINGS' order, "streaming
+W16 after b8" compiled already by admit; the rest skip, named in the report, for the card after:
+--parts probes,steps --settings ...). Earlier runs: benchmarks/results/on_gpu_h100/ (2026-11-26)
+and benchmarks/results/h100-80gb-hbm3-2026-11-27/.
 
 Parts, each skipped when the run's time budget, less the least time of the parts after it
 (PART_S), cannot hold it (what ran is written to DIR/on_gpu.json after every part, so a run cut
@@ -80,7 +80,7 @@ PARTS = ("torch_baseline", "probes", "kernel", "kernel_time", "tokens", "admit",
 DEFAULT_PARTS = ("torch_baseline", "probes", "admit", "train", "steps")
 # seconds a part needs at least on a card, left to the parts after the one running (a part
 # skipped when the budget less theirs cannot hold its own); steps: two settings and their rounds
-PART_S = dict(torch_baseline=100, probes=10, kernel=160, kernel_time=120, tokens=130, admit=60,
+PART_S = dict(torch_baseline=170, probes=10, kernel=160, kernel_time=120, tokens=130, admit=60,
               train=90, steps=80)
 TORCH_MAX_S = 170        # the PyTorch process is stopped after this (it keeps what it wrote)
 SETTING_S = 35           # one step setting's compile on a card (~25 s on an H100) and its start

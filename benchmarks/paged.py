@@ -1,4 +1,4 @@
-"""The paged KV cache measured (issue 25), on the demo model, side by side in one run.
+"""The paged KV cache measured, on the demo model, side by side in one run.
 
     python -m benchmarks.paged [--model demo/model] [--rounds 3] [--out benchmarks/results/paged.json]
                              [--only prefix,inflight,step] [--questions 16] [--requests 48]

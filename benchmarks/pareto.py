@@ -1,4 +1,4 @@
-"""Accuracy against speed on one checkpoint (issue 24; the paper's Figure 5a): a task set decoded by
+"""Accuracy against speed on one checkpoint (the paper's Figure 5a): a task set decoded by
 AR greedy and by streaming at every point of a (W, tau, lambda) grid, through the same Decoder,
 each point timed beside AR in interleaved rounds (median wall time), so every ratio is measured in
 one run.

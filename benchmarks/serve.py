@@ -1,4 +1,4 @@
-"""wedlm-serve under load (issue 13): the shipped demo model behind the real server (a subprocess on
+"""wedlm-serve under load: the shipped demo model behind the real server (a subprocess on
 127.0.0.1), N concurrent streaming clients, and the server's overhead over `generate()`.
 
     python -m benchmarks.serve [--model DIR] [--clients 1 8 32] [--requests 2] [--slots 8]

@@ -1,4 +1,4 @@
-"""Where a compiled decode step's bytes go (issue 21): the top-level instructions of the optimized
+"""Where a compiled decode step's bytes go: the top-level instructions of the optimized
 program ranked by the bytes they read and write, with the source op each comes from.
 
     PYTHONPATH=.:.venv/tpu-compiler JAX_PLATFORMS=cpu python -m benchmarks.step_bytes \

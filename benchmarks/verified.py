@@ -1,4 +1,4 @@
-"""Verified streaming (issue 7) beside plain streaming and AR, same weights, one run, this machine.
+"""Verified streaming beside plain streaming and AR, same weights, one run, this machine.
 
     python -m benchmarks.verified [--quick] [--repeats 3] [--train-steps 500] [--json out.json]
 

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from decode import layouts
+from decode.config import PREFILL_CHUNK
 from wedlm_jax import model as model_lib
 from wedlm_jax.compiled import figures  # noqa: F401 (memory, cost and kernels of a program)
 from wedlm_jax.failures import format_bytes
@@ -56,16 +57,17 @@ def step_floor(static, live_rows: int, tensor: int = 1, batch_shards: int = 1) -
 
 def make_decoder(config, devices, *, method="streaming", window=16, refill="before", slots=8,
                  capacity=4096, dtype="bfloat16", attention="tiled", kv_tile=256,
-                 prefill_chunk=128, mesh_shape=None, scan_unroll: int = 1,
+                 prefill_chunk=PREFILL_CHUNK, mesh_shape=None, scan_unroll: int = 1,
                  page_size: int | None = None, num_pages: int | None = None,
-                 weight_layout: str = "auto", compiler_options: dict | None = None):
+                 weight_layout: str = "auto", compiler_options: dict | None = None,
+                 quantize: str = "none", quantize_group: int | None = None):
     """A Decoder over abstract weights (shapes only) for `devices` (one device, or a
     ('data', 'fsdp', 'tensor') mesh of `mesh_shape` over the first devices); `scan_unroll`
     layers per iteration of the layer scan; `page_size` a paged cache (heads over tensor; None:
     the dense cache, the figures' baseline; "auto": the plan's choice for the platform);
     `weight_layout` as the plan's (resolved for the devices' platform: with "compiler" its
     `generate` is compiled here, with the weights' layouts left to the compiler, under
-    `compiler_options`)."""
+    `compiler_options`); `quantize` / `quantize_group` the weights' (Placement's)."""
     from decode.config import EngineOptions, Placement
     from decode.decoder import Decoder
     from decode.plan import make_plan
@@ -81,7 +83,8 @@ def make_decoder(config, devices, *, method="streaming", window=16, refill="befo
                            allow_long=True)
     placement = Placement(dtype=jnp.dtype(dtype).name, attention=attention, kv_tile=kv_tile,
                           page_size=None if page_size == "auto" else (page_size or 0),
-                          num_pages=num_pages, weight_layout="default")
+                          num_pages=num_pages, weight_layout="default", quantize=quantize,
+                          quantize_group=quantize_group)
     plan = make_plan(config, engine, placement, mesh=mesh, sampling=False,
                      mask_token_id=config.vocab_size - 1, memory_limit_bytes=1 << 62)
     if scan_unroll != 1:
@@ -206,7 +209,7 @@ def kv_not_counted(slots: int, config, live_rows: int, kv_tile: int, dtype: str,
 
 
 def dry_run(config, target: str, placement, *, method: str, window: int, refill: str, slots: int,
-            capacity: int, prefill_chunk: int = 128, device_memory_gib: float | None = None,
+            capacity: int, prefill_chunk: int = PREFILL_CHUNK, device_memory_gib: float | None = None,
             who: str = "wedlm-serve") -> tuple[str, bool]:
     """The programs a decoding door runs (one decode step of `generate`, one prompt's prefill at
     the largest bucket: with a paged cache its admission into pages, `compile_admission`)
@@ -224,11 +227,14 @@ def dry_run(config, target: str, placement, *, method: str, window: int, refill:
                     dtype=placement.dtype, attention=placement.attention,
                     kv_tile=placement.kv_tile, mesh_shape=placement.mesh,
                     page_size="auto" if placement.page_size is None else placement.page_size,
-                    num_pages=placement.num_pages, weight_layout=placement.weight_layout)
+                    num_pages=placement.num_pages, weight_layout=placement.weight_layout,
+                    quantize=placement.quantize, quantize_group=placement.quantize_group)
     lines = [f"{who} dry run for {target}: {len(devs)} of its {len(devices)} chips, "
              f"{format_bytes(limit, 'GiB')} each; mesh data={placement.mesh[0]} "
              f"fsdp={placement.mesh[1]} "
-             f"tensor={placement.mesh[2]}, {placement.dtype}, cache attention "
+             f"tensor={placement.mesh[2]}, {placement.dtype}"
+             + (f" weights quantized {placement.quantize}" if placement.quantize != "none" else "")
+             + ", cache attention "
              f"{placement.attention}, weights "
              f"{layouts.resolve(placement.weight_layout, devices[0].platform)}"
              f" layout; {method} W {window} refill {refill}, {slots} slots x capacity {capacity}"]

@@ -1,4 +1,4 @@
-"""wedlm-decode --input/--output (issue 13 item 4): every line checked before anything loads, results
+"""wedlm-decode --input/--output: every line checked before anything loads, results
 written as requests finish, a SIGKILLed run resumed: every request exactly once, greedy results equal
 to `decode.static_batch.generate()` on the prompt alone."""
 

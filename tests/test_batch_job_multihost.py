@@ -1,4 +1,4 @@
-"""wedlm-decode --input on two processes (issue 23 item 7): jax.distributed on localhost, each
+"""wedlm-decode --input on two processes: jax.distributed on localhost, each
 process decodes its share of the lines (positions k, k + 2, ...) on its own CPU device into its own
 part file; `python -m decode.batch_job merge` joins the parts; the merged results equal a one-process
 run of the same file, id for id (sampled lines too: a request's draws depend on its seed only).

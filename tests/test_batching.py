@@ -1,4 +1,4 @@
-"""Continuous batching (issue 13 items 1-3): the Decoder over slots and the host Batcher.
+"""Continuous batching: the Decoder over slots and the host Batcher.
 
 A request's greedy output is the same token for token whether it ran alone (`generate` on one
 prompt), in a static batch, or among others arriving and leaving slots at random times; sampled

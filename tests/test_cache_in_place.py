@@ -1,4 +1,4 @@
-"""The decode step updates the KV cache in place (issue 21 item 1): compiled for this CPU from
+"""The decode step updates the KV cache in place: compiled for this CPU from
 abstract shapes (decode/aot.py), the generate program's temporaries do not grow with the cache
 capacity (a step that copied or re-created the cache would hold cache-sized buffers), and the
 donated cache is aliased to the output."""

@@ -1,4 +1,4 @@
-"""wedlm-convert under faults (issue 15): partial folders of dead writers are removed by the next
+"""wedlm-convert under faults: partial folders of dead writers are removed by the next
 writer (a live one's are kept); SIGTERM / SIGINT clean up and end with one line; a full disk is one
 line naming the file system and the size needed; a truncated Orbax checkpoint is one line naming
 it; NaN/Inf weights are refused naming the tensor unless --allow-nonfinite."""

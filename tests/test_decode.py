@@ -1,4 +1,4 @@
-"""Decoding engine (issue 4): the jitted while_loop engine against the no-cache step-by-step
+"""Decoding engine: the jitted while_loop engine against the no-cache step-by-step
 reference (tests/decode_reference.py), cache consistency at every step against an independent full
 forward, block stop-and-wait, metric identities, sampling, no-recompile, bad input.
 

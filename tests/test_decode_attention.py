@@ -189,12 +189,15 @@ def test_bad_tile_and_shapes_are_refused():
 
 def test_pallas_tile_fits_the_devices_shared_memory():
     """The Triton kernel's KV tile is chosen from the device's shared memory: the 8B shape's
-    streaming step (W 16, refill before: 32 slots x 4 query heads per KV head = 128 rows, head_dim
-    128, bf16) asked 294,912 bytes at tile 256, over an H100's 232,448; tile 128 fits."""
+    streaming step (W 16, refill before: 32 slots x 4 query heads per KV head = 128 rows, two
+    programs of 64, head_dim 128, bf16) asks 278,528 bytes at tile 256, over an H100's 232,448;
+    tile 128 fits."""
     h100, a100, ada = (ca.smem_limit(type("D", (), {"compute_capability": cc})())
                        for cc in ("9.0", "8.0", "8.9"))
     assert (h100, a100, ada) == (232448, 166912, 101376)
-    assert ca.pallas_smem(256, 128, 128, 2) == 294912 > h100
+    assert ca.pallas_smem(256, 128, 128, 2) == 278528 > h100
+    assert ca.pallas_smem(256, 4096, 128, 2) == ca.pallas_smem(256, 64, 128, 2)  # blocks of 64 rows
+    assert ca.pallas_smem(256, 8, 128, 2) == 2 * 2 * 256 * 128 * 2 + 16 * 128 * 2   # padded to 16
     assert ca.pallas_tile(256, 128, 128, 2, h100) == 128
     assert ca.pallas_tile(256, 128, 128, 2, a100) == 128
     assert ca.pallas_tile(256, 128, 128, 2, ada) == 64
@@ -214,12 +217,42 @@ def test_decoder_picks_the_pallas_tile_for_its_device():
     kw = dict(method="streaming", window=16, refill="before", slots=1, capacity=4096,
               memory_limit_bytes=1 << 62, sampling=False, dtype=jnp.bfloat16, kv_tile=256,
               attention="pallas")
-    # CPU: no compute capability, so the smallest budget (101,376 B): 128-row prefill chunk x 4
-    # query heads = 512 query rows (131,072 B for the query block alone) leave no tile
-    with pytest.raises(Exception, match="shared memory"):
-        plans.decoder(params, c, prefill_chunk=128, **kw)
-    dec = plans.decoder(params, c, prefill_chunk=16, **kw)   # the window's 32 slots x 4 = 128 rows
-    assert dec.static.kv_tile == ca.pallas_tile(256, 128, 128, 2, ca.smem_limit(None)) == 64
+    # CPU: no compute capability, so the smallest budget (101,376 B); a 512-row prefill chunk x 4
+    # query heads is cut into programs of 64 query rows, as the window's 32 slots x 4 are
+    for chunk in (512, 16):
+        dec = plans.decoder(params, c, prefill_chunk=chunk, **kw)
+        assert dec.static.kv_tile == ca.pallas_tile(256, 128, 128, 2, ca.smem_limit(None)) == 64
+    kw["dtype"] = jnp.float32   # 4-byte items: 64 query rows and two stages of 16-row tiles fit no
+    with pytest.raises(Exception, match="shared memory"):   # longer once head_dim is 512
+        plans.decoder(param_shapes(c.replace(head_dim=512), jnp.float32),
+                      c.replace(head_dim=512), **kw)
+
+
+def test_auto_splits_fill_a_small_grid():
+    """A grid under TARGET_PROGRAMS programs gets its tiles cut into splits (powers of two, each
+    keeping a tile at full capacity); a full grid gets none."""
+    assert ca.auto_splits(8 * 8, 20) == 4            # the 8B shape, 8 slots: 64 programs -> 256
+    assert ca.auto_splits(1 * 8, 20) == 16           # one slot: capped by the 20 tiles of a row
+    assert ca.auto_splits(1 * 8, 1) == 1
+    assert ca.auto_splits(32 * 8, 20) == 1           # 256 programs already
+    assert ca.auto_splits(3, 1000) * 3 >= ca.TARGET_PROGRAMS > ca.auto_splits(3, 1000) * 3 // 2
+    assert [ca.query_rows(r) for r in (1, 4, 16, 17, 64, 120, 512)] == [16, 16, 16, 32, 64, 64, 64]
+
+
+def test_pallas_query_blocks_match_the_reference():
+    """A prefill chunk's S x G query rows are cut into blocks of QUERY_BLOCK rows, one program
+    each, every block reading its rows' live tiles only (the block's last query's): the dense
+    reference's output, with and without splits, ragged cache lengths."""
+    rng = np.random.default_rng(9)
+    b, s, h, kvh, t = 2, 40, 6, 2, 120              # 40 x 3 = 120 rows -> 2 blocks of 64
+    q = rng.standard_normal((b, s, h, 8)).astype(np.float32)
+    k = rng.standard_normal((b, t, kvh, 8)).astype(np.float32)
+    v = rng.standard_normal((b, t, kvh, 8)).astype(np.float32)
+    lens = jnp.asarray([0, 70], jnp.int32)
+    want = reference(s, t, q, k, v, lens)
+    for splits in (None, 1, 4):
+        got = ca.attend_cache_pallas(q, k, v, lens, 0.3, 16, interpret=True, splits=splits)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-6, err_msg=str(splits))
 
 
 def test_pallas_reads_its_layer_of_the_stacked_cache_in_place():

@@ -1,4 +1,4 @@
-"""Text and CLI (issue 4 item 6): wedlm-decode on a tiny checkpoint folder with a tiny BPE tokenizer
+"""Text and CLI: wedlm-decode on a tiny checkpoint folder with a tiny BPE tokenizer
 trained here with the `tokenizers` library, a chat template, and generation_config.json eos."""
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def test_cli_bad_input(ckpt, capsys, tmp_path):
     assert code == 2 and "prompt 0 is empty" in err
 
 
-# ------------------------------------------------------------------ bounds (issue 15 item 6)
+# ------------------------------------------------------------------ bounds
 
 def test_decode_bounds_refused_or_limited_before_compiling(ckpt, capsys, tmp_path):
     """A window far past the budget runs at the budget's width; a budget past the model's

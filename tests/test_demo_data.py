@@ -1,4 +1,4 @@
-"""The demo data builder (issues 5 and 20) on a small self-made code folder, and the demo configs."""
+"""The demo data builder on a small self-made code folder, and the demo configs."""
 
 from __future__ import annotations
 

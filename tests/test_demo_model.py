@@ -1,8 +1,8 @@
-"""The shipped demo model (demo/model, issues 5 and 20) and what it must do: its files are checked,
+"""The shipped demo model (demo/model) and what it must do: its files are checked,
 a missing or damaged file is named with the fix, the network agrees with transformers on the trained
 weights, it is right on held-out prompts of its own tasks (fresh numbers) with AR and with streaming
 decoding at the shipped defaults, streaming commits many tokens per forward on counting, and verified
-streaming (issue 7) reproduces AR greedy decoding token for token on it."""
+streaming reproduces AR greedy decoding token for token on it."""
 
 from __future__ import annotations
 

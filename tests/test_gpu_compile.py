@@ -49,7 +49,7 @@ SCRIPT_IN_PLACE = textwrap.dedent("""
     for in_place in (True, False):
         ca._static_int = static_int if in_place else (lambda x: False)   # False: the layer's slice
         jax.clear_caches()                    # the programs are traced again under the patch
-        for cap in (512, 2048):
+        for cap in (2048, 4096):          # both past 16 tiles: the same split count (auto_splits)
             dec, compiled = aot.generate_program(config, [dev], method="streaming", window=16,
                                                  slots=4, capacity=cap, dtype="bfloat16",
                                                  attention="auto", page_size=0, prefill_chunk=16)
@@ -64,12 +64,13 @@ SCRIPT_IN_PLACE = textwrap.dedent("""
 def test_the_triton_kernel_reads_the_cache_in_place_on_the_gpu():
     """The GPU default (dense cache, the Triton kernel, layers unrolled): the compiled step's
     temporaries do not grow with the capacity, i.e. no copy of a layer's K/V is made for the
-    kernel. The same program with the layer's slice taken (the code before) grows with it."""
+    kernel. The same program with the layer's slice taken (the code before) grows with it. (Both
+    capacities give the kernel the same splits: their partials are the same size.)"""
     out = run_for_the_gpu(SCRIPT_IN_PLACE)
     assert all(r["triton"] and r["page_size"] == 0 for r in out.values()), out
-    layer_k = 4 * (2048 - 512) * 2 * 128 * 2      # the K of one layer: 4 slots, 2 heads, bf16
-    assert out["True 2048"]["temp"] == out["True 512"]["temp"], out
-    assert out["False 2048"]["temp"] - out["False 512"]["temp"] >= layer_k, out
+    layer_k = 4 * (4096 - 2048) * 2 * 128 * 2     # the K of one layer: 4 slots, 2 heads, bf16
+    assert out["True 4096"]["temp"] == out["True 2048"]["temp"], out
+    assert out["False 4096"]["temp"] - out["False 2048"]["temp"] >= layer_k, out
 
 
 SCRIPT_PAGED = textwrap.dedent("""
@@ -81,7 +82,7 @@ SCRIPT_PAGED = textwrap.dedent("""
                          num_layers=2, num_heads=8, num_kv_heads=2, head_dim=128, qk_norm=True)
     dev = describe_target("h100")[0][0]
     out = {}
-    for cap in (512, 2048):
+    for cap in (2048, 4096):              # both past 16 pages a row: the same splits
         dec, compiled = aot.generate_program(config, [dev], method="streaming", window=16, slots=4,
                                              capacity=cap, dtype="bfloat16", attention="auto",
                                              page_size=64)
@@ -99,7 +100,7 @@ def test_the_paged_cache_on_the_gpu_steps_through_the_triton_paged_kernel_in_pla
     the admission (a prefill chunk and the first fill: query blocks) compile for the device, and
     the step's temporaries do not grow with the pool (read in place, no gathered tiles)."""
     out = run_for_the_gpu(SCRIPT_PAGED)
-    small, large = out["512"], out["2048"]
+    small, large = out["2048"], out["4096"]
     assert small["attention"] == large["attention"] == "pallas" and small["kernel"], out
     assert small["temp"] == large["temp"], out
     assert small["admission_temp"] == large["admission_temp"], out

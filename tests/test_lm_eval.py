@@ -1,4 +1,4 @@
-"""lm-eval end to end (issue 24): lm-eval's own CLI (`local-completions`, the remote tokenizer)
+"""lm-eval end to end: lm-eval's own CLI (`local-completions`, the remote tokenizer)
 against a real `wedlm-serve` subprocess on 127.0.0.1 serving the shipped demo model, on the local
 task set in tests/lm_eval_tasks/ (generate_until with exact match, multiple_choice,
 loglikelihood_rolling; jsonl data in the tree). Every per-sample score lm-eval reports is computed

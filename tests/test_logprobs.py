@@ -1,4 +1,4 @@
-"""Generated tokens' log-probabilities (issue 24, docs/algorithm.md §6): each emitted token carries
+"""Generated tokens' log-probabilities (docs/algorithm.md §6): each emitted token carries
 the log-probability of the distribution it was chosen from.
 
 References, independent of the carrying code:

@@ -1,4 +1,4 @@
-"""The paged KV cache's pieces (issue 25): the host page pool with prefix reuse (decode/pages.py),
+"""The paged KV cache's pieces: the host page pool with prefix reuse (decode/pages.py),
 checked by brute force against a shadow of what every page holds, and the device side
 (wedlm_jax/paged_attention.py) against the dense cache and against jax's own reference of the TPU
 ragged paged attention kernel."""

@@ -1,4 +1,4 @@
-"""The paged KV cache in the Decoder and the Batcher (issue 25): every method gives the tokens of the
+"""The paged KV cache in the Decoder and the Batcher: every method gives the tokens of the
 dense cache, token for token, under random arrival, in a static batch, with prefix hits and
 without; a pool smaller than the slots' worst case queues instead of corrupting; no page leaks
 after 1000 requests with cancellations; a request larger than the pool is refused with the sizes."""

@@ -1,4 +1,4 @@
-"""The released WeDLM checkpoints' conventions (issue 12 item 2), on tiny stand-ins written here with
+"""The released WeDLM checkpoints' conventions, on tiny stand-ins written here with
 the released config.json fields (tests/released.py): `wedlm-decode` runs on a WeDLM-8B-like and a
 WeDLM-7B-like folder, Hugging Face and converted, with no extra flag: the [MASK] id of a
 `mask_token_id: null` config is 151665 (said once on stderr), `qk_norm` left out is decided by the

@@ -1,4 +1,4 @@
-"""Nothing one request or one bad line can break (issue 22): bounds at the door, a request the
+"""Nothing one request or one bad line can break: bounds at the door, a request the
 engine fails on fails alone (the Batcher rebuilds its state and goes on), request size and nesting
 limits, the context-length convention, and data lines read byte-exactly (a bad byte costs exactly
 its line)."""

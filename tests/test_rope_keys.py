@@ -1,4 +1,4 @@
-"""A config.json with both `rope_parameters` and `rope_scaling` (issue 15): read as transformers
+"""A config.json with both `rope_parameters` and `rope_scaling`: read as transformers
 reads it (rope_scaling replaces rope_parameters whole), checked against transformers' own config
 resolution and against its logits; refused when rope_parameters' rope_theta would be dropped."""
 

@@ -1,4 +1,4 @@
-"""wedlm-serve (issue 13 item 5) with the official `openai` client: the real app on 127.0.0.1 (uvicorn
+"""wedlm-serve with the official `openai` client: the real app on 127.0.0.1 (uvicorn
 in a thread; a subprocess for SIGTERM and the API key), a tiny random model and a tiny BPE tokenizer.
 Greedy answers are checked against `decode.static_batch.generate()` on the prompt alone."""
 

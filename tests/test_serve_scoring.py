@@ -1,4 +1,4 @@
-"""wedlm-serve's scoring side (issue 24): the tokenizer endpoints lm-eval's remote tokenizer probes
+"""wedlm-serve's scoring side: the tokenizer endpoints lm-eval's remote tokenizer probes
 (/tokenizer_info, /tokenize, /detokenize, in vLLM's shapes), chat `logprobs` / `top_logprobs`, and
 scoring batched across requests on the engine thread with one bad job failing alone."""
 

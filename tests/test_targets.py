@@ -1,4 +1,4 @@
-"""Accelerators named for compiles without the hardware (wedlm_jax.targets, issue 21): TPU
+"""Accelerators named for compiles without the hardware (wedlm_jax.targets): TPU
 topologies and GPUs by name; an unknown name lists the accepted forms, a target whose compiler is
 not installed names the install command, at every door that takes one, in one line."""
 

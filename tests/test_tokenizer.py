@@ -1,4 +1,4 @@
-"""One tokenizer module for training and decoding (issue 12 item 4): the same messages through the
+"""One tokenizer module for training and decoding: the same messages through the
 training path (`train.data.tokenize_record`) and the decoding path (`wedlm-decode`'s prompt reader)
 give the ids transformers' `apply_chat_template` gives, for a Qwen-style template with a system
 message, tools, tool calls, `{% break %}` and `{% continue %}`; the Jinja environment behaves like

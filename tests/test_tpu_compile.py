@@ -1,4 +1,4 @@
-"""The programs compile for a TPU (issue 21 item 6): libtpu (a test dependency) compiles them here
+"""The programs compile for a TPU: libtpu (a test dependency) compiles them here
 for described topologies, no TPU needed, so a lowering that only fails on TPU fails the suite.
 
 - the decode step (`generate` of one step; AR, streaming with both refill orders, verified) at a
@@ -105,7 +105,7 @@ def test_on_tpu_the_decoder_puts_its_weights_in_the_compilers_layouts():
 
 
 def test_paged_decode_steps_compile_for_tpu_with_the_ragged_kernel_and_the_pool_in_place():
-    """The paged cache's decode step (issue 25) compiled for one v5p chip: the attention is jax's
+    """The paged cache's decode step compiled for one v5p chip: the attention is jax's
     ragged paged attention (a Mosaic custom call in the program), the donated pool is aliased and
     no temporary grows with the pool."""
     rc, out, err = _run([sys.executable, "-c", PAGED, json.dumps(TPU_MODEL)])

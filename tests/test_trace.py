@@ -1,4 +1,4 @@
-"""The decoding picture (issue 5 item 4): decode.trace over engine.trace_steps on a tiny random
+"""The decoding picture: decode.trace over engine.trace_steps on a tiny random
 model with a tiny byte-level BPE tokenizer, and `wedlm-decode --trace`."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Training config, data pipeline and schedule: values, and every bad input of issue 3 erroring
+"""Training config, data pipeline and schedule: values, and every bad input erroring
 before anything is compiled (counted with a jax.monitoring compile listener)."""
 
 import json

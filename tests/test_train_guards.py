@@ -1,4 +1,4 @@
-"""wedlm-train refuses instead of clobbering (issue 15): a resume whose config differs in meaning
+"""wedlm-train refuses instead of clobbering: a resume whose config differs in meaning
 stops before touching anything and lists the keys; a run whose final checkpoint exists says so and
 exits 0; extending `steps` resumes; `checkpoint.resume=false` starts fresh with the old steps moved
 aside; metrics.jsonl holds each step once after a resume; one run per checkpoint folder (an flock

@@ -1,4 +1,4 @@
-"""MFU is logged only when asked for (issue 16): a default run never runs the matmul-rate probe and
+"""MFU is logged only when asked for: a default run never runs the matmul-rate probe and
 logs no `mfu`; `log_mfu=true` runs it once and logs model FLOPs / step time / (rate x devices);
 a given `peak_flops` is used as the rate without the probe."""
 

@@ -1,4 +1,4 @@
-"""Verified streaming decoding (issue 7, decode/verified.py): greedy output equal to the engine's AR
+"""Verified streaming decoding (decode/verified.py): greedy output equal to the engine's AR
 output token for token; the jitted step equal to the no-cache step-by-step reference
 (tests/verified_reference.py) in tokens, steps and draft counts; committed K/V rows equal to a
 one-shot prefill of the final sequence; sampled output distributed as AR sampling (chi-square); the

@@ -1,4 +1,4 @@
-"""The weights in the layouts the compiled decode step picks (issue 21, decode/layouts.py): the
+"""The weights in the layouts the compiled decode step picks (decode/layouts.py): the
 same tokens as row-major weights under random arrival (every method) and in a static batch, the
 weights really placed in the compiled program's formats, one `generate` program, and the choice
 checked where it is made (Decoder, Placement, the doors' flag)."""

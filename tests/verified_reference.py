@@ -1,4 +1,4 @@
-"""A plain, step-by-step version of verified streaming decoding (method 'verified', issue 7) with NO
+"""A plain, step-by-step version of verified streaming decoding (method 'verified') with NO
 KV cache: every step runs one full causal forward of [committed tokens ; reordered window] and all
 bookkeeping is ordinary Python on one sequence at a time. It exists to check `decode.verified`
 against; greedy only (the jitted engine's random streams cannot be replayed here).

@@ -10,9 +10,11 @@ softmax, and returns [B, S, H, D] in q's dtype:
     tiled   `attend_cache_tiles`: an online softmax over tiles of `tile` cache rows whose trip
             count is a runtime value, ceil((max_b cache_len[b] + S) / tile): it reads the tiles up
             to the longest live row of the batch, not the capacity (pure JAX, any platform).
-    pallas  `attend_cache_pallas`: a Pallas kernel, one program per (row, KV head), whose loop
-            runs over that row's own live tiles, ceil((cache_len[b] + S) / tile) (ragged: a short
-            row stops early). The cache is read in place in its [B, T, KVH, D] layout. GPU
+    pallas  `attend_cache_pallas`: a Pallas kernel, one program per (row, KV head, block of
+            QUERY_BLOCK query rows, split), whose loop runs over that row's own live tiles up to
+            its block's last query, ceil((cache_len[b] + last slot + 1) / tile) (ragged: a short
+            row stops early); a small grid cuts each program's tiles into splits (`auto_splits`,
+            flash-decoding). The cache is read in place in its [B, T, KVH, D] layout. GPU
             (Triton lowering); anywhere with `interpret=True` (how CPU tests check it).
     cudnn   `attend_cache_cudnn`: cuDNN flash attention through `jax.nn.dot_product_attention`
             with per-row key lengths (cache_len + S: the rows past them are padding to cuDNN) and
@@ -154,6 +156,28 @@ def _pow2_at_least(n: int) -> int:
 SMEM_BYTES = {"9.0": 232448, "10.0": 232448, "12.0": 101376, "8.0": 166912, "8.7": 166912,
               "8.6": 101376, "8.9": 101376}
 PALLAS_STAGES = 2   # the Triton pipeline depth the kernel is compiled with (num_stages)
+# query rows per program of the Triton kernels (a prefill chunk's S x G rows are cut into blocks
+# of this many, one program each)
+QUERY_BLOCK = 64
+# programs a Triton kernel's grid should reach (about two per streaming multiprocessor of an
+# H100's 132): fewer (a small batch) and each program's live tiles are cut into splits
+TARGET_PROGRAMS = 256
+
+
+def auto_splits(programs: int, tiles: int) -> int:
+    """Splits of each program's KV tiles (a power of two) for a grid of `programs` programs over
+    `tiles` tiles at most a row: doubled while the grid is under TARGET_PROGRAMS and every split
+    keeps a tile at full capacity. One when the grid is already full."""
+    splits = 1
+    while programs * splits < TARGET_PROGRAMS and 2 * splits <= tiles:
+        splits *= 2
+    return splits
+
+
+def query_rows(rows: int) -> int:
+    """The query rows one program holds: `rows` (S x G) padded as `query_block` pads them, at most
+    QUERY_BLOCK."""
+    return min(max(16, _pow2_at_least(rows)), QUERY_BLOCK)
 
 
 def smem_limit(device=None) -> int:
@@ -165,9 +189,8 @@ def smem_limit(device=None) -> int:
 
 def pallas_smem(tile: int, rows: int, head_dim: int, itemsize: int) -> int:
     """Shared memory the Triton cache kernel needs: the K and V tiles of every pipeline stage and
-    the query block (`rows` query rows padded as the kernel pads them)."""
-    r_pad = max(16, _pow2_at_least(rows))
-    return PALLAS_STAGES * 2 * tile * head_dim * itemsize + r_pad * head_dim * itemsize
+    one program's query rows (`query_rows` of the forward's `rows` = S x G)."""
+    return PALLAS_STAGES * 2 * tile * head_dim * itemsize + query_rows(rows) * head_dim * itemsize
 
 
 def pallas_tile(tile: int, rows: int, head_dim: int, itemsize: int, limit: int) -> int:
@@ -186,17 +209,19 @@ def pallas_tile(tile: int, rows: int, head_dim: int, itemsize: int, limit: int) 
 
 def _pallas_kernel(len_ref, q_ref, k_ref, v_ref, *out_refs, scale, tile, groups, width, capacity,
                    splits):
-    """One (row b, KV head, split p) program. q_ref [R, D]: the row's S x G query heads of this
-    KV head, row r = slot r // G (padded to R rows); k_ref / v_ref [T, D]: the cache of this row
-    and head, read tile by tile (split p of `splits` takes its share of the live tiles); len_ref
-    [1]: cache_len[b]. out_refs: the output, or with splits the partials (`kernel_store`)."""
+    """One (row b, KV head, query block k x split p) program. q_ref [Rb, D]: rows k * Rb.. of the
+    row's S x G query heads of this KV head (`query_block`: row r = slot r // G); k_ref / v_ref
+    [T, D]: the cache of this row and head, read tile by tile up to the block's last query (split
+    p of `splits` takes its share of those tiles); len_ref [1]: cache_len[b]. out_refs: the
+    output, or with splits the partials (`kernel_store`)."""
     from jax.experimental import pallas as pl
-    n = len_ref[0]
-    r_pad = q_ref.shape[0]
+    n, c = len_ref[0], pl.program_id(2)
+    k, rb = c // splits, q_ref.shape[0]
     q = q_ref[...]
-    slot = jax.lax.broadcasted_iota(jnp.int32, (r_pad, 1), 0) // groups
-    last = n + jnp.minimum(slot, width - 1)                                      # [R, 1]
-    n_tiles = (jnp.minimum(n + width, capacity) + tile - 1) // tile
+    slot = (k * rb + jax.lax.broadcasted_iota(jnp.int32, (rb, 1), 0)) // groups
+    last = n + jnp.minimum(slot, width - 1)                                      # [Rb, 1]
+    top = n + jnp.minimum((k * rb + rb - 1) // groups, width - 1)                # the block's last
+    n_tiles = (jnp.minimum(top + 1, capacity) + tile - 1) // tile
 
     def body(i, carry):
         nominal = i * tile
@@ -205,8 +230,8 @@ def _pallas_kernel(len_ref, q_ref, k_ref, v_ref, *out_refs, scale, tile, groups,
         return kernel_tile(carry, q, k_ref[pl.ds(start, tile), :], v_ref[pl.ds(start, tile), :],
                            (col <= last) & (col >= nominal), scale)
 
-    lo, hi = split_range(n_tiles, pl.program_id(2), splits)
-    kernel_store(out_refs, jax.lax.fori_loop(lo, hi, body, kernel_init(r_pad, q_ref.shape[1])))
+    lo, hi = split_range(n_tiles, c % splits, splits)
+    kernel_store(out_refs, jax.lax.fori_loop(lo, hi, body, kernel_init(rb, q_ref.shape[1])))
 
 
 def split_range(n, p, splits: int):
@@ -308,16 +333,18 @@ def _static_int(x) -> bool:
 
 
 def attend_cache_pallas(q, k, v, cache_len, scale: float, tile: int, *,
-                        interpret: bool = False, layer: int | None = None, splits: int = 1):
-    """Cache-mode attention as a Pallas kernel: grid (B, KVH), each program walks its own row's
-    live tiles, ceil((cache_len[b] + S) / tile_used). The tile used is the largest power of two
-    <= min(tile, T) (power-of-two blocks for the Triton lowering); the S x G query heads of a KV
-    head are one block, padded to a power of two >= 16 rows. With `layer` (a Python int), k and
-    v are the stacked cache [L, B, T, KVH, D] and the kernel's blocks read that layer's rows in
-    place (no copy of the layer's slice). `splits` > 1 cuts each row's live tiles into that many
-    parts, one program each (more programs for a small batch), their partial softmaxes combined
-    after (`combine_splits`). `interpret=True` runs the kernel in Pallas interpret mode (any
-    platform)."""
+                        interpret: bool = False, layer: int | None = None,
+                        splits: int | None = None):
+    """Cache-mode attention as a Pallas kernel: grid (B, KVH, query blocks x splits), each
+    program walks its own row's live tiles up to its block's last query, ceil((cache_len[b] +
+    slot + 1) / tile_used). The tile used is the largest power of two <= min(tile, T) (power-of-
+    two blocks for the Triton lowering); the S x G query heads of a KV head, padded to a power of
+    two >= 16 rows, are cut into blocks of QUERY_BLOCK rows (a prefill chunk: many programs, not
+    one holding every row). With `layer` (a Python int), k and v are the stacked cache [L, B, T,
+    KVH, D] and the kernel's blocks read that layer's rows in place (no copy of the layer's
+    slice). `splits` > 1 cuts each program's live tiles into that many parts, one program each,
+    their partial softmaxes combined after (`combine_splits`); None: `auto_splits` (a small batch
+    fills the GPU). `interpret=True` runs the kernel in Pallas interpret mode (any platform)."""
     from jax.experimental import pallas as pl
     if layer is not None:
         if not _static_int(layer) or k.ndim != 5 or not 0 <= layer < k.shape[0]:
@@ -332,21 +359,23 @@ def attend_cache_pallas(q, k, v, cache_len, scale: float, tile: int, *,
     g = h // kvh
     tile_used = _pow2_at_most(min(check_tile(tile), t))
     qr = query_block(q, kvh, k.dtype)
-    r_pad = qr.shape[2]
+    rb = query_rows(s * g)
+    blocks = qr.shape[2] // rb
     lens = jnp.asarray(cache_len, jnp.int32).reshape(b, 1)
-    check_int_at_least("splits", splits, 1)
+    splits = (auto_splits(b * kvh * blocks, -(-t // tile_used)) if splits is None
+              else check_int_at_least("splits", splits, 1))
     kernel = functools.partial(_pallas_kernel, scale=float(scale), tile=tile_used, groups=g,
                                width=s, capacity=t, splits=splits)
     if layer is None:
         kv_spec = pl.BlockSpec((None, t, None, d), lambda i, j, c: (i, 0, j, 0))
     else:
         kv_spec = pl.BlockSpec((None, None, t, None, d), lambda i, j, c: (layer, i, 0, j, 0))
-    out_shape, out_specs = split_outputs(b, kvh, 1, r_pad, d, q.dtype, splits)
+    out_shape, out_specs = split_outputs(b, kvh, blocks, rb, d, q.dtype, splits)
     out = combine_splits(pl.pallas_call(
         kernel,
-        grid=(b, kvh, splits),
+        grid=(b, kvh, blocks * splits),
         in_specs=[pl.BlockSpec((None, 1), lambda i, j, c: (i, 0)),
-                  pl.BlockSpec((None, None, r_pad, d), lambda i, j, c: (i, j, 0, 0)),
+                  pl.BlockSpec((None, None, rb, d), lambda i, j, c: (i, j, c // splits, 0)),
                   kv_spec, kv_spec],
         out_specs=out_specs, out_shape=out_shape,
         interpret=interpret, name="wedlm_cache_attention", **triton_params(interpret),

@@ -262,10 +262,6 @@ def attend_pages_ragged(q, pool, page_table, cache_len, scale: float, first_page
     return out.reshape(b, s, h, d).astype(q.dtype)
 
 
-# query rows per program of the Triton paged kernel (a prefill chunk's rows are split over programs)
-TRITON_QUERY_BLOCK = 64
-
-
 def _triton_kernel(len_ref, first_ref, q_ref, table_ref, pool_ref, *out_refs, scale, groups,
                    width, splits):
     """One (sequence b, KV head j, query block k x split p) program: q_ref [Rb, D] rows k * Rb..
@@ -297,9 +293,9 @@ def _triton_kernel(len_ref, first_ref, q_ref, table_ref, pool_ref, *out_refs, sc
 def triton_fits(page_size: int, head_dim: int, itemsize: int, smem: int) -> bool:
     """Whether the Triton paged kernel compiles for pages of `page_size` rows: power-of-two pages
     of at least 16 rows (the lowering's block shapes), their K/V in every pipeline stage and a
-    query block of TRITON_QUERY_BLOCK rows within `smem` bytes of shared memory."""
+    query block of `ca.QUERY_BLOCK` rows within `smem` bytes of shared memory."""
     return (page_size >= 16 and page_size & (page_size - 1) == 0
-            and ca.pallas_smem(page_size, TRITON_QUERY_BLOCK, head_dim, itemsize) <= smem)
+            and ca.pallas_smem(page_size, ca.QUERY_BLOCK, head_dim, itemsize) <= smem)
 
 
 def choose_attention(attention: str, platform: str | None, page_size: int, head_dim: int,
@@ -321,24 +317,25 @@ def choose_attention(attention: str, platform: str | None, page_size: int, head_
 
 
 def attend_pages_triton(q, pool, page_table, cache_len, scale: float, first_page=0,
-                        interpret: bool = False, splits: int = 1):
+                        interpret: bool = False, splits: int | None = None):
     """The cache rule over pages as a Pallas (Triton) kernel: grid (B, KVH, query blocks x
     `splits`), each program walks its own sequence's live pages (its split's share of them)
     through the page table and reads them in the pool, in place (no gathered tile, one kernel per
-    layer; split partials combined after, `ca.combine_splits`). GPU; anywhere with
-    `interpret=True`."""
+    layer; split partials combined after, `ca.combine_splits`; None: `ca.auto_splits`). GPU;
+    anywhere with `interpret=True`."""
     from jax.experimental import pallas as pl
     b, s, h, d = q.shape
     kvh = pool.shape[2] // 2
     qr = ca.query_block(q, kvh, pool.dtype)
     r_pad, width = qr.shape[2], page_table.shape[1]
-    rb = min(r_pad, TRITON_QUERY_BLOCK)
+    rb = ca.query_rows(s * (h // kvh))
+    blocks = r_pad // rb
     lens = jnp.asarray(cache_len, jnp.int32).reshape(b, 1)
     first = jnp.asarray(first_page, jnp.int32).reshape(1)
-    ca.check_int_at_least("splits", splits, 1)
+    splits = (ca.auto_splits(b * kvh * blocks, width) if splits is None
+              else ca.check_int_at_least("splits", splits, 1))
     kernel = functools.partial(_triton_kernel, scale=float(scale), groups=h // kvh, width=s,
                                splits=splits)
-    blocks = r_pad // rb
     out_shape, out_specs = ca.split_outputs(b, kvh, blocks, rb, d, q.dtype, splits)
     out = ca.combine_splits(pl.pallas_call(
         kernel,

@@ -1,4 +1,4 @@
-"""benchmarks.pareto (issue 24): a small grid on the demo model, checked against decoding the same
+"""benchmarks.pareto: a small grid on the demo model, checked against decoding the same
 items directly; any checkpoint's "answer" items; bad arguments are one line and exit 2."""
 
 from __future__ import annotations
