@@ -83,11 +83,14 @@ class OpenCheckpoint:
         """(ModelConfig, params, mesh): the weights in the placement's dtype on its mesh (None: the
         default device), their layers stacked or one tree each as the platform's decode programs
         take them (`decode.layouts.layers_stacked`); the config carries the [MASK] id decided
-        here, so `generate(params, config, ...)` and a Decoder need no other argument for it."""
+        here, so `generate(params, config, ...)` and a Decoder need no other argument for it.
+        With the placement's `quantize`, the projections come quantized (wedlm_jax.quantize), the
+        float copy dropped."""
         import jax
 
         from decode.layouts import layers_stacked
         from wedlm_jax.convert import checkpoint_kind, load_checkpoint
+        from wedlm_jax.quantize import quantize_params
         mesh = self.placement.make_mesh()
         quiet = {} if checkpoint_kind(self.folder) == "orbax" else {"progress": False}
         platform = (mesh.devices.flat[0] if mesh is not None else jax.local_devices()[0]).platform
@@ -96,4 +99,5 @@ class OpenCheckpoint:
                                          stacked_layers=layers_stacked(platform), **quiet)
         if self.mask_token_id is not None:
             config = config.replace(mask_token_id=self.mask_token_id)
+        params = quantize_params(params, self.placement.quantize, self.placement.quantize_group)
         return config, params, mesh

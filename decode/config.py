@@ -21,6 +21,7 @@ import numbers
 from typing import Sequence
 
 from wedlm_jax.dtypes import DtypeError, dtype_name
+from wedlm_jax import quantize as quantize_lib
 
 METHODS = ("streaming", "block", "ar", "verified")
 REFILLS = ("before", "after")               # decode.steps: when the window's masks are refilled
@@ -280,6 +281,8 @@ class Placement:
                                     # platform's choice, paged 64 on TPU; 0: dense)
     num_pages: int | None = None    # the paged cache's pages per layer (None: slots x per sequence)
     weight_layout: str = "auto"     # decode/layouts.py: compiler | default | auto (compiler on TPU)
+    quantize: str = "none"          # weight-only: none | int8 | int4 (wedlm_jax/quantize.py)
+    quantize_group: int | None = None   # its group size (None: the scheme's; 0: per channel)
 
     def __post_init__(self):
         try:
@@ -303,6 +306,10 @@ class Placement:
         if self.weight_layout not in WEIGHT_LAYOUTS:
             raise DecodeConfigError(f"weight_layout {self.weight_layout!r} is unknown; allowed: "
                                     f"{', '.join(WEIGHT_LAYOUTS)}", "weight_layout")
+        try:
+            quantize_lib.resolve_group(self.quantize, self.quantize_group)
+        except quantize_lib.QuantizeError as e:
+            raise DecodeConfigError(str(e), e.field) from None
 
     @property
     def devices_needed(self) -> int:
@@ -333,6 +340,7 @@ class Placement:
         if config.num_kv_heads % t or config.num_heads % t:
             raise DecodeConfigError(f"--mesh tensor={t} does not divide the model's "
                                     f"{config.num_heads} heads / {config.num_kv_heads} KV heads")
+        check_quantize(config, self)
 
     @staticmethod
     def add_arguments(parser) -> None:
@@ -360,6 +368,12 @@ class Placement:
                        help="compiler: the weights in the layouts the compiled decode step picks "
                             "(no relayout copies inside each step); default: row-major as loaded; "
                             "auto: compiler on TPU, default elsewhere")
+        g.add_argument("--quantize", default=d.quantize, choices=quantize_lib.SCHEMES,
+                       help="weight-only quantization of the projections: int8 (a scale per "
+                            "output channel) or int4 (a scale per --quantize-group inputs)")
+        g.add_argument("--quantize-group", type=int, default=None,
+                       help="the group size along each projection's input (default: int4 "
+                            f"{quantize_lib.DEFAULT_GROUP['int4']}, int8 per channel)")
 
     @staticmethod
     def add_dry_run_arguments(parser, who: str) -> None:
@@ -380,7 +394,18 @@ class Placement:
         return cls(dtype=args.dtype, mesh=parse_mesh(args.mesh), attention=args.attention,
                    kv_tile=args.kv_tile, page_size=getattr(args, "page_size", None),
                    num_pages=getattr(args, "num_pages", None),
-                   weight_layout=getattr(args, "weight_layout", "auto"))
+                   weight_layout=getattr(args, "weight_layout", "auto"),
+                   quantize=getattr(args, "quantize", "none"),
+                   quantize_group=getattr(args, "quantize_group", None))
+
+
+def check_quantize(config, placement: Placement) -> int:
+    """The placement's quantization group size, checked against the model's shapes (a group must
+    divide every projection's input axis); DecodeConfigError naming the setting otherwise."""
+    try:
+        return quantize_lib.check_model(config, placement.quantize, placement.quantize_group)
+    except quantize_lib.QuantizeError as e:
+        raise DecodeConfigError(str(e), e.field) from None
 
 
 # ------------------------------------------------------------------------- the doors' options

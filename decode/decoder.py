@@ -51,6 +51,7 @@ from decode.programs import cache_axes, compiled_count  # noqa: F401 (compiled_c
 from decode.state import DecodeState, Prefix, ResultTokens, free_rows, request_row  # noqa: F401
 from wedlm_jax import model as model_lib
 from wedlm_jax import paged_attention as paged
+from wedlm_jax import quantize
 from wedlm_jax.sharding import DEFAULT_RULES, is_axes, spec_for, tree_shardings
 
 MIN_PROMPT_BUCKET = 16
@@ -82,6 +83,10 @@ class Decoder:
                                     f"decode.plan.make_plan, got {type(plan).__name__}")
         self.plan = plan
         config = plan.model_config
+        try:   # float weights quantized as the plan says; quantized ones must match it
+            params = quantize.conform(params, plan.static.quantize, plan.static.quantize_group)
+        except quantize.QuantizeError as e:
+            raise DecodeConfigError(str(e), e.field) from None
         if plan.static.stacked_layers and not model_lib.layers_stacked(params):
             raise DecodeConfigError("the plan takes stacked layer weights and these are one tree "
                                     "per layer: make the plan with stacked_params=False")
@@ -152,7 +157,7 @@ class Decoder:
         axes = model_lib.param_logical_axes(config)
         if not self.static.stacked_layers:
             axes = model_lib.unstack_layers(axes, config.num_layers)
-        return tree_shardings(axes, shapes, mesh, DEFAULT_RULES)
+        return tree_shardings(quantize.logical_axes(axes, params), shapes, mesh, DEFAULT_RULES)
 
     def _place(self, tree, shardings):
         if all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(tree)):
@@ -440,6 +445,7 @@ class Decoder:
         bare = _abstract(host.replace(cache=host.cache.replace(layers=None)))
         if self.mesh is None:
             params = model_lib.param_shapes(self.model_config, jnp.dtype(st.dtype))
+            params = quantize.quantize_params(params, st.quantize, st.quantize_group)
             if not st.stacked_layers:
                 params = model_lib.unstack_layers(params, self.model_config.num_layers)
             params, put = _on(dev, params), lambda tree: _on(dev, tree)

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 from decode import layouts
 from decode.config import (MAX_LOGPROBS, DecodeConfigError, DoorOptions, EngineOptions, Placement,
-                           _is_int, check_int)
+                           _is_int, check_int, check_quantize)
 from decode.memory import available_memory, estimate_memory
 from decode.pages import pool_size
 from decode.programs import Static
@@ -81,6 +81,7 @@ def make_plan(model_config: ModelConfig, engine: EngineOptions, placement: Place
     whether the weights it will get have their layers stacked (as loaded on every platform but
     GPU, decode.checkpoint)."""
     check_engine(model_config, engine)
+    quantize_group = check_quantize(model_config, placement)
     method = engine.method
     mask_id = mask_id_for(model_config, mask_token_id, method)
     check_int("top_logprobs", top_logprobs, 0, MAX_LOGPROBS)
@@ -106,7 +107,8 @@ def make_plan(model_config: ModelConfig, engine: EngineOptions, placement: Place
         platform=None if mesh is None else device.platform,
         page_size=cache["page_size"], num_pages=cache["num_pages"],
         page_shards=shards if cache["page_size"] else 1,
-        stacked_layers=layouts.layers_stacked(device.platform) and stacked_params)
+        stacked_layers=layouts.layers_stacked(device.platform) and stacked_params,
+        quantize=placement.quantize, quantize_group=quantize_group)
     memory = estimate_memory(static)
     check_memory(memory, memory_limit_bytes if memory_limit_bytes is not None
                  else available_memory(mesh), static)

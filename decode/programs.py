@@ -60,6 +60,8 @@ class Static:
     num_pages: int = 0         # paged: pages per layer in the pool
     page_shards: int = 1       # paged: slot shards (data x fsdp), each with its own num_pages / page_shards
     stacked_layers: bool = True  # the weights' layers stacked (a layer scan) or one tree per layer
+    quantize: str = "none"     # the weights' quantization (wedlm_jax.quantize) and its group size
+    quantize_group: int = 0
 
     @property
     def paged(self) -> bool:

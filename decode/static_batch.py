@@ -49,6 +49,7 @@ from decode.config import (DecodeConfig, DecodeConfigError, EngineOptions, Metho
 from decode.decoder import Decoder, Request, compiled_count, pow2_at_least
 from decode.plan import make_plan
 from wedlm_jax import model as model_lib
+from wedlm_jax import quantize as quantize_lib
 from wedlm_jax.config import ModelConfig
 
 MIN_CAPACITY_BUCKET = 64
@@ -123,10 +124,12 @@ def _requests(prompts, dc: DecodeConfig, capacity: int) -> list[Request | None]:
 def static_decoder(params, model_config: ModelConfig, num_prompts: int, dc: DecodeConfig,
                    capacity: int, longest_budget: int, *, mesh=None, mask_token_id=None,
                    kv_tile: int = Placement().kv_tile, dtype=jnp.float32,
-                   allow_long: bool = False, attention: str = Placement().attention) -> Decoder:
+                   allow_long: bool = False, attention: str = Placement().attention,
+                   quantize: str = "none", quantize_group: int | None = None) -> Decoder:
     """The Decoder a static batch runs on: slots and capacity rounded up to buckets (one compile
     per bucket), the window limited to the longest row budget (no forward wider than the most
-    tokens a row can still produce)."""
+    tokens a row can still produce); `quantize` as Placement's (float weights are quantized; weights
+    quantized already decode under their own scheme)."""
     if not isinstance(dc, DecodeConfig):
         raise DecodeConfigError(f"decode_config must be a DecodeConfig, got {type(dc).__name__}")
     max_pos = model_config.max_position_embeddings
@@ -143,14 +146,17 @@ def static_decoder(params, model_config: ModelConfig, num_prompts: int, dc: Deco
     engine = EngineOptions(**Method.pick(dc), slots=batch_bucket(num_prompts, multiple),
                            capacity=capacity_bucket(capacity), steps_per_call=STATIC_STEPS_PER_CALL,
                            allow_long=True).replace(window=window)
-    placement = Placement(dtype=jnp.dtype(dtype).name, attention=attention, kv_tile=kv_tile)
+    if quantize == "none" and quantize_lib.is_quantized(params):   # weights quantized already
+        quantize, quantize_group = quantize_lib.scheme_of(params)
+    placement = Placement(dtype=jnp.dtype(dtype).name, attention=attention, kv_tile=kv_tile,
+                          quantize=quantize, quantize_group=quantize_group)
     return Decoder(params, make_plan(model_config, engine, placement, mesh=mesh,
                                      mask_token_id=mask_token_id, sampling=not dc.greedy,
                                      stacked_params=model_lib.layers_stacked(params)))
 
 
 def _setup(params, model_config, prompts, dc, capacity, mesh, mask_token_id, kv_tile, dtype,
-           allow_long=False, decoder=None, attention=Placement().attention):
+           allow_long=False, decoder=None, attention=Placement().attention, **quantize):
     if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
         raise DecodeConfigError(f"capacity must be an int >= 1, got {capacity!r}")
     if not isinstance(dc, DecodeConfig):
@@ -163,7 +169,8 @@ def _setup(params, model_config, prompts, dc, capacity, mesh, mask_token_id, kv_
     if decoder is None:
         decoder = static_decoder(params, model_config, len(prompts), dc, capacity, budget,
                                  mesh=mesh, mask_token_id=mask_token_id, kv_tile=kv_tile,
-                                 dtype=dtype, allow_long=allow_long, attention=attention)
+                                 dtype=dtype, allow_long=allow_long, attention=attention,
+                                 **quantize)
     for i, r in enumerate(requests):
         if r is not None:
             try:
@@ -178,7 +185,8 @@ def generate(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]]
              mask_token_id: int | None = None, kv_tile: int = Placement().kv_tile,
              dtype=jnp.float32, tokenizer=None, on_commit: Callable | None = None,
              allow_long: bool = False, decoder: Decoder | None = None,
-             attention: str = Placement().attention) -> DecodeResult:
+             attention: str = Placement().attention, quantize: str = "none",
+             quantize_group: int | None = None) -> DecodeResult:
     """Decode every prompt (token-id lists) as one static batch on a Decoder; see the module
     docstring.
 
@@ -187,13 +195,14 @@ def generate(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]]
     tensor. tokenizer: anything with `decode(ids) -> str` to fill `text`. on_commit(row, ids):
     called on the host after every chunk of steps with each row's newly committed ids.
     decoder: a Decoder to run on (its slots must hold the prompts); default one built for the
-    batch. Ctrl-C stops within one chunk of steps: the result holds what was decoded, with
-    `interrupted` set.
+    batch, its weights quantized by `quantize` / `quantize_group` (Placement's). Ctrl-C stops
+    within one chunk of steps: the result holds what was decoded, with `interrupted` set.
     """
     dc = decode_config
     decoder, prompts, requests = _setup(params, model_config, prompts, dc, capacity, mesh,
                                         mask_token_id, kv_tile, dtype, allow_long, decoder,
-                                        attention)
+                                        attention, quantize=quantize,
+                                        quantize_group=quantize_group)
     if len(prompts) > decoder.slots:
         raise DecodeConfigError(f"{len(prompts)} prompts do not fit the decoder's {decoder.slots} slots")
     t_setup, programs = time.perf_counter(), compiled_count()

@@ -22,7 +22,8 @@ ENGINE = dict(method="block", window=4, refill="after", capacity=64, prefill_chu
 BATCHING = dict(slots=2, steps_per_call=3)                  # --input and wedlm-serve only
 SAMPLING = dict(tau=0.7, lam=0.05, sampling_order="temper_first", max_new_tokens=5,
                 temperature=0.5, top_k=3, top_p=0.9, seed=7)
-PLACEMENT = dict(dtype="bfloat16", attention="dense", kv_tile=16, weight_layout="compiler")
+PLACEMENT = dict(dtype="bfloat16", attention="dense", kv_tile=16, weight_layout="compiler",
+                 quantize="int8", quantize_group=0)
 PAGES = dict(page_size=8, num_pages=40)                     # --input and wedlm-serve only
 SERVE_FLAGS = {"max_new_tokens": "--max-tokens"}
 

@@ -43,6 +43,7 @@ from wedlm_jax import attention as attn_lib
 from wedlm_jax import attention_backends as attn_backends
 from wedlm_jax import masking
 from wedlm_jax import paged_attention as paged
+from wedlm_jax import quantize
 from wedlm_jax import tiled_attention as tiled_lib
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.rope import apply_rope, rope_cos_sin, rope_frequencies
@@ -93,8 +94,8 @@ class Projection(nn.Module):
                         dtype=self.param_dtype)
         letters = "abcdefgh"
         ins, outs = letters[:n_in], letters[n_in:n_in + len(self.out_shape)]
-        y = jnp.einsum(f"...{ins},{ins}{outs}->...{outs}", x.astype(self.dtype),
-                       kernel.astype(self.dtype))
+        # a quantized kernel (wedlm_jax.quantize) is a qwix QArray, read through qwix's einsum
+        y = quantize.projection_einsum(f"...{ins},{ins}{outs}->...{outs}", x, kernel, self.dtype)
         if self.use_bias:
             bias = _param(self, "bias", self.out_shape, self.out_axes, nn.initializers.zeros,
                           self.param_dtype)

@@ -1,0 +1,225 @@
+"""Weight-only quantization (wedlm_jax/quantize.py, on qwix): the round trip's error bounds, the
+model reading quantized kernels, the decoding plan and the doors taking `quantize`, greedy AR on
+the demo model against the unquantized weights, and the refusals of settings that cannot work."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import qwix
+
+from decode import cli
+from decode.config import DecodeConfig, DecodeConfigError, Placement
+from decode.static_batch import generate
+from tests.plans import decoder, plan
+from wedlm_jax import model as model_lib
+from wedlm_jax import quantize as q
+from wedlm_jax.config import ModelConfig
+
+CONFIG = ModelConfig(model_type="qwen3", vocab_size=256, hidden_size=128, intermediate_size=256,
+                     num_layers=4, num_heads=4, num_kv_heads=2, head_dim=32, qk_norm=True,
+                     mask_token_id=255)
+DEMO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "demo", "model")
+AR_TOKENS = 48
+
+
+def _kernels(tree):
+    return [x for x in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, qwix.QArray))
+            if isinstance(x, qwix.QArray)]
+
+
+# ---------------------------------------------------------------------------- the round trip
+
+@pytest.mark.parametrize("scheme,group,n_in,shape", [
+    ("int8", 0, 1, (3, 128, 4, 32)),     # stacked q_proj [L, embed, heads, head_dim]
+    ("int8", 0, 2, (3, 4, 32, 128)),     # stacked o_proj [L, heads, head_dim, embed]
+    ("int4", 64, 1, (3, 128, 256)),      # gate_proj [L, embed, mlp]
+    ("int4", 32, 2, (3, 4, 32, 128)),    # o_proj: groups along head_dim, one per head
+    ("int8", 32, 1, (128, 64)),          # one layer's tree (unstacked), grouped int8
+])
+def test_round_trip_error_is_half_a_step(scheme, group, n_in, shape):
+    lead = 1 if len(shape) > 2 else 0                # the stacked layers' axis
+    w = jnp.asarray(np.random.default_rng(0).standard_normal(shape) * 0.02, jnp.float32)
+    qa = q.quantize_kernel(w, scheme, n_in, group, lead)
+    assert jnp.dtype(qa.qvalue.dtype) == jnp.dtype(q.QTYPES[scheme])
+    ins = list(range(lead, lead + n_in))
+    want = [1 if i in ins else d for i, d in enumerate(shape)]
+    if group:      # a scale per group of the last input axis, per index of the other ones
+        for i in ins[:-1]:
+            want[i] = shape[i]
+        want[ins[-1]] = shape[ins[-1]] // group
+    assert qa.scale.shape == tuple(want)
+    back = qwix.dequantize(qa)
+    step = jnp.broadcast_to(jnp.repeat(qa.scale, group, axis=ins[-1]) if group else qa.scale,
+                            shape)
+    err = jnp.abs(back - w)
+    assert float((err - step / 2).max()) <= 1e-7       # round to nearest: half a step at most
+    top = 127 if scheme == "int8" else 7     # qwix's absmax maps to top + 1/2: [-top-1, top]
+    values = qa.qvalue.astype(jnp.int32)
+    assert int(values.max()) <= top and int(values.min()) >= -top - 1
+    assert int(jnp.abs(values).max()) >= top                          # the range is filled
+    rel = float(jnp.linalg.norm(back - w) / jnp.linalg.norm(w))
+    assert rel < (0.012 if scheme == "int8" else 0.16), rel
+
+
+def test_params_quantized_only_the_projections():
+    params = model_lib.random_params(CONFIG)
+    for scheme, group, ratio in (("int8", 0, 0.26), ("int4", 32, 0.16)):
+        qp = q.quantize_params(params, scheme, group)
+        assert len(_kernels(qp)) == 7               # q k v o gate up down, stacked
+        assert qp["embedding"] is params["embedding"]
+        assert qp["layers"]["input_norm"]["scale"] is params["layers"]["input_norm"]["scale"]
+        kern = lambda t: q.weight_bytes({k: v for k, v in t["layers"].items() if k in ("attn", "mlp")})
+        assert kern(qp) < ratio * kern(params)      # int8 / int4 values + their scales
+        assert q.scheme_of(qp) == (scheme, group)
+    assert q.scheme_of(params) == ("none", 0)
+    with pytest.raises(q.QuantizeError, match="quantized already"):
+        q.quantize_params(q.quantize_params(params, "int8"), "int8")
+
+
+# ---------------------------------------------------------------------------- the model
+
+def _kl(a, b):
+    pa, pb = jax.nn.log_softmax(a), jax.nn.log_softmax(b)
+    return float((jnp.exp(pa) * (pa - pb)).sum(-1).mean())
+
+
+def test_model_logits_close_stacked_and_per_layer():
+    params = model_lib.random_params(CONFIG, head_scale=4.0)
+    tokens = jnp.asarray(np.random.default_rng(1).integers(0, 255, (2, 16)))
+    pos = jnp.broadcast_to(jnp.arange(16), (2, 16))
+    apply = lambda m, p: jax.jit(lambda p: m.apply({"params": p}, tokens, pos))(p)
+    ref = apply(model_lib.Transformer(CONFIG), params)
+    kls = {}
+    for scheme in ("int8", "int4"):
+        qp = q.quantize_params(params, scheme, 32)
+        out = apply(model_lib.Transformer(CONFIG), qp)
+        kls[scheme] = _kl(ref, out)
+        per_layer = apply(model_lib.Transformer(CONFIG, stacked_layers=False),
+                          model_lib.unstack_layers(qp, CONFIG.num_layers))
+        np.testing.assert_allclose(per_layer, out, atol=1e-5)
+    print(f"random Qwen3-shaped model, mean KL per token vs float32: {kls}")
+    assert 0 < kls["int8"] < 1e-3 and kls["int8"] < kls["int4"] < 5e-2, kls
+
+
+def test_no_full_precision_copy_of_the_weights():
+    """The compiled forward holds the weights int8 (its arguments) and dequantizes one layer's
+    kernel at a time inside the layer scan: its temporaries stay far below the float kernels."""
+    config = CONFIG.replace(num_layers=8)
+    params = model_lib.random_params(config)
+    tokens = jnp.zeros((1, 4), jnp.int32)
+    fwd = jax.jit(lambda p: model_lib.Transformer(config).apply({"params": p}, tokens,
+                                                              jnp.arange(4)[None]))
+    kernels = lambda t: q.weight_bytes({k: v for k, v in t["layers"].items() if k in ("attn", "mlp")})
+    float_mem = fwd.lower(params).compile().memory_analysis()
+    qp = q.quantize_params(params, "int8")
+    mem = fwd.lower(qp).compile().memory_analysis()
+    assert mem.argument_size_in_bytes < float_mem.argument_size_in_bytes - 0.7 * kernels(params)
+    assert mem.temp_size_in_bytes < 0.3 * kernels(params), (mem.temp_size_in_bytes, kernels(params))
+
+
+# ---------------------------------------------------------------------------- the plan and doors
+
+def test_decoder_quantizes_float_weights_and_checks_quantized_ones():
+    params = model_lib.random_params(CONFIG)
+    dec = decoder(params, CONFIG, method="ar", slots=2, capacity=64, quantize="int4",
+                  quantize_group=32)
+    assert dec.static.quantize == "int4" and dec.static.quantize_group == 32
+    assert len(_kernels(dec.params)) == 7
+    qp = q.quantize_params(params, "int8")
+    assert decoder(qp, CONFIG, method="ar", slots=2, capacity=64, quantize="int8").params is qp
+    with pytest.raises(DecodeConfigError, match="quantized int8, not int4") as e:
+        decoder(qp, CONFIG, method="ar", slots=2, capacity=64, quantize="int4", quantize_group=32)
+    assert e.value.field == "quantize"
+    with pytest.raises(DecodeConfigError, match="quantized int8, not none"):
+        decoder(qp, CONFIG, method="ar", slots=2, capacity=64)
+    abstract = decoder(params, CONFIG, method="ar", slots=2, capacity=64,
+                       quantize="int8").abstract_args("generate")[0]
+    assert len(_kernels(abstract)) == 7          # the dry runs' weights are quantized too
+
+
+@pytest.mark.parametrize("settings,field,message", [
+    (dict(quantize="int5"), "quantize", "quantize 'int5' is unknown; allowed: none, int8, int4"),
+    (dict(quantize_group=64), "quantize_group", "quantize_group 64 needs a scheme"),
+    (dict(quantize="int4", quantize_group=-2), "quantize_group", "must be an int >= 0"),
+    (dict(quantize="int4", quantize_group=True), "quantize_group", "must be an int >= 0"),
+])
+def test_bad_settings_refused(settings, field, message):
+    with pytest.raises(DecodeConfigError, match=message) as e:
+        Placement(**settings)
+    assert e.value.field == field
+
+
+def test_group_that_cannot_tile_the_model_refused():
+    # head_dim 32: o_proj's input axis; a group of 64 does not divide it
+    with pytest.raises(DecodeConfigError, match=r"quantize_group 64 does not divide the input "
+                       r"axis of o_proj \(32\); a group size must divide 32") as e:
+        plan(CONFIG, method="ar", capacity=64, quantize="int4", quantize_group=64)
+    assert e.value.field == "quantize_group"
+
+
+def test_cli_refuses_at_start_with_one_line(capsys):
+    code = cli.main(["--checkpoint", DEMO, "--prompt", "1, 2,", "--quantize", "int4",
+                     "--quantize-group", "48"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert err == ("wedlm-decode: error: quantize_group 48 does not divide the input axis of "
+                   "o_proj (64), down_proj (1024); a group size must divide 64 for this model (hidden 384, "
+                   "head_dim 64, intermediate 1024)")
+
+
+# ---------------------------------------------------------------------------- the demo model
+
+@pytest.fixture(scope="module")
+def demo():
+    from demo.eval import eval_items, load_model
+    config, params, tok = load_model(check=False)
+    prompts = [tok.encode(eval_items(DEMO, k, 2)[1]["prompt"])
+               for k in ("counting", "arith", "lists", "records", "code")]
+    return config, params, prompts
+
+
+def _prefix(a, b) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def _mean_kl(config, params, qparams, prompts, continuations) -> float:
+    """Mean KL(float || quantized) per continuation token, teacher-forced on the float tokens
+    (one causal forward of the batch, padded at the end)."""
+    rows = [p + c for p, c in zip(prompts, continuations)]
+    width = max(map(len, rows))
+    ids = jnp.asarray([r + [0] * (width - len(r)) for r in rows])
+    pos = jnp.broadcast_to(jnp.arange(width), ids.shape)
+    fwd = jax.jit(lambda p: jax.nn.log_softmax(
+        model_lib.Transformer(config).apply({"params": p}, ids, pos)))
+    a, b = fwd(params), fwd(qparams)
+    kl = (jnp.exp(a) * (a - b)).sum(-1)
+    return float(jnp.concatenate([kl[i, len(p) - 1:len(r) - 1]
+                                  for i, (p, r) in enumerate(zip(prompts, rows))]).mean())
+
+
+def test_demo_greedy_ar_int8_keeps_the_continuation(demo, tmp_path):
+    config, params, prompts = demo
+    dc = DecodeConfig(method="ar", max_new_tokens=AR_TOKENS)
+    base = generate(params, config, prompts, dc).tokens
+    assert all(len(t) == AR_TOKENS for t in base)
+    report = {}
+    for scheme in ("int8", "int4"):
+        qp = q.quantize_params(params, scheme)
+        out = generate(qp, config, prompts, dc).tokens   # the scheme read off the weights
+        shared = [_prefix(a, b) / AR_TOKENS for a, b in zip(base, out)]
+        report[scheme] = dict(common_prefix=shared, mean_common_prefix=float(np.mean(shared)),
+                              mean_kl_per_token=_mean_kl(config, params, qp, prompts, base))
+    print("demo model, greedy AR, 48 tokens vs float32:", json.dumps(report))
+    assert min(report["int8"]["common_prefix"]) >= 0.8, report
+    assert report["int8"]["mean_kl_per_token"] < 1e-4, report
+    assert report["int4"]["mean_common_prefix"] >= 0.5, report     # reported; a loose floor
+    assert report["int8"]["mean_kl_per_token"] < report["int4"]["mean_kl_per_token"] < 1e-2

@@ -1,0 +1,234 @@
+"""Weight-only quantization of the decoder's projections, on qwix (google/qwix) `QArray`s.
+
+    qparams = quantize_params(params, "int8")            # per output channel
+    qparams = quantize_params(params, "int4", group=64)  # groups of 64 along the input
+    logits = Transformer(config).apply({"params": qparams}, tokens, positions)
+
+Schemes (`SCHEMES`): "int8" keeps one scale per output channel (per layer, per output element:
+the input axes share it; `group` > 0 makes it grouped too); "int4" keeps one scale per `group`
+consecutive elements of each projection's last input axis (default `DEFAULT_GROUP["int4"]` = 64,
+MLX's default; the other input axes, o_proj's heads, get their own scales). Symmetric absmax
+scales in the weights' dtype. The seven projections of every layer (q/k/v/o, gate/up/down) are
+quantized; the embedding, the LM head and the norms stay in the weights' dtype.
+
+A quantized kernel is a `qwix.QArray` (int8 / int4 values, the scales beside them) in place of the
+float kernel in the same tree, so the layer scan slices it like any parameter, one tree per layer
+(`model.unstack_layers`) splits it, and the model's projections read it through `qwix.einsum`
+(`projection_einsum`): weight-only, qwix dequantizes a layer's kernel at its matmul, which XLA
+fuses into the dot on TPU and GPU; nothing dequantizes a whole stacked weight.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import qwix
+
+SCHEMES = ("none", "int8", "int4")
+QTYPES = {"int8": jnp.int8, "int4": jnp.int4}
+DEFAULT_GROUP = {"none": 0, "int8": 0, "int4": 64}   # 0: one scale per output channel
+# the projections quantized, with the number of input (contracted) axes their kernel leads with
+PROJECTIONS = {"q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 2,
+               "gate_proj": 1, "up_proj": 1, "down_proj": 1}
+
+
+class QuantizeError(ValueError):
+    """A quantization setting that cannot work; `field` names it (quantize | quantize_group)."""
+
+    def __init__(self, message: str, field: str):
+        super().__init__(message)
+        self.field = field
+
+
+def resolve_group(scheme: str, group: int | None = None) -> int:
+    """The group size `scheme` quantizes with (0: per output channel): `group`, else the scheme's
+    default. QuantizeError naming the setting for an unknown scheme or a bad group size."""
+    if scheme not in SCHEMES:
+        raise QuantizeError(f"quantize {scheme!r} is unknown; allowed: {', '.join(SCHEMES)}",
+                            "quantize")
+    if group is None:
+        return DEFAULT_GROUP[scheme]
+    if isinstance(group, bool) or not isinstance(group, int) or group < 0:
+        raise QuantizeError(f"quantize_group must be an int >= 0 (0: per output channel), got "
+                            f"{group!r}", "quantize_group")
+    if scheme == "none" and group:
+        raise QuantizeError(f"quantize_group {group} needs a scheme: quantize int8 or int4",
+                            "quantize_group")
+    return group
+
+
+def input_dims(config) -> dict:
+    """{projection: the size of its last input axis} (what a group runs along)."""
+    e, m = config.hidden_size, config.intermediate_size
+    return {"q_proj": e, "k_proj": e, "v_proj": e, "o_proj": config.head_dim,
+            "gate_proj": e, "up_proj": e, "down_proj": m}
+
+
+def check_model(config, scheme: str, group: int | None = None) -> int:
+    """The resolved group size, after checking that it tiles every projection's last input axis;
+    QuantizeError naming quantize_group and the sizes it must divide otherwise."""
+    group = resolve_group(scheme, group)
+    if scheme == "none" or not group:
+        return group
+    dims = input_dims(config)
+    bad = [f"{name} ({d})" for name, d in dims.items() if d % group]
+    if bad:
+        gcd = math.gcd(*dims.values())
+        raise QuantizeError(
+            f"quantize_group {group} does not divide the input axis of {', '.join(bad)}; "
+            f"a group size must divide {gcd} for this model (hidden {config.hidden_size}, "
+            f"head_dim {config.head_dim}, intermediate {config.intermediate_size})",
+            "quantize_group")
+    return group
+
+
+def quantize_kernel(w, scheme: str, n_in: int, group: int = 0, lead: int = 0):
+    """`w` [*lead axes, *n_in input axes, *output axes] as a QArray: one scale per lead index
+    (the stacked layers) and output element; per `group` elements of the last input axis and per
+    index of the other input axes when `group` > 0, else shared by every input axis."""
+    ins = list(range(lead, lead + n_in))
+    outs = list(range(lead + n_in, w.ndim))
+    channels = list(range(lead)) + outs + (ins[:-1] if group else [])
+    tiles = {ins[-1]: group} if group else {}
+    q = qwix.quantize(w.astype(jnp.float32), QTYPES[scheme], channelwise_axes=channels,
+                      tiled_axes=tiles)
+    return q.replace(scale=q.scale.astype(w.dtype))
+
+
+def _kernel_inputs(path) -> int | None:
+    """The number of input axes of the kernel at `path` when it is a projection's, else None."""
+    keys = [getattr(k, "key", None) for k in path]
+    if len(keys) >= 2 and keys[-1] == "kernel" and keys[-2] in PROJECTIONS:
+        return PROJECTIONS[keys[-2]]
+    return None
+
+
+def _lead(path) -> int:
+    """The leading (stacked layer) axes of the kernel at `path`."""
+    return 1 if any(getattr(k, "key", None) == "layers" for k in path) else 0
+
+
+def is_quantized(params) -> bool:
+    """Whether any leaf of `params` is a QArray."""
+    return any(isinstance(x, qwix.QArray)
+               for x in jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, qwix.QArray)))
+
+
+def quantize_params(params, scheme: str, group: int | None = None):
+    """`params` (layers stacked or one tree per layer; arrays or ShapeDtypeStructs) with every
+    projection kernel quantized under `scheme` (see the module docstring); "none" returns them
+    as they are. Each kernel is quantized by one jitted call (compiled once per shape)."""
+    group = resolve_group(scheme, group)
+    if scheme == "none":
+        return params
+    if is_quantized(params):
+        raise QuantizeError("these weights are quantized already", "quantize")
+    leaves = jax.tree.leaves(params)
+    if leaves and all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):
+        return jax.eval_shape(lambda p: quantize_params(p, scheme, group), params)
+
+    def leaf(path, w):
+        n_in = _kernel_inputs(path)
+        if n_in is None:
+            return w
+        return _quantize_jit(w, scheme, n_in, group, _lead(path))
+    return jax.tree_util.tree_map_with_path(leaf, params)
+
+
+_quantize_jit = jax.jit(quantize_kernel, static_argnums=(1, 2, 3, 4))
+
+
+def expected(params, scheme: str, group: int):
+    """The abstract tree (shapes, dtypes) the weights have once quantized under (scheme, group),
+    from float weights or from quantized ones (their float shapes rebuilt)."""
+    def floats(x):
+        if isinstance(x, qwix.QArray):
+            return jax.ShapeDtypeStruct(x.qvalue.shape, x.scale.dtype)
+        return jax.ShapeDtypeStruct(x.shape, x.dtype)
+    shapes = jax.tree.map(floats, params, is_leaf=lambda x: isinstance(x, qwix.QArray))
+    return quantize_params(shapes, scheme, group)
+
+
+def _same_shapes(a, b) -> bool:
+    """Whether two trees have one structure and the same shapes and dtypes leaf by leaf."""
+    abstract = lambda t: jax.tree.map(lambda x: (tuple(x.shape), jnp.dtype(x.dtype)), t)
+    return (jax.tree.structure(a) == jax.tree.structure(b)
+            and jax.tree.leaves(abstract(a)) == jax.tree.leaves(abstract(b)))
+
+
+def conform(params, scheme: str, group: int):
+    """`params` as a decoder under (scheme, group) takes them: float weights are quantized, weights
+    quantized so already pass; weights quantized otherwise raise QuantizeError naming both."""
+    if not is_quantized(params):
+        return quantize_params(params, scheme, group)
+    if not _same_shapes(expected(params, scheme, group), params):
+        raise QuantizeError(f"the weights are quantized {describe_params(params)}, not "
+                            f"{describe(scheme, group)}: decode them with that quantize setting",
+                            "quantize")
+    return params
+
+
+def scheme_of(params) -> tuple[str, int]:
+    """(scheme, group) that quantized `params` (("none", 0) for float weights): the qtype of its
+    kernels and the group size whose shapes they have."""
+    if not is_quantized(params):
+        return "none", 0
+    scheme = describe_params(params)
+    if scheme not in QTYPES:
+        raise QuantizeError(f"the weights mix quantizations ({scheme})", "quantize")
+    groups = {0}
+    for path, q in jax.tree_util.tree_flatten_with_path(
+            params, is_leaf=lambda x: isinstance(x, qwix.QArray))[0]:
+        n_in = _kernel_inputs(path)
+        if isinstance(q, qwix.QArray) and n_in is not None:
+            ax = _lead(path) + n_in - 1
+            groups.add(q.qvalue.shape[ax] // q.scale.shape[ax])
+    for group in sorted(groups):
+        if _same_shapes(expected(params, scheme, group), params):
+            return scheme, group
+    raise QuantizeError(f"the {scheme} weights' scales fit no group size", "quantize")
+
+
+def describe(scheme: str, group: int) -> str:
+    """'int4 (groups of 64)', 'int8 (per output channel)', 'none'."""
+    if scheme == "none":
+        return "none"
+    return f"{scheme} ({f'groups of {group}' if group else 'per output channel'})"
+
+
+def describe_params(params) -> str:
+    """The qtype(s) of a quantized tree's kernels, e.g. 'int8'."""
+    kinds = {jnp.dtype(x.qtype).name for x in
+             jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, qwix.QArray))
+             if isinstance(x, qwix.QArray)}
+    return "/".join(sorted(kinds)) or "none"
+
+
+def logical_axes(axes_tree, params):
+    """The logical-axes tree of the params (`model.param_logical_axes`) matched to quantized
+    `params`: a quantized kernel's values and scales carry its axes (a scale's size-1 axes are
+    left whole by `sharding.spec_for`)."""
+    def match(axes, p):
+        if isinstance(p, qwix.QArray):
+            return p.replace(qvalue=axes, scale=axes)
+        return axes
+    return jax.tree.map(match, axes_tree, params,
+                        is_leaf=lambda x: isinstance(x, tuple) or isinstance(x, qwix.QArray))
+
+
+def projection_einsum(spec: str, x, kernel, dtype):
+    """`einsum(spec, x, kernel)` in the compute `dtype`: qwix's for a quantized kernel (dequantized
+    at its matmul), jnp's otherwise."""
+    if isinstance(kernel, qwix.QArray):
+        return qwix.einsum(spec, x.astype(dtype), kernel.astype(dtype))
+    return jnp.einsum(spec, x.astype(dtype), kernel.astype(dtype))
+
+
+def weight_bytes(params) -> int:
+    """Bytes of `params` as stored (int4 values counted at half a byte)."""
+    def size(x):
+        bits = 4 if jnp.dtype(x.dtype) == jnp.int4 else 8 * jnp.dtype(x.dtype).itemsize
+        return math.prod(x.shape) * bits // 8
+    return sum(size(x) for x in jax.tree.leaves(params))
