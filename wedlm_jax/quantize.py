@@ -13,9 +13,10 @@ quantized; the embedding, the LM head and the norms stay in the weights' dtype.
 
 A quantized kernel is a `qwix.QArray` (int8 / int4 values, the scales beside them) in place of the
 float kernel in the same tree, so the layer scan slices it like any parameter, one tree per layer
-(`model.unstack_layers`) splits it, and the model's projections read it through `qwix.einsum`
-(`projection_einsum`): weight-only, qwix dequantizes a layer's kernel at its matmul, which XLA
-fuses into the dot on TPU and GPU; nothing dequantizes a whole stacked weight.
+(`model.unstack_layers`) splits it, and the model's projections read it through
+`projection_einsum`: weight-only, a layer's kernel is dequantized (`qwix.dequantize`) at its
+matmul, which XLA fuses into the dot on TPU and GPU (on CPU one layer's kernel at a time is a
+temporary); nothing dequantizes a whole stacked weight.
 """
 
 from __future__ import annotations
@@ -219,10 +220,12 @@ def logical_axes(axes_tree, params):
 
 
 def projection_einsum(spec: str, x, kernel, dtype):
-    """`einsum(spec, x, kernel)` in the compute `dtype`: qwix's for a quantized kernel (dequantized
-    at its matmul), jnp's otherwise."""
+    """`einsum(spec, x, kernel)` in the compute `dtype`; a quantized kernel is dequantized into
+    the matmul (`qwix.dequantize`, the scales in `dtype`). qwix's own weight-only path
+    (`qwix.einsum`: the same dequantize, then its dot_general plumbing) ran a projection 4-14x
+    slower than this on XLA:CPU (benchmarks/results/quantize)."""
     if isinstance(kernel, qwix.QArray):
-        return qwix.einsum(spec, x.astype(dtype), kernel.astype(dtype))
+        return jnp.einsum(spec, x.astype(dtype), qwix.dequantize(kernel.astype(dtype)))
     return jnp.einsum(spec, x.astype(dtype), kernel.astype(dtype))
 
 
