@@ -234,7 +234,7 @@ def exp_batch(ctx):
 
 
 def exp_verified(ctx):
-    """Issue 7 on the trained model: verified streaming beside plain streaming and AR."""
+    """On the trained model: verified streaming beside plain streaming and AR."""
     out = {}
     for kind in ctx.kinds:
         runs = ctx.side_by_side(kind, ("ar", "streaming", "verified"))
@@ -256,7 +256,7 @@ REFILL_RUNS = (("ar", "ar", "after", 1), ("after W=8", "streaming", "after", 8),
 
 
 def exp_refill(ctx):
-    """Issue 12: the two refill orders at equal forward size (before at W holds up to 2W slots)."""
+    """The two refill orders at equal forward size (before at W holds up to 2W slots)."""
     out = {}
     for kind in ctx.kinds:
         dcs = {name: ctx.config_for(kind, m, refill=refill, window=w)

@@ -42,18 +42,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class Server:
-    """`python -m decode.serve` in a subprocess (its own cores, as a deployment has)."""
+def tuning_flags(slots, window, tau, capacity, steps_per_call=8) -> list[str]:
+    return ["--slots", str(slots), "--window", str(window), "--tau", str(tau), "--capacity",
+            str(capacity), "--steps-per-call", str(steps_per_call)]
 
-    def __init__(self, model, slots, window, tau, capacity, steps_per_call=8):
+
+class Server:
+    """`python -m decode.serve` in a subprocess (its own cores, as a deployment has), with the
+    given tuning `flags` (none: the defaults a user starts with)."""
+
+    def __init__(self, model, flags=()):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.TemporaryFile()       # the server's log (a pipe nobody reads could fill up)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "decode.serve", "--checkpoint", model, "--port", str(self.port),
-             "--slots", str(slots), "--window", str(window), "--tau", str(tau), "--capacity", str(capacity),
-             "--steps-per-call", str(steps_per_call), "--max-queue", "256", "--model-name", "demo",
-             "--log-level", "warning"],
+             *flags, "--max-queue", "256", "--model-name", "demo", "--log-level", "warning"],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self.log)
 
     def wait_ready(self, timeout=600):
@@ -81,7 +85,7 @@ class Server:
                 self.proc.wait(10)
 
 
-async def _one(client, url, item, stream=True) -> dict:
+async def request_once(client, url, item, stream=True) -> dict:
     body = {"model": "demo", "prompt": item["prompt"], "max_tokens": item["max_tokens"], "temperature": 0}
     t0 = time.perf_counter()
     if not stream:
@@ -106,7 +110,7 @@ async def _one(client, url, item, stream=True) -> dict:
                 gaps=[b - a for a, b in zip(times, times[1:])])
 
 
-async def _load(url, items, clients, per_client) -> dict:
+async def closed_loop(url, items, clients, per_client) -> dict:
     import httpx
     n = max(8, clients * per_client)
     queue = list(range(n))
@@ -115,7 +119,7 @@ async def _load(url, items, clients, per_client) -> dict:
         async def worker():
             while queue:
                 i = queue.pop(0)
-                results.append(await _one(client, url, items[i % len(items)]))
+                results.append(await request_once(client, url, items[i % len(items)]))
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(clients)))
         wall = time.perf_counter() - t0
@@ -123,18 +127,18 @@ async def _load(url, items, clients, per_client) -> dict:
     ttft = [r["ttft"] for r in results]
     tokens = sum(r["tokens"] for r in results)
     return dict(clients=clients, requests=n, tokens=tokens, wall_s=wall, tokens_per_s=tokens / wall,
-                ttft_p50=_pct(ttft, 50), ttft_p99=_pct(ttft, 99), gap_p50=_pct(gaps, 50),
-                gap_p99=_pct(gaps, 99))
+                ttft_p50=percentile(ttft, 50), ttft_p99=percentile(ttft, 99), gap_p50=percentile(gaps, 50),
+                gap_p99=percentile(gaps, 99))
 
 
-def _pct(xs, q):
+def percentile(xs, q):
     if not xs:
         return float("nan")
     xs = sorted(xs)
     return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))]
 
 
-def _items(model, n_per_kind=None):
+def demo_items(model, n_per_kind=None):
     from demo.eval import REGIMES, eval_items
     per = [eval_items(model, k, n_per_kind) for k in KINDS]
     out = []
@@ -156,7 +160,7 @@ def overhead(model, url, items, window, tau, capacity, reps=5) -> dict:
 
     async def serve_once(item):
         async with httpx.AsyncClient(timeout=600) as client:
-            return await _one(client, url, item, stream=False)
+            return await request_once(client, url, item, stream=False)
 
     for item in items:
         ids = tok.encode(item["prompt"])
@@ -192,23 +196,25 @@ def main(argv=None) -> int:
     ap.add_argument("--overhead-prompts", type=int, default=2, help="prompts per regime for the overhead")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    items = _items(args.model)
+    items = demo_items(args.model)
     out = dict(load=[], overhead={})
-    srv = Server(args.model, args.slots, args.window, args.tau, args.capacity, args.steps_per_call).wait_ready()
+    srv = Server(args.model, tuning_flags(args.slots, args.window, args.tau, args.capacity,
+                                          args.steps_per_call)).wait_ready()
     try:
-        asyncio.run(_load(srv.url, items, 1, 1))              # warm the connection path
+        asyncio.run(closed_loop(srv.url, items, 1, 1))              # warm the connection path
         for c in args.clients:
-            r = asyncio.run(_load(srv.url, items, c, args.requests))
+            r = asyncio.run(closed_loop(srv.url, items, c, args.requests))
             out["load"].append(r)
             print(f"{c:>3} clients: {r['requests']} requests, {r['tokens']} tokens, {r['tokens_per_s']:.0f} tok/s, "
                   f"TTFT p50 {1e3 * r['ttft_p50']:.0f} ms p99 {1e3 * r['ttft_p99']:.0f} ms, inter-chunk p50 "
                   f"{1e3 * r['gap_p50']:.0f} ms p99 {1e3 * r['gap_p99']:.0f} ms", flush=True)
-        few = _items(args.model, args.overhead_prompts)
+        few = demo_items(args.model, args.overhead_prompts)
         out["overhead"][f"slots={args.slots}"] = overhead(args.model, srv.url, few, args.window, args.tau,
                                                           args.capacity)
     finally:
         srv.stop()
-    one = Server(args.model, 1, args.window, args.tau, args.capacity, args.steps_per_call).wait_ready()
+    one = Server(args.model, tuning_flags(1, args.window, args.tau, args.capacity,
+                                          args.steps_per_call)).wait_ready()
     try:
         out["overhead"]["slots=1"] = overhead(args.model, one.url, few, args.window, args.tau, args.capacity)
     finally:

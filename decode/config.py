@@ -278,7 +278,7 @@ class Placement:
     attention: str = "auto"
     kv_tile: int = 256
     page_size: int | None = None    # a paged KV cache of pages of this many rows (None: the
-                                    # platform's choice, paged 64 on TPU; 0: dense)
+                                    # platform's choice, paged_attention.auto_page_size; 0: dense)
     num_pages: int | None = None    # the paged cache's pages per layer (None: slots x per sequence)
     weight_layout: str = "auto"     # decode/layouts.py: compiler | default | auto (compiler on TPU)
     quantize: str = "none"          # weight-only: none | int8 | int4 (wedlm_jax/quantize.py)
@@ -360,7 +360,9 @@ class Placement:
                        help="a paged KV cache shared by the slots, pages of this many rows, with "
                             "prompt-prefix reuse (--input and wedlm-serve); 0: each slot reserves "
                             "its capacity; default: pages of 64 on TPU (the ragged kernel moves "
-                            "fewer bytes per step), each slot its capacity elsewhere")
+                            "fewer bytes per step), pages of 16 on CPU for wedlm-serve and --input "
+                            "(live-slot steps, prefix reuse), each slot its capacity on GPU and "
+                            "for a static batch")
         g.add_argument("--num-pages", type=int, default=None,
                        help="the paged cache's pages (default: slots x pages of one sequence at "
                             "the capacity)")

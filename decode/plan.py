@@ -76,10 +76,11 @@ class Plan:
 def make_plan(model_config: ModelConfig, engine: EngineOptions, placement: Placement = Placement(),
               *, mesh=None, mask_token_id: int | None = None, sampling: bool = True,
               top_logprobs: int = 0, memory_limit_bytes: int | None = None,
-              stacked_params: bool = True) -> Plan:
+              stacked_params: bool = True, continuous: bool = False) -> Plan:
     """The Plan of a Decoder for `model_config` (see the module docstring). `stacked_params`:
     whether the weights it will get have their layers stacked (as loaded on every platform but
-    GPU, decode.checkpoint)."""
+    GPU, decode.checkpoint). `continuous`: the Decoder serves a continuous-batching door (the
+    server, the batch job), whose default cache may differ (`paged.auto_page_size`)."""
     check_engine(model_config, engine)
     quantize_group = check_quantize(model_config, placement)
     method = engine.method
@@ -94,7 +95,7 @@ def make_plan(model_config: ModelConfig, engine: EngineOptions, placement: Place
     device = mesh.devices.flat[0] if mesh is not None else jax.local_devices()[0]
     rows = -(-(engine.capacity + spec.span) // ROW_ALIGN) * ROW_ALIGN
     cache = cache_choice(model_config, placement, spec, engine, rows, shards, device,
-                         1 if mesh is None else int(mesh.shape.get("tensor", 1)))
+                         1 if mesh is None else int(mesh.shape.get("tensor", 1)), continuous)
     static = Static(
         config=model_config.replace(mask_token_id=None, bos_token_id=None, eos_token_id=None,
                                     pad_token_id=None),
@@ -129,7 +130,7 @@ def door_plan(opts: DoorOptions, model_config: ModelConfig, *, capacity: int, me
     the capacity it sized, the checkpoint's mask id and the mesh the weights were loaded on."""
     return make_plan(model_config, opts.engine.replace(capacity=capacity), opts.placement,
                      mesh=mesh, mask_token_id=mask_token_id, top_logprobs=top_logprobs,
-                     stacked_params=stacked_params)
+                     stacked_params=stacked_params, continuous=True)
 
 
 def check_engine(config: ModelConfig, engine: EngineOptions) -> None:
@@ -176,16 +177,17 @@ def mask_id_for(config: ModelConfig, given: int | None, method: str) -> int:
 
 
 def cache_choice(config: ModelConfig, placement: Placement, spec: StepSpec, engine: EngineOptions,
-                 rows: int, shards: int, device, tensor: int) -> dict:
+                 rows: int, shards: int, device, tensor: int, continuous: bool = False) -> dict:
     """{page_size, num_pages, attention, kv_tile}: the cache and the kernel reading it. No page
-    size given: the platform's choice (paged 64 on TPU; the dense cache on CPU and on GPU, where
-    its Triton kernel steps faster than the paged gather path, measured on an H100)."""
+    size given: the platform's choice, `paged.auto_page_size` (paged 64 on TPU; on CPU pages of
+    16 for a continuous-batching door, the dense cache for a static batch; the dense cache on
+    GPU, where its Triton kernel steps faster than the paged gather path, measured on an H100)."""
     platform, device_smem = device.platform, ca.smem_limit(device)
     page_size, num_pages = placement.page_size, placement.num_pages
     attention, kv_tile, dtype = placement.attention, placement.kv_tile, jnp.dtype(placement.dtype)
     if page_size is None and num_pages is None:
         page_size = paged.auto_page_size(platform, config.num_heads, config.num_kv_heads, dtype,
-                                         tensor)
+                                         tensor, continuous=continuous)
     page_size, num_pages = pool_size(page_size or None, num_pages, rows, engine.slots, shards)
     try:
         if page_size:

@@ -159,7 +159,7 @@ def test_sigkill_mid_file_then_resume_each_request_exactly_once(ckpt, tmp_path, 
 
 def test_a_request_the_engine_fails_on_is_an_error_result_and_the_job_goes_on(ckpt, tmp_path, capsys,
                                                                             monkeypatch):
-    """Issue 22: one request's prefill raises inside the engine: its line is written with
+    """One request's prefill raises inside the engine: its line is written with
     finish_reason 'error' and the reason, every other request is decoded as alone, the job exits 1
     with one line naming how many failed; a rerun does not decode it again."""
     from decode.decoder import Decoder
@@ -168,13 +168,21 @@ def test_a_request_the_engine_fails_on_is_an_error_result_and_the_job_goes_on(ck
     lines = [{"id": f"q{i}", "prompt": p, "max_tokens": 6} for i, p in
              enumerate(["one two", "three four five", "six", "seven eight"])]
     poison = tuple(tok.encode("three four five"))
-    real = Decoder.prefill
+    real, real_paged = Decoder.prefill, Decoder.prefill_into_slot
 
-    def prefill(self, request):
+    def check(request):
         if tuple(request.prompt) == poison:
             raise OverflowError("Python int too large to convert to C int")
+
+    def prefill(self, request):          # the dense cache's admission
+        check(request)
         return real(self, request)
+
+    def prefill_into_slot(self, state, request, *args):     # the paged cache's (CPU's default)
+        check(request)
+        return real_paged(self, state, request, *args)
     monkeypatch.setattr(Decoder, "prefill", prefill)
+    monkeypatch.setattr(Decoder, "prefill_into_slot", prefill_into_slot)
     src, out = _write(tmp_path / "in.jsonl", lines), tmp_path / "out.jsonl"
     argv = ["--checkpoint", path, "--input", src, "--output", str(out), "--capacity", "64",
             "--window", str(WINDOW)]

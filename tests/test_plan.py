@@ -40,6 +40,12 @@ def test_a_plan_holds_every_static_decision():
     paged = make_plan(CONFIG, engine(), Placement(page_size=16))
     assert paged.paged and paged.static.num_pages == 2 * -(-paged.static.rows // 16)
     assert make_plan(CONFIG, engine(method="ar")).window == 1
+    # a continuous-batching door on CPU (the server, the batch job): pages of 16, so a lone
+    # request steps only its live-slot bucket and shared prefixes are reused; unless asked
+    door = make_plan(CONFIG, engine(slots=4), Placement(), continuous=True)
+    assert door.paged and door.static.page_size == 16
+    assert Decoder(random_params(CONFIG), door).live_buckets() == [1, 2]
+    assert not make_plan(CONFIG, engine(), Placement(page_size=0), continuous=True).paged
     assert plan.replace(scan_unroll=2).static.scan_unroll == 2 and plan.static.scan_unroll == 1
 
 

@@ -161,7 +161,7 @@ def test_out_of_memory_compile_is_a_verdict(capsys, monkeypatch):
 
 
 def test_dry_run_from_a_plain_shell_forces_its_devices():
-    """Issue 21 item 2: `python -m train.main ... --dry-run` with no XLA_FLAGS set compiles on the
+    """`python -m train.main ... --dry-run` with no XLA_FLAGS set compiles on the
     4 devices its mesh needs (it used to fail: jax had started with 1 device before forcing)."""
     import subprocess
     import sys

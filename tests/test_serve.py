@@ -440,7 +440,7 @@ def test_bad_requests_get_400_naming_the_field(server):
 
 
 def test_requests_that_used_to_break_the_server(server):
-    """Issue 22: a top_k beyond int32 is a 400 naming it (it used to reach the engine thread and
+    """A top_k beyond int32 is a 400 naming it (it used to reach the engine thread and
     stop it); a body over the limit is a 413 before it is read; JSON nested past the parser's
     depth a 400; a named max_tokens that does not fit beside the prompt a 400
     context_length_exceeded (the server's default is cut to the room left instead); afterwards

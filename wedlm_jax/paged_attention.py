@@ -111,19 +111,27 @@ TPU_PAGE_SIZE = 64
 # (`choose_attention`; compiled for an H100 it moves the dense cache's bytes). Whether it steps
 # as fast as the dense cache on a card decides this default; not measured yet.
 GPU_PAGE_SIZE = 0
+# On CPU a continuous-batching door (the server, the batch job) takes pages of 16 rows: there the
+# paged cache steps as fast as the dense one under load (continuous batching, 8 slots: 0.99x
+# streaming, 1.01x AR), steps only the live slots' bucket (a lone request no longer pays for the
+# idle slots) and reuses shared prompt prefixes (a few-shot prefix's time to first token 3.9x
+# lower; BENCHMARKS.md, sections 4 and 5). A static batch keeps the dense cache.
+CPU_CONTINUOUS_PAGE_SIZE = 16
 # ... and its gather loop's tile on GPU, in rows: one iteration per 16 pages of 64 (the H100 step
 # above: 38.4 ms at one page per iteration, 15.0 at 16, 14.7 at 32)
 GPU_GATHER_ROWS = 1024
 
 
-def auto_page_size(platform: str | None, num_heads: int, kv_heads: int, dtype, tensor: int = 1) -> int:
+def auto_page_size(platform: str | None, num_heads: int, kv_heads: int, dtype, tensor: int = 1,
+                   *, continuous: bool = False) -> int:
     """The page size of the cache a Decoder builds when none is asked for: TPU_PAGE_SIZE on TPU
-    where the ragged kernel tiles the heads (slots over data x fsdp or not: a pool per shard),
-    else 0 (the dense cache: CPU, and GPU, GPU_PAGE_SIZE)."""
+    where the ragged kernel tiles the heads (slots over data x fsdp or not: a pool per shard);
+    GPU_PAGE_SIZE on GPU; on CPU CPU_CONTINUOUS_PAGE_SIZE for a `continuous`-batching door, else
+    0 (the dense cache)."""
     if platform in ("gpu", "cuda", "rocm"):
         return GPU_PAGE_SIZE
     if implementation_for(platform) != "ragged":
-        return 0
+        return CPU_CONTINUOUS_PAGE_SIZE if continuous and platform == "cpu" else 0
     try:
         check_ragged(num_heads, kv_heads, dtype, tensor)
     except ValueError:
