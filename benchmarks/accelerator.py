@@ -316,7 +316,7 @@ def device_params(config, seed: int = 0):
 def cache_backends(platform: str, interpret: bool = False) -> list[str]:
     import jax.numpy as jnp
 
-    from wedlm_jax import attention_backends as ab
+    from wedlm_jax.attention import backends as ab
     return ab.available("cache", backend=platform, dtype=jnp.bfloat16, interpret=interpret)
 
 
@@ -409,7 +409,7 @@ def train_backends(platform: str) -> tuple[list[str], dict]:
     (of dense, tiled, cudnn, splash) are not run."""
     import jax.numpy as jnp
 
-    from wedlm_jax import attention_backends as ab
+    from wedlm_jax.attention import backends as ab
     run, why = [], {}
     for impl in ("dense", "tiled", "cudnn", "splash"):
         try:

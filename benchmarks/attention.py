@@ -26,8 +26,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from wedlm_jax import attention, masking
-from wedlm_jax import tiled_attention as ta
+from wedlm_jax import masking
+from wedlm_jax.attention import core as attention
+from wedlm_jax.attention import tiled as ta
 
 
 def _memory(compiled) -> int:

@@ -178,7 +178,7 @@ def tokens(smoke: bool) -> list[dict]:
 
 def _pages_per_tile(n: int) -> None:
     """A probe, not a setting: the paged gather path with `n` pages per tile of its loop."""
-    from wedlm_jax import paged_attention as pa
+    from wedlm_jax.attention import paged as pa
     gather = pa.attend_pages_gather
 
     def patched(q, pool, table, cache_len, scale, pages_per_tile=4, first_page=0):
@@ -328,7 +328,7 @@ def train(smoke: bool, info: dict, attention: str = "auto") -> list[dict]:
 
     from benchmarks.accelerator import device_info, make_plan, run_train
     from benchmarks.on_gpu_admit import card_rate
-    from wedlm_jax import attention_backends as ab
+    from wedlm_jax.attention import backends as ab
     info = info if "memory_bytes" in info else dict(device_info(), **info)
     rate, rate_from = card_rate(info)
     names = None if attention == "all" else [

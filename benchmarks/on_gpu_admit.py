@@ -150,8 +150,8 @@ def resolved_attention(dec) -> str:
     import jax
     import jax.numpy as jnp
 
-    from wedlm_jax import attention_backends as ab
-    from wedlm_jax import paged_attention as pa
+    from wedlm_jax.attention import backends as ab
+    from wedlm_jax.attention import paged as pa
     platform = jax.default_backend()
     if dec.static.page_size:
         return pa.implementation_for(platform, dec.static.attention)

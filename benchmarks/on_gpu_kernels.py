@@ -16,9 +16,9 @@ def kernel(smoke: bool) -> list[dict]:
     import jax
     import jax.numpy as jnp
 
-    from wedlm_jax import attention_backends as ab
-    from wedlm_jax import cache_attention as ca
-    from wedlm_jax import paged_attention as pa
+    from wedlm_jax.attention import backends as ab
+    from wedlm_jax.attention import cache as ca
+    from wedlm_jax.attention import paged as pa
     b, h, kvh, d, t = (2, 4, 2, 16, 96) if smoke else (8, 32, 8, 128, 4160)
     interpret = smoke
     out = []
@@ -74,8 +74,8 @@ def kernel_time(smoke: bool, clock, info: dict) -> list[dict]:
     import jax
     import jax.numpy as jnp
 
-    from wedlm_jax import cache_attention as ca
-    from wedlm_jax import paged_attention as pa
+    from wedlm_jax.attention import cache as ca
+    from wedlm_jax.attention import paged as pa
     layers, h, kvh, d, page = (2, 4, 2, 16, 16) if smoke else (8, 32, 8, 128, 64)
     points = ((1, 64, 1), (2, 32, 4)) if smoke else KERNEL_POINTS
     out = []

@@ -36,8 +36,8 @@ import numpy as np
 
 from train import step as step_lib
 from train.config import load_config
-from wedlm_jax import attention as attn_lib
-from wedlm_jax import attention_backends as attn_backends
+from wedlm_jax.attention import core as attn_lib
+from wedlm_jax.attention import backends as attn_backends
 from wedlm_jax import masking
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.sharding import make_mesh

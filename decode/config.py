@@ -248,7 +248,7 @@ def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int, capacity: i
 
 # ------------------------------------------------------------------------------- placement
 
-CACHE_ATTENTION = ("auto", "tiled", "dense", "pallas", "cudnn")   # wedlm_jax.attention_backends
+CACHE_ATTENTION = ("auto", "tiled", "dense", "pallas", "cudnn")   # wedlm_jax.attention.backends
 WEIGHT_LAYOUTS = ("auto", "compiler", "default")                   # decode/layouts.py
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -278,7 +278,7 @@ class Placement:
     attention: str = "auto"
     kv_tile: int = 256
     page_size: int | None = None    # a paged KV cache of pages of this many rows (None: the
-                                    # platform's choice, paged_attention.auto_page_size; 0: dense)
+                                    # platform's choice, attention.paged.auto_page_size; 0: dense)
     num_pages: int | None = None    # the paged cache's pages per layer (None: slots x per sequence)
     weight_layout: str = "auto"     # decode/layouts.py: compiler | default | auto (compiler on TPU)
     quantize: str = "none"          # weight-only: none | int8 | int4 (wedlm_jax/quantize.py)

@@ -35,7 +35,7 @@ def forward_seconds(config, params, windows, prefix=128, capacity=512, kv_tile=2
     carries the (donated) cache and consumes the logits, so neither the per-call dispatch nor a copy
     of the cache is counted. Interleaved over W, so a change of load hits every W alike.
     `batch` rows at once; `attention` the cache-mode implementation (see
-    `attention_backends.resolve`), `kv_tile` its KV tile; `dtype` the compute and cache dtype
+    `attention.backends.resolve`), `kv_tile` its KV tile; `dtype` the compute and cache dtype
     (default float32); `interpret` runs accelerator kernels in their CPU-checkable form."""
     import jax
     import jax.numpy as jnp

@@ -50,7 +50,7 @@ from decode.plan import Plan
 from decode.programs import cache_axes, compiled_count  # noqa: F401 (compiled_count: a check)
 from decode.state import DecodeState, Prefix, ResultTokens, free_rows, request_row  # noqa: F401
 from wedlm_jax import model as model_lib
-from wedlm_jax import paged_attention as paged
+from wedlm_jax.attention import paged
 from wedlm_jax import quantize
 from wedlm_jax.sharding import DEFAULT_RULES, is_axes, spec_for, tree_shardings
 

@@ -213,7 +213,7 @@ def static_batch_table(slots: int, shards: int, pages_per_shard: int, per_seq: i
 
 class ShardedPool:
     """The pools of a Decoder whose slots are split over `shards` (data x fsdp): shard d owns
-    page ids d * per_shard .. + per_shard - 1 (`wedlm_jax.paged_attention`'s shard-major ids)
+    page ids d * per_shard .. + per_shard - 1 (`wedlm_jax.attention.paged`'s shard-major ids)
     and a PagePool of its own over them; a slot's pages and prefix hits come from its shard's.
     One shard is the single pool. Ids in and out are the Decoder's (shard-major) ids."""
 

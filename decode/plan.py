@@ -33,9 +33,9 @@ from decode.pages import pool_size
 from decode.programs import Static
 from decode.steps import StepSpec
 from wedlm_jax.failures import format_bytes
-from wedlm_jax import attention_backends as attn_backends
-from wedlm_jax import cache_attention as ca
-from wedlm_jax import paged_attention as paged
+from wedlm_jax.attention import backends as attn_backends
+from wedlm_jax.attention import cache as ca
+from wedlm_jax.attention import paged
 from wedlm_jax.config import ConfigError, ModelConfig, released_mask_token_id
 
 ROW_ALIGN = 64

@@ -17,7 +17,7 @@ of donated state.
     one_step       one step with its aux (traces, checks)
 
 Dense cache: layers {'k', 'v'} [L, B, R, KVH, D]. Paged cache: layers {'pool': [L * P, page,
-2 KVH, D], 'table': [B, pages_per_seq]} (wedlm_jax.paged_attention); the model's cache mode
+2 KVH, D], 'table': [B, pages_per_seq]} (wedlm_jax.attention.paged); the model's cache mode
 takes either, so the decoding steps are the same code for both.
 """
 
@@ -35,7 +35,7 @@ from decode.state import DecodeState, Prefix, TokenLogProbs
 from decode.steps import StepSpec, ar_step, window_step
 from decode.verified import verified_step
 from wedlm_jax import model as model_lib
-from wedlm_jax import paged_attention as paged
+from wedlm_jax.attention import paged
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.sharding import is_axes
 
@@ -52,7 +52,7 @@ class Static:
     kv_tile: int
     prefill_chunk: int
     keep_q: bool               # verified with sampling carries the drafts' distributions
-    attention: str = "tiled"   # the cache-attention backend (wedlm_jax.attention_backends)
+    attention: str = "tiled"   # the cache-attention backend (wedlm_jax.attention.backends)
     mesh: Any = None           # a hashable key of the mesh (or None)
     scan_unroll: int = 1       # layers per iteration of the layer scan (decode.aot's cost counts)
     platform: str | None = None  # the mesh's platform the attention is resolved for (None: jax's)

@@ -1,4 +1,4 @@
-"""Cache-mode attention (wedlm_jax.cache_attention): every implementation equals the dense
+"""Cache-mode attention (wedlm_jax.attention.cache): every implementation equals the dense
 reference on CPU (the accelerator kernels in their CPU-checkable form: Pallas interpret mode,
 the cuDNN argument set through implementation='xla'), directly and through the model; the live-tile
 paths never read a row past their tiles (poisoned with NaN); bad choices fail naming what runs."""
@@ -14,7 +14,7 @@ import pytest
 
 from tests import plans
 
-from wedlm_jax import attention, attention_backends as ab, cache_attention as ca
+from wedlm_jax.attention import backends as ab, cache as ca, core as attention
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.model import Transformer, init_kv_cache, param_shapes
 

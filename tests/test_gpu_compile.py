@@ -37,7 +37,7 @@ SCRIPT_IN_PLACE = textwrap.dedent("""
     import json
     import jax
     from decode import aot
-    from wedlm_jax import cache_attention as ca
+    from wedlm_jax.attention import cache as ca
     from wedlm_jax.compiled import figures
     from wedlm_jax.config import ModelConfig
     from wedlm_jax.targets import describe_target

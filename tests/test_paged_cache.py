@@ -1,6 +1,6 @@
 """The paged KV cache's pieces: the host page pool with prefix reuse (decode/pages.py),
 checked by brute force against a shadow of what every page holds, and the device side
-(wedlm_jax/paged_attention.py) against the dense cache and against jax's own reference of the TPU
+(wedlm_jax/attention/paged.py) against the dense cache and against jax's own reference of the TPU
 ragged paged attention kernel."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from decode.pages import PagePool, PoolError, ShardedPool
-from wedlm_jax import paged_attention as pa
-from wedlm_jax.attention import cache_write
-from wedlm_jax.cache_attention import attend_cache_dense
+from wedlm_jax.attention import paged as pa
+from wedlm_jax.attention.core import cache_write
+from wedlm_jax.attention.cache import attend_cache_dense
 
 
 # ----------------------------------------------------------------------------------- the pool
@@ -254,7 +254,7 @@ RAGGED_TPU = """
 import json
 import jax, jax.numpy as jnp
 from jax.experimental import topologies
-from wedlm_jax import paged_attention as pa
+from wedlm_jax.attention import paged as pa
 dev = topologies.get_topology_desc(platform="tpu", topology_name="v5p:1x1x1",
                                    chips_per_host_bounds=(1, 1, 1)).devices[0]
 sh = jax.sharding.SingleDeviceSharding(dev)

@@ -1,5 +1,5 @@
-"""Tile-skipping attention (wedlm_jax.tiled_attention) and implementation selection
-(wedlm_jax.attention_backends) against the dense masked reference `attention.attend`."""
+"""Tile-skipping attention (wedlm_jax.attention.tiled) and implementation selection
+(wedlm_jax.attention.backends) against the dense masked reference `attention.attend`."""
 
 import functools
 import os
@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from wedlm_jax import attention, attention_backends as ab, losses, masking
+from wedlm_jax import losses, masking
+from wedlm_jax.attention import backends as ab, core as attention
 from wedlm_jax import model as model_lib
-from wedlm_jax import tiled_attention as ta
+from wedlm_jax.attention import tiled as ta
 from wedlm_jax.config import ConfigError, ModelConfig
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
@@ -128,7 +129,7 @@ def test_query_window_structures_equal_dense(lens, new):
     """Queries and keys with different structures (a query window over a cache: query i of row b
     has index cache_len[b] + i, cache row t has index t), 3 query heads on 1 KV head; capacity 49
     is not a multiple of the tile. The kernel is generic; cache-mode decoding itself runs
-    `cache_attention` (tests/test_decode_attention.py)."""
+    `attention.cache` (tests/test_decode_attention.py)."""
     capacity, tk = 49, 8
     cache_len = jnp.asarray(lens, jnp.int32)
     ones = lambda n: jnp.ones((2, n), jnp.int32)

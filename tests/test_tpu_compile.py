@@ -127,7 +127,7 @@ COPY_PAGES = textwrap.dedent("""
     from jax.sharding import NamedSharding, PartitionSpec as P
     from wedlm_jax.targets import describe_target
     from wedlm_jax.sharding import make_mesh
-    from wedlm_jax import paged_attention as pa
+    from wedlm_jax.attention import paged as pa
     mesh = make_mesh(data=4, fsdp=1, tensor=2, devices=list(describe_target("v5p:2x2x2")[0]))
     layers, per = 4, 64
     pool = jax.ShapeDtypeStruct((4 * layers * per, 64, 16, 128), jnp.bfloat16,
@@ -143,7 +143,7 @@ COPY_PAGES = textwrap.dedent("""
 
 
 def test_a_prefix_copied_between_slot_shards_compiles_for_tpu_in_place():
-    """`paged_attention.copy_pages` over slot shards (v5p:2x2x2, data 4 x tensor 2): the donated
+    """`attention.paged.copy_pages` over slot shards (v5p:2x2x2, data 4 x tensor 2): the donated
     pool is updated in place; the temporaries hold the copied pages only, not a pool."""
     rc, out, err = _run([sys.executable, "-c", COPY_PAGES])
     assert rc == 0, err[-4000:]

@@ -35,7 +35,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from train.config import TrainConfig, compute_dtype
 from wedlm_jax.dtypes import dtype_name
-from wedlm_jax import attention_backends as attn_backends
+from wedlm_jax.attention import backends as attn_backends
 from wedlm_jax import losses, masking
 from wedlm_jax import model as model_lib
 from wedlm_jax.config import ModelConfig

@@ -9,12 +9,12 @@
 
 Training arrangements pass their structure: `model.apply(..., structure=arrangement,
 objective="dual")` (dense: `masking.structure_mask`). `Transformer(attention=...)` picks the
-implementation (dense | tiled | splash | cudnn | auto, see `attention_backends`; dense is the
+implementation (dense | tiled | splash | cudnn | auto, see `attention.backends`; dense is the
 default); non-dense paths get one shared `AttentionContext` (e.g. the tile plan) per forward.
 
 Cache mode (c): the query at physical index j of the forward attends cache rows 0..n-1 and the
 forward's own rows n..n+j (its K/V are written at rows n + physical index first; n = cache_len[b]).
-Whatever `attention` resolves to, it runs `cache_attention.attend_cache` (dense reference, tiled:
+Whatever `attention` resolves to, it runs `attention.cache.attend_cache` (dense reference, tiled:
 the live tiles of `kv_tile` rows, pallas, cudnn); `kv_tile` is a model setting, e.g.
 `Transformer(config, dtype=jnp.bfloat16, attention="tiled", kv_tile=256)`.
 
@@ -39,12 +39,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from wedlm_jax import attention as attn_lib
-from wedlm_jax import attention_backends as attn_backends
+from wedlm_jax.attention import core as attn_lib
+from wedlm_jax.attention import backends as attn_backends
 from wedlm_jax import masking
-from wedlm_jax import paged_attention as paged
+from wedlm_jax.attention import paged
 from wedlm_jax import quantize
-from wedlm_jax import tiled_attention as tiled_lib
+from wedlm_jax.attention import tiled as tiled_lib
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.rope import apply_rope, rope_cos_sin, rope_frequencies
 
@@ -228,7 +228,7 @@ class Transformer(nn.Module):
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
     remat: bool | str = "none"
-    attention: str = "dense"          # dense | tiled | splash | cudnn | auto (attention_backends)
+    attention: str = "dense"          # dense | tiled | splash | cudnn | auto (attention.backends)
     attention_tile: int = 128         # tile size of the tiled path
     attention_block_size: int = 32    # the dual-stream block size (splash mask template)
     kv_tile: int = 256                # cache mode: KV rows per tile (tiled, pallas)

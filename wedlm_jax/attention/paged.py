@@ -49,8 +49,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from wedlm_jax import cache_attention as ca
-from wedlm_jax.attention import cache_last_key
+from wedlm_jax.attention import cache as ca
+from wedlm_jax.attention.core import cache_last_key
 
 UNMAPPED = -1
 IMPLEMENTATIONS = ("gather", "ragged", "triton")
@@ -170,7 +170,7 @@ def check_paged_cache(num_layers: int, kv_heads: int, head_dim: int, batch: int,
     if pool.ndim != 4 or pool.shape[0] % num_layers or tuple(pool.shape[2:]) != (2 * kv_heads, head_dim):
         raise ValueError(f"the page pool has shape {tuple(pool.shape)}; the model needs [layers x "
                          f"pages, page, 2 x kv_heads = {2 * kv_heads}, head_dim = {head_dim}] with "
-                         f"a multiple of {num_layers} pages (paged_attention.init_paged_cache)")
+                         f"a multiple of {num_layers} pages (attention.paged.init_paged_cache)")
     if table.ndim != 2 or table.shape[0] != batch:
         raise ValueError(f"the page table has shape {tuple(table.shape)}; expected [{batch}, pages "
                          "per sequence]")

@@ -3,14 +3,14 @@
 `attention` (a model / train config field) is one of
 
     dense   `attention.attend` over the dense [B, S, T] mask (the reference; any backend, any mask)
-    tiled   `tiled_attention.tiled_attention`: pure JAX, computes only the tile pairs the
+    tiled   `attention.tiled.tiled_attention`: pure JAX, computes only the tile pairs the
             structure allows (CPU, GPU, TPU)
     splash  TPU only: the Pallas splash-attention kernel with a block-sparse mask built from the
             structure, under `jax.shard_map` on the mesh (`splash_attention`)
     cudnn   GPU only: cuDNN flash attention via `jax.nn.dot_product_attention(
             implementation='cudnn')`, for plain causal / segment-causal layouts (`cudnn_attention`)
     pallas  GPU only (Triton): cache-mode decoding, a ragged per-row kernel
-            (`cache_attention.attend_cache_pallas`)
+            (`attention.cache.attend_cache_pallas`)
     auto    per backend and layout (`resolve`): TPU -> splash for causal and structured
             training layouts, tiled for cache mode; GPU -> cudnn for causal / segment-causal in
             bf16/fp16, pallas for cache mode (the XLA:GPU compile of the tiled path keeps a
@@ -18,7 +18,7 @@
             dense.
 
 Cache mode (layout "cache") has one path whatever the implementation:
-`cache_attention.attend_cache(impl, ...)` with impl dense | tiled | pallas | cudnn, reached through
+`attention.cache.attend_cache(impl, ...)` with impl dense | tiled | pallas | cudnn, reached through
 an `AttentionContext` carrying cache_len and the KV tile (`Transformer.kv_tile`). Splash does not
 express it (its block mask is static; the cache rule's offset cache_len[b] is per row at runtime).
 
@@ -43,8 +43,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from wedlm_jax import cache_attention as ca
-from wedlm_jax import tiled_attention as ta
+from wedlm_jax.attention import cache as ca
+from wedlm_jax.attention import tiled as ta
 from wedlm_jax.config import ConfigError
 
 IMPLEMENTATIONS = ("dense", "tiled", "splash", "cudnn", "pallas", "auto")
@@ -318,11 +318,11 @@ class AttentionContext:
     impl        "dense" (cache mode only) | "tiled" | "splash" | "cudnn" | "pallas" (static)
     q_struct    structure of the queries [B, S] (tiled, splash)
     k_struct    structure of the keys [B, T] (tiled)
-    plan        `tiled_attention.TilePlan` (tiled), shared by all layers
+    plan        `attention.tiled.TilePlan` (tiled), shared by all layers
     segment_ids [B, S] or None (cudnn)
     template    splash template "dual" | "causal" (static); block_size its block (static)
     tile        the tile (static): tiled's tile plan, or the KV tile of cache mode
-    cache_len   [B] in cache mode (then `cache_attention.attend_cache(impl, ...)` runs), else None
+    cache_len   [B] in cache mode (then `attention.cache.attend_cache(impl, ...)` runs), else None
     interpret   (static) run the accelerator kernels in their CPU-checkable form: Pallas
                 interpret mode, cuDNN's argument set through XLA
     """
@@ -342,7 +342,7 @@ def make_context(impl: str, *, q_struct=None, k_struct=None, segment_ids=None, b
                  tile: int = 128, template: str = "causal", block_size: int = 32,
                  cache_len=None, interpret: bool = False):
     """The `AttentionContext` of a resolved implementation: cache mode when `cache_len` [B] is
-    given (any of `cache_attention.IMPLEMENTATIONS`, `tile` its KV tile), else a non-dense one."""
+    given (any of `attention.cache.IMPLEMENTATIONS`, `tile` its KV tile), else a non-dense one."""
     if cache_len is not None:
         if impl not in ca.IMPLEMENTATIONS:
             raise ValueError(f"cache-mode attention must be one of "

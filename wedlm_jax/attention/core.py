@@ -8,13 +8,13 @@ Entry points (see `model.Transformer.__call__`):
       themselves; their K/V are first written at rows `cache_len[b] .. cache_len[b]+S-1`
       (`cache_write`), after which slot i sees the keys `<= cache_last_key(cache_len, S)[b, i]
       = cache_len[b] + i` (`cache_mask` is that rule as a dense mask; every cache-mode kernel in
-      `wedlm_jax.cache_attention` reads the same `cache_last_key`).
+      `wedlm_jax.attention.cache` reads the same `cache_last_key`).
 
 Scores, softmax and the normaliser are float32 whatever the compute dtype. A query row with no
 allowed key (padding) outputs zeros rather than NaN.
 
 Cache mode's implementations (dense reference, live-tile loop, Pallas, cuDNN) live in
-`wedlm_jax.cache_attention` and are chosen by `attention_backends.resolve(..., "cache")`.
+`wedlm_jax.attention.cache` and are chosen by `attention.backends.resolve(..., "cache")`.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ softmax, and returns [B, S, H, D] in q's dtype:
             the in-window causality as a [B, 1, S, T] boolean mask. GPU, bf16/fp16; the same
             argument set runs through `implementation='xla'` anywhere (how CPU tests check it).
 
-`attend_cache(impl, ...)` dispatches; `attention_backends.resolve(name, "cache")` picks `impl`
+`attend_cache(impl, ...)` dispatches; `attention.backends.resolve(name, "cache")` picks `impl`
 for the platform (and names the available ones when asked for one the platform lacks).
 """
 
@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from wedlm_jax.attention import NEG_SCORE, attend, cache_last_key, cache_mask
+from wedlm_jax.attention.core import NEG_SCORE, attend, cache_last_key, cache_mask
 
 IMPLEMENTATIONS = ("dense", "tiled", "pallas", "cudnn")
 

@@ -11,7 +11,7 @@ Layouts (helpers below build their structures):
     dual-stream (§2)        `dual_stream_structure` / `as_structure(arrangement)`
     section-4.1 reorder      `as_structure` of a "plain" arrangement (prediction, block 0)
     causal + packing         `causal_structure(segment_ids)` (== `attention.segment_mask`)
-(Cache-mode decoding is not a structure layout: see `wedlm_jax.cache_attention`.)
+(Cache-mode decoding is not a structure layout: see `wedlm_jax.attention.cache`.)
 
 Algorithm. Queries and keys are cut into tiles (`tile_q`, `tile_k`; the sequences are padded with
 padding slots to a multiple). `tile_plan` evaluates the rule tile by tile (one query tile against
@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from wedlm_jax import masking
-from wedlm_jax.attention import NEG_SCORE
+from wedlm_jax.attention.core import NEG_SCORE
 # the rule and its constants are defined once, in masking
 from wedlm_jax.masking import MEMORY, PREDICTION, STRUCTURE_KEYS, pair_mask  # noqa: F401
 
