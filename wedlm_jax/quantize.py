@@ -117,10 +117,12 @@ def is_quantized(params) -> bool:
                for x in jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, qwix.QArray)))
 
 
-def quantize_params(params, scheme: str, group: int | None = None):
+def quantize_params(params, scheme: str, group: int | None = None, *, free: bool = False):
     """`params` (layers stacked or one tree per layer; arrays or ShapeDtypeStructs) with every
     projection kernel quantized under `scheme` (see the module docstring); "none" returns them
-    as they are. Each kernel is quantized by one jitted call (compiled once per shape)."""
+    as they are. Each kernel is quantized by one jitted call (compiled once per shape); `free`:
+    each float kernel's buffer is deleted once quantized (weights just loaded: the float tree
+    and the quantized one are never both whole on the device)."""
     group = resolve_group(scheme, group)
     if scheme == "none":
         return params
@@ -134,7 +136,11 @@ def quantize_params(params, scheme: str, group: int | None = None):
         n_in = _kernel_inputs(path)
         if n_in is None:
             return w
-        return _quantize_jit(w, scheme, n_in, group, _lead(path))
+        out = _quantize_jit(w, scheme, n_in, group, _lead(path))
+        if free and isinstance(w, jax.Array):
+            jax.block_until_ready(out)
+            w.delete()
+        return out
     return jax.tree_util.tree_map_with_path(leaf, params)
 
 
