@@ -6,14 +6,14 @@ row-major ones, the layer scan unrolled so the whole step is counted.
         [--topology v5p:1x1x1] [--methods ar,streaming] [--page-size 64] [--out FILE.json] \
         [--compiler-option KEY=VALUE ...] [--layers N]
 
-`--compiler-option` sets a libtpu option over the Decoder's own (`decode.layouts.step_options`;
+`--compiler-option` sets a libtpu option over the Decoder's own (`decode.engine.layouts.step_options`;
 VALUE "default" leaves the option to libtpu), e.g. `xla_tpu_scoped_vmem_limit_kib=default`.
 
 The default layouts make XLA copy weights into its tile order inside every step (the "relayout
 copies" of BENCHMARKS.md); with AUTO the copies go. The Decoder does this on TPU by default
-(`weight_layout` "compiler", decode/layouts.py): the "auto" rows are the Decoder's own program. Shapes: 8B (configs/arch/qwen3-8b),
+(`weight_layout` "compiler", decode/engine/layouts.py): the "auto" rows are the Decoder's own program. Shapes: 8B (configs/arch/qwen3-8b),
 bf16, 8 slots (`--slots`), capacity 4096, 2048 live rows, W 16 (`--window`) refill before. Bytes: libtpu's cost analysis
-plus the live K/V its tile loop does not count (`decode.aot.kv_not_counted`), or, with a paged
+plus the live K/V its tile loop does not count (`decode.compile.aot.kv_not_counted`), or, with a paged
 cache, the ragged kernel's operands (`benchmarks.step_bytes.kernel_not_counted`).
 """
 
@@ -31,7 +31,7 @@ def measure(config, dev, chip, method: str, page_size: int | None, layout: str,
             refill: str = "before", compiler_options: dict | None = None, window: int = 16,
             slots: int = 8) -> dict:
     from benchmarks.step_bytes import kernel_not_counted
-    from decode import aot
+    from decode.compile import aot
     from wedlm_jax.compiled import figures
     t0 = time.time()
     dec, compiled = aot.generate_program(
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
                     help="KEY=VALUE over the Decoder's step options (VALUE default: libtpu's own)")
     args = ap.parse_args(argv)
     options = dict(args.compiler_option) or None
-    from decode import aot
+    from decode.compile import aot
     from wedlm_jax.convert import read_config
     config = read_config(ROOT_ARCH)
     if args.layers:

@@ -8,7 +8,7 @@ target's own compiler on this machine, side by side in one report.
 
 Per target (a TPU topology libtpu describes; no TPU needed) and at the chosen decode shape in
 bf16, with the slots over data and the heads over `tensor` = all chips of the topology:
-  decode    `generate` of one step (decode/aot.py): AR and streaming W 16 (refill before) at
+  decode    `generate` of one step (decode/compile/aot.py): AR and streaming W 16 (refill before) at
             batch 1 / 8 / 64; streaming W 8 / 32 before and W 8 / 16 / 32 after, and verified W 16,
             at batch 8 (--quick: AR and streaming W 16 before at batch 8); capacity 4096 with 2048
             live rows per slot
@@ -23,7 +23,7 @@ attention kernel on TPU: libtpu counts ~10 KB for the Mosaic call, so every laye
 pages, queries and output are added analytically, `benchmarks.step_bytes.kernel_not_counted`),
 and reports per program: memory per device from the full-depth compile (fits or not in the chip's
 HBM, the compiler's own out-of-memory verdict included), flops / bytes accessed / libtpu's
-optimal_seconds of the whole depth (`decode.aot.unrolled_cost`: the layer scan unrolled, since
+optimal_seconds of the whole depth (`decode.compile.aot.unrolled_cost`: the layer scan unrolled, since
 cost_analysis counts a loop body once; the live K/V tiles past the first, read in a loop of runtime
 trip count, added analytically), the analytic floor (decode), the roofline step time max(flops / peak,
 bytes / bandwidth), the streaming / AR step ratio at equal batch, estimated decode tokens/s (AR:
@@ -110,7 +110,7 @@ def decode_row(config, t: Target, prog: dict, capacity: int, live: int,
     """One decode program's figures: the dense cache (slots over nothing, heads over all chips)
     or, with `page_size`, the paged cache on one chip (its attention resolved for the target:
     jax's ragged paged attention kernel on TPU)."""
-    from decode import aot
+    from decode.compile import aot
     tensor = t.chips if config.num_kv_heads % t.chips == 0 and not page_size else 1
     mesh = (1, 1, tensor) if t.chips > 1 and tensor > 1 else None
     from wedlm_jax.attention import backends as attention_backends
@@ -142,7 +142,7 @@ def libtpu_cost(config, devices, settings: dict, prog: dict, live: int, attentio
     """A decode step's cost from libtpu's cost analysis of the whole-depth program, plus what it
     does not count: the live K/V tiles past the first of the tiled XLA attention (a loop of
     runtime trip count), or the ragged kernel's pages, queries and output (a custom call)."""
-    from decode import aot
+    from decode.compile import aot
     cost = aot.unrolled_cost(aot.compile_generate, config, devices, **settings)
     if not cost:
         return cost
@@ -163,7 +163,7 @@ def hlo_cost(config, devices, settings: dict, prog: dict, live: int = 2048) -> d
     results of every top-level instruction, in-place updates as their update) plus the attention
     kernels' live K/V, queries and output (`benchmarks.step_bytes.kernel_not_counted`: their
     custom calls name whole buffers); flops analytic (2 x weights x rows, the matmuls). {"from": "hlo", ...}."""
-    from decode import aot
+    from decode.compile import aot
     dec, compiled = aot.generate_program(config, devices, scan_unroll=config.num_layers, **settings)
     st = dec.static
     span = 1 if prog["method"] == "ar" else st.span
@@ -174,7 +174,7 @@ def hlo_cost(config, devices, settings: dict, prog: dict, live: int = 2048) -> d
 
 
 def prefill_row(config, t: Target, prompt_len: int) -> dict:
-    from decode import aot
+    from decode.compile import aot
     tensor = t.chips if config.num_kv_heads % t.chips == 0 else 1
     mesh = (1, 1, tensor) if t.chips > 1 and tensor > 1 else None
     devices = list(t.devices[:tensor]) if mesh else [t.devices[0]]

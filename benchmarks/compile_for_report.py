@@ -60,12 +60,12 @@ def plot(report: dict, path: str) -> str | None:
 
 def step_options_line(target: dict) -> list:
     """The compiler options the target's decode steps were compiled with (the Decoder's own,
-    `decode.layouts.STEP_OPTIONS`), as a line and a blank one; none when there were none."""
+    `decode.engine.layouts.STEP_OPTIONS`), as a line and a blank one; none when there were none."""
     seen = {", ".join(f"{k}={v}" for k, v in sorted(r["compiler_options"].items()))
             for r in target["rows"] if r.get("kind") == "decode" and r.get("compiler_options")}
     if not seen:
         return []
-    return ["Decode steps compiled with the Decoder's libtpu options (decode.layouts.STEP_OPTIONS): "
+    return ["Decode steps compiled with the Decoder's libtpu options (decode.engine.layouts.STEP_OPTIONS): "
             + "; ".join(sorted(seen)) + ".", ""]
 
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from benchmarks.synthetic import qwen3_hf_model, random_params
 from decode.config import DecodeConfig, Placement
-from decode.static_batch import generate
+from decode.static.static_batch import generate
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.model import Transformer, init_kv_cache
 

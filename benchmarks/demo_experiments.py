@@ -143,7 +143,7 @@ def exp_mixed(ctx):
     """A static batch of 16 mixed prompts, 4 per regime, one generate call per method."""
     from decode.config import DecodeConfig
     from demo.eval import stop_ids
-    from decode.static_batch import generate
+    from decode.static.static_batch import generate
     items = [(k, it) for k in ctx.kinds for it in eval_items(ctx.args.model, k, 4)]
     prompts = [ctx.tok.encode(it["prompt"]) for _, it in items]
     budget = max(REGIMES[k].max_new_tokens for k in ctx.kinds)
@@ -365,9 +365,9 @@ def step_ms(r) -> str:
 
 def ceiling(forward_ms: dict, w) -> float | None:
     """The best wall-clock ratio over AR that streaming at window W (refill 'before') can reach on
-    this machine: W tokens per forward over the cost of its forward of 2W slots (decode.cost);
+    this machine: W tokens per forward over the cost of its forward of 2W slots (decode.compile.cost);
     None when that forward was not timed."""
-    from decode.cost import ceiling as cost_ceiling, forward_slots
+    from decode.compile.cost import ceiling as cost_ceiling, forward_slots
     if str(forward_slots(int(w), "before")) not in forward_ms:
         return None
     return cost_ceiling(int(w), "before", {int(k): v for k, v in forward_ms.items()})

@@ -132,9 +132,9 @@ def tokens(smoke: bool) -> list[dict]:
     import jax
 
     from decode.config import DecodeConfig, EngineOptions, Placement
-    from decode.decoder import Decoder
-    from decode.plan import make_plan
-    from decode.static_batch import generate
+    from decode.engine.decoder import Decoder
+    from decode.engine.plan import make_plan
+    from decode.static.static_batch import generate
     from demo.eval import eval_items, load_model
     config, params, tok = load_model()
     items = eval_items(os.path.join("demo", "model", "eval.jsonl"), "counting", 8)
@@ -225,8 +225,8 @@ def _compile_setting(setting, params, config, live: int, smoke: bool, info: dict
     import jax
 
     from benchmarks.on_gpu_admit import capacity_for, resolved_attention, served_decoder
-    from decode.aot import step_floor
-    from decode.decoder import Request
+    from decode.compile.aot import step_floor
+    from decode.engine.decoder import Request
     name, method, window, refill, slots, page_size, attention = setting
     row = dict(setting=name, method=method, window=window, refill=refill, slots=slots, live=live)
     t0 = time.perf_counter()

@@ -30,8 +30,8 @@ import time
 import jax
 
 from benchmarks.decoders import decoder
-from decode.batching import Batcher
-from decode.decoder import Request
+from decode.serving.batching import Batcher
+from decode.engine.decoder import Request
 from demo.eval import DEMO_MODEL, eval_items, load_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))

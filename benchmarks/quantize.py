@@ -45,8 +45,8 @@ def step_ms(config, params, prompts, dtype: str, quantize: str, slots: int, chun
     """One regime's median milliseconds per step and its weights' bytes."""
     import jax
     from decode.config import EngineOptions, Placement
-    from decode.decoder import Decoder, Request
-    from decode.plan import make_plan
+    from decode.engine.decoder import Decoder, Request
+    from decode.engine.plan import make_plan
     from wedlm_jax.quantize import weight_bytes
     plan = make_plan(config, EngineOptions(method="ar", slots=slots, capacity=1024,
                                            steps_per_call=8),

@@ -48,7 +48,7 @@ def tuning_flags(slots, window, tau, capacity, steps_per_call=8) -> list[str]:
 
 
 class Server:
-    """`python -m decode.serve` in a subprocess (its own cores, as a deployment has), with the
+    """`python -m decode.serving.serve` in a subprocess (its own cores, as a deployment has), with the
     given tuning `flags` (none: the defaults a user starts with)."""
 
     def __init__(self, model, flags=()):
@@ -56,7 +56,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.TemporaryFile()       # the server's log (a pipe nobody reads could fill up)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "decode.serve", "--checkpoint", model, "--port", str(self.port),
+            [sys.executable, "-m", "decode.serving.serve", "--checkpoint", model, "--port", str(self.port),
              *flags, "--max-queue", "256", "--model-name", "demo", "--log-level", "warning"],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self.log)
 
@@ -153,7 +153,7 @@ def overhead(model, url, items, window, tau, capacity, reps=5) -> dict:
     import httpx
     from demo.eval import load_model
     from decode.config import DecodeConfig
-    from decode.static_batch import generate
+    from decode.static.static_batch import generate
     config, params, tok = load_model(model, check=False)
     stops = tuple(tok.default_stop_ids(config.eos_token_id))
     rows = []

@@ -8,7 +8,7 @@ program ranked by the bytes they read and write, with the source op each comes f
 The 8B shape (configs/arch/qwen3-8b) with `--layers` layers (unrolled, so each layer's
 instructions are in the program once), bf16, `--slots` slots (heads over `--tensor` chips; the
 figures per chip), capacity 4096, the weights in the layouts the
-Decoder gives them on the target (decode/layouts.py). libtpu's cost analysis gives the step's total;
+Decoder gives them on the target (decode/engine/layouts.py). libtpu's cost analysis gives the step's total;
 this splits it: per instruction, the sizes of its operands and result as the HLO text states them
 (an estimate of its HBM traffic: a fusion reads its operands once and writes its result once; an
 in-place update of a donated buffer is counted as its update only). Each shape's memory space is
@@ -183,10 +183,10 @@ def hbm_traffic(hlo: str) -> float:
 def kernel_not_counted(slots: int, span: int, config, live_rows: int, dtype: str) -> float:
     """Bytes a step's paged-attention kernel calls move that the compiler's cost analysis does not
     count (libtpu counts ~10 KB per Mosaic call whatever its operands): every layer's live K/V
-    pages (`decode.aot.kv_not_counted`), its queries read and its output written."""
+    pages (`decode.compile.aot.kv_not_counted`), its queries read and its output written."""
     import jax.numpy as jnp
 
-    from decode.aot import kv_not_counted
+    from decode.compile.aot import kv_not_counted
     item = jnp.dtype(dtype).itemsize
     q_out = 2 * config.num_layers * slots * span * config.num_heads * config.head_dim * item
     return kv_not_counted(slots, config, live_rows, 0, dtype) + q_out
@@ -215,7 +215,7 @@ def main(argv=None) -> int:
     ap.add_argument("--attention", default="tiled", help="the cache attention (auto: the "
                     "Decoder's choice for the target, the Triton kernel on GPU)")
     args = ap.parse_args(argv)
-    from decode import aot
+    from decode.compile import aot
     from wedlm_jax.compiled import figures
     from wedlm_jax.convert import read_config
     config = read_config(ROOT_ARCH).replace(num_layers=args.layers)

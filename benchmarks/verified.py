@@ -37,7 +37,7 @@ import numpy as np
 
 from benchmarks.synthetic import random_params as make_params
 from decode.config import DecodeConfig
-from decode.static_batch import generate
+from decode.static.static_batch import generate
 from wedlm_jax.config import ModelConfig
 
 SMALL = ModelConfig(model_type="qwen3", vocab_size=2048, hidden_size=256, intermediate_size=768,

@@ -16,7 +16,7 @@ import argparse
 import json
 import os
 
-from decode.cost import forward_seconds as measure  # noqa: F401  (the benchmarks' name)
+from decode.compile.cost import forward_seconds as measure  # noqa: F401  (the benchmarks' name)
 
 
 def main(argv=None) -> dict:

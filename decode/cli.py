@@ -8,10 +8,10 @@ or "messages" (a chat; implies the chat template; an optional "tools" list goes 
 rendered by `wedlm_jax.tokenizer` as in training). `--json` prints one JSON document with, per
 prompt, the ids, the text and the statistics, and the totals. `--stream` prints text as it is
 committed (a host callback from the decode loop); the result is the same as without it.
-`--trace FILE.html|FILE.png` also runs the same steps one at a time (`decode.static_batch.trace_steps`)
-and draws each step's window (`decode.trace`): at most 4 prompts in HTML, 1 in PNG (matplotlib).
-`--input/--output` is the batch job (`decode.batch_job`, also on several hosts); `--dry-run
---topology T` compiles the door's programs for a TPU topology from config.json alone (`decode.aot`).
+`--trace FILE.html|FILE.png` also runs the same steps one at a time (`decode.static.static_batch.trace_steps`)
+and draws each step's window (`decode.static.trace`): at most 4 prompts in HTML, 1 in PNG (matplotlib).
+`--input/--output` is the batch job (`decode.serving.batch_job`, also on several hosts); `--dry-run
+--topology T` compiles the door's programs for a TPU topology from config.json alone (`decode.compile.aot`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group()   # one is required, except with --dry-run
     src.add_argument("--prompt", help="one text prompt")
     src.add_argument("--prompts-file", help="JSONL: strings or objects with prompt/text/messages")
-    src.add_argument("--input", help="batch job (decode.batch_job): JSONL of prompt/messages objects "
+    src.add_argument("--input", help="batch job (decode.serving.batch_job): JSONL of prompt/messages objects "
                                      "with optional id and settings; results go to --output")
     p.add_argument("--chat", action="store_true", help="wrap prompts in the tokenizer's chat template")
     add_decoding_arguments(p, "wedlm-decode")
@@ -97,7 +97,7 @@ def _read_prompts(args, tokenizer) -> list[tuple[str, list[int]]]:
 
 
 def run(args) -> dict:
-    from decode.static_batch import generate
+    from decode.static.static_batch import generate
 
     opts = DoorOptions.from_args(args)   # every setting checked before the checkpoint is read
     base, placement = opts.decode_config, opts.placement
@@ -117,7 +117,7 @@ def run(args) -> dict:
             raise DecodeConfigError(f"--stop: {e}") from None
         read["prompts"] = _read_prompts(args, tokenizer)
         if args.trace is not None:
-            from decode.trace import check_request
+            from decode.static.trace import check_request
             check_request(args.trace, args.method, len(read["prompts"]))
             if placement != Placement(attention=placement.attention, kv_tile=placement.kv_tile):
                 raise DecodeConfigError("--trace steps through the decode on one device in "
@@ -176,8 +176,8 @@ def run(args) -> dict:
 
 def _write_trace(args, tokenizer, prompts, config, params, dc, res, mask_token_id) -> dict:
     """Run the same decode step by step and draw it; the trace's commits must equal the result."""
-    from decode.static_batch import trace_steps
-    from decode.trace import committed_ids, trace_view, write_trace
+    from decode.static.static_batch import trace_steps
+    from decode.static.trace import committed_ids, trace_view, write_trace
     trace, final = trace_steps(params, config, [ids for _, ids in prompts], dc, capacity=args.capacity,
                                mask_token_id=mask_token_id)
     settings = (f"method {dc.method}, W = {dc.window}, tau = {dc.tau}, lambda = {dc.lam}, "
@@ -212,14 +212,14 @@ def main(argv=None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.dry_run:
-        from decode.aot import dry_run_door
+        from decode.compile.aot import dry_run_door
         return dry_run_door(args, "wedlm-decode")
     if args.prompt is None and args.prompts_file is None and args.input is None:
         parser.error("one of the arguments --prompt --prompts-file --input is required")
     try:
         compile_cache.enable(args.compile_cache)
         if args.input is not None:
-            from decode.batch_job import run_job
+            from decode.serving.batch_job import run_job
             return run_job(args)
         if args.output is not None:
             raise DecodeConfigError("--output goes with --input (the batch job)")

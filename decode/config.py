@@ -11,7 +11,7 @@ Names follow docs/algorithm.md §3 and the paper: `window` (W), `tau` (entropy t
              committed whole (one forward in natural order) only once every slot is filled;
   ar         ordinary cached next-token decoding (the AR reading of the same network);
   verified   streaming drafts whose commits are verified by the AR reading of the same forward:
-             the output equals `ar` (decode/verified.py).
+             the output equals `ar` (decode/engine/verified.py).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from wedlm_jax.dtypes import DtypeError, dtype_name
 from wedlm_jax import quantize as quantize_lib
 
 METHODS = ("streaming", "block", "ar", "verified")
-REFILLS = ("before", "after")               # decode.steps: when the window's masks are refilled
-SAMPLING_ORDERS = ("filter_first", "temper_first")   # decode.sampling: filter vs temperature
+REFILLS = ("before", "after")               # decode.engine.steps: when the window's masks are refilled
+SAMPLING_ORDERS = ("filter_first", "temper_first")   # decode.engine.sampling: filter vs temperature
 MAX_STOP_IDS = 16  # stop ids travel as a fixed-size runtime array (padded with -1): no recompile per set
 INT32_MAX = 2**31 - 1   # integer settings travel as int32 on the device
 SEED_MAX = 2**32 - 1    # a request's seed is a uint32
@@ -182,7 +182,7 @@ class Method(_Checked):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DecodeConfig(Method, Sampling):
-    """A static batch's settings (decode.static_batch.generate): the Method and one Sampling for
+    """A static batch's settings (decode.static.static_batch.generate): the Method and one Sampling for
     every prompt. Fields follow docs/algorithm.md §3 and the paper's names: `window` (W), `tau`
     (entropy threshold), `lam` (distance penalty lambda)."""
 
@@ -249,7 +249,7 @@ def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int, capacity: i
 # ------------------------------------------------------------------------------- placement
 
 CACHE_ATTENTION = ("auto", "tiled", "dense", "pallas", "cudnn")   # wedlm_jax.attention.backends
-WEIGHT_LAYOUTS = ("auto", "compiler", "default")                   # decode/layouts.py
+WEIGHT_LAYOUTS = ("auto", "compiler", "default")                   # decode/engine/layouts.py
 MESH_AXES = ("data", "fsdp", "tensor")
 
 
@@ -280,7 +280,7 @@ class Placement:
     page_size: int | None = None    # a paged KV cache of pages of this many rows (None: the
                                     # platform's choice, attention.paged.auto_page_size; 0: dense)
     num_pages: int | None = None    # the paged cache's pages per layer (None: slots x per sequence)
-    weight_layout: str = "auto"     # decode/layouts.py: compiler | default | auto (compiler on TPU)
+    weight_layout: str = "auto"     # decode/engine/layouts.py: compiler | default | auto (compiler on TPU)
     quantize: str = "none"          # weight-only: none | int8 | int4 (wedlm_jax/quantize.py)
     quantize_group: int | None = None   # its group size (None: the scheme's; 0: per channel)
 
@@ -379,7 +379,7 @@ class Placement:
 
     @staticmethod
     def add_dry_run_arguments(parser, who: str) -> None:
-        """`--dry-run --topology T [--device-memory GiB]` (decode.aot.dry_run_door): the door's
+        """`--dry-run --topology T [--device-memory GiB]` (decode.compile.aot.dry_run_door): the door's
         programs compiled for an accelerator from config.json alone."""
         d = parser.add_argument_group(f"dry run: compile {who}'s programs for an accelerator from "
                                       "config.json alone (no weights, no accelerator) and say if "

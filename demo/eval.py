@@ -174,7 +174,7 @@ def decode_items(params, config, tokenizer, items, kind, dc, *, batch: int = 1, 
     rows per generate call; the whole set is timed `repeats` times after a compile pass and the
     median wall time kept (warmup=False: no compile pass, for a program already compiled, e.g. a
     sweep over the runtime knobs tau and lambda). Returns a dict of totals and per-item texts and scores."""
-    from decode.static_batch import generate
+    from decode.static.static_batch import generate
     regime = REGIMES[kind]
     dc = dc.replace(stop_token_ids=stop_ids(tokenizer, config, regime))
     prompts = [tokenizer.encode(it["prompt"]) for it in items]
@@ -251,9 +251,9 @@ def quality(params, config, kind: str, result: dict) -> float:
 
 def ar_nll(params, config, pairs, length: int = 512) -> list[float]:
     """Mean negative log-likelihood per token of each continuation under the AR reading (one
-    causal forward of prompt + continuation: decode.scoring). pairs: [(prompt_ids, continuation_ids)];
+    causal forward of prompt + continuation: decode.serving.scoring). pairs: [(prompt_ids, continuation_ids)];
     NaN for an empty continuation."""
-    from decode.scoring import score
+    from decode.serving.scoring import score
     seqs = []
     for p, c in pairs:
         seq = list(p) + list(c)

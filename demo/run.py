@@ -9,7 +9,7 @@ Prints each regime's first continuation (streaming) and a table: tokens per forw
 tokens/s, wall-clock ratio over AR, and the regime's quality (counting exact, arithmetic accuracy,
 records exact, code: the AR-reading NLL per token of the continuation); then this machine's ceiling
 at the chosen W, measured in the same run: W tokens per forward over the cost of a forward of the
-slots it holds, in AR steps (decode/cost.py). On an accelerator that cost is about 1. A missing or damaged model file is named
+slots it holds, in AR steps (decode/compile/cost.py). On an accelerator that cost is about 1. A missing or damaged model file is named
 before anything is loaded, with how to restore or rebuild it.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from decode.cost import ceiling
+from decode.compile.cost import ceiling
 from demo.eval import (DEMO_MODEL, DemoModelError, REGIMES, check_model, decode_side_by_side,
                        quality)
 
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
 def forward_costs(params, config, window: int) -> dict:
     """{slots: seconds} of one cache-mode forward of 1 slot (an AR step) and of the slots a window
     step holds (2W with the shipped refill 'before'), timed interleaved as the decode loop runs it."""
-    from decode.cost import forward_seconds, forward_slots
+    from decode.compile.cost import forward_seconds, forward_slots
     return forward_seconds(config, params, [1, forward_slots(window, "before")], prefix=128,
                            capacity=512, repeats=15)
 

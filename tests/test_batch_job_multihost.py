@@ -1,6 +1,6 @@
 """wedlm-decode --input on two processes: jax.distributed on localhost, each
 process decodes its share of the lines (positions k, k + 2, ...) on its own CPU device into its own
-part file; `python -m decode.batch_job merge` joins the parts; the merged results equal a one-process
+part file; `python -m decode.serving.batch_job merge` joins the parts; the merged results equal a one-process
 run of the same file, id for id (sampled lines too: a request's draws depend on its seed only).
 Bad merges are refused naming what is wrong. The test kills only the processes it started."""
 
@@ -14,7 +14,8 @@ import sys
 
 import pytest
 
-from decode import batch_job, cli
+from decode import cli
+from decode.serving import batch_job
 from tests.test_batch_job import CAPACITY, WINDOW, _lines, _write, ckpt  # noqa: F401 (fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

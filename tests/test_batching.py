@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from tests import plans
-from decode.batching import Batcher
+from decode.serving.batching import Batcher
 from decode.config import DecodeConfig, DecodeConfigError
-from decode.decoder import Decoder, Request
-from decode.static_batch import generate
+from decode.engine.decoder import Decoder, Request
+from decode.static.static_batch import generate
 from tests.synthetic import random_params
 from wedlm_jax.config import ModelConfig
 
@@ -85,12 +85,12 @@ def test_greedy_equals_alone_under_random_arrivals(params, method, refill):
 
 
 def test_a_decoder_holding_one_weight_tree_per_layer_gives_the_same_tokens(params, monkeypatch):
-    """What a Decoder on GPU does (decode/layouts.py: one buffer per layer's weight, layers
+    """What a Decoder on GPU does (decode/engine/layouts.py: one buffer per layer's weight, layers
     unrolled), forced here on CPU: the same tokens under random arrivals, dense and paged, and
     the server's scorer reads its weights as they are."""
     import jax
-    from decode import layouts
-    from decode.scoring import score
+    from decode.engine import layouts
+    from decode.serving.scoring import score
     monkeypatch.setattr(layouts, "layers_stacked", lambda platform: False)
     requests = _requests(5, seed=3)
     for page_size in (0, 8):
@@ -111,7 +111,7 @@ def test_a_checkpoint_opened_for_gpu_is_loaded_one_tree_per_layer(tmp_path, monk
     tree each on GPU, forced here), and a Decoder keeps such weights as they are (no stacked copy
     ever made); on CPU both trees decode to the same tokens."""
     import jax
-    from decode import layouts
+    from decode.engine import layouts
     from decode.checkpoint import OpenCheckpoint
     from tests.tiny_checkpoint import make_checkpoint
     folder, config, _ = make_checkpoint(tmp_path)

@@ -1,5 +1,5 @@
 """The decode step updates the KV cache in place: compiled for this CPU from
-abstract shapes (decode/aot.py), the generate program's temporaries do not grow with the cache
+abstract shapes (decode/compile/aot.py), the generate program's temporaries do not grow with the cache
 capacity (a step that copied or re-created the cache would hold cache-sized buffers), and the
 donated cache is aliased to the output."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import jax
 import pytest
 
-from decode.aot import compile_generate
+from decode.compile.aot import compile_generate
 from wedlm_jax.config import ModelConfig
 
 CONFIG = ModelConfig(model_type="qwen3", vocab_size=256, hidden_size=64, intermediate_size=128,

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 
 from tests import plans
-from decode import sampling
+from decode.engine import sampling
 from decode.config import DecodeConfig, DecodeConfigError
 from decode.config import DecodeConfig as _DecodeConfig
-from decode.decoder import Decoder, Request, compiled_count
-from decode.state import Settings
-from decode.static_batch import generate, trace_steps
+from decode.engine.decoder import Decoder, Request, compiled_count
+from decode.engine.state import Settings
+from decode.static.static_batch import generate, trace_steps
 from tests.decode_reference import _FullForward, reference_generate
 from wedlm_jax.config import ModelConfig
 from tests.synthetic import random_params

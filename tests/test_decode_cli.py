@@ -10,7 +10,7 @@ import pytest
 
 from decode import cli
 from decode.config import DecodeConfig, DecodeConfigError
-from decode.static_batch import generate
+from decode.static.static_batch import generate
 from decode.text import load_tokenizer, split_stop_strings, stop_at_strings
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.convert import save_hf_checkpoint
@@ -131,8 +131,8 @@ def test_decode_bounds_refused_or_limited_before_compiling(ckpt, capsys, tmp_pat
     """A window far past the budget runs at the budget's width; a budget past the model's
     positions, or past memory, is refused before anything compiles; a trace into a missing folder
     is refused before decoding."""
-    from decode.decoder import compiled_count
-    from decode.static_batch import static_decoder
+    from decode.engine.decoder import compiled_count
+    from decode.static.static_batch import static_decoder
     path, config, params = ckpt
     dc = DecodeConfig(window=100000, max_new_tokens=6, tau=2.0)
     assert static_decoder(params, config, 1, dc, 10, 6).window == 6
@@ -156,7 +156,7 @@ def test_decode_bounds_refused_or_limited_before_compiling(ckpt, capsys, tmp_pat
 def test_interrupt_stops_within_a_chunk_and_keeps_the_text(ckpt, monkeypatch, capsys):
     """Ctrl-C (a KeyboardInterrupt between chunks) ends the decode with what it has: the CLI
     prints the text and the summary and exits 130."""
-    from decode import static_batch as engine
+    from decode.static import static_batch as engine
     path, config, params = ckpt
     calls = []
 
@@ -191,7 +191,7 @@ def test_interrupt_stops_within_a_chunk_and_keeps_the_text(ckpt, monkeypatch, ca
 def test_interrupt_inside_a_call_keeps_the_tokens_handed_out_before_it(ckpt, monkeypatch, capsys):
     """Ctrl-C while a generate call holds the donated state (its buffers are gone): the rows keep
     the tokens of the chunks before it, and wedlm-decode prints them and exits 130."""
-    from decode.decoder import Decoder
+    from decode.engine.decoder import Decoder
     path, config, params = ckpt
     real, calls = Decoder.generate, []
 

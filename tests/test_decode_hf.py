@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from decode.config import DecodeConfig, DecodeConfigError
-from decode.static_batch import generate
+from decode.static.static_batch import generate
 from tests.synthetic.hf import make_hf_model
 from wedlm_jax.convert import load_hf_checkpoint
 

@@ -15,7 +15,7 @@ SCRIPT = textwrap.dedent('''
     import jax
     import numpy as np
     from decode.config import DecodeConfig
-    from decode.static_batch import generate
+    from decode.static.static_batch import generate
     from wedlm_jax.config import ModelConfig
     from tests.synthetic import random_params
     from wedlm_jax.sharding import make_mesh
@@ -36,8 +36,8 @@ SCRIPT = textwrap.dedent('''
                            sharded_steps=sharded.steps, tpf=one.tokens_per_forward)
     # continuous batching on the mesh: 6 requests through 2 slots (one per data shard), inserted
     # into the sharded state as slots free; every request equals its own one-device decode
-    from decode.batching import Batcher
-    from decode.decoder import Request
+    from decode.serving.batching import Batcher
+    from decode.engine.decoder import Request
     from tests import plans
     reqs = [Request(prompt=tuple(p), max_new_tokens=n, tau=2.5, lam=0.05)
             for p, n in zip(prompts + prompts[:2], (12, 3, 9, 5, 7, 1))]
@@ -64,7 +64,7 @@ SCRIPT = textwrap.dedent('''
                                 pool_spec=str(b.state.cache.layers["pool"].sharding.spec))
     # slots over data (2 shards) and heads over tensor: a pool per slot shard; requests sharing a
     # 17-token prefix reuse its pages when they land on the shard that holds them
-    from decode.decoder import DecodeConfigError
+    from decode.engine.decoder import DecodeConfigError
     prefix = list(range(20, 37))
     more = reqs + [Request(prompt=tuple(prefix + [40 + i]), max_new_tokens=6, tau=2.5, lam=0.05)
                    for i in range(3)]
@@ -112,8 +112,8 @@ SCRIPT = textwrap.dedent('''
                 method=method, refill=refill, window=4, tau=2.5, lam=0.05,
                 max_new_tokens=r.max_new_tokens), capacity=40, kv_tile=16).tokens[0]
             for r in reqs[:4]], held=b.pool.num_held)
-    # one weight tree per layer (what a GPU Decoder holds, decode/layouts.py), laid out on the mesh
-    from decode import layouts
+    # one weight tree per layer (what a GPU Decoder holds, decode/engine/layouts.py), laid out on the mesh
+    from decode.engine import layouts
     layouts.layers_stacked = lambda platform: False
     b, flat_got = through_batcher(reqs)
     kernel = b.decoder.params["layer_0"]["mlp"]["gate_proj"]["kernel"]
@@ -198,8 +198,8 @@ DOORS = textwrap.dedent('''
         res[name] = sorted((json.loads(l)["id"], json.loads(l)["text"]) for l in open(out_file))
     # wedlm-serve on a mesh: the same greedy completions as on one device
     from fastapi.testclient import TestClient
-    from decode import serve
-    from decode.batching import Batcher
+    from decode.serving import serve
+    from decode.serving.batching import Batcher
     for name, extra in (("serve_one", []), ("serve_data2_tensor2", ["--mesh", "data=2,tensor=2"])):
         args = serve._parser().parse_args(["--checkpoint", path, "--slots", "2", "--window", "4",
                                            "--capacity", "64", "--no-default-stops",

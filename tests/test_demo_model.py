@@ -17,7 +17,7 @@ import pytest
 from demo.eval import (DEMO_MODEL, DemoModelError, REGIMES, check_model, decode_items,
                        eval_items, load_model, stop_ids)
 from decode.config import DecodeConfig
-from decode.static_batch import generate
+from decode.static.static_batch import generate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -10,11 +10,12 @@ import json
 import pytest
 
 from tests import plans
-from decode import cli, serve
-from decode import static_batch
+from decode import cli
+from decode.serving import serve
+from decode.static import static_batch
 from decode.config import (ENGINE_FLAGS, SAMPLING_FLAGS, DecodeConfigError, EngineOptions, Method,
                            Placement, Sampling)
-from decode.decoder import Decoder
+from decode.engine.decoder import Decoder
 from tests.tiny_checkpoint import make_checkpoint
 
 # a value other than the default for every option a door takes
@@ -139,7 +140,7 @@ def test_input_door_takes_every_option(ckpt, seen, tmp_path, capsys):
 
 def test_serve_door_takes_every_option(ckpt, seen):
     from fastapi.testclient import TestClient
-    from decode.batching import Batcher
+    from decode.serving.batching import Batcher
     names = {**SERVE_FLAGS}
     defaults = {k: v for k, v in SAMPLING.items() if k in SAMPLING_FLAGS["wedlm-serve"]}
     args = serve._parser().parse_args(["--checkpoint", ckpt, "--model-name", "tiny", *_flags(ENGINE),

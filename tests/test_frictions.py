@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from decode import cli, serve
+from decode import cli
+from decode.serving import serve
 from tests.tiny_checkpoint import make_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -71,7 +72,7 @@ def test_prompt_texts_are_told_apart_and_stream_is_not_repeated(monkeypatch, cap
 def test_help_and_install_hints_name_real_things():
     text = " ".join(serve._parser().format_help().split())
     assert "--port PORT TCP port to listen on (default 8000)" in text
-    for path, hint in (("decode/serve.py", "'.[serve]' in the repository"),
-                       ("decode/trace.py", "pip install -e '.[plot]'")):
+    for path, hint in (("decode/serving/serve.py", "'.[serve]' in the repository"),
+                       ("decode/static/trace.py", "pip install -e '.[plot]'")):
         src = open(os.path.join(ROOT, path)).read()
         assert "wedlm-jax[" not in src and hint in src, path

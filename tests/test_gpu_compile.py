@@ -36,7 +36,7 @@ def run_for_the_gpu(script: str) -> dict:
 SCRIPT_IN_PLACE = textwrap.dedent("""
     import json
     import jax
-    from decode import aot
+    from decode.compile import aot
     from wedlm_jax.attention import cache as ca
     from wedlm_jax.compiled import figures
     from wedlm_jax.config import ModelConfig
@@ -75,7 +75,7 @@ def test_the_triton_kernel_reads_the_cache_in_place_on_the_gpu():
 
 SCRIPT_PAGED = textwrap.dedent("""
     import json
-    from decode import aot
+    from decode.compile import aot
     from wedlm_jax.config import ModelConfig
     from wedlm_jax.targets import describe_target
     config = ModelConfig(model_type="qwen3", vocab_size=512, hidden_size=256, intermediate_size=512,

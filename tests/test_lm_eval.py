@@ -2,7 +2,7 @@
 against a real `wedlm-serve` subprocess on 127.0.0.1 serving the shipped demo model, on the local
 task set in tests/lm_eval_tasks/ (generate_until with exact match, multiple_choice,
 loglikelihood_rolling; jsonl data in the tree). Every per-sample score lm-eval reports is computed
-again here directly with the project's model (decode.scoring for log-likelihoods, the Decoder for
+again here directly with the project's model (decode.serving.scoring for log-likelihoods, the Decoder for
 generations), and the AR reading's log-probabilities are checked against transformers on the same
 Hugging Face folder."""
 
@@ -24,8 +24,8 @@ pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
 from decode.config import DecodeConfig  # noqa: E402
-from decode.scoring import score  # noqa: E402
-from decode.static_batch import generate  # noqa: E402
+from decode.serving.scoring import score  # noqa: E402
+from decode.static.static_batch import generate  # noqa: E402
 from decode.text import stop_at_strings  # noqa: E402
 from tests.test_serve import _start_subprocess_server  # noqa: E402
 
@@ -156,7 +156,7 @@ def test_generate_until_equals_the_decoder_alone(lm_eval_run, demo):
 
 
 def test_ar_reading_equals_transformers_on_the_demo_folder(demo):
-    """The log-probabilities lm-eval receives (decode.scoring) equal transformers' on the same
+    """The log-probabilities lm-eval receives (decode.serving.scoring) equal transformers' on the same
     Hugging Face folder, float32, within 1e-4 per token."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")

@@ -2,8 +2,8 @@
 the log-probability of the distribution it was chosen from.
 
 References, independent of the carrying code:
-- AR and verified: decode.scoring.score, one causal forward over prompt + output (the AR reading);
-- streaming and block: the step-by-step trace (decode.static_batch.trace_steps): for every slot a
+- AR and verified: decode.serving.scoring.score, one causal forward over prompt + output (the AR reading);
+- streaming and block: the step-by-step trace (decode.static.static_batch.trace_steps): for every slot a
   step fills, log_softmax of that forward's logits at the slot's physical index, recorded by
   absolute position; the token emitted at that position later must carry it.
 Then the whole path (the compiled loop, ResultTokens, the Batcher's Finished) must give the same.
@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from tests import plans
-from decode.batching import Batcher
+from decode.serving.batching import Batcher
 from decode.config import DecodeConfig, DecodeConfigError
-from decode.decoder import Decoder, Request
-from decode.scoring import score
-from decode.static_batch import generate, trace_steps
+from decode.engine.decoder import Decoder, Request
+from decode.serving.scoring import score
+from decode.static.static_batch import generate, trace_steps
 from tests.test_decode import CAP, CONFIG, PROMPTS, TILE, params  # noqa: F401 (fixture)
 
 MASK = CONFIG.mask_token_id

@@ -1,4 +1,4 @@
-"""The paged KV cache's pieces: the host page pool with prefix reuse (decode/pages.py),
+"""The paged KV cache's pieces: the host page pool with prefix reuse (decode/engine/pages.py),
 checked by brute force against a shadow of what every page holds, and the device side
 (wedlm_jax/attention/paged.py) against the dense cache and against jax's own reference of the TPU
 ragged paged attention kernel."""
@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from decode.pages import PagePool, PoolError, ShardedPool
+from decode.engine.pages import PagePool, PoolError, ShardedPool
 from wedlm_jax.attention import paged as pa
 from wedlm_jax.attention.core import cache_write
 from wedlm_jax.attention.cache import attend_cache_dense

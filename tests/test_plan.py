@@ -1,4 +1,4 @@
-"""The decoding plan (decode/plan.py): every static decision made and checked once, before any
+"""The decoding plan (decode/engine/plan.py): every static decision made and checked once, before any
 weight is placed; the Decoder built from (params, plan) and its ahead-of-time surface."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from decode.config import DecodeConfigError, EngineOptions, Placement
-from decode.decoder import Decoder, Request
-from decode.plan import Plan, make_plan, mask_id_for
+from decode.engine.decoder import Decoder, Request
+from decode.engine.plan import Plan, make_plan, mask_id_for
 from tests.synthetic import random_params
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.model import unstack_layers

@@ -15,7 +15,7 @@ import qwix
 
 from decode import cli
 from decode.config import DecodeConfig, DecodeConfigError, Placement
-from decode.static_batch import generate
+from decode.static.static_batch import generate
 from tests.plans import decoder, plan
 from wedlm_jax import model as model_lib
 from wedlm_jax import quantize as q

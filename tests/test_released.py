@@ -15,7 +15,7 @@ import pytest
 
 from decode import cli
 from decode.config import DecodeConfig
-from decode.static_batch import generate
+from decode.static.static_batch import generate
 from decode.text import load_tokenizer
 from tests.released import QWEN_SPECIALS, qwen_style_tokenizer, released_config, set_config, \
     write_released

@@ -32,14 +32,14 @@ def tiny(tmp_path_factory):
 
 
 def _decoder(tiny, **kw):
-    from decode.decoder import Decoder
+    from decode.engine.decoder import Decoder
     _, config, params = tiny
     return plans.decoder(params, config, **dict(dict(method="streaming", window=4, slots=2, capacity=128,
                                                 steps_per_call=4, sampling=True), **kw))
 
 
 def test_request_bounds_are_refused_before_any_device_work(tiny):
-    from decode.decoder import Request
+    from decode.engine.decoder import Request
     dec = _decoder(tiny)
     for field, value in (("top_k", 2**40), ("seed", 2**33), ("max_new_tokens", 2**31),
                          ("temperature", float("inf"))):
@@ -53,8 +53,8 @@ def test_a_request_that_fails_in_the_engine_fails_alone(tiny):
     """The prefill of one request raises: that request finishes 'error' with the reason, the
     others give the tokens they give alone, and the Batcher serves new requests afterwards. A
     failing generate call ends the requests in flight with 'error' and the state is rebuilt."""
-    from decode.batching import Batcher
-    from decode.decoder import Request
+    from decode.serving.batching import Batcher
+    from decode.engine.decoder import Request
     dec = _decoder(tiny)
     alone = {}
     for p in ((5, 6, 7), (9, 8)):
@@ -130,7 +130,7 @@ def test_a_bad_byte_costs_exactly_its_line(tmp_path, tiny):
 
 
 def test_batch_job_names_a_non_utf8_line(tmp_path, tiny):
-    from decode.batch_job import read_input
+    from decode.serving.batch_job import read_input
     from decode.config import Sampling
     from decode.text import load_tokenizer
     tok = load_tokenizer(tiny[0])
@@ -261,7 +261,8 @@ def test_disk_full_inside_the_checkpoint_writer_is_one_line(tmp_path, capsys, mo
 def test_disk_full_while_the_batch_job_writes_is_one_line(tmp_path, tiny, capsys, monkeypatch):
     import errno
 
-    from decode import batch_job, cli
+    from decode import cli
+    from decode.serving import batch_job
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"id": i, "prompt": f"line {i}", "max_tokens": 4}) + "\n"
                            for i in range(4)))
@@ -334,7 +335,7 @@ def test_decoding_takes_the_tokenizers_mask_token_when_the_config_has_none(tmp_p
     assert json.loads(capsys.readouterr().out)["results"][0]["ids"] == want
     # the library door, through the same opener: the loaded config carries the decided id
     from decode.checkpoint import OpenCheckpoint
-    from decode.static_batch import generate
+    from decode.static.static_batch import generate
     ckpt = OpenCheckpoint.open(str(folder))
     config, params, _ = ckpt.load()
     assert config.mask_token_id == 2

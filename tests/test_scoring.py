@@ -1,4 +1,4 @@
-"""Scoring with the AR reading (decode/scoring.py) against transformers on the same Hugging Face
+"""Scoring with the AR reading (decode/serving/scoring.py) against transformers on the same Hugging Face
 folder: every token's log-probability within 1e-4 in float32, the top alternatives the same, a
 batch of different lengths scored in one forward the same as each alone; bad input named."""
 
@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from decode.config import DecodeConfigError
-from decode.scoring import MAX_LOGPROBS, score
+from decode.serving.scoring import MAX_LOGPROBS, score
 from tests.tiny_checkpoint import make_checkpoint
 
 

@@ -1,6 +1,6 @@
 """wedlm-serve with the official `openai` client: the real app on 127.0.0.1 (uvicorn
 in a thread; a subprocess for SIGTERM and the API key), a tiny random model and a tiny BPE tokenizer.
-Greedy answers are checked against `decode.static_batch.generate()` on the prompt alone."""
+Greedy answers are checked against `decode.static.static_batch.generate()` on the prompt alone."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from decode import serve  # noqa: E402
+from decode.serving import serve  # noqa: E402
 from decode.config import DecodeConfig  # noqa: E402
-from decode.static_batch import generate  # noqa: E402
+from decode.static.static_batch import generate  # noqa: E402
 from decode.text import load_tokenizer  # noqa: E402
 from tests.tiny_checkpoint import make_checkpoint  # noqa: E402
 
@@ -88,9 +88,9 @@ def serve_in_thread(app, log_level="warning"):
 
 
 def _start_subprocess_server(path, *args, env=None):
-    """(process, url): `python -m decode.serve` on a free port, answering /health."""
+    """(process, url): `python -m decode.serving.serve` on a free port, answering /health."""
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "decode.serve", "--checkpoint", path,
+    proc = subprocess.Popen([sys.executable, "-m", "decode.serving.serve", "--checkpoint", path,
                              "--port", str(port), *args],
                             cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu", **(env or {})),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -118,7 +118,7 @@ def ckpt(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(ckpt):
-    from decode.batching import Batcher
+    from decode.serving.batching import Batcher
     path, config, params = ckpt
     args = serve._parser().parse_args(["--checkpoint", path, "--slots", str(SLOTS), "--window", str(WINDOW),
                                        "--capacity", str(CAPACITY), "--max-queue", "64",
@@ -247,11 +247,11 @@ def test_every_door_cuts_the_same_output_the_same_way(server, ckpt, tmp_path, ca
 
 def test_echo_and_logprobs_score_through_the_engine(server):
     """`echo` + `logprobs` + `max_tokens: 0` scores a batch of prompts (one choice each, in order)
-    with the AR reading, as decode.scoring does (itself equal to transformers, tests/test_scoring.py);
+    with the AR reading, as decode.serving.scoring does (itself equal to transformers, tests/test_scoring.py);
     with generation the completion's log-probabilities are those its decoding carried (the static
     batch's, tests/test_logprobs.py checks those against the trace); bad combinations are 400s
     naming the field."""
-    from decode.scoring import score
+    from decode.serving.scoring import score
     s, tok = server, server["tokenizer"]
     a, b = tok.encode("count with me: one, two"), tok.encode("the cat sat on")
     r = s["client"].completions.create(model="tiny", prompt=[a, b], max_tokens=0, echo=True,

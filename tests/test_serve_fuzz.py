@@ -23,7 +23,7 @@ httpx = pytest.importorskip("httpx")
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
-from decode import serve  # noqa: E402
+from decode.serving import serve  # noqa: E402
 from decode.config import Sampling  # noqa: E402
 from decode.text import load_tokenizer  # noqa: E402
 from tests.test_serve import serve_in_thread  # noqa: E402
@@ -82,7 +82,7 @@ def _tokenizer(path):
 
 @pytest.fixture(scope="module")
 def live(ckpt):
-    from decode.batching import Batcher
+    from decode.serving.batching import Batcher
     path = ckpt[0]
     args = serve._parser().parse_args(["--checkpoint", path, "--slots", "4", "--window", "4",
                                        "--capacity", str(CAPACITY), "--max-queue", "16",

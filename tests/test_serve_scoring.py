@@ -9,8 +9,8 @@ import pytest
 
 from tests.test_serve import CAPACITY, _alone, ckpt, httpx, server  # noqa: F401 (fixtures)
 
-from decode import serve  # noqa: E402
-from decode.scoring import score  # noqa: E402
+from decode.serving import serve  # noqa: E402
+from decode.serving.scoring import score  # noqa: E402
 
 
 def _post(s, path, body):
@@ -127,7 +127,7 @@ def test_a_prompt_far_beyond_the_context_is_refused_by_a_prefix(server):
     """A multi-megabyte prompt is judged by a bounded prefix (protocol.encode_within): a 400
     context_length_exceeded without tokenizing the whole text; a prompt that fits is tokenized
     whole."""
-    from decode import protocol
+    from decode.serving import protocol
     tok = server["tokenizer"]
 
     class Spy:

@@ -46,7 +46,7 @@ def test_libtpu_is_installed():
 DECODE = textwrap.dedent("""
     import json, sys
     from jax.experimental import topologies
-    from decode.aot import compile_generate
+    from decode.compile.aot import compile_generate
     from wedlm_jax.config import ModelConfig
     dev = topologies.get_topology_desc(platform="tpu", topology_name="v5p:1x1x1",
                                        chips_per_host_bounds=(1, 1, 1)).devices[0]
@@ -64,7 +64,7 @@ DECODE = textwrap.dedent("""
 PAGED = textwrap.dedent("""
     import json, sys
     from jax.experimental import topologies
-    from decode.aot import compile_generate
+    from decode.compile.aot import compile_generate
     from wedlm_jax.config import ModelConfig
     dev = topologies.get_topology_desc(platform="tpu", topology_name="v5p:1x1x1",
                                        chips_per_host_bounds=(1, 1, 1)).devices[0]
@@ -81,7 +81,7 @@ PAGED = textwrap.dedent("""
 LAYOUTS = textwrap.dedent("""
     import json, sys
     from jax.experimental import topologies
-    from decode.aot import compile_generate
+    from decode.compile.aot import compile_generate
     from wedlm_jax.config import ModelConfig
     dev = topologies.get_topology_desc(platform="tpu", topology_name="v5p:1x1x1",
                                        chips_per_host_bounds=(1, 1, 1)).devices[0]
@@ -233,7 +233,7 @@ def test_a_train_step_compiled_to_be_costed_gets_libtpus_time_estimate():
 COSTED_DECODE = textwrap.dedent("""
     import json, sys
     from jax.experimental import topologies
-    from decode.aot import compile_generate
+    from decode.compile.aot import compile_generate
     from wedlm_jax.compiled import estimate_options
     from wedlm_jax.config import ModelConfig
     dev = topologies.get_topology_desc(platform="tpu", topology_name="v5p:1x1x1",
@@ -258,7 +258,7 @@ def test_a_decode_step_compiles_for_tpu_with_the_estimate_options():
     assert r["plain"]["layout"] == r["costed"]["layout"] == "compiler"
     assert r["costed"]["optimal_seconds"] > 0
     assert r["costed"]["flops"] == pytest.approx(r["plain"]["flops"], rel=0.01)
-    # both under v5p's step options (decode.layouts.STEP_OPTIONS), the estimate's over them
+    # both under v5p's step options (decode.engine.layouts.STEP_OPTIONS), the estimate's over them
     vmem = {"xla_tpu_scoped_vmem_limit_kib": 65536}
     assert r["plain"]["options"] == vmem, r
     assert r["costed"]["options"] == dict(vmem, **estimate_options("tpu")), r
@@ -273,13 +273,13 @@ def test_serve_dry_run_compiles_the_server_programs_for_a_topology(tmp_path):
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(
         ModelConfig(**TPU_MODEL, mask_token_id=511).to_hf_dict()))
-    base = [sys.executable, "-m", "decode.serve", "--checkpoint", str(folder), "--dry-run",
+    base = [sys.executable, "-m", "decode.serving.serve", "--checkpoint", str(folder), "--dry-run",
             "--slots", "4", "--capacity", "1024", "--window", "8", "--dtype", "bf16"]
     rc, out, err = _run(base + ["--topology", "v5p:2x2x2", "--mesh", "data=2"])
     assert rc == 0, out + err[-3000:]
     assert "wedlm-serve dry run for v5p:2x2x2: 2 of its 8 chips" in out
     assert "; paged cache, pages of 64 rows" in out    # slots over data: a pool per shard
-    # v5p: the step under its generation's libtpu options (decode.layouts.STEP_OPTIONS)
+    # v5p: the step under its generation's libtpu options (decode.engine.layouts.STEP_OPTIONS)
     assert "; step compiled with xla_tpu_scoped_vmem_limit_kib=65536" in out
     # a paged door admits into pages: its admission program (prefill + first fill) is compiled
     assert "decode step" in out and "admission of a 1024-token prompt" in out

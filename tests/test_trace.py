@@ -1,4 +1,4 @@
-"""The decoding picture: decode.trace over engine.trace_steps on a tiny random
+"""The decoding picture: decode.static.trace over engine.trace_steps on a tiny random
 model with a tiny byte-level BPE tokenizer, and `wedlm-decode --trace`."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 
 from decode import cli
 from decode.config import DecodeConfig
-from decode.static_batch import generate, trace_steps
+from decode.static.static_batch import generate, trace_steps
 from decode.text import load_tokenizer
-from decode.trace import (STATES, TraceError, check_request, committed_ids, render_html,
+from decode.static.trace import (STATES, TraceError, check_request, committed_ids, render_html,
                           trace_view, write_trace)
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.convert import save_hf_checkpoint

@@ -1,4 +1,4 @@
-"""Verified streaming decoding (decode/verified.py): greedy output equal to the engine's AR
+"""Verified streaming decoding (decode/engine/verified.py): greedy output equal to the engine's AR
 output token for token; the jitted step equal to the no-cache step-by-step reference
 (tests/verified_reference.py) in tokens, steps and draft counts; committed K/V rows equal to a
 one-shot prefill of the final sequence; sampled output distributed as AR sampling (chi-square); the
@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from decode.config import DecodeConfig, DecodeConfigError
-from decode.decoder import compiled_count
-from decode.static_batch import generate, trace_steps
+from decode.engine.decoder import compiled_count
+from decode.static.static_batch import generate, trace_steps
 from tests.verified_reference import reference_verified
 from wedlm_jax.config import ModelConfig
 from tests.synthetic import random_params as make_params
@@ -305,7 +305,7 @@ MESH_SCRIPT = '''
 import json
 import jax
 from decode.config import DecodeConfig
-from decode.static_batch import generate
+from decode.static.static_batch import generate
 from tests.test_verified import CONFIG, PROMPTS, make_params
 from wedlm_jax.sharding import make_mesh
 

@@ -1,4 +1,4 @@
-"""The weights in the layouts the compiled decode step picks (decode/layouts.py): the
+"""The weights in the layouts the compiled decode step picks (decode/engine/layouts.py): the
 same tokens as row-major weights under random arrival (every method) and in a static batch, the
 weights really placed in the compiled program's formats, one `generate` program, and the choice
 checked where it is made (Decoder, Placement, the doors' flag)."""
@@ -13,10 +13,10 @@ import jax
 import pytest
 
 from tests import plans
-from decode import layouts
-from decode.batching import Batcher
+from decode.engine import layouts
+from decode.serving.batching import Batcher
 from decode.config import DecodeConfigError, Placement
-from decode.decoder import Decoder, Request
+from decode.engine.decoder import Decoder, Request
 from tests.synthetic import random_params
 from wedlm_jax.config import ModelConfig
 

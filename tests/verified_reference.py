@@ -1,6 +1,6 @@
 """A plain, step-by-step version of verified streaming decoding (method 'verified') with NO
 KV cache: every step runs one full causal forward of [committed tokens ; reordered window] and all
-bookkeeping is ordinary Python on one sequence at a time. It exists to check `decode.verified`
+bookkeeping is ordinary Python on one sequence at a time. It exists to check `decode.engine.verified`
 against; greedy only (the jitted engine's random streams cannot be replayed here).
 
 Per sequence: `seq` = the committed tokens (positions 0..n-1), `win` = the window, a list of
@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from decode.config import DecodeConfig, DecodeConfigError, check_prompts
-from decode.plan import mask_id_for
+from decode.engine.plan import mask_id_for
 from tests.decode_reference import _entropy, _FullForward
 from wedlm_jax.config import ModelConfig
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from benchmarks.auto_layout import option
-from decode import layouts
+from decode.engine import layouts
 from tests import tpu_compiler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

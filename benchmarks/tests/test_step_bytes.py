@@ -137,7 +137,8 @@ def test_one_layer_of_the_8b_paged_step_for_a_v5p():
 GPU_LAYERS = textwrap.dedent("""
     import json
     from benchmarks.step_bytes import hbm_traffic
-    from decode import aot, layouts
+    from decode.compile import aot
+    from decode.engine import layouts
     from wedlm_jax.config import ModelConfig
     from wedlm_jax.targets import describe_target
     config = ModelConfig(model_type="qwen3", vocab_size=512, hidden_size=1024, intermediate_size=4096,
@@ -157,7 +158,7 @@ GPU_LAYERS = textwrap.dedent("""
 
 def test_per_layer_weights_halve_the_gpu_decode_steps_bytes():
     """The decode step compiled for an H100: with its weights as one buffer per layer
-    (decode/layouts.py) it moves about half the bytes it moves with them stacked, where XLA:GPU
+    (decode/engine/layouts.py) it moves about half the bytes it moves with them stacked, where XLA:GPU
     copies each layer's weights out of the stack at every step."""
     assert os.path.isdir(os.path.join(GPU_COMPILER, "jax_plugins")), (
         f"XLA's GPU compiler is not in {GPU_COMPILER}: run `make setup` (or `make gpu-compiler`)")

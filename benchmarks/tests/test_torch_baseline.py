@@ -11,7 +11,7 @@ from benchmarks import torch_baseline as tb
 
 def test_the_peers_tokens_are_transformers_and_ours(tmp_path):
     from decode.config import DecodeConfig
-    from decode.static_batch import generate
+    from decode.static.static_batch import generate
     from wedlm_jax import convert
     cpu = torch.device("cpu")
     model = tb.build_model(tb.hf_config("smoke"), cpu, torch.float32)

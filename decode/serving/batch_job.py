@@ -28,7 +28,7 @@ Several processes (`--coordinator-address/--num-processes/--process-id` or the J
 jax.distributed: one process per host, each on its own devices): every process reads and checks
 the whole input, takes the lines at positions k, k + N, k + 2N, ... (k its index, N the count) and
 writes them to its own part, OUTPUT.part-K-of-N (K and N five digits), resumable as above. When
-all have finished, `python -m decode.batch_job merge OUTPUT [--input INPUT]` joins the parts into
+all have finished, `python -m decode.serving.batch_job merge OUTPUT [--input INPUT]` joins the parts into
 OUTPUT (refused if OUTPUT exists, if a part is missing or torn, or if an id appears twice; with
 --input, also if an input id has no result), written beside it and renamed into place.
 """
@@ -318,9 +318,9 @@ def run_job(args) -> int:
     # from every line, not only those left: a rerun compiles the same programs and decodes alike
     capacity = args.capacity or max(len(it.prompt_ids) + it.sampling.max_new_tokens for it in items)
 
-    from decode.batching import Batcher
-    from decode.decoder import Decoder, Request
-    from decode.plan import door_plan
+    from decode.serving.batching import Batcher
+    from decode.engine.decoder import Decoder, Request
+    from decode.engine.plan import door_plan
     from wedlm_jax.model import layers_stacked
     config, params, mesh = ckpt.load()
     decoder = Decoder(params, door_plan(opts, config, capacity=capacity, mesh=mesh,
@@ -415,9 +415,9 @@ def _summary(stats: dict, args, skipped: int, output: str) -> None:
 
 
 def main(argv=None) -> int:
-    """`python -m decode.batch_job merge OUTPUT [--input INPUT]`: join a multi-process job's parts."""
+    """`python -m decode.serving.batch_job merge OUTPUT [--input INPUT]`: join a multi-process job's parts."""
     import argparse
-    p = argparse.ArgumentParser(prog="python -m decode.batch_job",
+    p = argparse.ArgumentParser(prog="python -m decode.serving.batch_job",
                                 description="join the parts a multi-process batch job wrote")
     sub = p.add_subparsers(dest="command", required=True)
     m = sub.add_parser("merge", help="OUTPUT.part-K-of-N -> OUTPUT")

@@ -1,7 +1,7 @@
 """The completion endpoints of wedlm-serve (`/v1/completions`, `/v1/chat/completions`): a request
 checked against the server's context, submitted to the engine thread, and its tokens read back
 through one token loop (`Completions.events`), which the JSON answer (`collect`) and the server-sent
-events (`stream`) both use. The routes are `decode/app.py`'s; the protocol `decode/protocol.py`'s.
+events (`stream`) both use. The routes are `decode/serving/app.py`'s; the protocol `decode/serving/protocol.py`'s.
 
 Imported when the app is built (fastapi is the serve extra).
 """
@@ -15,9 +15,9 @@ import uuid
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from decode.config import MAX_LOGPROBS, MAX_STOP_IDS, DecodeConfigError, Sampling
-from decode.decoder import Request
-from decode.engine import Busy
-from decode.protocol import (MAX_BATCH, APIError, Settings, bad, chat_logprobs_object, field_of,
+from decode.engine.decoder import Request
+from decode.serving.worker import Busy
+from decode.serving.protocol import (MAX_BATCH, APIError, Settings, bad, chat_logprobs_object, field_of,
                              generated_scores, logprobs_object, parse_messages, parse_prompts,
                              parse_settings)
 from decode.text import TextStream, split_stop_strings
@@ -42,8 +42,8 @@ def sse(obj) -> str:
 
 
 class Completions:
-    """The completion endpoints over a started `decode.engine.Engine`, its tokenizer and the
-    server's `decode.app.ServerConfig`."""
+    """The completion endpoints over a started `decode.serving.worker.Engine`, its tokenizer and the
+    server's `decode.serving.app.ServerConfig`."""
 
     def __init__(self, engine, tokenizer, cfg):
         self.engine, self.tokenizer, self.cfg = engine, tokenizer, cfg
@@ -325,7 +325,7 @@ class Completions:
             raise bad("prompt", str(e)) from None
 
     async def sequence_scores(self, ids, fin, n_out: int, top_n: int, echo: bool) -> dict:
-        """`scored` (decode.scoring's shape) for prompt + the first n_out generated tokens: the
+        """`scored` (decode.serving.scoring's shape) for prompt + the first n_out generated tokens: the
         prompt's by the AR reading on the engine thread when `echo` (else None entries), the
         generated tokens' as the decoding carried them (docs/algorithm.md §6)."""
         prompt = ((await self.engine_score([list(ids)], top_n))[0] if echo else

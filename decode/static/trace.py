@@ -1,6 +1,6 @@
 """A picture of decoding: each step's window, slot by slot, in logical order.
 
-    steps = trace_view(trace, final, row, method)   # from decode.static_batch.trace_steps
+    steps = trace_view(trace, final, row, method)   # from decode.static.static_batch.trace_steps
     write_trace("trace.html", [view], tokenizer, title=...)  # or "trace.png" (needs matplotlib)
 
 Per step and window slot (logical positions n, n+1, ...) the state is one of

@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from decode.programs import Static
+from decode.engine.programs import Static
 
 
 def estimate_memory(static: Static) -> dict:

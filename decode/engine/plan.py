@@ -14,7 +14,7 @@ on: the mask id (`mask_id_for`, the one rule), the cache (dense, or pages of whi
 many), the attention kernel and its tiles, the cache rows, whether the weights' layers are
 stacked, the memory estimate against the budget. A setting that cannot work raises
 `DecodeConfigError` naming it, before any weight is placed or anything compiles. The `Plan` is
-frozen: the Decoder and the ahead-of-time compiles (decode/aot.py) read it, never change it.
+frozen: the Decoder and the ahead-of-time compiles (decode/compile/aot.py) read it, never change it.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from decode import layouts
+from decode.engine import layouts
 from decode.config import (MAX_LOGPROBS, DecodeConfigError, DoorOptions, EngineOptions, Placement,
                            _is_int, check_int, check_quantize)
-from decode.memory import available_memory, estimate_memory
-from decode.pages import pool_size
-from decode.programs import Static
-from decode.steps import StepSpec
+from decode.engine.memory import available_memory, estimate_memory
+from decode.engine.pages import pool_size
+from decode.engine.programs import Static
+from decode.engine.steps import StepSpec
 from wedlm_jax.failures import format_bytes
 from wedlm_jax.attention import backends as attn_backends
 from wedlm_jax.attention import cache as ca

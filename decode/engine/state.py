@@ -37,7 +37,7 @@ class Settings:
     temperature: jax.Array    # [B] f32 (0: greedy)
     top_k: jax.Array          # [B] i32 (0: off)
     top_p: jax.Array          # [B] f32 (1: off)
-    temper_first: jax.Array   # [B] bool: sampling order (decode.sampling)
+    temper_first: jax.Array   # [B] bool: sampling order (decode.engine.sampling)
     stop_ids: jax.Array       # [B, MAX_STOP_IDS] i32, padded with -1
     seed: jax.Array           # [B] u32 the request's seed
     want_top: jax.Array       # [B] bool: the request wants top log-probability alternatives

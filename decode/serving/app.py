@@ -1,8 +1,8 @@
 """The OpenAI-compatible application of wedlm-serve (`build_app`): the HTTP routes over a started
-`decode.engine.Engine`, their key check and body limits, and the small endpoints (models, the
-tokenizer's, health). The completion endpoints are `decode/completions.py`, the protocol (parsing,
-errors) `decode/protocol.py`, the command that builds the engine and serves this app
-`decode/serve.py` (its docstring has the design).
+`decode.serving.worker.Engine`, their key check and body limits, and the small endpoints (models, the
+tokenizer's, health). The completion endpoints are `decode/serving/completions.py`, the protocol (parsing,
+errors) `decode/serving/protocol.py`, the command that builds the engine and serves this app
+`decode/serving/serve.py` (its docstring has the design).
 
 The handlers run on uvicorn's event loop and never touch the device: they parse (tokenizing off
 the loop), submit to the engine thread, and read the tokens it hands over.
@@ -18,8 +18,8 @@ import logging
 import time
 
 from decode.config import Sampling
-from decode.engine import Engine
-from decode.protocol import APIError, bad, parse_detokenize, parse_tokenize
+from decode.serving.worker import Engine
+from decode.serving.protocol import APIError, bad, parse_detokenize, parse_tokenize
 
 log = logging.getLogger("wedlm-serve")
 
@@ -108,10 +108,10 @@ def health_report(engine: Engine, cfg: ServerConfig) -> tuple[dict, int]:
 
 def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
     """The FastAPI application over a started `Engine`: its routes, each but /health checking
-    the key first (the completion endpoints' work: `decode.completions.Completions`)."""
+    the key first (the completion endpoints' work: `decode.serving.completions.Completions`)."""
     from fastapi import FastAPI, Request as HTTPRequest
     from fastapi.responses import JSONResponse
-    from decode.completions import Completions
+    from decode.serving.completions import Completions
 
     app = FastAPI(title="wedlm-serve")
     created = int(time.time())

@@ -1,4 +1,4 @@
-"""The Decoder's compiled programs (decode/decoder.py drives them): each a jitted pure function
+"""The Decoder's compiled programs (decode/engine/decoder.py drives them): each a jitted pure function
 of the static settings (`Static`, hashable: Decoders with equal settings share the programs) and
 of donated state.
 
@@ -31,9 +31,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from decode.state import DecodeState, Prefix, TokenLogProbs
-from decode.steps import StepSpec, ar_step, window_step
-from decode.verified import verified_step
+from decode.engine.state import DecodeState, Prefix, TokenLogProbs
+from decode.engine.steps import StepSpec, ar_step, window_step
+from decode.engine.verified import verified_step
 from wedlm_jax import model as model_lib
 from wedlm_jax.attention import paged
 from wedlm_jax.config import ModelConfig
@@ -54,7 +54,7 @@ class Static:
     keep_q: bool               # verified with sampling carries the drafts' distributions
     attention: str = "tiled"   # the cache-attention backend (wedlm_jax.attention.backends)
     mesh: Any = None           # a hashable key of the mesh (or None)
-    scan_unroll: int = 1       # layers per iteration of the layer scan (decode.aot's cost counts)
+    scan_unroll: int = 1       # layers per iteration of the layer scan (decode.compile.aot's cost counts)
     platform: str | None = None  # the mesh's platform the attention is resolved for (None: jax's)
     page_size: int = 0         # the paged cache's rows per page (0: the dense cache)
     num_pages: int = 0         # paged: pages per layer in the pool
@@ -345,7 +345,7 @@ def unmap(static: Static, state: DecodeState, slots):
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(1,))
 def set_rows(static: Static, state: DecodeState, which, table):
     """Paged cache: the page rows of the slots where `which` [B] is True set to `table`'s rows
-    ([B, pages_per_seq]): pages mapped as sequences grow (decode.batching)."""
+    ([B, pages_per_seq]): pages mapped as sequences grow (decode.serving.batching)."""
     old = state.cache.layers["table"]
     new = jnp.where(which[:, None], table, old)
     return state.replace(cache=state.cache.replace(layers=dict(state.cache.layers, table=new)))

@@ -23,7 +23,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from decode import layouts
+from decode.engine import layouts
 from decode.config import PREFILL_CHUNK
 from wedlm_jax import model as model_lib
 from wedlm_jax.compiled import figures  # noqa: F401 (memory, cost and kernels of a program)
@@ -69,8 +69,8 @@ def make_decoder(config, devices, *, method="streaming", window=16, refill="befo
     `generate` is compiled here, with the weights' layouts left to the compiler, under
     `compiler_options`); `quantize` / `quantize_group` the weights' (Placement's)."""
     from decode.config import EngineOptions, Placement
-    from decode.decoder import Decoder
-    from decode.plan import make_plan
+    from decode.engine.decoder import Decoder
+    from decode.engine.plan import make_plan
     from wedlm_jax.sharding import make_mesh
     devs = _device_list(devices)
     mesh = None
@@ -116,7 +116,7 @@ def generate_program(config, devices, compiler_options: dict | None = None, **se
 def generate_figures(dec, compiled, live_rows: int | None = None) -> dict:
     """The figures of `generate_program`'s program (see the module docstring); `live_rows`
     (committed rows per slot) adds the step's floor per device."""
-    from decode.memory import estimate_memory
+    from decode.engine.memory import estimate_memory
     tensor, batch_shards = _shards(dec)
     platform = dec.mesh.devices.flat[0].platform if dec.mesh is not None else jax.default_backend()
     out = dict(platform=platform, method=dec.method, window=dec.window, refill=dec.refill, slots=dec.slots, capacity=dec.capacity, rows=dec.static.rows,

@@ -57,9 +57,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from decode.sampling import filter_logits, logit_stats, row_keys, token_logprobs
-from decode.state import DecodeState, TokenLogProbs
-from decode.steps import (StepSpec, advance, emit_until_stop, fill_select, forward_window, slide,
+from decode.engine.sampling import filter_logits, logit_stats, row_keys, token_logprobs
+from decode.engine.state import DecodeState, TokenLogProbs
+from decode.engine.steps import (StepSpec, advance, emit_until_stop, fill_select, forward_window, slide,
                           window_span)
 
 
@@ -99,7 +99,7 @@ def _verify_sampled(probs, tok, q, c, idx, k_acc, k_res):
 
 
 def verified_step(forward, params, st: DecodeState, spec: StepSpec, mask_id):
-    """Streaming drafts with AR-verified commits (decode/verified.py documents the rule): the
+    """Streaming drafts with AR-verified commits (decode/engine/verified.py documents the rule): the
     output equals AR decoding of the same weights (token for token greedy, in distribution when
     sampling). Slot 0 always holds the pending token."""
     s = st.settings

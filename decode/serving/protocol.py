@@ -313,7 +313,7 @@ def parse_messages(body: dict, tokenizer, add_generation_prompt: bool = True,
 # ----------------------------------------------------------------------------------- answers
 
 def generated_scores(logprobs: list, n_out: int, top_n: int) -> dict:
-    """decode.scoring's shape for the first `n_out` generated tokens from what their decoding
+    """decode.serving.scoring's shape for the first `n_out` generated tokens from what their decoding
     carried (`Finished.logprobs`: per token (log-probability, {id: log-probability} of the
     likeliest, best first)), the alternatives cut to `top_n`."""
     picked = logprobs[:n_out]

@@ -7,15 +7,15 @@ Endpoints: POST /v1/completions, POST /v1/chat/completions (the checkpoint's cha
 GET /v1/models, GET /health, and the tokenizer's: GET /tokenizer_info, POST /tokenize, POST
 /detokenize (vLLM's shapes; lm-eval's `tokenizer_backend=remote` uses them). Scoring: completions
 take `echo` and `logprobs` (0-20), chat `logprobs: true` and `top_logprobs`; the log-probabilities
-are the AR reading's (decode/scoring.py), computed on the engine thread, batched across requests. `stream: true` answers with server-sent events in the OpenAI chunk
+are the AR reading's (decode/serving/scoring.py), computed on the engine thread, batched across requests. `stream: true` answers with server-sent events in the OpenAI chunk
 format ending with `data: [DONE]` (`stream_options: {"include_usage": true}` adds the usage chunk);
 other answers carry `usage`. Request settings: max_tokens (chat: or max_completion_tokens),
 temperature, top_p, top_k, seed, stop (a string or up to MAX_STOP_STRINGS strings) and WeDLM's
 `tau` and `lam`; method, window, slots and capacity are the server's. Answers also carry a `wedlm`
 object (steps, n_fwd, p_cache).
 
-Layout: `decode/protocol.py` parses request bodies and words the errors (no device work),
-`decode/engine.py` is the thread that owns the device, `decode/app.py` the HTTP handlers, this
+Layout: `decode/serving/protocol.py` parses request bodies and words the errors (no device work),
+`decode/serving/worker.py` is the thread that owns the device, `decode/serving/app.py` the HTTP handlers, this
 file the command (options, checks, loading, warm-up, signals).
 
 Design: ONE engine thread owns the device and calls `Batcher.step()` (one jitted chunk of steps);
@@ -40,11 +40,11 @@ import sys
 import threading
 import time
 
-from decode.app import ServerConfig, build_app  # noqa: F401 (the app; re-exported)
+from decode.serving.app import ServerConfig, build_app  # noqa: F401 (the app; re-exported)
 from decode.config import (MAX_LOGPROBS, MAX_STOP_IDS, DecodeConfigError, DoorOptions, Placement,
                            add_decoding_arguments, check_int)
-from decode.engine import Busy, Engine  # noqa: F401 (the engine thread; re-exported)
-from decode.protocol import (APIError, parse_messages, parse_prompt,  # noqa: F401 (re-exported)
+from decode.serving.worker import Busy, Engine  # noqa: F401 (the engine thread; re-exported)
+from decode.serving.protocol import (APIError, parse_messages, parse_prompt,  # noqa: F401 (re-exported)
                              parse_settings)
 from decode.text import TextStream  # noqa: F401 (the one stop handler; re-exported)
 from wedlm_jax import compile_cache
@@ -120,8 +120,8 @@ def load_decoder(args, opts: DoorOptions | None = None):
     """(Decoder, tokenizer, ServerConfig) from parsed arguments (and their options, when checked
     already); reads the checkpoint."""
     from decode.checkpoint import OpenCheckpoint
-    from decode.decoder import Decoder
-    from decode.plan import door_plan
+    from decode.engine.decoder import Decoder
+    from decode.engine.plan import door_plan
     from wedlm_jax.model import layers_stacked
 
     opts = opts or DoorOptions.from_args(args)
@@ -152,7 +152,7 @@ def warm_up(batcher, capacity: int, every_bucket: bool = True) -> float:
     (`Decoder.compile_steps`: generate for every live-slot bucket, the page table's updates), so
     no client waits on a compile. every_bucket=False compiles the smallest prompt bucket and
     what it runs only (the others compile on first use)."""
-    from decode.decoder import Request
+    from decode.engine.decoder import Request
     lengths, n = [1], 16
     while every_bucket and n <= 2 * capacity:
         lengths.append(min(n, capacity))
@@ -169,15 +169,15 @@ def warm_up(batcher, capacity: int, every_bucket: bool = True) -> float:
 
 
 def scorer_for(decoder):
-    """The engine's scorer: the AR reading of the Decoder's own weights (decode.scoring)."""
-    from decode.scoring import score
+    """The engine's scorer: the AR reading of the Decoder's own weights (decode.serving.scoring)."""
+    from decode.serving.scoring import score
     return lambda sequences, top_n: score(decoder.params, decoder.model_config, sequences, top_n,
                                           decoder.static.dtype)
 
 
 def build_server(args, opts: DoorOptions | None = None):
     """(engine, app, ServerConfig): load, compile, start the engine thread."""
-    from decode.batching import Batcher
+    from decode.serving.batching import Batcher
     decoder, tokenizer, cfg = load_decoder(args, opts)
     batcher = Batcher(decoder)
     log.info("compiled in %.1f s", warm_up(batcher, cfg.capacity, every_bucket=not args.lazy_compile))
@@ -194,7 +194,7 @@ def main(argv=None) -> int:
     try:
         opts = _check_args(args)
         if args.dry_run:
-            from decode.aot import dry_run_door
+            from decode.compile.aot import dry_run_door
             return dry_run_door(args, "wedlm-serve")
         import fastapi  # noqa: F401  (the optional `serve` extra)
         import uvicorn

@@ -10,7 +10,7 @@ and leave it the moment they finish, so no slot idles while a slower neighbour r
 the device) and the callbacks run on it: on_tokens(request_id, new_ids) after every chunk that
 gave the request ids, on_finish(Finished) once.
 
-With a paged Decoder (`page_size`), pages are taken from the pool (`decode.pages.PagePool`, one
+With a paged Decoder (`page_size`), pages are taken from the pool (`decode.engine.pages.PagePool`, one
 per slot shard) as a sequence grows: at admission the pages its prompt and its first generate call can write
 (`Decoder.pages_for_call`), before every later call the pages that call can write, and all of them
 back when it ends; the full pages of a prompt prefix an earlier request computed are mapped instead
@@ -39,8 +39,8 @@ from typing import Callable
 import jax
 
 from decode.config import DecodeConfigError
-from decode.decoder import Decoder, Request
-from decode.pages import ShardedPool
+from decode.engine.decoder import Decoder, Request
+from decode.engine.pages import ShardedPool
 
 
 def _failure(e: Exception) -> str:
