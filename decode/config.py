@@ -100,12 +100,12 @@ def check_value(name: str, value, meta):
 
 
 def _stop_ids(name: str, value) -> tuple:
-    stops = (value,) if _is_int(value) else value
+    stops = (value,) if is_int(value) else value
     if isinstance(stops, (str, bytes)) or not hasattr(stops, "__iter__"):
         raise DecodeConfigError(f"{name} must be a list of token ids, got {value!r}", name)
     stops = tuple(stops)
     for s in stops:
-        if not _is_int(s) or not 0 <= s <= INT32_MAX:
+        if not is_int(s) or not 0 <= s <= INT32_MAX:
             raise DecodeConfigError(f"{name} must be ints in [0, {INT32_MAX}], got {s!r}", name)
     stops = tuple(dict.fromkeys(int(s) for s in stops))
     if len(stops) > MAX_STOP_IDS:
@@ -201,14 +201,14 @@ class EngineOptions(Method):
                               "max_position_embeddings")
 
 
-def _is_int(x) -> bool:
+def is_int(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 def _shown(value) -> str:
     """A value as the doors quote it: numbers alike whether they came as text (argparse: -1.0) or
     JSON (-1); anything else by repr."""
-    if _is_int(value):
+    if is_int(value):
         return str(int(value))
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         return f"{float(value):g}"
@@ -222,9 +222,9 @@ def _is_number(x) -> bool:
 def check_int(name, value, low, high=INT32_MAX):
     """A DecodeConfigError naming `name` unless `value` is an int in [low, high] (int32 by
     default: integer settings travel as int32 on the device)."""
-    if not _is_int(value) or not low <= value <= high:
+    if not is_int(value) or not low <= value <= high:
         raise DecodeConfigError(f"{name} must be an int in [{low}, {high}], got "
-                                f"{_shown(value) if _is_int(value) else repr(value)}", name)
+                                f"{_shown(value) if is_int(value) else repr(value)}", name)
 
 
 def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int, capacity: int | None) -> list[list[int]]:

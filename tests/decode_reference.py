@@ -19,14 +19,14 @@ from wedlm_jax.config import ModelConfig
 from wedlm_jax.model import Transformer
 
 
-def _entropy(logits: np.ndarray) -> np.ndarray:
+def entropy(logits: np.ndarray) -> np.ndarray:
     x = logits.astype(np.float64)
     x = x - x.max(axis=-1, keepdims=True)
     logp = x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
     return -(np.exp(logp) * logp).sum(axis=-1)
 
 
-class _FullForward:
+class FullForward:
     """Logits of one sequence (tokens, positions) without a cache. Inputs are right-padded to a
     fixed length so one compiled program serves every step; under the causal mask the padding
     after the real slots changes nothing before it."""
@@ -64,7 +64,7 @@ def reference_generate(params, model_config: ModelConfig, prompts, decode_config
     prompts = check_prompts(prompts, model_config.vocab_size, capacity)
     if capacity is None:
         capacity = max(len(p) for p in prompts) + dc.max_new_tokens
-    forward = _FullForward(params, model_config, capacity + (0 if dc.method == "ar" else 2 * dc.window))
+    forward = FullForward(params, model_config, capacity + (0 if dc.method == "ar" else 2 * dc.window))
     step = _ar if dc.method == "ar" else _window
     out = []
     for r, prompt in enumerate(prompts):
@@ -122,7 +122,7 @@ def _window(forward, prompt, end, dc: DecodeConfig, mask_id, row, record):
         masks = [i for i in rest if win[i] is None]
         if masks:
             first = masks[0]
-            adj = {i: _entropy(logits[i]) + dc.lam * (i - first) for i in masks}
+            adj = {i: entropy(logits[i]) + dc.lam * (i - first) for i in masks}
             chosen = [i for i in masks if adj[i] < dc.tau]
             if not chosen:
                 chosen = [min(masks, key=lambda i: (adj[i], i))]

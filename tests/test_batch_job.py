@@ -30,7 +30,7 @@ def ckpt(tmp_path_factory):
     return make_checkpoint(tmp_path_factory.mktemp("batch"))
 
 
-def _write(path, lines):
+def write_jsonl(path, lines):
     with open(path, "w") as f:
         for line in lines:
             f.write((line if isinstance(line, str) else json.dumps(line)) + "\n")
@@ -53,24 +53,24 @@ def test_bad_lines_named_before_anything_loads(ckpt, tmp_path, capsys):
     path = ckpt[0]
     out = tmp_path / "out.jsonl"
     for bad, field in BAD_LINES:
-        src = _write(tmp_path / "in.jsonl", ['{"id": 1, "prompt": "one two"}', "", bad])
+        src = write_jsonl(tmp_path / "in.jsonl", ['{"id": 1, "prompt": "one two"}', "", bad])
         code = cli.main(["--checkpoint", path, "--input", src, "--output", str(out), "--capacity", "32"])
         err = capsys.readouterr().err
         assert code == 2 and f"in.jsonl:3: field '{field}'" in err, (bad, err)
         assert not out.exists()
-    src = _write(tmp_path / "in.jsonl", ['{"prompt": "one"}', "{not json"])
+    src = write_jsonl(tmp_path / "in.jsonl", ['{"prompt": "one"}', "{not json"])
     assert cli.main(["--checkpoint", path, "--input", src, "--output", str(out)]) == 2
     assert "in.jsonl:2: not valid JSON" in capsys.readouterr().err
-    src = _write(tmp_path / "in.jsonl", ['{"prompt": "one"}'])
+    src = write_jsonl(tmp_path / "in.jsonl", ['{"prompt": "one"}'])
     assert cli.main(["--checkpoint", path, "--input", src, "--output", str(tmp_path)]) == 2
     assert "is a directory" in capsys.readouterr().err
-    bad_out = _write(tmp_path / "foreign.jsonl", ['{"not": "a result"}'])
+    bad_out = write_jsonl(tmp_path / "foreign.jsonl", ['{"not": "a result"}'])
     assert cli.main(["--checkpoint", path, "--input", src, "--output", bad_out]) == 2
     assert "refusing to append" in capsys.readouterr().err
     assert open(bad_out).read() == '{"not": "a result"}\n'          # left as it was
 
 
-def _lines(n=24):
+def request_lines(n=24):
     rng = random.Random(4)
     words = "one two three four five the cat sat on mat hello world count with me".split()
     out = []
@@ -89,8 +89,8 @@ def _lines(n=24):
 
 def test_sigkill_mid_file_then_resume_each_request_exactly_once(ckpt, tmp_path, capsys):
     path, config, params = ckpt
-    lines = _lines()
-    src = _write(tmp_path / "prompts.jsonl", lines)
+    lines = request_lines()
+    src = write_jsonl(tmp_path / "prompts.jsonl", lines)
     out = tmp_path / "results.jsonl"
     argv = ["--checkpoint", path, "--input", src, "--output", str(out), "--slots", "2",
             "--window", str(WINDOW), "--capacity", str(CAPACITY), "--steps-per-call", "2"]
@@ -183,7 +183,7 @@ def test_a_request_the_engine_fails_on_is_an_error_result_and_the_job_goes_on(ck
         return real_paged(self, state, request, *args)
     monkeypatch.setattr(Decoder, "prefill", prefill)
     monkeypatch.setattr(Decoder, "prefill_into_slot", prefill_into_slot)
-    src, out = _write(tmp_path / "in.jsonl", lines), tmp_path / "out.jsonl"
+    src, out = write_jsonl(tmp_path / "in.jsonl", lines), tmp_path / "out.jsonl"
     argv = ["--checkpoint", path, "--input", src, "--output", str(out), "--capacity", "64",
             "--window", str(WINDOW)]
     assert cli.main(argv) == 1
@@ -216,7 +216,7 @@ def test_input_honours_refill_prefill_chunk_and_sampling_order(ckpt, tmp_path, c
         return real_check(self, req)
     monkeypatch.setattr(decoder_lib.Decoder, "__init__", spy_init)
     monkeypatch.setattr(decoder_lib.Decoder, "check_request", spy_check)
-    src = _write(tmp_path / "in.jsonl", [{"id": "a", "prompt": "one two three", "max_tokens": 12},
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "prompt": "one two three", "max_tokens": 12},
                                          {"id": "b", "prompt": "the cat", "max_tokens": 12,
                                           "sampling_order": "filter_first"}])
     out = tmp_path / "out.jsonl"
@@ -232,7 +232,7 @@ def test_input_honours_refill_prefill_chunk_and_sampling_order(ckpt, tmp_path, c
     for rid, text in (("a", "one two three"), ("b", "the cat")):
         dc = DecodeConfig(method="streaming", window=WINDOW, refill="after", max_new_tokens=12)
         assert got[rid] == generate(params, config, [tok.encode(text)], dc, capacity=CAPACITY).tokens[0]
-    bad = _write(tmp_path / "bad.jsonl", [{"prompt": "hi", "sampling_order": "random"}])
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "hi", "sampling_order": "random"}])
     assert cli.main(["--checkpoint", path, "--input", bad, "--output", str(tmp_path / "o2.jsonl")]) == 2
     assert "bad.jsonl:1: field 'sampling_order'" in capsys.readouterr().err
 
@@ -242,7 +242,7 @@ def test_ctrl_c_keeps_the_finished_results_and_says_how_many(ckpt, tmp_path, cap
     rerun decodes only the rest."""
     from decode.serving.batching import Batcher
     path = ckpt[0]
-    src = _write(tmp_path / "in.jsonl", [{"id": i, "prompt": "one two", "max_tokens": 2 + 10 * i}
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "prompt": "one two", "max_tokens": 2 + 10 * i}
                                          for i in range(4)])
     out = tmp_path / "out.jsonl"
     real, seen = Batcher.step, []

@@ -16,7 +16,7 @@ import pytest
 
 from decode import cli
 from decode.serving import batch_job
-from tests.test_batch_job import CAPACITY, WINDOW, _lines, _write, ckpt  # noqa: F401 (fixture)
+from tests.test_batch_job import CAPACITY, WINDOW, request_lines, write_jsonl, ckpt  # noqa: F401 (fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,8 +34,8 @@ def _rows(path) -> dict:
 
 def test_two_processes_split_the_file_and_merge_to_the_one_process_result(ckpt, tmp_path, capsys):
     path = ckpt[0]
-    lines = _lines(10)
-    src = _write(tmp_path / "prompts.jsonl", lines)
+    lines = request_lines(10)
+    src = write_jsonl(tmp_path / "prompts.jsonl", lines)
     out = str(tmp_path / "results.jsonl")
     common = ["--checkpoint", path, "--input", src, "--slots", "2", "--window", str(WINDOW),
               "--capacity", str(CAPACITY), "--steps-per-call", "2"]
@@ -65,7 +65,7 @@ def test_two_processes_split_the_file_and_merge_to_the_one_process_result(ckpt, 
     assert [sorted(s) for s in shares] == [sorted(line["id"] for line in lines[k::2]) for k in range(2)]
     assert not os.path.exists(out)
     # an incomplete merge is refused and writes nothing
-    assert batch_job.main(["merge", out, "--input", _write(tmp_path / "more.jsonl",
+    assert batch_job.main(["merge", out, "--input", write_jsonl(tmp_path / "more.jsonl",
                                                            lines + [{"id": "extra", "prompt": "hi"}])]) == 2
     assert "1 input id(s) have no result yet (first: \"extra\")" in capsys.readouterr().err
     assert not os.path.exists(out)
@@ -94,7 +94,7 @@ def test_two_processes_split_the_file_and_merge_to_the_one_process_result(ckpt, 
      "--process-id 2 must be in [0, --num-processes 2)"),
 ])
 def test_bad_multihost_flags_are_one_line(ckpt, tmp_path, flags, words):
-    src = _write(tmp_path / "p.jsonl", [{"prompt": "hi"}])
+    src = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "hi"}])
     r = subprocess.run([sys.executable, "-m", "decode.cli", "--checkpoint", ckpt[0], "--input", src,
                         "--output", str(tmp_path / "o.jsonl"), *flags], cwd=ROOT, capture_output=True,
                        text=True, timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))

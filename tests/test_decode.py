@@ -23,7 +23,7 @@ from decode.config import DecodeConfig as _DecodeConfig
 from decode.engine.decoder import Decoder, Request, compiled_count
 from decode.engine.state import Settings
 from decode.static.static_batch import generate, trace_steps
-from tests.decode_reference import _FullForward, reference_generate
+from tests.decode_reference import FullForward, reference_generate
 from wedlm_jax.config import ModelConfig
 from tests.synthetic import random_params
 
@@ -130,7 +130,7 @@ def test_cache_consistency_every_step(params, method, refill):
     dc = DecodeConfig(method=method, window=4, tau=2.5, lam=0.05, max_new_tokens=12, refill=refill)
     cap = 16  # cuts rows 1 and 3 short: rows finish at different steps
     trace, final = trace_steps(params, CONFIG, PROMPTS, dc, capacity=cap, kv_tile=TILE)
-    full = _FullForward(params, CONFIG, CAP + 2 * dc.window)
+    full = FullForward(params, CONFIG, CAP + 2 * dc.window)
     checked, worst = 0, 0.0
     for aux in trace:
         for r, prompt in enumerate(PROMPTS):

@@ -27,7 +27,7 @@ from decode.config import DecodeConfig  # noqa: E402
 from decode.serving.scoring import score  # noqa: E402
 from decode.static.static_batch import generate  # noqa: E402
 from decode.text import stop_at_strings  # noqa: E402
-from tests.test_serve import _start_subprocess_server  # noqa: E402
+from tests.test_serve import start_subprocess_server  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASKS = os.path.join(ROOT, "tests", "lm_eval_tasks")
@@ -69,7 +69,7 @@ def _encode_pair(tok, context: str, continuation: str):
 def lm_eval_run(tmp_path_factory):
     """The server and one lm-eval run over the three tasks; (output folder, lm-eval's stdout)."""
     out = tmp_path_factory.mktemp("lm_eval")
-    proc, url = _start_subprocess_server(
+    proc, url = start_subprocess_server(
         DEMO, "--slots", str(SLOTS), "--window", str(WINDOW), "--capacity", str(CAPACITY),
         "--model-name", "demo", "--lazy-compile", "--no-compile-cache")
     try:

@@ -87,7 +87,7 @@ def serve_in_thread(app, log_level="warning"):
     return f"http://127.0.0.1:{sock.getsockname()[1]}", srv, thread, sock
 
 
-def _start_subprocess_server(path, *args, env=None):
+def start_subprocess_server(path, *args, env=None):
     """(process, url): `python -m decode.serving.serve` on a free port, answering /health."""
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "decode.serving.serve", "--checkpoint", path,
@@ -138,7 +138,7 @@ def server(ckpt):
     sock.close()
 
 
-def _alone(s, ids, max_tokens, stop_ids=(), with_logprobs=False, **kw):
+def decoded_alone(s, ids, max_tokens, stop_ids=(), with_logprobs=False, **kw):
     """The request decoded alone by the static batch (its tokens; with their log-probabilities
     when `with_logprobs`)."""
     dc = DecodeConfig(method="streaming", window=WINDOW, max_new_tokens=max_tokens, stop_token_ids=tuple(stop_ids),
@@ -157,7 +157,7 @@ def test_completion_chat_and_models(server):
     assert [m.id for m in c.models.list().data] == ["tiny"]
     r = c.completions.create(model="tiny", prompt="count with me: one, two", max_tokens=20)
     ids = tok.encode("count with me: one, two")
-    want = _alone(s, ids, 20)
+    want = decoded_alone(s, ids, 20)
     assert r.choices[0].text == tok.decode(want)
     assert r.choices[0].finish_reason == "length"
     assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (len(ids), 20, len(ids) + 20)
@@ -165,7 +165,7 @@ def test_completion_chat_and_models(server):
     msgs = [{"role": "user", "content": "hello there"}]
     r = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=12, extra_body={"tau": 0.9, "lam": 0.1})
     ids = tok.encode(tok.apply_chat_template(msgs))
-    want = _alone(s, ids, 12, tau=0.9, lam=0.1)
+    want = decoded_alone(s, ids, 12, tau=0.9, lam=0.1)
     assert r.choices[0].message.role == "assistant"
     assert r.choices[0].message.content == tok.decode(want)
     assert r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == 12
@@ -174,7 +174,7 @@ def test_completion_chat_and_models(server):
 def test_streaming_matches_and_ends_with_done(server):
     s, tok = server, server["tokenizer"]
     ids = tok.encode("the cat sat on the mat")
-    want = tok.decode(_alone(s, ids, 40))
+    want = tok.decode(decoded_alone(s, ids, 40))
     pieces, reasons, usage = [], [], None
     for ch in s["client"].completions.create(model="tiny", prompt=ids, max_tokens=40, stream=True,
                                              stream_options={"include_usage": True}):
@@ -196,14 +196,14 @@ def test_streaming_matches_and_ends_with_done(server):
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
-    assert text == tok.decode(_alone(s, tok.encode(tok.apply_chat_template(msgs)), 16))
+    assert text == tok.decode(decoded_alone(s, tok.encode(tok.apply_chat_template(msgs)), 16))
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
 
 
 def test_stop_strings(server):
     s, tok = server, server["tokenizer"]
     ids = tok.encode("count with me: one, two")
-    full = tok.decode(_alone(s, ids, 60))
+    full = tok.decode(decoded_alone(s, ids, 60))
     assert len(full) > 8
     stop = full[5:8]   # a string the greedy continuation contains (multi-character)
     cut = full[:full.find(stop)]
@@ -226,7 +226,7 @@ def test_every_door_cuts_the_same_output_the_same_way(server, ckpt, tmp_path, ca
     from decode import cli
     s, tok = server, server["tokenizer"]
     prompt = "count with me: one, two"
-    full = tok.decode(_alone(s, tok.encode(prompt), 40))
+    full = tok.decode(decoded_alone(s, tok.encode(prompt), 40))
     stop = full[6:9]
     want = full[:full.find(stop)]
     r = s["client"].completions.create(model="tiny", prompt=prompt, max_tokens=40, stop=[stop])
@@ -269,7 +269,7 @@ def test_echo_and_logprobs_score_through_the_engine(server):
     assert r.usage.prompt_tokens == len(a) + len(b) and r.usage.completion_tokens == 0
     g = s["client"].completions.create(model="tiny", prompt=a, max_tokens=5, logprobs=0,
                                        extra_body={"tau": TAU})
-    out, want = _alone(s, a, 5, with_logprobs=True)
+    out, want = decoded_alone(s, a, 5, with_logprobs=True)
     assert g.choices[0].text == tok.decode(out)
     np.testing.assert_allclose(g.choices[0].logprobs.token_logprobs, want, atol=1e-5)
     assert g.choices[0].logprobs.top_logprobs is None
@@ -336,7 +336,7 @@ def test_24_concurrent_mixed_requests_equal_alone(server):
     for i, ((prompt, mt, kw), (text, n)) in enumerate(zip(jobs, got)):
         if "temperature" in kw:
             continue
-        want = _alone(s, prompt, mt, **kw)
+        want = decoded_alone(s, prompt, mt, **kw)
         assert (text, n) == (tok.decode(want), len(want)), f"request {i}: prompt {len(prompt)}, max_tokens {mt}, {kw}"
     for i in range(16, 20):
         assert got[i] == got[i + 4], f"sampled request {i} does not repeat for the same seed"
@@ -490,7 +490,7 @@ def test_429_beyond_the_queue(server):
 
 def test_subprocess_api_key_and_sigterm(ckpt, tmp_path):
     path = ckpt[0]
-    proc, url = _start_subprocess_server(
+    proc, url = start_subprocess_server(
         path, "--slots", "2", "--window", "4", "--capacity", "256", "--steps-per-call", "1",
         "--no-default-stops", "--lazy-compile", "--log-level", "warning",
         env={"WEDLM_API_KEY": "sekrit"})
@@ -523,7 +523,7 @@ def test_sigterm_past_the_shutdown_timeout_answers_the_streams(ckpt):
     """Streams still running when --shutdown-timeout runs out end with an error event (503) and
     [DONE], never cut; the process exits 0 with no traceback."""
     path = ckpt[0]
-    proc, url = _start_subprocess_server(
+    proc, url = start_subprocess_server(
         path, "--slots", "2", "--method", "ar", "--capacity", "2048", "--steps-per-call", "1",
         "--no-default-stops", "--lazy-compile", "--log-level", "warning", "--shutdown-timeout", "1")
     try:

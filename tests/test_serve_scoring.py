@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.test_serve import CAPACITY, _alone, ckpt, httpx, server  # noqa: F401 (fixtures)
+from tests.test_serve import CAPACITY, decoded_alone, ckpt, httpx, server  # noqa: F401 (fixtures)
 
 from decode.serving import serve  # noqa: E402
 from decode.serving.scoring import score  # noqa: E402
@@ -71,7 +71,7 @@ def test_chat_logprobs_are_the_decodings(server):
     r = s["client"].chat.completions.create(model="tiny", messages=msgs, max_tokens=6, logprobs=True,
                                             top_logprobs=3, extra_body={"tau": 0.4})
     ids = tok.encode(tok.apply_chat_template(msgs))
-    out, want = _alone(s, ids, 6, with_logprobs=True)
+    out, want = decoded_alone(s, ids, 6, with_logprobs=True)
     assert r.choices[0].message.content == tok.decode(out)
     content = r.choices[0].logprobs.content
     assert [c.token for c in content] == [tok.decode([t]) for t in out]

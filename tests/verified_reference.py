@@ -22,7 +22,7 @@ import numpy as np
 
 from decode.config import DecodeConfig, DecodeConfigError, check_prompts
 from decode.engine.plan import mask_id_for
-from tests.decode_reference import _entropy, _FullForward
+from tests.decode_reference import entropy, FullForward
 from wedlm_jax.config import ModelConfig
 
 
@@ -39,7 +39,7 @@ def reference_verified(params, model_config: ModelConfig, prompts, decode_config
     prompts = check_prompts(prompts, model_config.vocab_size, capacity)
     if capacity is None:
         capacity = max(len(p) for p in prompts) + dc.max_new_tokens
-    forward = _FullForward(params, model_config, capacity + 2 * dc.window)
+    forward = FullForward(params, model_config, capacity + 2 * dc.window)
     out = []
     for row, prompt in enumerate(prompts):
         end = min(len(prompt) + dc.max_new_tokens, capacity)
@@ -48,7 +48,7 @@ def reference_verified(params, model_config: ModelConfig, prompts, decode_config
 
 
 def _fill(logits_of, masks, first, dc):
-    adj = {i: float(_entropy(logits_of[i])) + dc.lam * (i - first) for i in masks}
+    adj = {i: float(entropy(logits_of[i])) + dc.lam * (i - first) for i in masks}
     chosen = [i for i in masks if adj[i] < dc.tau]
     return chosen or [min(masks, key=lambda i: (adj[i], i))]
 

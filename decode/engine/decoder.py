@@ -15,8 +15,8 @@ Ahead of time (no weights, no device of the target: decode/compile/aot.py): `abs
 `generate` runs up to `steps_per_call` steps of every slot as one `lax.while_loop` over the donated
 state (no host round trip inside; it stops early when every slot is done). Between calls the host
 hands out the new ids, frees finished slots and inserts waiting requests (`decode.serving.batching`).
-prefill + insert are the dense cache's admission; a paged cache (the plan's page size, the default
-on TPU) admits with `prefill_into_slot` into pages the host hands out (`decode.serving.batching` does
+prefill + insert are the dense cache's admission; a paged cache (the plan's page size: the default
+on TPU, and on CPU at the serving doors) admits with `prefill_into_slot` into pages the host hands out (`decode.serving.batching` does
 both), and for streaming / block runs the request's first step there too (its window's first
 fill, which commits nothing: `decode.engine.programs.fills_at_prefill`).
 
@@ -45,7 +45,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from decode.engine import layouts
 from decode.engine import programs
-from decode.config import DecodeConfigError, Sampling, _is_int
+from decode.config import DecodeConfigError, Sampling, is_int
 from decode.engine.pages import static_batch_table
 from decode.engine.plan import Plan
 from decode.engine.programs import cache_axes, compiled_count  # noqa: F401 (compiled_count: a check)
@@ -195,14 +195,14 @@ class Decoder:
         prompt = r.prompt
         if isinstance(prompt, (str, bytes)) or not hasattr(prompt, "__len__") or len(prompt) == 0:
             raise DecodeConfigError("prompt must be a non-empty sequence of token ids", "prompt")
-        if not all(_is_int(t) and 0 <= t < vocab for t in prompt):
-            bad = next(t for t in prompt if not (_is_int(t) and 0 <= t < vocab))
+        if not all(is_int(t) and 0 <= t < vocab for t in prompt):
+            bad = next(t for t in prompt if not (is_int(t) and 0 <= t < vocab))
             raise DecodeConfigError(f"prompt: token id {bad!r} is outside the vocabulary [0, {vocab})",
                                     "prompt")
         if len(prompt) > self.capacity:
             raise DecodeConfigError(f"prompt: {len(prompt)} tokens, longer than the capacity "
                                     f"{self.capacity}", "prompt")
-        if not (_is_int(r.top_logprobs) and 0 <= r.top_logprobs <= self.static.spec.top_logprobs):
+        if not (is_int(r.top_logprobs) and 0 <= r.top_logprobs <= self.static.spec.top_logprobs):
             raise DecodeConfigError(f"top_logprobs must be an int in [0, {self.static.spec.top_logprobs}] "
                                     f"(the Decoder's top_logprobs), got {r.top_logprobs!r}", "top_logprobs")
         if r.temperature > 0 and not self.sampling:
@@ -299,7 +299,7 @@ class Decoder:
         if not need <= len(pages) <= per_seq:
             raise DecodeConfigError(f"the request needs {need} pages through its first generate "
                                     f"call (at most {per_seq}); got {len(pages)}")
-        if not _is_int(start) or start % page or not 0 <= start <= n0:
+        if not is_int(start) or start % page or not 0 <= start <= n0:
             raise DecodeConfigError(f"start must be a multiple of the page size {page} in [0, "
                                     f"{n0}], got {start!r}")
         suffix = list(prompt[start:n0]) or [0]
@@ -353,7 +353,7 @@ class Decoder:
                           jnp.asarray(pad(dst)))
 
     def _check_slot(self, slot) -> None:
-        if not _is_int(slot) or not 0 <= slot < self.slots:
+        if not is_int(slot) or not 0 <= slot < self.slots:
             raise DecodeConfigError(f"slot must be an int in [0, {self.slots}), got {slot!r}")
 
     def _empty_layers(self):
@@ -384,7 +384,7 @@ class Decoder:
         (padded with free slots), one compiled program per bucket; slots left out do not move.
         The tokens are the same as a call over every slot."""
         k = self.steps_per_call if k is None else k
-        if not _is_int(k) or not 0 <= k <= self.steps_per_call:
+        if not is_int(k) or not 0 <= k <= self.steps_per_call:
             raise DecodeConfigError(f"k must be an int in [0, {self.steps_per_call}], got {k!r}")
         mask_id, run = jnp.int32(self.mask_id), jnp.int32(k)
         idx = self._bucket(live) if live is not None else None

@@ -29,7 +29,7 @@ import dataclasses
 
 import numpy as np
 
-from decode.config import DecodeConfigError, _is_int
+from decode.config import DecodeConfigError, is_int
 
 ROOT = 0   # the key of the empty prefix
 
@@ -282,12 +282,12 @@ def pool_size(page_size, num_pages, rows: int, slots: int, shards: int) -> tuple
         if num_pages is not None:
             raise DecodeConfigError("num_pages needs page_size (a paged cache)")
         return 0, 0
-    if not _is_int(page_size) or page_size < 1:
+    if not is_int(page_size) or page_size < 1:
         raise DecodeConfigError(f"page_size must be an int >= 1 (0: the dense cache), got "
                                 f"{page_size!r}")
     per_seq = -(-rows // page_size)
     num_pages = slots * per_seq if num_pages is None else num_pages
-    if not _is_int(num_pages) or num_pages < 1:
+    if not is_int(num_pages) or num_pages < 1:
         raise DecodeConfigError(f"num_pages must be an int >= 1 (a sequence at the capacity "
                                 f"holds {per_seq} pages of {page_size} rows), got {num_pages!r}")
     if num_pages % shards:

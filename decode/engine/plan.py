@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 from decode.engine import layouts
 from decode.config import (MAX_LOGPROBS, DecodeConfigError, DoorOptions, EngineOptions, Placement,
-                           _is_int, check_int, check_quantize)
+                           is_int, check_int, check_quantize)
 from decode.engine.memory import available_memory, estimate_memory
 from decode.engine.pages import pool_size
 from decode.engine.programs import Static
@@ -170,7 +170,7 @@ def mask_id_for(config: ModelConfig, given: int | None, method: str) -> int:
             f"method {method!r} needs a mask token id: the checkpoint's config has no "
             "mask_token_id and none was given (pass mask_token_id=... / --mask-token-id)",
             "mask_token_id")
-    if not _is_int(mask_id) or not 0 <= int(mask_id) < config.vocab_size:
+    if not is_int(mask_id) or not 0 <= int(mask_id) < config.vocab_size:
         raise DecodeConfigError(f"mask_token_id {mask_id!r} is outside the vocabulary "
                                 f"[0, {config.vocab_size})", "mask_token_id")
     return int(mask_id)
