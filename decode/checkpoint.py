@@ -99,5 +99,6 @@ class OpenCheckpoint:
                                          stacked_layers=layers_stacked(platform), **quiet)
         if self.mask_token_id is not None:
             config = config.replace(mask_token_id=self.mask_token_id)
-        params = quantize_params(params, self.placement.quantize, self.placement.quantize_group)
+        params = quantize_params(params, self.placement.quantize, self.placement.quantize_group,
+                                 free=True)
         return config, params, mesh

@@ -78,6 +78,10 @@ def test_params_quantized_only_the_projections():
         assert kern(qp) < ratio * kern(params)      # int8 / int4 values + their scales
         assert q.scheme_of(qp) == (scheme, group)
     assert q.scheme_of(params) == ("none", 0)
+    loaded = jax.tree.map(jnp.copy, params)       # weights just loaded: the float kernels freed
+    q.quantize_params(loaded, "int8", free=True)
+    assert loaded["layers"]["mlp"]["up_proj"]["kernel"].is_deleted()
+    assert not loaded["embedding"].is_deleted() and not params["embedding"].is_deleted()
     with pytest.raises(q.QuantizeError, match="quantized already"):
         q.quantize_params(q.quantize_params(params, "int8"), "int8")
 
@@ -171,6 +175,48 @@ def test_cli_refuses_at_start_with_one_line(capsys):
     assert err == ("wedlm-decode: error: quantize_group 48 does not divide the input axis of "
                    "o_proj (64), down_proj (1024); a group size must divide 64 for this model (hidden 384, "
                    "head_dim 64, intermediate 1024)")
+
+
+MESH_SCRIPT = """
+import json
+import jax
+from decode.config import DecodeConfig
+from decode.static.static_batch import generate
+from tests.test_quantize import CONFIG
+from wedlm_jax.model import random_params
+from wedlm_jax.quantize import quantize_params
+from wedlm_jax.sharding import make_mesh
+params = quantize_params(random_params(CONFIG, head_scale=20.0), "int4", 32)
+prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11]]
+dc = DecodeConfig(method="ar", max_new_tokens=8)
+one = generate(params, CONFIG, prompts, dc, capacity=32, kv_tile=16)
+mesh = make_mesh(data=2, fsdp=1, tensor=2)
+sharded = generate(params, CONFIG, prompts, dc, capacity=32, kv_tile=16, mesh=mesh)
+from tests.plans import decoder
+kernel = decoder(params, CONFIG, mesh=mesh, method="ar", slots=4, capacity=32, quantize="int4",
+                 quantize_group=32).params[
+    "layers"]["attn"]["q_proj"]["kernel"]
+specs = [str(kernel.qvalue.sharding.spec), str(kernel.scale.sharding.spec)]
+print("RESULT " + json.dumps(dict(one=one.tokens, sharded=sharded.tokens, specs=specs)))
+"""
+
+
+def test_quantized_weights_on_a_mesh_decode_as_on_one_device():
+    """data=2 x tensor=2 (4 forced CPU devices, in a subprocess): the quantized kernels' values
+    and scales are laid out by the kernels' logical axes, and decode the same tokens."""
+    import subprocess
+    import sys
+    from tests import xla
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, XLA_FLAGS=xla.flags(4), JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", MESH_SCRIPT], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    out = json.loads(line[len("RESULT "):])
+    assert out["sharded"] == out["one"] and all(len(t) == 8 for t in out["one"])
+    # q_proj [layers, embed, heads, head_dim]: heads over tensor, in the values and the scales
+    assert out["specs"] == ["P(None, None, 'tensor', None)"] * 2, out["specs"]
 
 
 # ---------------------------------------------------------------------------- the demo model

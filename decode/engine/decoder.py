@@ -15,10 +15,11 @@ Ahead of time (no weights, no device of the target: decode/compile/aot.py): `abs
 `generate` runs up to `steps_per_call` steps of every slot as one `lax.while_loop` over the donated
 state (no host round trip inside; it stops early when every slot is done). Between calls the host
 hands out the new ids, frees finished slots and inserts waiting requests (`decode.serving.batching`).
-prefill + insert are the dense cache's admission; a paged cache (the plan's page size: the default
-on TPU, and on CPU at the serving doors) admits with `prefill_into_slot` into pages the host hands out (`decode.serving.batching` does
-both), and for streaming / block runs the request's first step there too (its window's first
-fill, which commits nothing: `decode.engine.programs.fills_at_prefill`).
+prefill + insert are the dense cache's admission; a paged cache (the plan's page size: the
+default on TPU, and on CPU at the serving doors) admits with `prefill_into_slot` into pages the
+host hands out (`decode.serving.batching` does both), and for streaming / block runs the
+request's first step there too (its window's first fill, which commits nothing:
+`decode.engine.programs.fills_at_prefill`).
 
 Compiled programs (decode/engine/programs.py): one prefill and one insert per prompt bucket (powers of
 two), one generate, one free; all keyed by the plan's `Static`, so Decoders with equal plans share
