@@ -13,8 +13,8 @@ Three servers on 127.0.0.1 (subprocesses), the shipped demo model:
   sized     --slots 1 --capacity 512 --page-size 0: sized for one request
 
 Measured, interleaved (default, dense, sized, default, ...), medians over rounds:
-  lone      one non-streamed request at a time (the demo's held-out counting, arithmetic and
-            code prompts in turn): latency; the target is default <= 1.5x sized
+  lone      one non-streamed request of up to 32 tokens at a time (the demo's held-out counting,
+            arithmetic and code prompts in turn): latency; the target is default <= 1.5x sized
   shared    requests that share a few-shot prefix of --prefix-tokens tokens (worked examples,
             then a held-out question), sent one after another, streamed: time to first token
   load      --concurrent clients each sending one streamed request at once (closed loop):
@@ -32,6 +32,7 @@ import sys
 
 from benchmarks.serve import Server, closed_loop, demo_items, request_once
 
+SHORT = 32          # new tokens of a lone or shared-prefix request
 SERVERS = {"default": [], "dense": ["--page-size", "0"],
            "sized": ["--slots", "1", "--capacity", "512", "--page-size", "0"]}
 
@@ -62,14 +63,14 @@ def interleaved(servers: dict, items: list, rounds: int, stream: bool, key: str)
 def shared_prefix_items(model: str, prefix_tokens: int, n: int) -> list[dict]:
     """n requests of one few-shot prefix (held-out worked examples, repeated to about
     `prefix_tokens` tokens) and a held-out question each."""
-    from demo.eval import REGIMES, eval_items
+    from demo.eval import eval_items
     from wedlm_jax.tokenizer import load_tokenizer
     tok = load_tokenizer(model)
     items = eval_items(model, "counting") + eval_items(model, "arith")
     shots = "\n\n".join(it["prompt"] + it["target"] for it in items[:40:5]) + "\n\n"
     prefix = shots * max(1, prefix_tokens // max(1, len(tok.encode(shots))))
-    return [dict(prompt=prefix + it["prompt"], max_tokens=REGIMES["arith"].max_new_tokens,
-                 kind="shared") for it in items[40:40 + n]]
+    return [dict(prompt=prefix + it["prompt"], max_tokens=SHORT, kind="shared")
+            for it in items[40:40 + n]]
 
 
 def measure(model: str, rounds: int, concurrent: int, prefix_tokens: int) -> dict:
@@ -77,7 +78,7 @@ def measure(model: str, rounds: int, concurrent: int, prefix_tokens: int) -> dic
     try:
         for srv in servers.values():
             srv.wait_ready()
-        lone_items = demo_items(model, 2)
+        lone_items = [dict(it, max_tokens=SHORT) for it in demo_items(model, 2)]
         lone = interleaved(servers, lone_items, rounds, False, "latency")
         shared = interleaved({k: servers[k] for k in ("default", "dense")},
                              shared_prefix_items(model, prefix_tokens, 4), rounds, True, "ttft")

@@ -43,13 +43,14 @@ def _copy(tmp_path):
 
 def test_missing_or_corrupt_file_is_named_with_the_fix(tmp_path):
     dst = _copy(tmp_path)
-    weights = dst / "model.safetensors"
+    shard = "model-00001-of-00002.safetensors"          # the shipped weights: two bf16 shards
+    weights = dst / shard
     data = bytearray(weights.read_bytes())
     data[len(data) // 2] ^= 0xFF
     weights.write_bytes(bytes(data))
     with pytest.raises(DemoModelError, match=f"{weights}: corrupt.*git checkout -- demo/model"):
         check_model(str(dst))
-    shutil.copyfile(os.path.join(DEMO_MODEL, "model.safetensors"), weights)
+    shutil.copyfile(os.path.join(DEMO_MODEL, shard), weights)
     (dst / "tokenizer.json").unlink()
     with pytest.raises(DemoModelError, match=f"{dst / 'tokenizer.json'}: missing"):
         check_model(str(dst))
@@ -94,7 +95,7 @@ def test_shipped_weights_are_trained_and_decode_in_parallel(demo):
     dc = DecodeConfig(method="streaming", window=WINDOW, tau=TAU, lam=LAM,
                       max_new_tokens=REGIMES["counting"].max_new_tokens)
     res = decode_items(params, config, tok, items, "counting", dc, warmup=False)
-    assert res["tokens_per_forward"] >= 1.4, res["tokens_per_forward"]
+    assert res["tokens_per_forward"] >= 4.0, res["tokens_per_forward"]     # measured 6.9
 
 
 @pytest.mark.parametrize("window,tau,lam", [(8, 0.3, 0.1), (32, 1.0, 0.02)])
@@ -118,10 +119,10 @@ def test_verified_equals_ar_greedy_on_trained_model(demo, window, tau, lam):
 
 def test_shipped_model_is_right_on_held_out_arithmetic(demo):
     """16 held-out additions / subtractions (numbers never trained on), one batch: AR greedy gets
-    at least 14 right (measured 15 of these 16, 58 of all 64, BENCHMARKS.md), and so does verified
-    streaming (its output is AR's); plain streaming at the shipped defaults is far behind (measured
-    1 of 16: the mask reading is undertrained, demo/model/README.md), checked here so a change
-    shows."""
+    at least 15 right (measured 16 of these 16, 64 of all 64, BENCHMARKS.md section 1), verified
+    streaming gives AR's output, and plain streaming at the shipped defaults is close behind
+    (measured 15 of 16; 89% of all 64: the mask reading lags the AR reading, demo/model/README.md),
+    checked here so a change shows."""
     from demo.run import LAM, TAU, WINDOW
     config, params, tok = demo
     items = eval_items(DEMO_MODEL, "arith", 16)
@@ -131,8 +132,8 @@ def test_shipped_model_is_right_on_held_out_arithmetic(demo):
                           max_new_tokens=REGIMES["arith"].max_new_tokens)
         res = decode_items(params, config, tok, items, "arith", dc, batch=16, warmup=False)
         right[method] = sum(bool(r["correct"]) for r in res["rows"])
-    assert right["ar"] >= 14 and right["verified"] == right["ar"], right
-    assert right["streaming"] <= 4 < right["ar"], right
+    assert right["ar"] >= 15 and right["verified"] == right["ar"], right
+    assert 12 <= right["streaming"] <= right["ar"], right
 
 
 def test_bfloat16_decodes_like_float32_within_the_stated_tolerance(tmp_path, capsys):

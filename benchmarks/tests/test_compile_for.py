@@ -46,7 +46,7 @@ def test_unrolled_cost_counts_every_layer():
     times the 1-layer program's layer part for 3 layers."""
     code = (
         "import json, jax\n"
-        "from decode import aot\n"
+        "from decode.compile import aot\n"
         "from benchmarks.accelerator import SMOKE_SHAPE, model_config\n"
         "c = model_config(dict(SMOKE_SHAPE, num_layers=3)).replace(max_position_embeddings=4096)\n"
         "cpu = jax.devices('cpu')[0]\n"
