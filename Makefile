@@ -45,9 +45,10 @@ gpu-compiler: $(DEMO_STAMP)
 	$(INSTALL_GPU_COMPILER)
 
 # What a lent GPU machine (Python 3.12, jax with CUDA, flax, optax, orbax, tokenizers; no network)
-# lacks to train there (demo/pipeline.py): grain and its two missing needs, as wheels in .whl/ (git
-# ignores it), carried with the tree and installed there into /tmp/site
-CARD_WHEELS := grain==0.2.18 array_record==0.8.6 portpicker==1.6.0
+# lacks to train and decode there (demo/pipeline.py, benchmarks/on_gpu.py): grain and its two
+# missing needs, and qwix (the model's quantized projections), as wheels in .whl/ (git ignores it),
+# carried with the tree and installed there into /tmp/site
+CARD_WHEELS := grain==0.2.18 array_record==0.8.6 portpicker==1.6.0 qwix==0.1.8
 card-wheels: $(DEMO_STAMP)
 	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \

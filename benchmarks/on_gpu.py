@@ -3,14 +3,17 @@
     python -m benchmarks.on_gpu --out DIR [--budget-s 420] [--parts torch_baseline,probes,...]
     python -m benchmarks.on_gpu --smoke --out DIR        # this CPU: tiny shapes, the same paths
 
-On a lent card, the machine's own python, jax, torch and transformers (the next card's command,
-to run as it stands; about 9 minutes, results then copied to the folder the run names,
-benchmarks/results/<card>-<date>/, from on_gpu.json's "card"):
+On a lent card, the machine's own python, jax, torch and transformers, with what it lacks (qwix)
+from `make card-wheels` (.whl/, carried) (the next card's command, to run as it stands; about 9
+minutes, results then copied to the folder the run names, benchmarks/results/<card>-<date>/, from
+on_gpu.json's "card"):
 
-    PYTHONPATH=. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=.92 timeout 560 python3 \
-      -m benchmarks.on_gpu --out $OUT --budget-s 480 --trace 2>&1 | tee $OUT/log.txt
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl || exit; PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1 \
+      XLA_PYTHON_CLIENT_MEM_FRACTION=.92 timeout 560 python3 -m benchmarks.on_gpu --out $OUT \
+      --budget-s 480 --trace 2>&1 | tee $OUT/log.txt
 
-(device run: timeout_s 590; it writes on_gpu.json, torch_baseline.json, up to 4 traces and
+(device run: carry [".whl"], timeout_s 590; it writes on_gpu.json, torch_baseline.json, up to 4 traces and
 log.txt, 7 files.) The default parts, as measured on an H100 (2026-11-27): torch_baseline up to
 170 s (its torch.compile took 65 s a batch size), probes ~3 s, admit ~100 s (its prefill, insert,
 batched prefill and generate compiled), train ~75 s (estimated), then steps on what is left
