@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     options = dict(args.compiler_option) or None
     from decode.compile import aot
-    from wedlm_jax.convert import read_config
+    from wedlm_jax.checkpoints import read_config
     config = read_config(ROOT_ARCH)
     if args.layers:
         config = config.replace(num_layers=args.layers)

@@ -157,7 +157,7 @@ def section_vs_transformers(out, repeats, quick):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from wedlm_jax.convert import load_hf_checkpoint
+    from wedlm_jax.checkpoints import load_hf_checkpoint
 
     new = 64 if quick else 256
     res = {}

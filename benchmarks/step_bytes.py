@@ -217,7 +217,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from decode.compile import aot
     from wedlm_jax.compiled import figures
-    from wedlm_jax.convert import read_config
+    from wedlm_jax.checkpoints import read_config
     config = read_config(ROOT_ARCH).replace(num_layers=args.layers)
     devs = aot.describe_target(args.topology)[0][:args.tensor]     # a TPU topology, or h100
     dec, compiled = aot.generate_program(

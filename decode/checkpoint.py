@@ -70,7 +70,7 @@ class OpenCheckpoint:
         prompts with it reads it first, `load_tokenizer(folder)`), then config.json (against the
         placement: dtype, mesh). DecodeConfigError / ConfigError / FileNotFoundError name what is
         wrong."""
-        from wedlm_jax.convert import read_config
+        from wedlm_jax.checkpoints import read_config
         placement = placement or Placement()
         tokenizer = tokenizer or load_tokenizer(folder)
         config = read_config(folder)
@@ -89,7 +89,7 @@ class OpenCheckpoint:
         import jax
 
         from decode.engine.layouts import layers_stacked
-        from wedlm_jax.convert import checkpoint_kind, load_checkpoint
+        from wedlm_jax.checkpoints import checkpoint_kind, load_checkpoint
         from wedlm_jax.quantize import quantize_params
         mesh = self.placement.make_mesh()
         quiet = {} if checkpoint_kind(self.folder) == "orbax" else {"progress": False}

@@ -169,7 +169,7 @@ def write_released(folder, kind: str, seed: int = 0, **config_kw) -> str:
     """A Hugging Face folder as the release ships it: safetensors (bf16, random weights), the
     released config.json (written by hand, not by this project's writer), the tokenizer."""
     from tests.synthetic import random_params
-    from wedlm_jax.convert import save_hf_checkpoint
+    from wedlm_jax.checkpoints import save_hf_checkpoint
     params = random_params(model_config_of(kind), seed=seed, head_scale=20.0)
     path = save_hf_checkpoint(model_config_of(kind), params, folder, dtype="bf16", progress=False)
     with open(os.path.join(path, "config.json"), "w") as f:

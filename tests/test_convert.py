@@ -25,7 +25,8 @@ import torch
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config,
                           Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
-from wedlm_jax import convert, model as model_lib
+from wedlm_jax import checkpoints, convert, model as model_lib
+from wedlm_jax.checkpoints import hf
 from wedlm_jax import safetensors_io as st
 from wedlm_jax.config import ConfigError
 from tests import xla
@@ -196,7 +197,7 @@ def test_orbax_save_load_and_detection(hf_models, tmp_path):
     config2, params2 = convert.load_orbax(out)
     assert config2 == config
     assert_trees_equal(params, params2)
-    assert convert.checkpoint_kind(out) == "orbax" and convert.checkpoint_kind(folder) == "hf"
+    assert checkpoints.checkpoint_kind(out) == "orbax" and checkpoints.checkpoint_kind(folder) == "hf"
     _, params3 = convert.load_checkpoint(out)
     assert_trees_equal(params, params3)
     _, params4 = convert.load_checkpoint(folder, progress=False)
@@ -468,7 +469,7 @@ def test_interrupted_write_leaves_nothing_and_keeps_old(hf_models, tmp_path, mon
     out = str(tmp_path / "hf")
     convert.save_hf_checkpoint(config, params, out, progress=False)
     before = folder_digest(out)
-    real, calls = convert._to_host, []
+    real, calls = hf.to_host, []
 
     def failing_gather(x):
         calls.append(1)
@@ -476,7 +477,7 @@ def test_interrupted_write_leaves_nothing_and_keeps_old(hf_models, tmp_path, mon
             raise RuntimeError("device lost mid-way")
         return real(x)
 
-    monkeypatch.setattr(convert, "_to_host", failing_gather)
+    monkeypatch.setattr(hf, "to_host", failing_gather)
     with pytest.raises(RuntimeError, match="mid-way"):
         convert.save_hf_checkpoint(config, params, out, force=True, max_shard_size="10KB",
                                    progress=False)
@@ -490,15 +491,16 @@ def test_killed_write_leaves_no_complete_looking_folder(hf_models, tmp_path):
     script = textwrap.dedent(f"""
         import os
         from wedlm_jax import convert
+        from wedlm_jax.checkpoints import hf
         config, params = convert.load_hf_checkpoint({src!r}, progress=False)
         convert.save_hf_checkpoint(config, params, {out!r}, progress=False)
-        real, n = convert._to_host, []
+        real, n = hf.to_host, []
         def dying(x):
             n.append(1)
             if len(n) == 6:
                 os._exit(9)
             return real(x)
-        convert._to_host = dying
+        hf.to_host = dying
         convert.save_hf_checkpoint(config, params, {out!r}, force=True, max_shard_size="10KB",
                                    tokenizer_from={src!r}, progress=False)
     """)

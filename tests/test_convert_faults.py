@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 
 from wedlm_jax import convert, model as model_lib
+from wedlm_jax.checkpoints import tensors
+from wedlm_jax.checkpoints.folders import host_tag
 from wedlm_jax import safetensors_io as st
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.failures import format_bytes
@@ -49,19 +51,20 @@ def _dead_pid():
 
 
 def test_dead_writers_partials_removed_live_ones_kept(folders, tmp_path):
-    host = convert._host()
+    host = host_tag()
     # a writer killed outright (os._exit mid-write: no cleanup runs) leaves its partial folder
     script = textwrap.dedent(f"""
         import os
         from wedlm_jax import convert
+        from wedlm_jax.checkpoints import hf
         config, params = convert.load_hf_checkpoint({folders['hf']!r}, progress=False)
-        real, n = convert._to_host, []
+        real, n = hf.to_host, []
         def dying(x):
             n.append(1)
             if len(n) == 6:
                 os._exit(9)
             return real(x)
-        convert._to_host = dying
+        hf.to_host = dying
         convert.save_hf_checkpoint(config, params, {str(tmp_path / 'a')!r}, progress=False)
     """)
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
@@ -93,25 +96,26 @@ def test_dead_writers_partials_removed_live_ones_kept(folders, tmp_path):
 SLOW_WRITE = """
 import sys, time
 from wedlm_jax import convert
-real = convert.{seam}
+from wedlm_jax.checkpoints import {module} as seams
+real = seams.{seam}
 def slow(*args, **kw):
     out = real(*args, **kw)
     print("writing", flush=True)
     time.sleep(60)
     return out
-convert.{seam} = slow
+seams.{seam} = slow
 sys.exit(convert.main(sys.argv[1:]))
 """
 
 
-@pytest.mark.parametrize("sig,seam,command", [
-    (signal.SIGTERM, "write_safetensors", "orbax-to-hf"),
-    (signal.SIGINT, "_copy_tokenizer", "hf-to-orbax"),  # after Orbax's writer threads ran
+@pytest.mark.parametrize("sig,module,seam,command", [
+    (signal.SIGTERM, "hf", "write_safetensors", "orbax-to-hf"),
+    (signal.SIGINT, "orbax", "copy_tokenizer", "hf-to-orbax"),  # after Orbax's writer threads ran
 ])
-def test_signal_cleans_up_with_one_line(folders, tmp_path, sig, seam, command):
+def test_signal_cleans_up_with_one_line(folders, tmp_path, sig, module, seam, command):
     out = str(tmp_path / "out")
     src = ["--orbax", folders["orbax"]] if command == "orbax-to-hf" else ["--hf", folders["hf"]]
-    p = subprocess.Popen([sys.executable, "-c", SLOW_WRITE.format(seam=seam), command, *src,
+    p = subprocess.Popen([sys.executable, "-c", SLOW_WRITE.format(module=module, seam=seam), command, *src,
                           "--out", out, "--no-progress"], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"))
     assert p.stdout.readline().strip() == "writing"
@@ -209,6 +213,6 @@ def test_nonfinite_weights_refused_unless_allowed(folders, tmp_path, capsys):
 def test_count_nonfinite():
     import ml_dtypes
     x = np.array([1.0, np.nan, np.inf, -np.inf, 2.0], np.float32)
-    assert convert.count_nonfinite(x) == 3
-    assert convert.count_nonfinite(x.astype(ml_dtypes.bfloat16)) == 3
-    assert convert.count_nonfinite(np.ones((3, 4), np.float32)) == 0
+    assert tensors.count_nonfinite(x) == 3
+    assert tensors.count_nonfinite(x.astype(ml_dtypes.bfloat16)) == 3
+    assert tensors.count_nonfinite(np.ones((3, 4), np.float32)) == 0

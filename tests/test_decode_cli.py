@@ -13,7 +13,7 @@ from decode.config import DecodeConfig, DecodeConfigError
 from decode.static.static_batch import generate
 from decode.text import load_tokenizer, split_stop_strings, stop_at_strings
 from wedlm_jax.config import ModelConfig
-from wedlm_jax.convert import save_hf_checkpoint
+from wedlm_jax.checkpoints import save_hf_checkpoint
 from tests.synthetic import random_params, tiny_bpe_tokenizer
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

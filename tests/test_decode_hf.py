@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 from decode.config import DecodeConfig, DecodeConfigError
 from decode.static.static_batch import generate
 from tests.synthetic.hf import make_hf_model
-from wedlm_jax.convert import load_hf_checkpoint
+from wedlm_jax.checkpoints import load_hf_checkpoint
 
 
 def test_ar_greedy_equals_transformers_generate(tmp_path):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tests.synthetic.hf import hf_logits, make_hf_model
-from wedlm_jax.convert import load_hf_checkpoint
+from wedlm_jax.checkpoints import load_hf_checkpoint
 from wedlm_jax.model import Transformer
 
 CASES = [

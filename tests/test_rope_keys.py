@@ -11,7 +11,7 @@ import transformers
 
 from tests.synthetic.hf import hf_logits, make_hf_model
 from wedlm_jax.config import ConfigError, ModelConfig
-from wedlm_jax.convert import load_hf_checkpoint
+from wedlm_jax.checkpoints import load_hf_checkpoint
 from wedlm_jax.model import Transformer
 
 BASE = dict(model_type="qwen3", vocab_size=96, hidden_size=32, intermediate_size=64,

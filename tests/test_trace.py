@@ -16,7 +16,7 @@ from decode.text import load_tokenizer
 from decode.static.trace import (STATES, TraceError, check_request, committed_ids, render_html,
                           trace_view, write_trace)
 from wedlm_jax.config import ModelConfig
-from wedlm_jax.convert import save_hf_checkpoint
+from wedlm_jax.checkpoints import save_hf_checkpoint
 from tests.synthetic import random_params, tiny_bpe_tokenizer
 
 CORPUS = ["one two three four five six seven eight nine ten", "the cat sat on the mat",

@@ -150,7 +150,7 @@ def test_one_run_per_folder(trained, tmp_path):
 
 def _hf_folder(trained, path):
     from wedlm_jax import model
-    from wedlm_jax.convert import save_hf_checkpoint
+    from wedlm_jax.checkpoints import save_hf_checkpoint
     from wedlm_jax.config import ModelConfig
     mc = ModelConfig(**fixtures.TINY_MODEL)
     rng = np.random.default_rng(0)

@@ -71,7 +71,7 @@ def test_two_processes_match_one(tmp_path):
     assert ref[0, 0] != ref[2, 0]
     # the final params, gathered from both processes and exported by process 0, are the
     # one-process run's
-    from wedlm_jax.convert import load_hf_checkpoint
+    from wedlm_jax.checkpoints import load_hf_checkpoint
     _, exported = load_hf_checkpoint(str(tmp_path / "hf"), progress=False)
     final = jax.device_get(one["state"]["params"])
     # atol 2e-5: gradients agree to ~1e-6 relative, but AdamW's update g / (sqrt(v) + eps) turns

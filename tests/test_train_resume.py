@@ -159,7 +159,7 @@ def test_export_hf_then_adapt_from_it(setup, tmp_path):
     res = main_lib.run(load_config(setup["config"], ["steps=2", f"checkpoint.export_hf={out}"]),
                        progress=False)
     assert sorted(os.listdir(out))[:3] == ["config.json", "model.safetensors", "tokenizer.json"]
-    from wedlm_jax.convert import load_hf_checkpoint
+    from wedlm_jax.checkpoints import load_hf_checkpoint
     mc, params = load_hf_checkpoint(out, progress=False)
     assert mc == res["model_config"] and mc.mask_token_id == 1  # the tokenizer's <|mask|>
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(jax.device_get(res["state"]["params"]))):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from train.config import TrainConfigError, load_config
-from wedlm_jax import convert
+from wedlm_jax.checkpoints import tensors
 from wedlm_jax.dtypes import DtypeError, allowed, canonical, dtype_name, jnp_dtype
 from wedlm_jax.failures import format_bytes
 from wedlm_jax.safetensors_io import CheckpointError
@@ -51,12 +51,12 @@ def test_train_and_convert_read_the_same_table(tmp_path):
     assert compute_dtype(cfg) == jnp.float32
     with pytest.raises(TrainConfigError, match="compute_dtype must be one of bf16, f32"):
         load_config(None, ["model.config={}", "data.train_files=[x.jsonl]", "compute_dtype=f16"])
-    assert convert.parse_dtype("fp32") == np.dtype(np.float32)
-    assert convert.parse_dtype("bf16") == np.dtype(jnp.bfloat16)
-    assert convert.parse_dtype(None) is None
+    assert tensors.parse_dtype("fp32") == np.dtype(np.float32)
+    assert tensors.parse_dtype("bf16") == np.dtype(jnp.bfloat16)
+    assert tensors.parse_dtype(None) is None
     with pytest.raises(CheckpointError, match=r"^dtype 'f16' is unknown; allowed: float32, "
                                               r"bfloat16 \(f32, fp32, bf16\)$"):
-        convert.parse_dtype("f16")
+        tensors.parse_dtype("f16")
 
 
 @pytest.mark.parametrize("n, unit, text", [

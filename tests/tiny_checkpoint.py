@@ -18,7 +18,7 @@ CORPUS = ["one two three four five six seven eight nine ten", "the cat sat on th
 
 def make_checkpoint(folder) -> tuple[str, ModelConfig, dict]:
     """(folder path, config, params) of a tiny WeDLM checkpoint with tokenizer files."""
-    from wedlm_jax.convert import save_hf_checkpoint
+    from wedlm_jax.checkpoints import save_hf_checkpoint
     tok = tiny_bpe_tokenizer(CORPUS, SPECIALS)
     assert tok.get_vocab_size() <= 127
     config = ModelConfig(model_type="qwen3", vocab_size=128, hidden_size=32, intermediate_size=64,

@@ -365,7 +365,7 @@ def model_config(cfg: TrainConfig):
     objective's mask_token_id applied when given."""
     from wedlm_jax.config import ConfigError, ModelConfig
     if cfg.model.from_orbax is not None:
-        from wedlm_jax.convert import read_config
+        from wedlm_jax.checkpoints import read_config
         mc = read_config(cfg.model.from_orbax)
     elif cfg.model.from_hf is not None:
         mc = ModelConfig.from_hf(cfg.model.from_hf)

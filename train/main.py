@@ -213,7 +213,7 @@ def check_outputs(cfg) -> None:
             what = "is" if os.path.realpath(path) == out else "contains"
             raise TrainConfigError(f"checkpoint.export_hf {c.export_hf} {what} {key} ({path}); "
                                    f"exporting there would replace it. Choose another folder")
-    from wedlm_jax.convert import check_out_dir
+    from wedlm_jax.checkpoints.folders import check_out_dir
     check_out_dir(out, c.export_force, force_hint="--force (checkpoint.export_force=true)")
 
 
@@ -346,10 +346,10 @@ def initial_params(cfg, mc, mesh, shardings, progress: bool):
     """The weights of a fresh run: model.from_hf, model.from_orbax, or random from the seed."""
     from train import step as step_lib
     if cfg.model.from_hf is not None:
-        from wedlm_jax.convert import load_hf_checkpoint
+        from wedlm_jax.checkpoints import load_hf_checkpoint
         return load_hf_checkpoint(cfg.model.from_hf, mesh=mesh, dtype="f32", progress=progress)[1]
     if cfg.model.from_orbax is not None:
-        from wedlm_jax.convert import load_orbax
+        from wedlm_jax.checkpoints import load_orbax
         return load_orbax(cfg.model.from_orbax, mesh=mesh, dtype="f32")[1]
     return step_lib.init_params_sharded(mc, cfg.seed, shardings)
 
@@ -376,7 +376,7 @@ def export_hf(mc, params, out_dir, tokenizer_dir, primary: bool, force: bool = F
     """The final params as a Hugging Face folder (gathered to process 0 when multi-host)."""
     import jax
     from jax.experimental import multihost_utils
-    from wedlm_jax.convert import save_hf_checkpoint
+    from wedlm_jax.checkpoints import save_hf_checkpoint
     if jax.process_count() > 1:
         params = multihost_utils.process_allgather(params, tiled=True)
     if primary:
@@ -412,7 +412,7 @@ def main(argv=None) -> int:
     from train.data import DataError
     from train.loop import NonFiniteError
     from wedlm_jax.config import ConfigError
-    from wedlm_jax.convert import CheckpointError
+    from wedlm_jax.checkpoints import CheckpointError
     from wedlm_jax.failures import disk_full, out_of_memory
     cfg = None
     try:

@@ -26,7 +26,8 @@ import sys
 import numpy as np
 
 from train import data as data_lib
-from wedlm_jax import convert
+from wedlm_jax.checkpoints.folders import atomic_output_dir, check_out_dir
+from wedlm_jax.safetensors_io import CheckpointError
 
 DEFAULT_SHARD_ROWS = 16384
 
@@ -95,14 +96,14 @@ def pretokenize(files, tokenizer: str, out: str, seq_len: int, *,
     out = os.path.abspath(out)
     is_packed = lambda d: os.path.exists(os.path.join(d, data_lib.PACKED_META))
     try:
-        convert.check_out_dir(out, force, is_packed, "a packed data folder")
-    except convert.CheckpointError as e:
+        check_out_dir(out, force, is_packed, "a packed data folder")
+    except CheckpointError as e:
         raise data_lib.DataError(str(e)) from None
     files = [str(f) for f in files]
     data_lib.check_files(files)
     info = data_lib.load_tokenizer(tokenizer)
     vocab = info.vocab_size
-    with convert.atomic_output_dir(out, force, is_packed, "a packed data folder") as tmp:
+    with atomic_output_dir(out, force, is_packed, "a packed data folder") as tmp:
         jobs = [(files, tokenizer, tmp, seq_len, shard_rows, skip_bad_lines, append_eos,
                  (w, workers)) for w in range(workers)]
         if workers > 1:
@@ -156,7 +157,7 @@ def main(argv=None) -> int:
         meta = pretokenize(a.files, a.tokenizer, a.out, a.seq_len, shard_rows=a.shard_rows,
                            skip_bad_lines=a.skip_bad_lines, append_eos=not a.no_append_eos,
                            force=a.force, workers=a.workers)
-    except (data_lib.DataError, convert.CheckpointError) as e:
+    except (data_lib.DataError, CheckpointError) as e:
         print(f"pretokenize: error: {e}", file=sys.stderr)
         return 2
     if meta["skipped_lines"]:

@@ -5,6 +5,7 @@
     format_bytes(n[, unit])   # '1.25 GiB', '384.00 KiB': the one byte formatter of the messages
     reason = out_of_memory(exc)  # the compiler's / runtime's one-line reason when it ran out of
                                  # device memory, or None
+    signal.signal(signal.SIGTERM, raise_interrupted)  # SIGINT / SIGTERM as `Interrupted`
 
 Writers wrap the errors of the thread that hit the disk (Orbax re-raises its writer's error from
 `wait_until_finished`, sometimes as another type), so the cause is looked for along the whole
@@ -17,6 +18,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import signal
 
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _DISK_FULL_TEXT = ("no space left on device", "disk quota exceeded")
@@ -123,3 +125,14 @@ def out_of_memory(error: BaseException) -> str | None:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     hit = next((ln for ln in lines if any(m in ln.lower() for m in OOM_MARKERS)), lines[0])
     return hit[:400]
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived during a write that must clean up (raised from the handler
+    `raise_interrupted`; a BaseException, so no `except Exception` swallows it)."""
+
+
+def raise_interrupted(signum, frame):
+    for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal must not cut the cleanup short
+        signal.signal(sig, signal.SIG_IGN)
+    raise Interrupted(signal.Signals(signum).name)

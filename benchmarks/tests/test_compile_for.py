@@ -145,7 +145,7 @@ def test_train_mfu_adds_the_attention_kernel_to_libtpus_estimate():
 
 def test_the_7b_decode_shape_is_the_checked_in_qwen25_7b_architecture():
     from benchmarks.accelerator import QWEN25_7B, model_config
-    from wedlm_jax.convert import read_config
+    from wedlm_jax.checkpoints import read_config
     want = read_config(os.path.join(ROOT, "configs", "arch", "qwen2.5-7b"))
     got = model_config(QWEN25_7B)
     assert got == want.replace(bos_token_id=None, eos_token_id=None)

@@ -321,7 +321,7 @@ def dry_run_door(args, who: str) -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")   # compile-only devices: no local TPU backend
     from decode.config import DecodeConfigError, Placement
     from wedlm_jax.config import ConfigError
-    from wedlm_jax.convert import read_config
+    from wedlm_jax.checkpoints import read_config
     try:
         if not args.topology:
             raise DecodeConfigError("--dry-run needs --topology (e.g. v5e:2x4)")
