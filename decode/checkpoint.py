@@ -19,16 +19,16 @@ import sys
 
 from decode.config import DecodeConfigError, Placement
 from decode.text import TextTokenizer, load_tokenizer
-from wedlm_jax.config import ModelConfig, released_mask_token_id
-from wedlm_jax.tokenizer import find_mask_token
+from wedlm_jax.config import ModelConfig
+from wedlm_jax.tokenizer import mask_token_rule
 
 
 def resolve_mask_token_id(folder: str, config: ModelConfig, tokenizer: TextTokenizer | None,
                           method: str, given: int | None, announce=None) -> int | None:
-    """The [MASK] id to decode with: `given` (checked against the vocabulary), else None (the
-    config's own), except for a config with `mask_token_id: null`: a `wedlm` one decodes with the
-    released checkpoints' id when the vocabulary holds it (`announce`d once; else an error), any
-    other with the tokenizer's mask token when it has one (as training finds it). AR needs none."""
+    """The [MASK] id to decode with: `given` (--mask-token-id, checked against the vocabulary),
+    else the shared rule (`wedlm_jax.tokenizer.mask_token_rule`: the config's, the released
+    checkpoints' for a `wedlm` config with null — `announce`d once —, the tokenizer's). AR needs
+    none."""
     if given is not None:
         if not 0 <= given < config.vocab_size:
             raise DecodeConfigError(f"--mask-token-id {given} is outside the vocabulary "
@@ -37,15 +37,23 @@ def resolve_mask_token_id(folder: str, config: ModelConfig, tokenizer: TextToken
     if method == "ar":
         return None
     path = os.path.join(folder, "config.json")
-    mask = released_mask_token_id(config, path)
-    if mask is not None and announce is not None:
+    mask, origin = mask_token_rule(config, tokenizer, path)
+    if origin == "released" and announce is not None:
         announce(f"{path} has mask_token_id null: decoding with [MASK] id {mask}, as the official "
                  f"WeDLM engine does (--mask-token-id overrides)")
-    elif config.mask_token_id is None and tokenizer is not None:
-        found = find_mask_token(tokenizer)
-        if found is not None and 0 <= found < config.vocab_size:
-            mask = found
     return mask
+
+
+def check_quantized_folder(folder: str, config: ModelConfig, placement: Placement) -> None:
+    """A folder written quantized (`wedlm-convert hf-to-orbax --quantize`) decodes under its own
+    scheme: DecodeConfigError (field quantize) naming both when the placement asks for another."""
+    from decode.config import check_quantize
+    from wedlm_jax.quantize import QuantizeError
+    from wedlm_jax.quantize_checkpoint import check_matches
+    try:
+        check_matches(folder, placement.quantize, check_quantize(config, placement))
+    except QuantizeError as e:
+        raise DecodeConfigError(str(e), e.field) from None
 
 
 def _stderr(prog: str):
@@ -68,13 +76,14 @@ class OpenCheckpoint:
              prog: str = "wedlm-decode", tokenizer: TextTokenizer | None = None) -> "OpenCheckpoint":
         """Read and check the tokenizer (or take the one read already: a door that checks its
         prompts with it reads it first, `load_tokenizer(folder)`), then config.json (against the
-        placement: dtype, mesh). DecodeConfigError / ConfigError / FileNotFoundError name what is
-        wrong."""
+        placement: dtype, mesh; a quantized folder's scheme against its quantize).
+        DecodeConfigError / ConfigError / FileNotFoundError name what is wrong."""
         from wedlm_jax.checkpoints import read_config
         placement = placement or Placement()
         tokenizer = tokenizer or load_tokenizer(folder)
         config = read_config(folder)
         placement.check_model(config)
+        check_quantized_folder(folder, config, placement)
         mask = resolve_mask_token_id(folder, config, tokenizer, method, mask_token_id, _stderr(prog))
         stops = tuple(tokenizer.default_stop_ids(config.eos_token_id)) if default_stops else ()
         return cls(folder, config, tokenizer, mask, stops, placement)
@@ -85,12 +94,12 @@ class OpenCheckpoint:
         take them (`decode.engine.layouts.layers_stacked`); the config carries the [MASK] id decided
         here, so `generate(params, config, ...)` and a Decoder need no other argument for it.
         With the placement's `quantize`, the projections come quantized (wedlm_jax.quantize), the
-        float copy dropped."""
+        float copy dropped; a quantized folder's as stored (wedlm_jax.quantize_checkpoint)."""
         import jax
 
         from decode.engine.layouts import layers_stacked
         from wedlm_jax.checkpoints import checkpoint_kind, load_checkpoint
-        from wedlm_jax.quantize import quantize_params
+        from wedlm_jax.quantize import is_quantized, quantize_params
         mesh = self.placement.make_mesh()
         quiet = {} if checkpoint_kind(self.folder) == "orbax" else {"progress": False}
         platform = (mesh.devices.flat[0] if mesh is not None else jax.local_devices()[0]).platform
@@ -99,6 +108,7 @@ class OpenCheckpoint:
                                          stacked_layers=layers_stacked(platform), **quiet)
         if self.mask_token_id is not None:
             config = config.replace(mask_token_id=self.mask_token_id)
-        params = quantize_params(params, self.placement.quantize, self.placement.quantize_group,
-                                 free=True)
+        if not is_quantized(params):
+            params = quantize_params(params, self.placement.quantize,
+                                     self.placement.quantize_group, free=True)
         return config, params, mesh

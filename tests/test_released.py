@@ -136,13 +136,40 @@ def test_mask_id_outside_the_vocabulary(tmp_path, capsys):
 
 
 def test_training_reads_the_same_conventions(folders, tmp_path):
-    """`model.from_hf` on a released-style folder: qk_norm from the tensors, [MASK] 151665."""
+    """`model.from_hf` on a released-style folder: qk_norm from the tensors, [MASK] 151665 (the rule
+    decoding shares), an explicit objective.mask_token_id over it."""
     from train.config import load_config, model_config
+    from train.data import load_tokenizer, resolve_mask_token_id
     path = shutil.copytree(folders["8b"], tmp_path / "8b")
     set_config(path, qk_norm=None)
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"text": PROMPT}) + "\n")
     base = [f"model.from_hf={path}", f"data.train_files=[{data}]"]
     mc = model_config(load_config(None, base))
-    assert mc.qk_norm and mc.mask_token_id == MASK
-    assert model_config(load_config(None, base + ["objective.mask_token_id=7"])).mask_token_id == 7
+    assert mc.qk_norm and resolve_mask_token_id(mc, load_tokenizer(str(path))) == MASK
+    given = model_config(load_config(None, base + ["objective.mask_token_id=7"]))
+    assert resolve_mask_token_id(given, load_tokenizer(str(path))) == 7
+
+
+def test_one_mask_rule_for_training_and_decoding():
+    """`mask_token_rule`, in order: the config's id, the released id for a `wedlm` config with
+    null, the tokenizer's mask token inside the vocabulary, else none; training and the decoding
+    door read it through the same function."""
+    from decode.checkpoint import resolve_mask_token_id as decode_mask
+    from train.data import DataError, resolve_mask_token_id as train_mask
+    from wedlm_jax.tokenizer import load_tokenizer as load_tok, mask_token_rule
+    demo = os.path.join(os.path.dirname(__file__), "..", "demo", "model")
+    tok = load_tok(demo)
+    qwen3 = ModelConfig.from_hf(os.path.join(demo, "config.json")).replace(mask_token_id=None)
+    assert mask_token_rule(qwen3.replace(mask_token_id=5), tok) == (5, "config")
+    assert mask_token_rule(qwen3, tok) == (2, "tokenizer")
+    assert mask_token_rule(qwen3, None) == (None, "none")
+    assert mask_token_rule(qwen3.replace(vocab_size=2, tie_word_embeddings=True), tok) == (None, "none")
+    released = ModelConfig.from_hf_dict(released_config("8b"))
+    assert mask_token_rule(released, tok) == (MASK, "released")
+    for config in (qwen3, released, qwen3.replace(mask_token_id=5)):
+        want = mask_token_rule(config, tok)[0]
+        assert train_mask(config, tok) == want
+        assert decode_mask(demo, config, tok, "streaming", None) == want
+    with pytest.raises(DataError, match="outside the model vocabulary"):
+        train_mask(qwen3.replace(vocab_size=2, tie_word_embeddings=True), tok)

@@ -370,13 +370,9 @@ def model_config(cfg: TrainConfig):
     elif cfg.model.from_hf is not None:
         mc = ModelConfig.from_hf(cfg.model.from_hf)
         if mc.model_type == "wedlm":  # the released checkpoints' conventions (README)
-            from wedlm_jax.config import released_mask_token_id, settle_qk_norm
+            from wedlm_jax.config import settle_qk_norm
             from wedlm_jax.safetensors_io import index_tensors
             mc = settle_qk_norm(mc, cfg.model.from_hf, index_tensors(cfg.model.from_hf))
-            if cfg.objective.kind != "ar_only" and cfg.objective.mask_token_id is None \
-                    and mc.mask_token_id is None:
-                mc = mc.replace(mask_token_id=released_mask_token_id(
-                    mc, f"{cfg.model.from_hf}/config.json", "objective.mask_token_id"))
     else:
         names = {f.name for f in dataclasses.fields(ModelConfig)}
         for k in cfg.model.config:

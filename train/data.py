@@ -44,7 +44,7 @@ import grain
 import numpy as np
 
 from wedlm_jax import tokenizer as tokenizer_lib
-from wedlm_jax.tokenizer import MASK_TOKEN_CANDIDATES, find_mask_token  # noqa: F401 (re-exported)
+from wedlm_jax.tokenizer import MASK_TOKEN_CANDIDATES, find_mask_token, mask_token_rule
 
 
 
@@ -67,22 +67,22 @@ def load_tokenizer(folder: str) -> TokenizerInfo:
         folder, error=DataError, hint=" (set data.tokenizer to a folder holding one)")
 
 
-def resolve_mask_token_id(model_mask_id: int | None, info: TokenizerInfo, vocab_size: int) -> int:
-    """The [MASK] id: the model config's (objective.mask_token_id already applied), else the
-    tokenizer's mask token; an error when neither exists."""
-    if model_mask_id is not None:
-        return int(model_mask_id)
-    found = find_mask_token(info)
-    if found is None:
+def resolve_mask_token_id(config, info: TokenizerInfo) -> int:
+    """The [MASK] id to train with (`config`: the model config with objective.mask_token_id already
+    applied): the rule decoding shares (`wedlm_jax.tokenizer.mask_token_rule`), or a DataError when
+    it finds none."""
+    mask, _ = mask_token_rule(config, info, os.path.join(info.folder, "config.json"),
+                              "objective.mask_token_id")
+    if mask is None:
+        found = find_mask_token(info)
+        where = (f"its mask token id {found} is outside the model vocabulary [0, {config.vocab_size})"
+                 if found is not None else
+                 f"the tokenizer has no mask token (looked for {', '.join(MASK_TOKEN_CANDIDATES)})")
         raise DataError(
-            f"{info.folder}: the tokenizer has no mask token (looked for "
-            f"{', '.join(MASK_TOKEN_CANDIDATES)}) and no mask_token_id is given; set "
-            f"objective.mask_token_id (e.g. the first id past the tokenizer's {info.vocab_size} "
-            f"tokens, if the model's vocab_size {vocab_size} leaves room)")
-    if found >= vocab_size:
-        raise DataError(f"{info.folder}: mask token id {found} is outside the model vocabulary "
-                        f"[0, {vocab_size})")
-    return found
+            f"{info.folder}: {where} and no mask_token_id is given; set objective.mask_token_id "
+            f"(e.g. the first id past the tokenizer's {info.vocab_size} tokens, if the model's "
+            f"vocab_size {config.vocab_size} leaves room)")
+    return mask
 
 
 def _render_template(info: TokenizerInfo, messages, add_generation_prompt: bool, tools=None) -> str:

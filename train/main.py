@@ -120,7 +120,7 @@ def prepare(cfg):
     info = data_lib.load_tokenizer(tok_dir)
     mask_id = None
     if cfg.objective.kind != "ar_only":
-        mask_id = data_lib.resolve_mask_token_id(mc.mask_token_id, info, mc.vocab_size)
+        mask_id = data_lib.resolve_mask_token_id(mc, info)
         mc = mc.replace(mask_token_id=mask_id)
     from train.step import attention_impl
     attention_impl(cfg)

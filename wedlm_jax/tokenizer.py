@@ -288,13 +288,31 @@ def _chat_template(folder: str, cfg: dict, error) -> tuple[str | None, str]:
 
 
 def find_mask_token(tok: "Tokenizer") -> int | None:
-    """The id of the tokenizer's mask token (the first of MASK_TOKEN_CANDIDATES it has), or None:
-    the one rule training and decoding share when a config states no mask_token_id."""
+    """The id of the tokenizer's mask token (the first of MASK_TOKEN_CANDIDATES it has), or None."""
     for cand in MASK_TOKEN_CANDIDATES:
         i = tok.tokenizer.token_to_id(cand)
         if i is not None:
             return int(i)
     return None
+
+
+def mask_token_rule(config, tok: "Tokenizer | None", source: str = "config.json",
+                    how: str = "wedlm-decode --mask-token-id ID") -> tuple[int | None, str]:
+    """The [MASK] id a model reads when no option overrides it, and where it came from: the one
+    rule of training and decoding. The config's `mask_token_id` ("config"); for a `wedlm` config
+    with `mask_token_id: null`, the released checkpoints' id ("released"; a ConfigError naming
+    `source` and the option `how` when the vocabulary does not hold it); else the tokenizer's mask token when it lies inside the
+    vocabulary ("tokenizer"); else (None, "none")."""
+    from wedlm_jax.config import released_mask_token_id
+    if config.mask_token_id is not None:
+        return int(config.mask_token_id), "config"
+    released = released_mask_token_id(config, source, how)
+    if released is not None:
+        return released, "released"
+    found = None if tok is None else find_mask_token(tok)
+    if found is not None and 0 <= found < config.vocab_size:
+        return found, "tokenizer"
+    return None, "none"
 
 
 def load_tokenizer(folder, *, error=TokenizerError, hint: str = "") -> Tokenizer:

@@ -36,7 +36,8 @@ from wedlm_jax.failures import format_bytes
 from wedlm_jax.attention import backends as attn_backends
 from wedlm_jax.attention import cache as ca
 from wedlm_jax.attention import paged
-from wedlm_jax.config import ConfigError, ModelConfig, released_mask_token_id
+from wedlm_jax.config import ConfigError, ModelConfig
+from wedlm_jax.tokenizer import mask_token_rule
 
 ROW_ALIGN = 64
 
@@ -154,13 +155,15 @@ def check_engine(config: ModelConfig, engine: EngineOptions) -> None:
 
 
 def mask_id_for(config: ModelConfig, given: int | None, method: str) -> int:
-    """THE [MASK] id rule: the one given, else the model config's, else (a released `wedlm`
-    config, whose null means it) the released id; AR decoding needs none (0, never read). Raises
-    DecodeConfigError when a window method has none or the id is outside the vocabulary."""
-    mask_id = given if given is not None else config.mask_token_id
+    """The [MASK] id of a plan: the one given, else the rule training shares
+    (`wedlm_jax.tokenizer.mask_token_rule` without a tokenizer: the config's, or the released id
+    for a `wedlm` config with null; the doors that read a tokenizer resolve its mask token first);
+    AR decoding needs none (0, never read). Raises DecodeConfigError when a window method has none
+    or the id is outside the vocabulary."""
+    mask_id = given
     if mask_id is None and method != "ar":
         try:
-            mask_id = released_mask_token_id(config, "the model config", "mask_token_id=ID")
+            mask_id, _ = mask_token_rule(config, None, "the model config", "mask_token_id=ID")
         except ConfigError as e:
             raise DecodeConfigError(str(e)) from None
     if mask_id is None:
