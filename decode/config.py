@@ -22,6 +22,7 @@ from typing import Sequence
 
 from wedlm_jax.dtypes import DtypeError, dtype_name
 from wedlm_jax import quantize as quantize_lib
+from wedlm_jax.sharding import MESH_AXES
 
 METHODS = ("streaming", "block", "ar", "verified")
 REFILLS = ("before", "after")               # decode.engine.steps: when the window's masks are refilled
@@ -250,7 +251,6 @@ def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int, capacity: i
 
 CACHE_ATTENTION = ("auto", "tiled", "dense", "pallas", "cudnn")   # wedlm_jax.attention.backends
 WEIGHT_LAYOUTS = ("auto", "compiler", "default")                   # decode/engine/layouts.py
-MESH_AXES = ("data", "fsdp", "tensor")
 
 
 def parse_mesh(text: str) -> tuple[int, int, int]:

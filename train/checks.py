@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from wedlm_jax.dtypes import canonical
+from wedlm_jax.sharding import MESH_AXES
 
 OBJECTIVES = ("dual_stream", "plain", "ar_only")
 COMPUTE_DTYPES = ("bfloat16", "float32")
@@ -90,7 +91,7 @@ def check_data(cfg, bad) -> None:
 
 def check_run(cfg, bad) -> None:
     m, c = cfg.mesh, cfg.checkpoint
-    for name in ("data", "fsdp", "tensor"):
+    for name in MESH_AXES:
         v = getattr(m, name)
         if v == 0 or v < -1 or (v == -1 and name != "data"):
             bad(f"mesh.{name}", f"must be >= 1{' or -1 (fill)' if name == 'data' else ''}, got {v}")
