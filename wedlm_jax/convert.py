@@ -1,6 +1,7 @@
 """`wedlm-convert`: Hugging Face safetensors folders <-> this project's Orbax folders.
 
     wedlm-convert hf-to-orbax --hf DIR --out DIR [--dtype bf16|f32] [--allow-extra] [--force]
+                  [--quantize int8|int4 [--quantize-group N]]   (wedlm_jax.quantize_checkpoint)
     wedlm-convert orbax-to-hf --orbax DIR --out DIR [--dtype bf16|f32] [--max-shard-size 5GB] [--force]
     (both: [--allow-nonfinite] to convert weights holding NaN/Inf)
 
@@ -16,6 +17,7 @@ import os
 import signal
 import sys
 
+from wedlm_jax import quantize_checkpoint
 from wedlm_jax.checkpoints import (CheckpointError, load_checkpoint, load_hf_checkpoint,
                                    load_orbax, save_hf_checkpoint, save_orbax)
 from wedlm_jax.checkpoints.folders import check_out_dir, remove_dead_partials
@@ -38,6 +40,12 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--hf", required=True, help="Hugging Face checkpoint folder (safetensors)")
     a.add_argument("--allow-extra", action="store_true",
                    help="skip tensors the model does not use instead of failing")
+    a.add_argument("--quantize", default="none", choices=("none", "int8", "int4"),
+                   help="write the projections quantized (wedlm_jax.quantize_checkpoint): int8 (a "
+                        "scale per output channel) or int4 (a scale per --quantize-group inputs)")
+    a.add_argument("--quantize-group", type=int, default=None,
+                   help="the group size along each projection's input (default: int4 64, int8 "
+                        "per channel)")
     b = sub.add_parser("orbax-to-hf", help="Orbax folder -> HF safetensors folder")
     b.add_argument("--orbax", required=True, help="Orbax checkpoint folder written by hf-to-orbax")
     b.add_argument("--max-shard-size", default="5GB", help="largest safetensors file (default 5GB)")
@@ -98,7 +106,13 @@ def _convert(args, needed: list) -> int:
                                   f"another --out")
         check_writable(args.out, "--out")
         tokenizer_note = check_tokenizer(src)
-        if args.command == "hf-to-orbax":
+        if args.command == "hf-to-orbax" and args.quantize != "none":
+            check_out_dir(os.path.abspath(args.out), args.force)
+            out = quantize_checkpoint.convert_folder(
+                args.hf, args.out, args.quantize, args.quantize_group, dtype=args.dtype,
+                allow_extra=args.allow_extra, allow_nonfinite=args.allow_nonfinite,
+                force=args.force, progress=not args.no_progress, needed=needed)
+        elif args.command == "hf-to-orbax":
             check_out_dir(os.path.abspath(args.out), args.force)
             config, params = load_hf_checkpoint(args.hf, dtype=args.dtype,
                                                 allow_extra=args.allow_extra,
@@ -109,6 +123,7 @@ def _convert(args, needed: list) -> int:
             out = save_orbax(config, params, args.out, tokenizer_from=args.hf, force=args.force)
         else:
             check_out_dir(os.path.abspath(args.out), args.force)
+            quantize_checkpoint.check_exportable(args.orbax)
             parse_size(args.max_shard_size)
             config, params = load_orbax(args.orbax, dtype=args.dtype,
                                         allow_nonfinite=args.allow_nonfinite)

@@ -98,12 +98,18 @@ def quantize_kernel(w, scheme: str, n_in: int, group: int = 0, lead: int = 0):
     return q.replace(scale=q.scale.astype(w.dtype))
 
 
-def _kernel_inputs(path) -> int | None:
-    """The number of input axes of the kernel at `path` when it is a projection's, else None."""
-    keys = [getattr(k, "key", None) for k in path]
-    if len(keys) >= 2 and keys[-1] == "kernel" and keys[-2] in PROJECTIONS:
-        return PROJECTIONS[keys[-2]]
+def projection_inputs(names) -> int | None:
+    """The number of input axes of the kernel at the parameter path `names` (("layers", "attn",
+    "q_proj", "kernel")) when it is a projection's, else None."""
+    names = tuple(names)
+    if len(names) >= 2 and names[-1] == "kernel" and names[-2] in PROJECTIONS:
+        return PROJECTIONS[names[-2]]
     return None
+
+
+def _kernel_inputs(path) -> int | None:
+    """`projection_inputs` of a jax key path."""
+    return projection_inputs(getattr(k, "key", None) for k in path)
 
 
 def _lead(path) -> int:
@@ -145,6 +151,11 @@ def quantize_params(params, scheme: str, group: int | None = None, *, free: bool
 
 
 _quantize_jit = jax.jit(quantize_kernel, static_argnums=(1, 2, 3, 4))
+
+
+def quantize_tensor(w, scheme: str, n_in: int, group: int = 0, lead: int = 0):
+    """`quantize_kernel` compiled once per shape (what `quantize_params` runs per kernel)."""
+    return _quantize_jit(w, scheme, n_in, group, lead)
 
 
 def expected(params, scheme: str, group: int):

@@ -39,7 +39,13 @@ def checkpoint_kind(path) -> str:
 
 def load_checkpoint(path, mesh=None, dtype=None, **kw) -> tuple[ModelConfig, dict]:
     """Load an Orbax folder (config.json + params/) or a Hugging Face safetensors folder
-    (`stacked_layers=False`: the layers one tree each, as GPU decoding holds them)."""
+    (`stacked_layers=False`: the layers one tree each, as GPU decoding holds them); a quantized
+    Orbax folder (`wedlm_jax.quantize_checkpoint`) with its kernels quantized as stored."""
+    from wedlm_jax import quantize_checkpoint
+    if quantize_checkpoint.read_scheme(path) is not None:
+        return quantize_checkpoint.load(path, mesh=mesh, dtype=dtype,
+                                        allow_nonfinite=kw.get("allow_nonfinite", False),
+                                        stacked_layers=kw.get("stacked_layers", True))
     if checkpoint_kind(path) == "orbax":
         return load_orbax(path, mesh=mesh, dtype=dtype,
                           allow_nonfinite=kw.get("allow_nonfinite", False),
