@@ -151,9 +151,7 @@ def run(args) -> dict:
 
     res = generate(params, config, [ids for _, ids in prompts], dc, capacity=args.capacity,
                    mask_token_id=ckpt.mask_token_id, on_commit=on_commit,
-                   allow_long=args.allow_long, mesh=mesh, dtype=placement.dtype,
-                   kv_tile=placement.kv_tile, attention=placement.attention,
-                   quantize=placement.quantize, quantize_group=placement.quantize_group)
+                   allow_long=args.allow_long, mesh=mesh, placement=placement)
     if args.stream:
         sys.stderr.write("\n")
     rows = []

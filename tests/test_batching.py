@@ -16,7 +16,7 @@ import pytest
 
 from tests import plans
 from decode.serving.batching import Batcher
-from decode.config import DecodeConfig, DecodeConfigError
+from decode.config import DecodeConfig, DecodeConfigError, Placement
 from decode.engine.decoder import Decoder, Request
 from decode.static.static_batch import generate
 from tests.synthetic import random_params
@@ -52,7 +52,8 @@ def _alone(params, r: Request, method, window, refill):
     dc = DecodeConfig(method=method, window=window, refill=refill, tau=r.tau, lam=r.lam,
                       max_new_tokens=r.max_new_tokens, stop_token_ids=r.stop_token_ids,
                       temperature=r.temperature, top_k=r.top_k, seed=r.seed)
-    return generate(params, CONFIG, [list(r.prompt)], dc, capacity=CAP, kv_tile=TILE).tokens[0]
+    return generate(params, CONFIG, [list(r.prompt)], dc, capacity=CAP,
+                    placement=Placement(kv_tile=TILE)).tokens[0]
 
 
 def _run_batcher(batcher, requests, rng=None):

@@ -18,7 +18,7 @@ import pytest
 
 from tests import plans
 from decode.engine import sampling
-from decode.config import DecodeConfig, DecodeConfigError
+from decode.config import DecodeConfig, DecodeConfigError, Placement
 from decode.config import DecodeConfig as _DecodeConfig
 from decode.engine.decoder import Decoder, Request, compiled_count
 from decode.engine.state import Settings
@@ -44,7 +44,7 @@ def params():
 
 def run(params, dc, prompts=PROMPTS, **kw):
     kw.setdefault("capacity", CAP)
-    kw.setdefault("kv_tile", TILE)
+    kw.setdefault("placement", Placement(kv_tile=TILE))
     return generate(params, CONFIG, prompts, dc, **kw)
 
 
@@ -129,7 +129,8 @@ def test_cache_consistency_every_step(params, method, refill):
     cache of [committed tokens ; reordered window] within 1e-4."""
     dc = DecodeConfig(method=method, window=4, tau=2.5, lam=0.05, max_new_tokens=12, refill=refill)
     cap = 16  # cuts rows 1 and 3 short: rows finish at different steps
-    trace, final = trace_steps(params, CONFIG, PROMPTS, dc, capacity=cap, kv_tile=TILE)
+    trace, final = trace_steps(params, CONFIG, PROMPTS, dc, capacity=cap,
+                               placement=Placement(kv_tile=TILE))
     full = FullForward(params, CONFIG, CAP + 2 * dc.window)
     checked, worst = 0, 0.0
     for aux in trace:
@@ -155,7 +156,8 @@ def test_cache_consistency_every_step(params, method, refill):
 
 def test_block_commits_nothing_until_full(params):
     dc = DecodeConfig(method="block", window=4, tau=0.5, lam=0.0, max_new_tokens=11, refill="after")
-    trace, final = trace_steps(params, CONFIG, PROMPTS, dc, capacity=CAP, kv_tile=TILE)
+    trace, final = trace_steps(params, CONFIG, PROMPTS, dc, capacity=CAP,
+                               placement=Placement(kv_tile=TILE))
     saw_partial = False
     for aux in trace:
         for r in range(4):
@@ -169,7 +171,7 @@ def test_block_commits_nothing_until_full(params):
     assert saw_partial
     # a streaming run on the same settings commits partial windows (it does not wait)
     strace, _ = trace_steps(params, CONFIG, PROMPTS, dc.replace(method="streaming"), capacity=CAP,
-                            kv_tile=TILE)
+                            placement=Placement(kv_tile=TILE))
     assert any(0 < int(a["commit"][r]) < int(a["wlen"][r]) for a in strace for r in range(4) if a["live"][r])
 
 
@@ -244,7 +246,7 @@ def test_no_recompile_across_prompt_lengths_and_budgets(params):
     res = run(params, dc.replace(max_new_tokens=7), capacity=33)   # same capacity bucket
     assert compiled_count() == before
     assert res.compile_s == 0.0
-    fresh = run(params, dc, kv_tile=8)                                # a static setting is part of the key
+    fresh = run(params, dc, placement=Placement(kv_tile=8))   # a static setting is part of the key
     assert compiled_count() > before and fresh.compile_s > 0
 
 
@@ -294,9 +296,10 @@ def test_bad_inputs_fail_before_compiling(params):
     assert compiled_count() == before
     # a checkpoint without a mask id still decodes AR, or anything once a mask id is given
     ar = generate(params, no_mask, PROMPTS, DecodeConfig(method="ar", max_new_tokens=4),
-                  capacity=CAP, kv_tile=TILE)
+                  capacity=CAP, placement=Placement(kv_tile=TILE))
     assert ar.tokens == run(params, DecodeConfig(method="ar", max_new_tokens=4)).tokens
-    given = generate(params, no_mask, PROMPTS, dc, capacity=CAP, kv_tile=TILE, mask_token_id=63)
+    given = generate(params, no_mask, PROMPTS, dc, capacity=CAP, mask_token_id=63,
+                     placement=Placement(kv_tile=TILE))
     assert given.tokens == run(params, dc).tokens
 
 

@@ -14,7 +14,7 @@ SCRIPT = textwrap.dedent('''
     import json
     import jax
     import numpy as np
-    from decode.config import DecodeConfig
+    from decode.config import DecodeConfig, Placement
     from decode.static.static_batch import generate
     from wedlm_jax.config import ModelConfig
     from tests.synthetic import random_params
@@ -30,8 +30,9 @@ SCRIPT = textwrap.dedent('''
     out = {}
     for method in ("streaming", "ar"):
         dc = DecodeConfig(method=method, window=4, tau=2.5, lam=0.05, max_new_tokens=12)
-        one = generate(params, cfg, prompts, dc, capacity=40, kv_tile=16)
-        sharded = generate(params, cfg, prompts, dc, capacity=40, kv_tile=16, mesh=mesh)
+        one = generate(params, cfg, prompts, dc, capacity=40, placement=Placement(kv_tile=16))
+        sharded = generate(params, cfg, prompts, dc, capacity=40,
+                           placement=Placement(kv_tile=16), mesh=mesh)
         out[method] = dict(one=one.tokens, sharded=sharded.tokens, one_steps=one.steps,
                            sharded_steps=sharded.steps, tpf=one.tokens_per_forward)
     # continuous batching on the mesh: 6 requests through 2 slots (one per data shard), inserted

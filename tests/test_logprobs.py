@@ -16,7 +16,7 @@ import pytest
 
 from tests import plans
 from decode.serving.batching import Batcher
-from decode.config import DecodeConfig, DecodeConfigError
+from decode.config import DecodeConfig, DecodeConfigError, Placement
 from decode.engine.decoder import Decoder, Request
 from decode.serving.scoring import score
 from decode.static.static_batch import generate, trace_steps
@@ -34,7 +34,8 @@ def _log_softmax(x):
 def _fill_time_logprobs(params, dc):
     """Per row: {absolute position: (token, log-probability)} of every slot a step filled, from
     the trace's logits (physical order) and the filled flags after the step (logical order)."""
-    steps, _ = trace_steps(params, CONFIG, PROMPTS, dc, capacity=CAP, kv_tile=TILE)
+    steps, _ = trace_steps(params, CONFIG, PROMPTS, dc, capacity=CAP,
+                           placement=Placement(kv_tile=TILE))
     rec = [dict() for _ in PROMPTS]
     for aux in steps:
         for b in range(len(PROMPTS)):
@@ -55,7 +56,7 @@ def _fill_time_logprobs(params, dc):
 def test_window_methods_carry_the_fill_steps_logprob(params, method, refill):
     dc = DecodeConfig(method=method, window=4, refill=refill, max_new_tokens=14, tau=0.5, lam=0.05)
     rec = _fill_time_logprobs(params, dc)
-    res = generate(params, CONFIG, PROMPTS, dc, capacity=CAP, kv_tile=TILE)
+    res = generate(params, CONFIG, PROMPTS, dc, capacity=CAP, placement=Placement(kv_tile=TILE))
     filled_several = False
     for b, prompt in enumerate(PROMPTS):
         assert len(res.logprobs[b]) == len(res.tokens[b]) > 0
@@ -74,7 +75,7 @@ def test_window_methods_carry_the_fill_steps_logprob(params, method, refill):
 @pytest.mark.parametrize("method", ["ar", "verified"])
 def test_ar_and_verified_carry_the_ar_reading(params, method):
     dc = DecodeConfig(method=method, window=4, max_new_tokens=12, tau=0.5, lam=0.05)
-    res = generate(params, CONFIG, PROMPTS, dc, capacity=CAP, kv_tile=TILE)
+    res = generate(params, CONFIG, PROMPTS, dc, capacity=CAP, placement=Placement(kv_tile=TILE))
     want = score(params, CONFIG, [p + t for p, t in zip(PROMPTS, res.tokens)])
     for b, prompt in enumerate(PROMPTS):
         np.testing.assert_allclose(res.logprobs[b], want[b]["token_logprobs"][len(prompt):],
@@ -86,7 +87,7 @@ def test_batcher_finished_carries_logprobs_and_top_alternatives(params, method):
     """Through continuous batching with top_logprobs 3: each token's value equals the static
     batch's, the alternatives are the 3 likeliest, best first, and greedy picks the first."""
     dc = DecodeConfig(method=method, window=4, max_new_tokens=10, tau=0.5, lam=0.05)
-    alone = generate(params, CONFIG, PROMPTS, dc, capacity=CAP, kv_tile=TILE)
+    alone = generate(params, CONFIG, PROMPTS, dc, capacity=CAP, placement=Placement(kv_tile=TILE))
     dec = plans.decoder(params, CONFIG, method=method, window=4, slots=2, capacity=CAP, kv_tile=TILE,
                   steps_per_call=3, top_logprobs=3)
     batcher, done = Batcher(dec), {}

@@ -180,7 +180,7 @@ def test_cli_refuses_at_start_with_one_line(capsys):
 MESH_SCRIPT = """
 import json
 import jax
-from decode.config import DecodeConfig
+from decode.config import DecodeConfig, Placement
 from decode.static.static_batch import generate
 from tests.test_quantize import CONFIG
 from wedlm_jax.model import random_params
@@ -189,9 +189,10 @@ from wedlm_jax.sharding import make_mesh
 params = quantize_params(random_params(CONFIG, head_scale=20.0), "int4", 32)
 prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11]]
 dc = DecodeConfig(method="ar", max_new_tokens=8)
-one = generate(params, CONFIG, prompts, dc, capacity=32, kv_tile=16)
+one = generate(params, CONFIG, prompts, dc, capacity=32, placement=Placement(kv_tile=16))
 mesh = make_mesh(data=2, fsdp=1, tensor=2)
-sharded = generate(params, CONFIG, prompts, dc, capacity=32, kv_tile=16, mesh=mesh)
+sharded = generate(params, CONFIG, prompts, dc, capacity=32,
+                   placement=Placement(kv_tile=16), mesh=mesh)
 from tests.plans import decoder
 kernel = decoder(params, CONFIG, mesh=mesh, method="ar", slots=4, capacity=32, quantize="int4",
                  quantize_group=32).params[

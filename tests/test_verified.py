@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from decode.config import DecodeConfig, DecodeConfigError
+from decode.config import DecodeConfig, DecodeConfigError, Placement
 from decode.engine.decoder import compiled_count
 from decode.static.static_batch import generate, trace_steps
 from tests.verified_reference import reference_verified
@@ -49,7 +49,8 @@ def plain():
 
 
 def run(params, dc, prompts=PROMPTS, capacity=CAP):
-    return generate(params, CONFIG, prompts, dc, capacity=capacity, kv_tile=TILE)
+    return generate(params, CONFIG, prompts, dc, capacity=capacity,
+                    placement=Placement(kv_tile=TILE))
 
 
 def ar_of(params, dc, prompts=PROMPTS, capacity=CAP):
@@ -136,7 +137,8 @@ def test_committed_kv_rows_are_final(agree):
     prefill of the final sequence (prompt + output), all layers, within 1e-5; and at every step the
     committed slots were fed first, in natural order, as exactly the output tokens."""
     dc = DecodeConfig(method="verified", window=6, tau=3.0, lam=0.05, max_new_tokens=20)
-    trace, final = trace_steps(agree, CONFIG, PROMPTS, dc, capacity=CAP, kv_tile=TILE)
+    trace, final = trace_steps(agree, CONFIG, PROMPTS, dc, capacity=CAP,
+                               placement=Placement(kv_tile=TILE))
     out, count, n = (np.asarray(final[k]) for k in ("out", "count", "n"))
     seqs = [p + out[r, :count[r]].tolist() for r, p in enumerate(PROMPTS)]
     assert sum(int(a["reject"][r]) for a in trace for r in range(4)) > 0
@@ -218,7 +220,8 @@ def _critical(df, z=3.0902):
 def _first3(params, method, seed, rows):
     dc = DecodeConfig(method=method, window=4, tau=50.0, lam=0.0, temperature=S_TEMP, top_k=S_TOPK,
                       max_new_tokens=3, seed=seed << 16, prefill_chunk=4)  # rows: seed + row
-    res = generate(params, SMALL, [S_PROMPT] * rows, dc, capacity=8, kv_tile=TILE)
+    res = generate(params, SMALL, [S_PROMPT] * rows, dc, capacity=8,
+                   placement=Placement(kv_tile=TILE))
     return np.array(res.tokens), res
 
 
@@ -304,7 +307,7 @@ def test_verified_needs_a_mask_token(agree):
 MESH_SCRIPT = '''
 import json
 import jax
-from decode.config import DecodeConfig
+from decode.config import DecodeConfig, Placement
 from decode.static.static_batch import generate
 from tests.test_verified import CONFIG, PROMPTS, make_params
 from wedlm_jax.sharding import make_mesh
@@ -316,8 +319,9 @@ out = {}
 for temp in (0.0, 1.0):
     dc = DecodeConfig(method="verified", window=4, tau=3.0, lam=0.05, max_new_tokens=12,
                       temperature=temp, seed=7)
-    one = generate(params, CONFIG, PROMPTS, dc, capacity=40, kv_tile=16)
-    sharded = generate(params, CONFIG, PROMPTS, dc, capacity=40, kv_tile=16, mesh=mesh)
+    one = generate(params, CONFIG, PROMPTS, dc, capacity=40, placement=Placement(kv_tile=16))
+    sharded = generate(params, CONFIG, PROMPTS, dc, capacity=40,
+                       placement=Placement(kv_tile=16), mesh=mesh)
     out[str(temp)] = [one.tokens, sharded.tokens, [one.steps, one.accepted, one.rejected],
                       [sharded.steps, sharded.accepted, sharded.rejected]]
 print("RESULT " + json.dumps(out))

@@ -41,7 +41,6 @@ import time
 from typing import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from decode.config import (DecodeConfig, DecodeConfigError, EngineOptions, Method, Placement,
@@ -123,13 +122,14 @@ def _requests(prompts, dc: DecodeConfig, capacity: int) -> list[Request | None]:
 
 def static_decoder(params, model_config: ModelConfig, num_prompts: int, dc: DecodeConfig,
                    capacity: int, longest_budget: int, *, mesh=None, mask_token_id=None,
-                   kv_tile: int = Placement().kv_tile, dtype=jnp.float32,
-                   allow_long: bool = False, attention: str = Placement().attention,
-                   quantize: str = "none", quantize_group: int | None = None) -> Decoder:
+                   placement: Placement = Placement(), allow_long: bool = False) -> Decoder:
     """The Decoder a static batch runs on: slots and capacity rounded up to buckets (one compile
     per bucket), the window limited to the longest row budget (no forward wider than the most
-    tokens a row can still produce); `quantize` as Placement's (float weights are quantized; weights
-    quantized already decode under their own scheme)."""
+    tokens a row can still produce); `placement` as at every door (its mesh shape is `mesh`'s;
+    float weights are quantized by its `quantize`, weights quantized already decode under their
+    own scheme)."""
+    if not isinstance(placement, Placement):
+        raise DecodeConfigError(f"placement must be a Placement, got {type(placement).__name__}")
     if not isinstance(dc, DecodeConfig):
         raise DecodeConfigError(f"decode_config must be a DecodeConfig, got {type(dc).__name__}")
     max_pos = model_config.max_position_embeddings
@@ -146,17 +146,16 @@ def static_decoder(params, model_config: ModelConfig, num_prompts: int, dc: Deco
     engine = EngineOptions(**Method.pick(dc), slots=batch_bucket(num_prompts, multiple),
                            capacity=capacity_bucket(capacity), steps_per_call=STATIC_STEPS_PER_CALL,
                            allow_long=True).replace(window=window)
-    if quantize == "none" and quantize_lib.is_quantized(params):   # weights quantized already
-        quantize, quantize_group = quantize_lib.scheme_of(params)
-    placement = Placement(dtype=jnp.dtype(dtype).name, attention=attention, kv_tile=kv_tile,
-                          quantize=quantize, quantize_group=quantize_group)
+    if placement.quantize == "none" and quantize_lib.is_quantized(params):   # quantized already
+        quantize, group = quantize_lib.scheme_of(params)
+        placement = dataclasses.replace(placement, quantize=quantize, quantize_group=group)
     return Decoder(params, make_plan(model_config, engine, placement, mesh=mesh,
                                      mask_token_id=mask_token_id, sampling=not dc.greedy,
                                      stacked_params=model_lib.layers_stacked(params)))
 
 
-def _setup(params, model_config, prompts, dc, capacity, mesh, mask_token_id, kv_tile, dtype,
-           allow_long=False, decoder=None, attention=Placement().attention, **quantize):
+def _setup(params, model_config, prompts, dc, capacity, mesh, mask_token_id, placement,
+           allow_long=False, decoder=None):
     if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
         raise DecodeConfigError(f"capacity must be an int >= 1, got {capacity!r}")
     if not isinstance(dc, DecodeConfig):
@@ -167,10 +166,10 @@ def _setup(params, model_config, prompts, dc, capacity, mesh, mask_token_id, kv_
     requests = _requests(prompts, dc, capacity)
     budget = max([r.max_new_tokens for r in requests if r is not None], default=1)
     if decoder is None:
+        mesh = placement.make_mesh() if mesh is None else mesh
         decoder = static_decoder(params, model_config, len(prompts), dc, capacity, budget,
-                                 mesh=mesh, mask_token_id=mask_token_id, kv_tile=kv_tile,
-                                 dtype=dtype, allow_long=allow_long, attention=attention,
-                                 **quantize)
+                                 mesh=mesh, mask_token_id=mask_token_id, placement=placement,
+                                 allow_long=allow_long)
     for i, r in enumerate(requests):
         if r is not None:
             try:
@@ -182,27 +181,25 @@ def _setup(params, model_config, prompts, dc, capacity, mesh, mask_token_id, kv_
 
 def generate(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]],
              decode_config: DecodeConfig, *, capacity: int | None = None, mesh=None,
-             mask_token_id: int | None = None, kv_tile: int = Placement().kv_tile,
-             dtype=jnp.float32, tokenizer=None, on_commit: Callable | None = None,
-             allow_long: bool = False, decoder: Decoder | None = None,
-             attention: str = Placement().attention, quantize: str = "none",
-             quantize_group: int | None = None) -> DecodeResult:
+             mask_token_id: int | None = None, placement: Placement = Placement(),
+             tokenizer=None, on_commit: Callable | None = None, allow_long: bool = False,
+             decoder: Decoder | None = None) -> DecodeResult:
     """Decode every prompt (token-id lists) as one static batch on a Decoder; see the module
     docstring.
 
     capacity: the most tokens (prompt + generated) a row may hold; default max(prompt) +
     max_new_tokens. mesh: a ('data', 'fsdp', 'tensor') mesh: batch over data/fsdp, heads over
-    tensor. tokenizer: anything with `decode(ids) -> str` to fill `text`. on_commit(row, ids):
-    called on the host after every chunk of steps with each row's newly committed ids.
+    tensor (default: the placement's mesh). placement: dtype, attention kernel, KV tile, weight
+    quantization, as at every door. tokenizer: anything with `decode(ids) -> str` to fill `text`.
+    on_commit(row, ids): called on the host after every chunk of steps with each row's newly
+    committed ids.
     decoder: a Decoder to run on (its slots must hold the prompts); default one built for the
-    batch, its weights quantized by `quantize` / `quantize_group` (Placement's). Ctrl-C stops
-    within one chunk of steps: the result holds what was decoded, with `interrupted` set.
+    batch, its weights quantized by the placement's `quantize`. Ctrl-C stops within one chunk of
+    steps: the result holds what was decoded, with `interrupted` set.
     """
     dc = decode_config
     decoder, prompts, requests = _setup(params, model_config, prompts, dc, capacity, mesh,
-                                        mask_token_id, kv_tile, dtype, allow_long, decoder,
-                                        attention, quantize=quantize,
-                                        quantize_group=quantize_group)
+                                        mask_token_id, placement, allow_long, decoder)
     if len(prompts) > decoder.slots:
         raise DecodeConfigError(f"{len(prompts)} prompts do not fit the decoder's {decoder.slots} slots")
     t_setup, programs = time.perf_counter(), compiled_count()
@@ -284,13 +281,13 @@ def _collect(tokens, host, requests, dc: DecodeConfig, wall, compile_s, iteratio
 
 def trace_steps(params, model_config: ModelConfig, prompts, decode_config: DecodeConfig, *,
                 capacity: int | None = None, mask_token_id: int | None = None,
-                kv_tile: int = Placement().kv_tile, dtype=jnp.float32, max_steps: int = 10_000):
+                placement: Placement = Placement(), max_steps: int = 10_000):
     """Debug hook: the same prefill and step functions, one jitted step at a time from a host loop.
     Returns (steps, final) where steps is a list of host dicts (the step's aux: fed tokens,
     positions, logits in physical order, n, live, wlen, commit) and final holds the state arrays
     (out [B, L] emitted ids, count, n, tok, done, cache layers)."""
     decoder, prompts, requests = _setup(params, model_config, prompts, decode_config, capacity,
-                                        None, mask_token_id, kv_tile, dtype)
+                                        None, mask_token_id, placement)
     state = decoder.start(requests)
     trace, out = [], [[] for _ in range(decoder.slots)]
     while not bool(np.all(np.asarray(state.done))) and len(trace) < max_steps:
