@@ -121,8 +121,8 @@ def run(args) -> dict:
             check_request(args.trace, args.method, len(read["prompts"]))
             if placement != Placement(attention=placement.attention, kv_tile=placement.kv_tile):
                 raise DecodeConfigError("--trace steps through the decode on one device in "
-                                        "float32; leave --dtype, --mesh and --quantize at their "
-                                        "defaults with it")
+                                        "float32; leave --dtype, --mesh, --quantize and "
+                                        "--kv-dtype at their defaults with it")
     tokenizer = load_tokenizer(args.checkpoint)
     read_inputs(tokenizer)          # the prompts and stops, refused before config.json is read
     ckpt = OpenCheckpoint.open(args.checkpoint, placement, method=args.method,

@@ -22,6 +22,7 @@ from typing import Sequence
 
 from wedlm_jax.dtypes import DtypeError, dtype_name
 from wedlm_jax import quantize as quantize_lib
+from wedlm_jax.attention.kv_quant import KV_DTYPES
 from wedlm_jax.sharding import MESH_AXES
 
 METHODS = ("streaming", "block", "ar", "verified")
@@ -283,6 +284,7 @@ class Placement:
     weight_layout: str = "auto"     # decode/engine/layouts.py: compiler | default | auto (compiler on TPU)
     quantize: str = "none"          # weight-only: none | int8 | int4 (wedlm_jax/quantize.py)
     quantize_group: int | None = None   # its group size (None: the scheme's; 0: per channel)
+    kv_dtype: str = "auto"          # the KV cache: auto (the dtype) | int8 (wedlm_jax/attention/kv_quant.py)
 
     def __post_init__(self):
         try:
@@ -310,6 +312,9 @@ class Placement:
             quantize_lib.resolve_group(self.quantize, self.quantize_group)
         except quantize_lib.QuantizeError as e:
             raise DecodeConfigError(str(e), e.field) from None
+        if self.kv_dtype not in KV_DTYPES:
+            raise DecodeConfigError(f"kv_dtype {self.kv_dtype!r} is unknown; allowed: "
+                                    f"{', '.join(KV_DTYPES)}", "kv_dtype")
 
     @property
     def devices_needed(self) -> int:
@@ -376,6 +381,10 @@ class Placement:
         g.add_argument("--quantize-group", type=int, default=None,
                        help="the group size along each projection's input (default: int4 "
                             f"{quantize_lib.DEFAULT_GROUP['int4']}, int8 per channel)")
+        g.add_argument("--kv-dtype", default=d.kv_dtype, choices=KV_DTYPES,
+                       help="the KV cache: auto (in --dtype) or int8 (a float32 scale per token "
+                            "and head beside its int8 row; read by the XLA attention paths: "
+                            "--attention tiled or dense, the paged gather path)")
 
     @staticmethod
     def add_dry_run_arguments(parser, who: str) -> None:
@@ -398,7 +407,8 @@ class Placement:
                    num_pages=getattr(args, "num_pages", None),
                    weight_layout=getattr(args, "weight_layout", "auto"),
                    quantize=getattr(args, "quantize", "none"),
-                   quantize_group=getattr(args, "quantize_group", None))
+                   quantize_group=getattr(args, "quantize_group", None),
+                   kv_dtype=getattr(args, "kv_dtype", "auto"))
 
 
 def check_quantize(config, placement: Placement) -> int:

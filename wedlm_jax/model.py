@@ -42,6 +42,7 @@ import jax.numpy as jnp
 from wedlm_jax.attention import core as attn_lib
 from wedlm_jax.attention import backends as attn_backends
 from wedlm_jax import masking
+from wedlm_jax.attention import kv_quant
 from wedlm_jax.attention import paged
 from wedlm_jax import quantize
 from wedlm_jax.attention import tiled as tiled_lib
@@ -400,8 +401,10 @@ def param_shapes(config: ModelConfig, param_dtype=jnp.float32):
 
 def init_kv_cache(config: ModelConfig, batch: int, capacity: int, dtype=jnp.float32) -> KVCache:
     """The K/V cache, zeros: {'k', 'v'}, each [layers, B, capacity, kv_heads, head_dim] (the
-    layer scan reads and writes one layer's slice per step). The one constructor of the cache."""
-    shape = (config.num_layers, batch, capacity, config.num_kv_heads, config.head_dim)
+    layer scan reads and writes one layer's slice per step). The one constructor of the cache.
+    An int8 `dtype`: each row its D int8 values and its scale (`attention.kv_quant`, D + 4 wide)."""
+    shape = (config.num_layers, batch, capacity, config.num_kv_heads,
+             kv_quant.cache_width(config.head_dim, dtype))
     return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
 
 
@@ -418,12 +421,13 @@ def check_kv_cache(config: ModelConfig, kv_cache) -> None:
                          f"{type(kv_cache).__name__}")
     c = config
     for name, buf in kv_cache.items():
+        width = kv_quant.cache_width(c.head_dim, buf.dtype)
         if (buf.ndim != 5 or buf.shape[0] != c.num_layers
-                or tuple(buf.shape[3:]) != (c.num_kv_heads, c.head_dim)
+                or tuple(buf.shape[3:]) != (c.num_kv_heads, width)
                 or buf.shape[1:3] != kv_cache["k"].shape[1:3]):
             raise ValueError(f"kv_cache[{name!r}] has shape {tuple(buf.shape)}; the model needs "
                              f"[layers={c.num_layers}, batch, capacity, kv_heads={c.num_kv_heads}, "
-                             f"head_dim={c.head_dim}] (model.init_kv_cache)")
+                             f"head_dim={width}] (model.init_kv_cache)")
 
 
 def random_params(config: ModelConfig, seed: int = 0, head_scale: float = 1.0,

@@ -60,14 +60,16 @@ def make_decoder(config, devices, *, method="streaming", window=16, refill="befo
                  prefill_chunk=PREFILL_CHUNK, mesh_shape=None, scan_unroll: int = 1,
                  page_size: int | None = None, num_pages: int | None = None,
                  weight_layout: str = "auto", compiler_options: dict | None = None,
-                 quantize: str = "none", quantize_group: int | None = None):
+                 quantize: str = "none", quantize_group: int | None = None,
+                 kv_dtype: str = "auto"):
     """A Decoder over abstract weights (shapes only) for `devices` (one device, or a
     ('data', 'fsdp', 'tensor') mesh of `mesh_shape` over the first devices); `scan_unroll`
     layers per iteration of the layer scan; `page_size` a paged cache (heads over tensor; None:
     the dense cache, the figures' baseline; "auto": the plan's choice for the platform);
     `weight_layout` as the plan's (resolved for the devices' platform: with "compiler" its
     `generate` is compiled here, with the weights' layouts left to the compiler, under
-    `compiler_options`); `quantize` / `quantize_group` the weights' (Placement's)."""
+    `compiler_options`); `quantize` / `quantize_group` the weights', `kv_dtype` the cache's
+    (Placement's)."""
     from decode.config import EngineOptions, Placement
     from decode.engine.decoder import Decoder
     from decode.engine.plan import make_plan
@@ -84,7 +86,7 @@ def make_decoder(config, devices, *, method="streaming", window=16, refill="befo
     placement = Placement(dtype=jnp.dtype(dtype).name, attention=attention, kv_tile=kv_tile,
                           page_size=None if page_size == "auto" else (page_size or 0),
                           num_pages=num_pages, weight_layout="default", quantize=quantize,
-                          quantize_group=quantize_group)
+                          quantize_group=quantize_group, kv_dtype=kv_dtype)
     plan = make_plan(config, engine, placement, mesh=mesh, sampling=False,
                      mask_token_id=config.vocab_size - 1, memory_limit_bytes=1 << 62)
     if scan_unroll != 1:
@@ -228,12 +230,14 @@ def dry_run(config, target: str, placement, *, method: str, window: int, refill:
                     kv_tile=placement.kv_tile, mesh_shape=placement.mesh,
                     page_size="auto" if placement.page_size is None else placement.page_size,
                     num_pages=placement.num_pages, weight_layout=placement.weight_layout,
-                    quantize=placement.quantize, quantize_group=placement.quantize_group)
+                    quantize=placement.quantize, quantize_group=placement.quantize_group,
+                    kv_dtype=placement.kv_dtype)
     lines = [f"{who} dry run for {target}: {len(devs)} of its {len(devices)} chips, "
              f"{format_bytes(limit, 'GiB')} each; mesh data={placement.mesh[0]} "
              f"fsdp={placement.mesh[1]} "
              f"tensor={placement.mesh[2]}, {placement.dtype}"
              + (f" weights quantized {placement.quantize}" if placement.quantize != "none" else "")
+             + (f", KV cache {placement.kv_dtype}" if placement.kv_dtype != "auto" else "")
              + ", cache attention "
              f"{placement.attention}, weights "
              f"{layouts.resolve(placement.weight_layout, devices[0].platform)}"

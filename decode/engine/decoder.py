@@ -362,8 +362,8 @@ class Decoder:
         if st.paged:
             c = st.config
             return paged.init_paged_cache(c.num_layers, st.num_pages, st.page_size, c.num_kv_heads,
-                                          c.head_dim, st.slots, st.pages_per_seq, jnp.dtype(st.dtype))
-        return model_lib.init_kv_cache(st.config, st.slots, st.rows, jnp.dtype(st.dtype))
+                                          c.head_dim, st.slots, st.pages_per_seq, st.cache_dtype)
+        return model_lib.init_kv_cache(st.config, st.slots, st.rows, st.cache_dtype)
 
     def live_buckets(self) -> list[int]:
         """The live-slot buckets `generate(live=...)` steps alone (powers of two below `slots`):

@@ -4,9 +4,9 @@ Decoder refuses settings that cannot fit), and what the device has free."""
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
 from decode.engine.programs import Static
+from wedlm_jax.attention.kv_quant import row_bytes
 
 
 def estimate_memory(static: Static) -> dict:
@@ -14,9 +14,8 @@ def estimate_memory(static: Static) -> dict:
     logits (float32, [slots, S, V], with a softmax-sized temporary), the verified drafts'
     distributions, and a prefill chunk's logits."""
     c = static.config
-    item = jnp.dtype(static.dtype).itemsize
     rows = static.num_pages * static.page_size if static.paged else static.slots * static.rows
-    cache = 2 * c.num_layers * rows * c.num_kv_heads * c.head_dim * item
+    cache = 2 * c.num_layers * rows * c.num_kv_heads * row_bytes(c.head_dim, static.cache_dtype)
     logits = 2 * static.slots * static.span * c.vocab_size * 4
     q = static.slots * static.span * c.vocab_size * 4 if static.keep_q else 0
     prefill = 2 * static.prefill_chunk * c.vocab_size * 4

@@ -110,7 +110,7 @@ def make_plan(model_config: ModelConfig, engine: EngineOptions, placement: Place
         page_size=cache["page_size"], num_pages=cache["num_pages"],
         page_shards=shards if cache["page_size"] else 1,
         stacked_layers=layouts.layers_stacked(device.platform) and stacked_params,
-        quantize=placement.quantize, quantize_group=quantize_group)
+        quantize=placement.quantize, quantize_group=quantize_group, kv_dtype=placement.kv_dtype)
     memory = estimate_memory(static)
     check_memory(memory, memory_limit_bytes if memory_limit_bytes is not None
                  else available_memory(mesh), static)
@@ -191,6 +191,8 @@ def cache_choice(config: ModelConfig, placement: Placement, spec: StepSpec, engi
     if page_size is None and num_pages is None:
         page_size = paged.auto_page_size(platform, config.num_heads, config.num_kv_heads, dtype,
                                          tensor, continuous=continuous)
+    if placement.kv_dtype == "int8":
+        attention, page_size = int8_cache(attention, platform, page_size, placement.page_size is None)
     page_size, num_pages = pool_size(page_size or None, num_pages, rows, engine.slots, shards)
     try:
         if page_size:
@@ -209,6 +211,24 @@ def cache_choice(config: ModelConfig, placement: Placement, spec: StepSpec, engi
         where = f"--page-size on {platform}: " if page_size and "ragged" in str(e) else ""
         raise DecodeConfigError(f"{where}{e}") from None
     return dict(page_size=page_size, num_pages=num_pages, attention=attention, kv_tile=kv_tile)
+
+
+def int8_cache(attention: str, platform: str, page_size: int, auto_pages: bool) -> tuple:
+    """(attention, page_size) for an int8 KV cache, which the XLA paths read (the dense cache's
+    tiled / dense attention, the paged gather path) and the kernels do not: "auto" becomes
+    "tiled", the TPU's default pages the dense cache (its ragged kernel reads float pages); a
+    kernel asked for by name is refused, naming it and what to use."""
+    if page_size and paged.implementation_for(platform) == "ragged":
+        if not auto_pages:
+            raise DecodeConfigError("--kv-dtype int8 is not read by the TPU ragged paged attention "
+                                    "kernel; use --page-size 0 (the dense cache, tiled attention)",
+                                    "kv_dtype")
+        page_size = 0
+    if attention in ("pallas", "cudnn"):
+        kernel = {"pallas": "Pallas (Triton) cache kernels", "cudnn": "cuDNN attention"}[attention]
+        raise DecodeConfigError(f"--kv-dtype int8 is not read by the {kernel}; use --attention "
+                                f"tiled or auto", "kv_dtype")
+    return ("tiled" if attention == "auto" else attention), page_size
 
 
 def check_memory(memory: dict, limit: int | None, static: Static) -> None:

@@ -35,7 +35,7 @@ from decode.engine.state import DecodeState, Prefix, TokenLogProbs
 from decode.engine.steps import StepSpec, ar_step, window_step
 from decode.engine.verified import verified_step
 from wedlm_jax import model as model_lib
-from wedlm_jax.attention import paged
+from wedlm_jax.attention import kv_quant, paged
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.sharding import is_axes
 
@@ -62,6 +62,12 @@ class Static:
     stacked_layers: bool = True  # the weights' layers stacked (a layer scan) or one tree per layer
     quantize: str = "none"     # the weights' quantization (wedlm_jax.quantize) and its group size
     quantize_group: int = 0
+    kv_dtype: str = "auto"     # the KV cache's: auto (dtype) | int8 (wedlm_jax.attention.kv_quant)
+
+    @property
+    def cache_dtype(self):
+        """The cache buffers' dtype (int8: rows with their scales, `kv_quant`)."""
+        return kv_quant.storage_dtype(self.kv_dtype, self.dtype)
 
     @property
     def paged(self) -> bool:
@@ -126,7 +132,7 @@ def prefill(static: Static, params, tokens, prefill_len):
     pb = tokens.shape[1]
     chunk = min(static.prefill_chunk, pb)
     forward = network(static)
-    kv = model_lib.init_kv_cache(static.config, 1, pb, jnp.dtype(static.dtype))
+    kv = model_lib.init_kv_cache(static.config, 1, pb, static.cache_dtype)
 
     def body(k, kv):
         start = jnp.minimum(k * chunk, pb - chunk)

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from wedlm_jax.attention import kv_quant
 from wedlm_jax.attention.core import NEG_SCORE, attend, cache_last_key, cache_mask
 
 IMPLEMENTATIONS = ("dense", "tiled", "pallas", "cudnn")
@@ -80,7 +81,8 @@ def attend_cache_tiles(q, k, v, cache_len, scale: float, tile: int, layer=None):
     tile, the last tile's start is pulled back to T - tile and rows already visited are masked.
     With `layer`, k and v are the stacked cache [L, B, T, KVH, D] and each tile is read straight
     from that layer of it (no copy of the layer is made)."""
-    view = (lambda x: x) if layer is None else (lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype))
+    view = lambda x: kv_quant.float_view(x if layer is None else
+                                         jax.ShapeDtypeStruct(x.shape[1:], x.dtype), q.dtype)
     _check(q, view(k), view(v), cache_len)                       # one layer: [B, T, KVH, D]
     layer_shape = view(k).shape
     b, s, h, d = q.shape
@@ -88,10 +90,14 @@ def attend_cache_tiles(q, k, v, cache_len, scale: float, tile: int, layer=None):
     tile = min(check_tile(tile), t_max)
 
     def read(buf, start):
-        """One tile [B, tile, KVH, D] of the cache (of its layer `layer` when stacked)."""
+        """One tile [B, tile, KVH, D] of the cache (of its layer `layer` when stacked), an int8
+        cache's dequantized."""
         if layer is None:
-            return jax.lax.dynamic_slice_in_dim(buf, start, tile, axis=1)
-        return jax.lax.dynamic_slice(buf, (layer, 0, start, 0, 0), (1, b, tile, kvh, d))[0]
+            part = jax.lax.dynamic_slice_in_dim(buf, start, tile, axis=1)
+        else:
+            part = jax.lax.dynamic_slice(buf, (layer, 0, start, 0, 0),
+                                         (1, b, tile, kvh, buf.shape[-1]))[0]
+        return kv_quant.from_cache(part, q.dtype)
 
     g = h // kvh
     qr = q.reshape(b, s, kvh, g, d)
@@ -416,7 +422,10 @@ def attend_cache(impl: str, q, k, v, cache_len, scale: float, *, tile: int = 256
     [L, B, T, KVH, D]: "tiled" reads its tiles from that layer in place; the others take the
     layer's slice (a copy of it at every call), except "pallas" with a static `layer` (a Python
     int: the layers unrolled, as the Decoder runs them on GPU), whose blocks read the stacked
-    cache where it lies."""
+    cache where it lies. An int8 cache (`kv_quant`) is read by "tiled" (a tile dequantized at a
+    time) and "dense" (the layer dequantized); the kernels refuse it."""
+    if kv_quant.is_quantized(k) and impl in ("pallas", "cudnn"):
+        raise kv_quant.refuse(f"{impl} cache attention kernel", "attention 'tiled'")
     if impl == "tiled":
         return attend_cache_tiles(q, k, v, cache_len, scale, tile, layer)
     if impl == "pallas" and _static_int(layer):   # the kernel's blocks index the stacked cache
@@ -426,6 +435,7 @@ def attend_cache(impl: str, q, k, v, cache_len, scale: float, *, tile: int = 256
         k = jax.lax.dynamic_index_in_dim(k, layer, 0, keepdims=False)
         v = jax.lax.dynamic_index_in_dim(v, layer, 0, keepdims=False)
     if impl == "dense":
+        k, v = kv_quant.from_cache(k, q.dtype), kv_quant.from_cache(v, q.dtype)
         return attend_cache_dense(q, k, v, cache_len, scale)
     if impl == "pallas":
         return attend_cache_pallas(q, k, v, cache_len, scale, tile, interpret=interpret)

@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from wedlm_jax.attention.kv_quant import to_cache
+
 # The score given to a masked (query, key) pair before the softmax (float32, finite so that a
 # running max over masked tiles never produces inf - inf). Shared by every kernel.
 NEG_SCORE = float(np.finfo(np.float32).min)
@@ -58,12 +60,12 @@ def cache_write(buffer: jnp.ndarray, new: jnp.ndarray, cache_len: jnp.ndarray,
     `layer` (an int32 scalar, traced or not), rows cache_len[b] .. cache_len[b] + S - 1: one
     scatter, which XLA applies to the donated buffer in place (the stacked cache travels whole
     through the layer scan; slicing a layer in and stacking it out would copy the cache, and so
-    would a vmap over the batch axis, which moves that axis first).
-    The caller guarantees cache_len[b] + S <= S_max."""
+    would a vmap over the batch axis, which moves that axis first). An int8 buffer stores each
+    row with its scale (`kv_quant.to_cache`). The caller guarantees cache_len[b] + S <= S_max."""
     b, s = new.shape[:2]
     rows = jnp.asarray(cache_len, jnp.int32)[:, None] + jnp.arange(s, dtype=jnp.int32)[None, :]
     batch = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None], (b, s))
-    return buffer.at[layer, batch, rows].set(new.astype(buffer.dtype), indices_are_sorted=True,
+    return buffer.at[layer, batch, rows].set(to_cache(new, buffer.dtype), indices_are_sorted=True,
                                              unique_indices=True, mode="promise_in_bounds")
 
 

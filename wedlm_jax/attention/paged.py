@@ -50,6 +50,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from wedlm_jax.attention import cache as ca
+from wedlm_jax.attention import kv_quant
 from wedlm_jax.attention.core import cache_last_key
 
 UNMAPPED = -1
@@ -77,8 +78,10 @@ def paged_cache_logical_axes() -> dict:
 def init_paged_cache(num_layers: int, num_pages: int, page_size: int, kv_heads: int, head_dim: int,
                      batch: int, pages_per_seq: int, dtype=jnp.float32) -> dict:
     """The paged cache, empty: {"pool": [L * P, page, 2 * KVH, D] zeros, "table": [B,
-    pages_per_seq] UNMAPPED}; P = `num_pages` pages per layer."""
-    return {"pool": jnp.zeros((num_layers * num_pages, page_size, 2 * kv_heads, head_dim), dtype),
+    pages_per_seq] UNMAPPED}; P = `num_pages` pages per layer. An int8 `dtype`: rows of D values
+    and their scale (`kv_quant`, D + 4 wide)."""
+    width = kv_quant.cache_width(head_dim, dtype)
+    return {"pool": jnp.zeros((num_layers * num_pages, page_size, 2 * kv_heads, width), dtype),
             "table": jnp.full((batch, pages_per_seq), UNMAPPED, jnp.int32)}
 
 
@@ -167,9 +170,10 @@ def check_paged_cache(num_layers: int, kv_heads: int, head_dim: int, batch: int,
     if set(kv_cache) != {"pool", "table"}:
         raise ValueError(f"a paged cache is the dict {{'pool', 'table'}}; got keys {sorted(kv_cache)}")
     pool, table = kv_cache["pool"], kv_cache["table"]
-    if pool.ndim != 4 or pool.shape[0] % num_layers or tuple(pool.shape[2:]) != (2 * kv_heads, head_dim):
+    width = kv_quant.cache_width(head_dim, pool.dtype)
+    if pool.ndim != 4 or pool.shape[0] % num_layers or tuple(pool.shape[2:]) != (2 * kv_heads, width):
         raise ValueError(f"the page pool has shape {tuple(pool.shape)}; the model needs [layers x "
-                         f"pages, page, 2 x kv_heads = {2 * kv_heads}, head_dim = {head_dim}] with "
+                         f"pages, page, 2 x kv_heads = {2 * kv_heads}, head_dim = {width}] with "
                          f"a multiple of {num_layers} pages (attention.paged.init_paged_cache)")
     if table.ndim != 2 or table.shape[0] != batch:
         raise ValueError(f"the page table has shape {tuple(table.shape)}; expected [{batch}, pages "
@@ -199,12 +203,13 @@ def write_pages(pool, k, v, page_table, cache_len, first_page=0):
     rows = jnp.asarray(cache_len, jnp.int32)[:, None] + jnp.arange(s, dtype=jnp.int32)[None]
     page, off = row_pages(page_table, rows, page_size)
     page = jnp.where(page < 0, p, page + first_page)          # out of bounds: dropped
-    return pool.at[page, off].set(interleave(k, v).astype(pool.dtype), mode="drop")
+    return pool.at[page, off].set(kv_quant.to_cache(interleave(k, v), pool.dtype), mode="drop")
 
 
 def gather_rows(pool, page_table, start_page, num_pages: int, first_page=0):
     """Rows of pages start_page .. + num_pages - 1 of every sequence: (k, v) [B, num_pages * page,
-    KVH, D] and whether each row's page is mapped [B, num_pages * page]."""
+    KVH, D] and whether each row's page is mapped [B, num_pages * page] (an int8 pool's rows as
+    stored, D + 4 wide: `kv_quant.from_cache` reads them)."""
     b = page_table.shape[0]
     cols = start_page + jnp.arange(num_pages, dtype=jnp.int32)
     cols_c = jnp.clip(cols, 0, page_table.shape[1] - 1)
@@ -237,6 +242,7 @@ def attend_pages_gather(q, pool, page_table, cache_len, scale: float, pages_per_
 
     def body(t, carry):
         kt, vt, mapped = gather_rows(pool, page_table, t * ppt, ppt, first_page)
+        kt, vt = kv_quant.from_cache(kt, q.dtype), kv_quant.from_cache(vt, q.dtype)
         idx = t * tile + jnp.arange(tile, dtype=jnp.int32)
         ok = (idx[None, None, :] <= last[:, :, None]) & mapped[:, None, :]        # [B, S, tile]
         return ca.online_softmax_step(carry, qr, kt, vt, ok[:, None, None], scale)
@@ -362,7 +368,10 @@ def attend_pages_triton(q, pool, page_table, cache_len, scale: float, first_page
 def attend_pages(impl: str, q, pool, page_table, cache_len, scale: float, *, pages_per_tile: int = 4,
                  first_page=0, interpret: bool = False, **kernel_args):
     """Run paged implementation `impl` (one of IMPLEMENTATIONS) over the layer whose pages start
-    at `first_page` of the pool."""
+    at `first_page` of the pool. An int8 pool (`kv_quant`) is read by "gather" alone."""
+    if kv_quant.is_quantized(pool) and impl != "gather":
+        kernel = "TPU ragged paged attention kernel" if impl == "ragged" else "Triton paged kernel"
+        raise kv_quant.refuse(kernel, "the dense cache (page_size 0) or attention 'tiled' off TPU")
     if impl == "gather":
         return attend_pages_gather(q, pool, page_table, cache_len, scale, pages_per_tile, first_page)
     if impl == "ragged":
