@@ -157,3 +157,47 @@ def test_demo_greedy_ar_int8_cache_keeps_the_continuation(demo):   # noqa: F811
     print("demo model, greedy AR, 48 tokens, int8 KV cache vs float32:", json.dumps(report))
     assert min(shared) >= 0.8, report
     assert report["mean_kl_per_token"] < 1e-3, report
+
+
+# ---------------------------------------------------------------------------- the doors
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from tests.tiny_checkpoint import make_checkpoint
+    return make_checkpoint(tmp_path_factory.mktemp("kv_int8"))
+
+
+def test_doors_decode_with_the_int8_cache(tiny, tmp_path, capsys, monkeypatch):
+    from decode import cli
+    from decode.engine import decoder as decoder_lib
+    from decode.text import load_tokenizer
+    from tests.test_batch_job import write_jsonl
+    path, config, params = tiny
+    made = []
+    real_init = decoder_lib.Decoder.__init__
+    monkeypatch.setattr(decoder_lib.Decoder, "__init__",
+                        lambda self, p, plan: (made.append(plan), real_init(self, p, plan))[1])
+    ids = load_tokenizer(path).encode("one two three")
+    dc = DecodeConfig(method="ar", max_new_tokens=8)
+    want = generate(params, config, [ids], dc, placement=Placement(kv_dtype="int8")).tokens[0]
+    assert cli.main(["--checkpoint", path, "--prompt", "one two three", "--method", "ar",
+                     "--max-new-tokens", "8", "--kv-dtype", "int8", "--json",
+                     "--no-default-stops"]) == 0
+    assert json.loads(capsys.readouterr().out)["results"][0]["ids"] == want
+    assert made[-1].static.cache_dtype == jnp.int8
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "prompt": "one two three",
+                                               "max_tokens": 8}])
+    out = tmp_path / "out.jsonl"
+    assert cli.main(["--checkpoint", path, "--input", src, "--output", str(out), "--method", "ar",
+                     "--kv-dtype", "int8", "--no-default-stops"]) == 0, capsys.readouterr().err
+    assert made[-1].static.paged and made[-1].static.cache_dtype == jnp.int8   # pages on CPU
+    assert json.loads(out.read_text())["token_ids"] == want
+
+
+def test_door_refuses_a_kernel_with_the_int8_cache_in_one_line(tiny, capsys):
+    from decode import cli
+    code = cli.main(["--checkpoint", tiny[0], "--prompt", "one two", "--kv-dtype", "int8",
+                     "--attention", "cudnn"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err == ("wedlm-decode: error: --kv-dtype int8 is not read by the cuDNN "
+                                 "attention; use --attention tiled or auto"), err
