@@ -40,64 +40,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
-import math
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
 
 import numpy as np
 
-GIB = 1024 ** 3
+from benchmarks.accelerator_report import gib, markdown, plots, targets
+from benchmarks.probes import GIB, device_info, median_time, probe_bandwidth, probe_matmul
+from benchmarks.shapes import DECODE_SHAPES, SMOKE_SHAPE, TRAIN_SHAPE, device_params, model_config
+
 SECTIONS = ("decode", "window", "prefill", "train", "convert")
 WINDOWS = (1, 4, 8, 16, 32)
-TARGETS = {"ar_roofline_pct_b1": 80.0, "w16_over_ar": 1.3, "train_mfu_l4096": 0.40}
-
-_QWEN3 = dict(model_type="qwen3", qk_norm=True, rope_theta=1000000.0, rms_norm_eps=1e-6,
-              max_position_embeddings=40960)
-# decode / prefill shapes, largest first (Qwen3-8B, -4B, -1.7B, -0.6B layouts): the suite's plan
-# takes the largest that fits
-DECODE_SHAPES = {
-    "8b": dict(_QWEN3, vocab_size=151936, hidden_size=4096, intermediate_size=12288,
-               num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128,
-               tie_word_embeddings=False),
-    "4b": dict(_QWEN3, vocab_size=151936, hidden_size=2560, intermediate_size=9728,
-               num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128,
-               tie_word_embeddings=True),
-    "1.7b": dict(_QWEN3, vocab_size=151936, hidden_size=2048, intermediate_size=6144,
-                 num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128,
-                 tie_word_embeddings=True),
-    "0.6b": dict(_QWEN3, vocab_size=151936, hidden_size=1024, intermediate_size=3072,
-                 num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128,
-                 tie_word_embeddings=True),
-}
-# Qwen2.5-7B, the released WeDLM-7B's base, as configs/arch/qwen2.5-7b reads (benchmarks.compile_for
-# --model 7b; not in the suite's plan, which stays within one family)
-QWEN25_7B = dict(model_type="qwen2", qkv_bias=True, rope_theta=1000000.0, rms_norm_eps=1e-6,
-                 max_position_embeddings=131072, vocab_size=152064, hidden_size=3584,
-                 intermediate_size=18944, num_layers=28, num_heads=28, num_kv_heads=4,
-                 head_dim=128, tie_word_embeddings=False)
-# the ~1B training shape (Llama-3.2-1B-like layout with Qwen3 q/k norms), and the tiny ones
-TRAIN_SHAPE = dict(_QWEN3, vocab_size=128256, hidden_size=2048, intermediate_size=8192,
-                   num_layers=16, num_heads=32, num_kv_heads=8, head_dim=64,
-                   tie_word_embeddings=True)
-SMOKE_SHAPE = dict(_QWEN3, vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=1,
-                   num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=False)
-
-# device kind (lower-case substring, most specific first) -> (dense bf16 FLOP/s, HBM bytes/s),
-# the vendors' nominal figures
-NOMINAL = [
-    ("h100 pcie", 756e12, 2.0e12), ("h100", 989e12, 3.35e12), ("h200", 989e12, 4.8e12),
-    ("gh200", 989e12, 4.0e12), ("a100-sxm4-40gb", 312e12, 1.555e12), ("a100", 312e12, 2.0e12),
-    ("l40s", 362e12, 0.864e12), ("l4", 121e12, 0.3e12),
-    ("tpu v6", 918e12, 1.64e12), ("tpu v5 lite", 197e12, 0.819e12), ("tpu v5e", 197e12, 0.819e12),
-    ("tpu v5", 459e12, 2.765e12), ("tpu v4", 275e12, 1.2e12),
-]
-
 
 class SuiteError(RuntimeError):
     """A run the suite refuses (wrong platform, shape too large, bad output folder)."""
@@ -133,11 +90,6 @@ def smoke_plan() -> Plan:
                 convert_config=SMOKE_SHAPE, batches=(1, 8), windows=(1, 2), prefix=16,
                 capacity=20, kv_tile=16, prefill=32, train_lengths=(32,), remat=False, block_size=8,
                 copy_bytes=4 * 1024 ** 2, matmul_n=128, repeats=2, inner=2)
-
-
-def model_config(fields: dict):
-    from wedlm_jax.config import ModelConfig
-    return ModelConfig(**fields)
 
 
 def kv_bytes_per_token(c, itemsize: int = 2) -> int:
@@ -182,12 +134,8 @@ def prefill_estimate(c, length: int) -> dict:
     return parts
 
 
-def _gib(x: float) -> str:
-    return f"{x / GIB:.2f} GiB"
-
-
 def _explain(parts: dict) -> str:
-    return ", ".join(f"{k} {_gib(v)}" for k, v in parts.items() if k != "total")
+    return ", ".join(f"{k} {gib(v)}" for k, v in parts.items() if k != "total")
 
 
 def check_platform(platform: str, smoke: bool) -> None:
@@ -226,89 +174,10 @@ def make_plan(platform: str, memory: int, *, smoke: bool, model: str | None = No
             if est["total"] <= budget:
                 return dataclasses.replace(plan, model=name, decode_config=fields,
                                            batches=batches)
-            tried.append(f"{name} at batch {max(batches)}: {_gib(est['total'])} "
+            tried.append(f"{name} at batch {max(batches)}: {gib(est['total'])} "
                          f"({_explain(est)})")
-    raise SuiteError(f"no decode shape fits the device memory ({_gib(memory)}, 90% usable = "
-                     f"{_gib(budget)}) with {rows} cache rows; estimates: " + "; ".join(tried))
-
-
-# ------------------------------------------------------------------------------------ device
-
-def device_info(memory_override_gib: float | None = None) -> dict:
-    import jax
-    dev = jax.devices()[0]
-    stats = {}
-    try:
-        stats = dev.memory_stats() or {}
-    except Exception:                                         # CPU has none on some versions
-        stats = {}
-    memory = stats.get("bytes_limit")
-    if memory is None:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if memory_override_gib is not None:
-        memory = int(memory_override_gib * GIB)
-    kind = getattr(dev, "device_kind", dev.platform)
-    nominal = next(((f, b) for key, f, b in NOMINAL if key in kind.lower()), (None, None))
-    return {"platform": jax.default_backend(), "device_kind": kind,
-            "device_count": jax.device_count(), "memory_bytes": int(memory),
-            "nominal_bf16_flops": nominal[0], "nominal_hbm_bytes_per_s": nominal[1],
-            "jax": jax.__version__, "host_cpus": os.cpu_count(),
-            "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")}
-
-
-def _median_time(fn, repeats: int) -> float:
-    import jax
-    jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def probe_bandwidth(nbytes: int, repeats: int) -> float:
-    """Bytes/s of x + 1 over a bf16 array of `nbytes` (read nbytes, write nbytes)."""
-    import jax
-    import jax.numpy as jnp
-    n = nbytes // 2
-    x = jax.jit(lambda: jnp.zeros((n,), jnp.bfloat16))()
-    f = jax.jit(lambda x: x + 1)
-    t = _median_time(lambda: f(x), max(repeats, 3))
-    return 2 * n * 2 / t
-
-
-def probe_matmul(n: int, repeats: int) -> float:
-    """FLOP/s of an n x n x n bf16 matmul (f32 accumulation)."""
-    import jax
-    import jax.numpy as jnp
-    a = jax.jit(lambda: jnp.ones((n, n), jnp.bfloat16))()
-    b = jax.jit(lambda: jnp.full((n, n), 0.5, jnp.bfloat16))()
-    f = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
-    t = _median_time(lambda: f(a, b), max(repeats, 3))
-    return 2.0 * n ** 3 / t
-
-
-def device_params(config, seed: int = 0):
-    """Random bf16 parameters generated on the device (weights N(0, 0.02), norm scales 1)."""
-    import jax
-    import jax.numpy as jnp
-
-    from wedlm_jax.model import param_shapes
-    shapes = param_shapes(config, jnp.bfloat16)
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
-
-    @jax.jit
-    def make(key):
-        keys = jax.random.split(key, len(leaves))
-        out = []
-        for k, (path, s) in zip(keys, leaves):
-            if "scale" in jax.tree_util.keystr(path):
-                out.append(jnp.ones(s.shape, jnp.bfloat16))
-            else:
-                out.append((0.02 * jax.random.normal(k, s.shape, jnp.float32)).astype(jnp.bfloat16))
-        return jax.tree_util.tree_unflatten(treedef, out)
-    return make(jax.random.key(seed))
+    raise SuiteError(f"no decode shape fits the device memory ({gib(memory)}, 90% usable = "
+                     f"{gib(budget)}) with {rows} cache rows; estimates: " + "; ".join(tried))
 
 
 # ---------------------------------------------------------------------------------- sections
@@ -386,7 +255,7 @@ def run_prefill(plan: Plan, info: dict, params, peak: float) -> list[dict]:
     for impl in cache_backends(info["platform"]):
         row = {"attention": impl, "tokens": plan.prefill, "estimate_bytes": est["total"]}
         if est["total"] > 0.9 * info["memory_bytes"]:
-            row["refused"] = f"estimate {_gib(est['total'])} ({_explain(est)}) > 90% of {_gib(info['memory_bytes'])}"
+            row["refused"] = f"estimate {gib(est['total'])} ({_explain(est)}) > 90% of {gib(info['memory_bytes'])}"
         else:
             try:
                 t = measure(c, params, [plan.prefill], 0, plan.prefill, plan.kv_tile,
@@ -445,8 +314,8 @@ def run_train(plan: Plan, info: dict, peak: float, attention=None) -> list[dict]
                    "params": c.num_params(), "estimate_bytes": est["total"]}
             out.append(row)
             if est["total"] > 0.9 * info["memory_bytes"]:
-                row["refused"] = (f"estimate {_gib(est['total'])} ({_explain(est)}) > 90% of "
-                                  f"{_gib(info['memory_bytes'])}")
+                row["refused"] = (f"estimate {gib(est['total'])} ({_explain(est)}) > 90% of "
+                                  f"{gib(info['memory_bytes'])}")
                 continue
             cfg = load_config(None, [
                 "model.config=" + json.dumps(fields), "data.train_files=[unused.jsonl]",
@@ -473,7 +342,7 @@ def run_train(plan: Plan, info: dict, peak: float, attention=None) -> list[dict]
                 holder["state"], m = fn(holder["state"], batch)
                 return m["loss"]
             try:
-                t = _median_time(one, max(2, plan.repeats // 3))
+                t = median_time(one, max(2, plan.repeats // 3))
             except Exception as e:
                 row["failed"] = failure(e)
                 continue
@@ -522,177 +391,6 @@ def run_convert(plan: Plan, workdir: str) -> dict:
         shutil.rmtree(root, ignore_errors=True)
 
 
-# ------------------------------------------------------------------------------------ report
-
-def _count(n: int) -> str:
-    return f"{n / 1e9:.2f} B" if n >= 1e8 else f"{n / 1e6:.3f} M"
-
-
-def _fmt(x, spec=".2f"):
-    return "-" if x is None else format(x, spec)
-
-
-def targets(report: dict) -> dict:
-    """The issue's targets, met or not (None where not measured)."""
-    dec = [r for r in report.get("decode", []) if r["batch"] == 1 and "step_s" in r]
-    ar = max((r["roofline_pct"] for r in dec), default=None)
-    win = report.get("window") or {}
-    win = {} if "failed" in win else win
-    w16 = win.get("after", {}).get("16")
-    mfu = [r.get("mfu_nominal") or r.get("mfu_probe") for r in report.get("train", [])
-           if r.get("seq_len") == max(report["plan"]["train_lengths"]) and "step_s" in r]
-    mfu = max(mfu, default=None)
-    if report["plan"]["smoke"]:                 # tiny shapes on CPU: nothing to hold to a target
-        ar = w16 = mfu = None
-    return {"ar_roofline_pct_b1": {"target": f">= {TARGETS['ar_roofline_pct_b1']}",
-                                   "value": ar, "met": None if ar is None else ar >= TARGETS["ar_roofline_pct_b1"]},
-            "w16_over_ar": {"target": f"<= {TARGETS['w16_over_ar']}", "value": w16,
-                            "met": None if w16 is None else w16 <= TARGETS["w16_over_ar"]},
-            "train_mfu_longest_L": {"target": f">= {TARGETS['train_mfu_l4096']}", "value": mfu,
-                                    "met": None if mfu is None else mfu >= TARGETS["train_mfu_l4096"]}}
-
-
-def markdown(report: dict) -> str:
-    d, p = report["device"], report["plan"]
-    lines = [f"# Accelerator suite: {d['device_kind']} ({d['platform']}), {d['date_utc']} UTC", ""]
-    if p["smoke"]:
-        lines += ["**--smoke**: tiny shapes on CPU, a check of the code paths; these figures say "
-                  "nothing about any hardware.", ""]
-    lines += [f"Command: `{report['command']}`", "",
-              f"jax {d['jax']}, {d['device_count']} device(s), memory {_gib(d['memory_bytes'])}; "
-              f"decode shape `{p['model']}` ({_count(report['decode_params'])} params), "
-              f"train shape {_count(report['train_params'])} params.", ""]
-    pr = report.get("probes", {})
-    if pr:
-        nom_f, nom_b = d.get("nominal_bf16_flops"), d.get("nominal_hbm_bytes_per_s")
-        lines += ["| probe | measured | nominal |", "|---|---|---|",
-                  f"| copy bandwidth | {pr['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s | "
-                  f"{_fmt(nom_b and nom_b / 1e9, '.0f')} GB/s |",
-                  f"| bf16 matmul (n={p['matmul_n']}) | {pr['matmul_flops'] / 1e12:.2f} TFLOP/s | "
-                  f"{_fmt(nom_f and nom_f / 1e12, '.0f')} TFLOP/s |", ""]
-    if report.get("decode"):
-        lines += [f"## AR decode step (1 slot per row, {p['prefix']} committed tokens, bf16)", "",
-                  "| attention | batch | step ms | roofline ms | % of roofline | tokens/s |",
-                  "|---|---|---|---|---|---|"]
-        for r in report["decode"]:
-            if "failed" in r:
-                lines.append(f"| {r['attention']} | {r['batch']} | failed: {r['failed']} | | | |")
-                continue
-            lines.append(f"| {r['attention']} | {r['batch']} | {r['step_s'] * 1e3:.3f} | "
-                         f"{r['roofline_s'] * 1e3:.3f} | {r['roofline_pct']:.1f} | "
-                         f"{r['tokens_per_s']:.1f} |")
-        lines.append("")
-    if "failed" in (report.get("window") or {}):
-        lines += [f"## W-slot step cost: failed ({report['window']['failed']})", ""]
-    elif report.get("window"):
-        w = report["window"]
-        lines += [f"## W-slot step cost / AR step (batch 1, attention `{w['attention']}`)", "",
-                  "| W | after (W slots) | before (2W slots) |", "|---|---|---|"]
-        for k in map(str, p["windows"]):
-            lines.append(f"| {k} | {w['after'][k]:.2f} | {w['before'][k]:.2f} |")
-        lines.append("")
-    if report.get("prefill"):
-        lines += [f"## Prefill ({p['prefill']} tokens, batch 1)", "",
-                  "| attention | ms | tokens/s | MFU (probe) | MFU (nominal) |",
-                  "|---|---|---|---|---|"]
-        for r in report["prefill"]:
-            if "refused" in r or "failed" in r:
-                lines.append(f"| {r['attention']} | {'refused: ' + r['refused'] if 'refused' in r else 'failed: ' + r['failed']} | | | |")
-            else:
-                lines.append(f"| {r['attention']} | {r['step_s'] * 1e3:.2f} | "
-                             f"{r['tokens_per_s']:.0f} | {r['mfu_probe']:.3f} | "
-                             f"{_fmt(r['mfu_nominal'], '.3f')} |")
-        lines.append("")
-    if report.get("train"):
-        lines += [f"## Train step (dual stream, bf16{', remat' if p['remat'] else ''})", "",
-                  "| attention | L | step s | tokens/s | MFU (probe) | MFU (nominal) |",
-                  "|---|---|---|---|---|---|"]
-        for r in report["train"]:
-            if "skipped" in r:
-                lines.append(f"| {r['attention']} | - | not available: {r['skipped']} | | | |")
-            elif "refused" in r or "failed" in r:
-                why = "refused: " + r["refused"] if "refused" in r else "failed: " + r["failed"]
-                lines.append(f"| {r['attention']} | {r['seq_len']} | {why} | | | |")
-            else:
-                lines.append(f"| {r['attention']} | {r['seq_len']} | {r['step_s']:.3f} | "
-                             f"{r['tokens_per_s']:.0f} | {r['mfu_probe']:.3f} | "
-                             f"{_fmt(r['mfu_nominal'], '.3f')} |")
-        lines.append("")
-    if "failed" in (report.get("convert") or {}):
-        lines += [f"## Conversion: failed ({report['convert']['failed']})", ""]
-    elif report.get("convert"):
-        cv = report["convert"]
-        lines += [f"## Conversion ({cv['checkpoint_bytes'] / 1e6:.1f} MB bf16 checkpoint, "
-                  f"{_count(cv['params'])} params)", "", "| path | s | GB/s |", "|---|---|---|"]
-        for k, v in cv["seconds"].items():
-            lines.append(f"| {k} | {v:.3f} | {cv['gb_per_s'][k]:.3f} |")
-        lines.append("")
-    lines += ["## Targets", "", "| target | wanted | value | met |", "|---|---|---|---|"]
-    for k, t in report["targets"].items():
-        lines.append(f"| {k} | {t['target']} | {_fmt(t['value'], '.3f')} | {t['met']} |")
-    lines += ["", f"Plots: {report['plots']}", ""]
-    if report.get("failures"):
-        lines += ["Failed entries (the rest of the report stands):", ""]
-        lines += [f"- {f}" for f in report["failures"]] + [""]
-    return "\n".join(lines)
-
-
-def plots(report: dict, folder: str) -> str:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "skipped: matplotlib is not installed (pip install '.[plot]')"
-    made = []
-    title = f"{report['device']['device_kind']}{' (smoke)' if report['plan']['smoke'] else ''}"
-    if any("step_s" in r for r in report.get("decode", [])):
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        ok = [r for r in report["decode"] if "step_s" in r]
-        impls = sorted({r["attention"] for r in ok})
-        batches = report["plan"]["batches"]
-        width = 0.8 / len(impls)
-        for i, impl in enumerate(impls):
-            vals = [next((r["roofline_pct"] for r in ok
-                          if r["attention"] == impl and r["batch"] == b), 0.0) for b in batches]
-            ax.bar(np.arange(len(batches)) + i * width, vals, width, label=impl)
-        ax.set_xticks(np.arange(len(batches)) + 0.4 - width / 2, [str(b) for b in batches])
-        ax.axhline(TARGETS["ar_roofline_pct_b1"], ls="--", c="k", lw=0.8)
-        ax.set(xlabel="batch", ylabel="% of HBM roofline", title=f"AR decode step: {title}")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(os.path.join(folder, "decode_roofline.png"), dpi=120)
-        plt.close(fig)
-        made.append("decode_roofline.png")
-    if report.get("window") and "failed" not in report["window"]:
-        w = report["window"]
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        ws = report["plan"]["windows"]
-        for order in ("after", "before"):
-            ax.plot(ws, [w[order][str(k)] for k in ws], "o-", label=order)
-        ax.axhline(TARGETS["w16_over_ar"], ls="--", c="k", lw=0.8)
-        ax.set_xscale("log", base=2)
-        ax.set(xlabel="window W", ylabel="step cost / AR step",
-               title=f"W-slot step cost ({w['attention']}): {title}")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(os.path.join(folder, "window_curve.png"), dpi=120)
-        plt.close(fig)
-        made.append("window_curve.png")
-    runs = [r for r in report.get("train", []) if "step_s" in r]
-    if runs:
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        labels = [f"{r['attention']}\nL={r['seq_len']}" for r in runs]
-        ax.bar(labels, [100 * (r["mfu_nominal"] or r["mfu_probe"]) for r in runs])
-        ax.axhline(100 * TARGETS["train_mfu_l4096"], ls="--", c="k", lw=0.8)
-        ax.set(ylabel="MFU %", title=f"train step: {title}")
-        fig.tight_layout()
-        fig.savefig(os.path.join(folder, "train_mfu.png"), dpi=120)
-        plt.close(fig)
-        made.append("train_mfu.png")
-    return ", ".join(made) or "none (no section produced data)"
-
-
 def prepare_out(out: str) -> str:
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise SuiteError(f"--out {out} already exists and is not an empty folder; choose another")
@@ -720,7 +418,7 @@ def run(args) -> dict:
                   "decode_params": model_config(plan.decode_config).num_params(),
                   "train_params": model_config(plan.train_config).num_params()}
         print(f"[accelerator] {info['device_kind']} ({info['platform']}), memory "
-              f"{_gib(info['memory_bytes'])}, decode shape {plan.model}", file=sys.stderr)
+              f"{gib(info['memory_bytes'])}, decode shape {plan.model}", file=sys.stderr)
         clock = {"t": time.perf_counter()}
         report["section_s"] = {}
 

@@ -16,7 +16,7 @@ bf16, with the slots over data and the heads over `tensor` = all chips of the to
   train     the train step of configs/wedlm_8b_from_qwen3.yaml's objective (dual stream, block 32,
             4096-token rows, remat full, bf16, loss in 1024-slot chunks; its cost from unchunked
             compiles, see `train_row`) for the 1B-class shape
-            (benchmarks.accelerator.TRAIN_SHAPE), fsdp over all chips, one row per chip, with the
+            (benchmarks.shapes.TRAIN_SHAPE), fsdp over all chips, one row per chip, with the
             attention resolved for the target (splash on TPU)
 with --page-size, every decode program also with the paged cache (one chip; jax's ragged paged
 attention kernel on TPU: libtpu counts ~10 KB for the Mosaic call, so every layer's live K/V
@@ -190,11 +190,11 @@ def prefill_row(config, t: Target, prompt_len: int) -> dict:
 
 
 def train_row(t: Target, seq_len: int = 4096, shape: dict | None = None) -> dict:
-    """The train step of `shape` (default benchmarks.accelerator.TRAIN_SHAPE, the 1B class), one
+    """The train step of `shape` (default benchmarks.shapes.TRAIN_SHAPE, the 1B class), one
     `seq_len` row per chip, fsdp over the chips: memory from the real (scanned, chunked-loss)
     program, cost and MFU estimates from the unrolled one compiled to be costed
     (`wedlm_jax.compiled.estimate_options`: no SparseCore offload, whose ops libtpu does not cost)."""
-    from benchmarks.accelerator import TRAIN_SHAPE
+    from benchmarks.shapes import TRAIN_SHAPE
     from train import dry_run, step as step_lib
     from train.config import config_from_dict
     from wedlm_jax.compiled import estimate_options, figures
@@ -310,7 +310,7 @@ def main(argv=None) -> int:
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--compile-for", required=True, help=f"comma-separated targets: {FORMS}")
     ap.add_argument("--model", default="8b", help="decode shape: 8b, 4b, 1.7b or 0.6b (benchmarks."
-                                                   "accelerator.DECODE_SHAPES), 7b (QWEN25_7B); "
+                                                   "shapes.DECODE_SHAPES), 7b (QWEN25_7B); "
                                                    "smoke: a 3-layer toy (tests)")
     ap.add_argument("--quick", action="store_true", help="AR and streaming W 16 at batch 8, "
                                                          "no prefill or train")
@@ -324,11 +324,11 @@ def main(argv=None) -> int:
     ap.add_argument("--programs", default="decode,prefill,train",
                     help="which programs: any of decode, prefill, train (--quick: decode)")
     ap.add_argument("--train-model", default="1b", help="the train step's shape: 1b "
-                    "(benchmarks.accelerator.TRAIN_SHAPE) or a --model name (8b: the released "
+                    "(benchmarks.shapes.TRAIN_SHAPE) or a --model name (8b: the released "
                     "WeDLM-8B's)")
     ap.add_argument("--out", default="benchmarks/results/compile_for")
     a = ap.parse_args(argv)
-    from benchmarks.accelerator import DECODE_SHAPES, QWEN25_7B, SMOKE_SHAPE, model_config
+    from benchmarks.shapes import DECODE_SHAPES, QWEN25_7B, SMOKE_SHAPE, model_config
     shapes = dict(DECODE_SHAPES, smoke=dict(SMOKE_SHAPE, num_layers=3))
     shapes["7b"] = QWEN25_7B
     try:

@@ -123,7 +123,7 @@ class Clock:
 
 
 def probes(smoke: bool) -> dict:
-    from benchmarks.accelerator import device_info, probe_bandwidth, probe_matmul
+    from benchmarks.probes import device_info, probe_bandwidth, probe_matmul
     info = device_info()
     bw = probe_bandwidth((4 << 20) if smoke else (4 << 30), 10)
     mm = probe_matmul(128 if smoke else 8192, 10)
@@ -275,7 +275,7 @@ def steps(smoke: bool, clock: Clock, rounds: int, info: dict, out: list, save=la
     compile and every compiled setting's rounds."""
     import jax
 
-    from benchmarks.accelerator import DECODE_SHAPES, SMOKE_SHAPE, device_params, model_config
+    from benchmarks.shapes import DECODE_SHAPES, SMOKE_SHAPE, device_params, model_config
     from wedlm_jax.model import unstack_layers
     config = model_config(dict(SMOKE_SHAPE if smoke else DECODE_SHAPES["8b"]))
     live = live or (32 if smoke else 2048)
@@ -329,7 +329,8 @@ def train(smoke: bool, info: dict, attention: str = "auto") -> list[dict]:
     import jax
     import jax.numpy as jnp
 
-    from benchmarks.accelerator import device_info, make_plan, run_train
+    from benchmarks.accelerator import make_plan, run_train
+    from benchmarks.probes import device_info
     from benchmarks.on_gpu_admit import card_rate
     from wedlm_jax.attention import backends as ab
     info = info if "memory_bytes" in info else dict(device_info(), **info)

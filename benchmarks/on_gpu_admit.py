@@ -73,12 +73,12 @@ def prefill_flops(config, rows: int) -> float:
 
 def card_rate(info: dict) -> tuple[float | None, str | None]:
     """The bf16 FLOP/s an MFU is taken against: the probes' measured matmul rate, else the
-    card's nominal peak (benchmarks.accelerator.NOMINAL), else None."""
+    card's nominal peak (benchmarks.probes.NOMINAL), else None."""
     if info.get("bf16_flops"):
         return info["bf16_flops"], "measured bf16 matmul rate (probes)"
     nominal = info.get("nominal_bf16_flops")
     if nominal is None:
-        from benchmarks.accelerator import device_info
+        from benchmarks.probes import device_info
         nominal = device_info().get("nominal_bf16_flops")
     return (nominal, "nominal bf16 peak") if nominal else (None, None)
 
@@ -164,7 +164,7 @@ def admit(smoke: bool, rounds: int, info: dict, live: int | None = None,
     platform's choice)."""
     import jax
 
-    from benchmarks.accelerator import DECODE_SHAPES, SMOKE_SHAPE, device_params, model_config
+    from benchmarks.shapes import DECODE_SHAPES, SMOKE_SHAPE, device_params, model_config
     from wedlm_jax.model import unstack_layers
     config = model_config(dict(SMOKE_SHAPE if smoke else DECODE_SHAPES["8b"]))
     live = live or (32 if smoke else 2048)

@@ -6,7 +6,7 @@ and `torch.compile`, the AR step timed at each batch, in a process of its own.
     python -m benchmarks.torch_baseline --smoke --out FILE     # this CPU: the tiny shape, eager
 
 The model is a `Qwen3ForCausalLM` built from the `Qwen3Config` of one of the shapes the JAX runs
-use (`benchmarks.accelerator.DECODE_SHAPES`, written by `ModelConfig.to_hf_dict`), its random
+use (`benchmarks.shapes.DECODE_SHAPES`, written by `ModelConfig.to_hf_dict`), its random
 weights made on the device in bf16 (no download). Per batch: a `StaticCache` of `live` + the
 decoded tokens rows (transformers' static-cache attention reads every row of it: the cache is as
 long as a `generate` call of these tokens would make it), a prompt of `live` random tokens a row
@@ -38,10 +38,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def hf_config(shape: str):
-    """The `Qwen3Config` of one of `benchmarks.accelerator.DECODE_SHAPES` ('smoke': SMOKE_SHAPE)."""
+    """The `Qwen3Config` of one of `benchmarks.shapes.DECODE_SHAPES` ('smoke': SMOKE_SHAPE)."""
     from transformers import Qwen3Config
 
-    from benchmarks.accelerator import DECODE_SHAPES, SMOKE_SHAPE
+    from benchmarks.shapes import DECODE_SHAPES, SMOKE_SHAPE
     from wedlm_jax.config import ModelConfig
     fields = SMOKE_SHAPE if shape == "smoke" else DECODE_SHAPES[shape]
     d = ModelConfig(**fields).to_hf_dict()
@@ -251,7 +251,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.torch_baseline",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="the JSON report (written after every stage)")
-    ap.add_argument("--shape", default="8b", help="a shape of benchmarks.accelerator.DECODE_SHAPES")
+    ap.add_argument("--shape", default="8b", help="a shape of benchmarks.shapes.DECODE_SHAPES")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--live", type=int, default=2048, help="prompt tokens a row (live cache rows)")
     ap.add_argument("--steps", type=int, default=32, help="decode steps a timed round")

@@ -10,6 +10,7 @@ import os
 import pytest
 
 from benchmarks import accelerator as acc
+from benchmarks.shapes import SMOKE_SHAPE, TRAIN_SHAPE, model_config
 
 GIB = acc.GIB
 
@@ -26,7 +27,7 @@ def test_smoke_run_writes_the_report(tmp_path, capsys):
     dec = rep["decode"]
     assert {(r["attention"], r["batch"]) for r in dec} == {(a, b) for a in ("dense", "tiled")
                                                             for b in (1, 8)}
-    c = acc.model_config(acc.SMOKE_SHAPE)
+    c = model_config(SMOKE_SHAPE)
     for r in dec:
         assert r["step_s"] > 0
         assert r["kv_bytes"] == r["batch"] * 17 * acc.kv_bytes_per_token(c)
@@ -82,7 +83,7 @@ def test_plans_follow_the_device_memory():
     with pytest.raises(acc.SuiteError, match="--model must be one of 8b, 4b, 1.7b, 0.6b"):
         acc.make_plan("gpu", 80 * GIB, smoke=False, model="70b")
     # the train sweep's per-entry estimates: dense attention at L = 4096 needs its [T, T] scores
-    c = acc.model_config(acc.TRAIN_SHAPE)
+    c = model_config(TRAIN_SHAPE)
     dense, tiled = (acc.train_estimate(c, 1, 4096, impl)["total"] for impl in ("dense", "tiled"))
     assert dense - tiled > 32 * 8192 ** 2 * 4 * 3        # 32 heads' f32 [T, T] x 3
 

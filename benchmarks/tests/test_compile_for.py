@@ -47,7 +47,7 @@ def test_unrolled_cost_counts_every_layer():
     code = (
         "import json, jax\n"
         "from decode.compile import aot\n"
-        "from benchmarks.accelerator import SMOKE_SHAPE, model_config\n"
+        "from benchmarks.shapes import SMOKE_SHAPE, model_config\n"
         "c = model_config(dict(SMOKE_SHAPE, num_layers=3)).replace(max_position_embeddings=4096)\n"
         "cpu = jax.devices('cpu')[0]\n"
         "kw = dict(method='ar', window=1, slots=2, capacity=256, dtype='float32', kv_tile=64)\n"
@@ -144,7 +144,7 @@ def test_train_mfu_adds_the_attention_kernel_to_libtpus_estimate():
 
 
 def test_the_7b_decode_shape_is_the_checked_in_qwen25_7b_architecture():
-    from benchmarks.accelerator import QWEN25_7B, model_config
+    from benchmarks.shapes import QWEN25_7B, model_config
     from wedlm_jax.checkpoints import read_config
     want = read_config(os.path.join(ROOT, "configs", "arch", "qwen2.5-7b"))
     got = model_config(QWEN25_7B)
