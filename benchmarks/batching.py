@@ -34,7 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def make_requests(tokenizer, n: int, seed: int = 0, model: str = DEMO_MODEL):
-    from decode.engine.decoder import Request
+    from decode.engine.state import Request
     rng = random.Random(seed)
     prompts = []
     for kind in ("counting", "arith", "code"):

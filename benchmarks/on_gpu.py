@@ -229,7 +229,7 @@ def _compile_setting(setting, params, config, live: int, smoke: bool, info: dict
 
     from benchmarks.on_gpu_admit import capacity_for, resolved_attention, served_decoder
     from decode.compile.aot import step_floor
-    from decode.engine.decoder import Request
+    from decode.engine.state import Request
     name, method, window, refill, slots, page_size, attention = setting
     row = dict(setting=name, method=method, window=window, refill=refill, slots=slots, live=live)
     t0 = time.perf_counter()

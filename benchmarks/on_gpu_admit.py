@@ -126,7 +126,7 @@ def release(dec, state, n: int):
 
 
 def _requests(config, n: int, live: int, seed: int) -> list:
-    from decode.engine.decoder import Request
+    from decode.engine.state import Request
     rng = np.random.default_rng(seed)
     return [Request(prompt=tuple(int(x) for x in rng.integers(0, config.vocab_size - 1, live)),
                     max_new_tokens=64, tau=0.4) for _ in range(n)]

@@ -31,7 +31,7 @@ import jax
 
 from benchmarks.decoders import decoder
 from decode.serving.batching import Batcher
-from decode.engine.decoder import Request
+from decode.engine.state import Request
 from demo.eval import DEMO_MODEL, eval_items, load_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))

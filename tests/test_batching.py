@@ -17,7 +17,8 @@ import pytest
 from tests import plans
 from decode.serving.batching import Batcher
 from decode.config import DecodeConfig, DecodeConfigError, Placement
-from decode.engine.decoder import Decoder, Request
+from decode.engine.decoder import Decoder
+from decode.engine.state import Request
 from decode.static.static_batch import generate
 from tests.synthetic import random_params
 from wedlm_jax.config import ModelConfig

@@ -20,7 +20,9 @@ from tests import plans
 from decode.engine import sampling
 from decode.config import DecodeConfig, DecodeConfigError, Placement
 from decode.config import DecodeConfig as _DecodeConfig
-from decode.engine.decoder import Decoder, Request, compiled_count
+from decode.engine.decoder import Decoder
+from decode.engine.state import Request
+from decode.engine.programs import compiled_count
 from decode.engine.state import Settings
 from decode.static.static_batch import generate, trace_steps
 from tests.decode_reference import FullForward, reference_generate

@@ -131,7 +131,7 @@ def test_decode_bounds_refused_or_limited_before_compiling(ckpt, capsys, tmp_pat
     """A window far past the budget runs at the budget's width; a budget past the model's
     positions, or past memory, is refused before anything compiles; a trace into a missing folder
     is refused before decoding."""
-    from decode.engine.decoder import compiled_count
+    from decode.engine.programs import compiled_count
     from decode.static.static_batch import static_decoder
     path, config, params = ckpt
     dc = DecodeConfig(window=100000, max_new_tokens=6, tau=2.0)

@@ -38,7 +38,7 @@ SCRIPT = textwrap.dedent('''
     # continuous batching on the mesh: 6 requests through 2 slots (one per data shard), inserted
     # into the sharded state as slots free; every request equals its own one-device decode
     from decode.serving.batching import Batcher
-    from decode.engine.decoder import Request
+    from decode.engine.state import Request
     from tests import plans
     reqs = [Request(prompt=tuple(p), max_new_tokens=n, tau=2.5, lam=0.05)
             for p, n in zip(prompts + prompts[:2], (12, 3, 9, 5, 7, 1))]
@@ -65,7 +65,7 @@ SCRIPT = textwrap.dedent('''
                                 pool_spec=str(b.state.cache.layers["pool"].sharding.spec))
     # slots over data (2 shards) and heads over tensor: a pool per slot shard; requests sharing a
     # 17-token prefix reuse its pages when they land on the shard that holds them
-    from decode.engine.decoder import DecodeConfigError
+    from decode.config import DecodeConfigError
     prefix = list(range(20, 37))
     more = reqs + [Request(prompt=tuple(prefix + [40 + i]), max_new_tokens=6, tau=2.5, lam=0.05)
                    for i in range(3)]

@@ -17,7 +17,8 @@ import pytest
 from tests import plans
 from decode.serving.batching import Batcher
 from decode.config import DecodeConfig, DecodeConfigError, Placement
-from decode.engine.decoder import Decoder, Request
+from decode.engine.decoder import Decoder
+from decode.engine.state import Request
 from decode.serving.scoring import score
 from decode.static.static_batch import generate, trace_steps
 from tests.test_decode import CAP, CONFIG, PROMPTS, TILE, params  # noqa: F401 (fixture)

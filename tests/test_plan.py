@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from decode.config import DecodeConfigError, EngineOptions, Placement
-from decode.engine.decoder import Decoder, Request
+from decode.engine.decoder import Decoder
+from decode.engine.state import Request
 from decode.engine.plan import Plan, make_plan, mask_id_for
 from tests.synthetic import random_params
 from wedlm_jax.config import ModelConfig

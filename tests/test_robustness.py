@@ -39,7 +39,7 @@ def _decoder(tiny, **kw):
 
 
 def test_request_bounds_are_refused_before_any_device_work(tiny):
-    from decode.engine.decoder import Request
+    from decode.engine.state import Request
     dec = _decoder(tiny)
     for field, value in (("top_k", 2**40), ("seed", 2**33), ("max_new_tokens", 2**31),
                          ("temperature", float("inf"))):
@@ -54,7 +54,7 @@ def test_a_request_that_fails_in_the_engine_fails_alone(tiny):
     others give the tokens they give alone, and the Batcher serves new requests afterwards. A
     failing generate call ends the requests in flight with 'error' and the state is rebuilt."""
     from decode.serving.batching import Batcher
-    from decode.engine.decoder import Request
+    from decode.engine.state import Request
     dec = _decoder(tiny)
     alone = {}
     for p in ((5, 6, 7), (9, 8)):

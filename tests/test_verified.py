@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from decode.config import DecodeConfig, DecodeConfigError, Placement
-from decode.engine.decoder import compiled_count
+from decode.engine.programs import compiled_count
 from decode.static.static_batch import generate, trace_steps
 from tests.verified_reference import reference_verified
 from wedlm_jax.config import ModelConfig

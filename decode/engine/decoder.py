@@ -46,11 +46,12 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from decode.engine import layouts
 from decode.engine import programs
-from decode.config import DecodeConfigError, Sampling, is_int
+from decode.config import DecodeConfigError, is_int
 from decode.engine.pages import static_batch_table
 from decode.engine.plan import Plan
-from decode.engine.programs import cache_axes, compiled_count  # noqa: F401 (compiled_count: a check)
-from decode.engine.state import DecodeState, Prefix, ResultTokens, free_rows, request_row  # noqa: F401
+from decode.engine.programs import cache_axes
+from decode.engine.state import (DecodeState, Prefix, Request, ResultTokens, free_rows,
+                                 pow2_at_least, request_row)
 from wedlm_jax import model as model_lib
 from wedlm_jax.attention import paged
 from wedlm_jax import quantize
@@ -58,18 +59,6 @@ from wedlm_jax.sharding import DEFAULT_RULES, is_axes, spec_for, tree_shardings
 
 MIN_PROMPT_BUCKET = 16
 PROGRAMS = ("generate", "prefill", "admit")      # what `abstract_args` / `lower` / `compile` take
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Request(Sampling):
-    """One request: its prompt (token ids, at least one) and its Sampling settings (checked on
-    construction; `Decoder.check_request` checks them against the Decoder: vocabulary, capacity)."""
-    prompt: tuple
-    top_logprobs: int = 0           # alternatives wanted per generated token (<= the Decoder's)
-
-
-def pow2_at_least(x: int, floor: int = 1) -> int:
-    return max(floor, 1 << max(0, int(x) - 1).bit_length())
 
 
 class Decoder:

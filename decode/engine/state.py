@@ -15,6 +15,20 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from decode.config import Sampling
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Request(Sampling):
+    """One request: its prompt (token ids, at least one) and its Sampling settings (checked on
+    construction; `Decoder.check_request` checks them against the Decoder: vocabulary, capacity)."""
+    prompt: tuple
+    top_logprobs: int = 0           # alternatives wanted per generated token (<= the Decoder's)
+
+
+def pow2_at_least(x: int, floor: int = 1) -> int:
+    return max(floor, 1 << max(0, int(x) - 1).bit_length())
+
 
 @struct.dataclass
 class KVCache:

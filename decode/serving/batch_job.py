@@ -319,7 +319,8 @@ def run_job(args) -> int:
     capacity = args.capacity or max(len(it.prompt_ids) + it.sampling.max_new_tokens for it in items)
 
     from decode.serving.batching import Batcher
-    from decode.engine.decoder import Decoder, Request
+    from decode.engine.decoder import Decoder
+    from decode.engine.state import Request
     from decode.engine.plan import door_plan
     from wedlm_jax.model import layers_stacked
     config, params, mesh = ckpt.load()

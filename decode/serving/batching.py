@@ -39,7 +39,8 @@ from typing import Callable
 import jax
 
 from decode.config import DecodeConfigError
-from decode.engine.decoder import Decoder, Request
+from decode.engine.decoder import Decoder
+from decode.engine.state import Request
 from decode.engine.pages import ShardedPool
 
 

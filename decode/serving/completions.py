@@ -15,7 +15,7 @@ import uuid
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from decode.config import MAX_LOGPROBS, MAX_STOP_IDS, DecodeConfigError, Sampling
-from decode.engine.decoder import Request
+from decode.engine.state import Request
 from decode.serving.worker import Busy
 from decode.serving.protocol import (MAX_BATCH, APIError, Settings, bad, chat_logprobs_object, field_of,
                              generated_scores, logprobs_object, parse_messages, parse_prompts,

@@ -152,7 +152,7 @@ def warm_up(batcher, capacity: int, every_bucket: bool = True) -> float:
     (`Decoder.compile_steps`: generate for every live-slot bucket, the page table's updates), so
     no client waits on a compile. every_bucket=False compiles the smallest prompt bucket and
     what it runs only (the others compile on first use)."""
-    from decode.engine.decoder import Request
+    from decode.engine.state import Request
     lengths, n = [1], 16
     while every_bucket and n <= 2 * capacity:
         lengths.append(min(n, capacity))
