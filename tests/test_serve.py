@@ -395,6 +395,47 @@ def test_disconnect_frees_the_slot_within_a_chunk(server):
     assert r.usage.completion_tokens == 5
 
 
+def test_non_streaming_client_that_leaves_frees_its_slot(server):
+    """A non-streaming client that hangs up (its own timeout) while its request decodes: the
+    request is cancelled and its slot freed at the next step boundary after the server notices,
+    as for a streaming client; the server goes on."""
+    s, gate = server, server["gate"]
+    before = _health(s)["finished"]["cancelled"]
+    left = threading.Event()
+
+    def impatient():
+        try:
+            httpx.post(s["url"] + "/v1/completions", timeout=1.0,
+                       json={"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 300})
+        except httpx.TimeoutException:
+            left.set()
+
+    gate.close()
+    try:
+        t = threading.Thread(target=impatient, daemon=True)
+        t.start()
+        deadline = time.time() + 10
+        while _health(s)["pending"] + _health(s)["active"] < 1 and time.time() < deadline:
+            time.sleep(0.02)
+        _one_step(gate)                                   # admitted and decoding
+        assert _health(s)["active"] == 1
+        t.join(10)
+        assert left.is_set()
+        time.sleep(1.2)                                   # the server polls every 0.5 s
+        at_close = gate.steps
+        for _ in range(3):
+            if _health(s)["finished"]["cancelled"] == before + 1:
+                break
+            _one_step(gate)
+        h = _health(s)
+        assert h["finished"]["cancelled"] == before + 1 and h["active"] == 0 and h["pending"] == 0
+        assert gate.steps - at_close <= 1                 # freed at the next step boundary
+    finally:
+        gate.open()
+    r = s["client"].completions.create(model="tiny", prompt="hello", max_tokens=5)
+    assert r.usage.completion_tokens == 5
+
+
 BAD = [
     ({"prompt": "hi"}, "model"),
     ({"model": "gpt-4", "prompt": "hi"}, "model"),
