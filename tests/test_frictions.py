@@ -76,3 +76,14 @@ def test_help_and_install_hints_name_real_things():
                        ("decode/static/trace.py", "pip install -e '.[plot]'")):
         src = open(os.path.join(ROOT, path)).read()
         assert "wedlm-jax[" not in src and hint in src, path
+
+
+@pytest.mark.parametrize("kernel", ["pallas", "cudnn"])
+def test_a_gpu_kernel_on_cpu_is_one_line_naming_the_backends_here(ckpt, kernel):
+    code, err = _run("decode.cli", "--checkpoint", ckpt, "--prompt", "hi", "--max-new-tokens", "2",
+                     "--attention", kernel)
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"wedlm-decode: error: attention='{kernel}' (")
+    assert err[0].endswith("needs the GPU (CUDA) backend; this process runs on the 'cpu' backend, "
+                           "where 'cache' attention can use: dense, tiled"), err
+    assert "shared memory" not in err[0] and "smem" not in err[0]
