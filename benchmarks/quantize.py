@@ -41,16 +41,20 @@ def load(model: str):
                             for b in range(64)]
 
 
-def step_ms(config, params, prompts, dtype: str, quantize: str, slots: int, chunks: int) -> dict:
-    """One regime's median milliseconds per step and its weights' bytes."""
+def step_ms(config, params, prompts, dtype: str, quantize: str, slots: int, chunks: int,
+            kv_dtype: str = "auto") -> dict:
+    """One regime's median milliseconds per step and its weights' bytes (`kv_dtype`: the
+    cache's, Placement's)."""
     import jax
     from decode.config import EngineOptions, Placement
-    from decode.engine.decoder import Decoder, Request
+    from decode.engine.decoder import Decoder
+    from decode.engine.state import Request
     from decode.engine.plan import make_plan
     from wedlm_jax.quantize import weight_bytes
     plan = make_plan(config, EngineOptions(method="ar", slots=slots, capacity=1024,
                                            steps_per_call=8),
-                     Placement(dtype=dtype, quantize=quantize, page_size=0), sampling=False)
+                     Placement(dtype=dtype, quantize=quantize, page_size=0, kv_dtype=kv_dtype),
+                     sampling=False)
     cast = jax.tree.map(lambda x: x.astype(dtype), params)
     dec = Decoder(cast, plan)
     del cast
@@ -65,7 +69,7 @@ def step_ms(config, params, prompts, dtype: str, quantize: str, slots: int, chun
         st, res = dec.generate(st)
         jax.block_until_ready(st.done)
         times.append((time.perf_counter() - t0) / max(res.steps, 1) * 1e3)
-    return dict(dtype=dtype, quantize=quantize, group=dec.static.quantize_group,
+    return dict(dtype=dtype, quantize=quantize, group=dec.static.quantize_group, kv_dtype=kv_dtype,
                 ms_per_step=round(statistics.median(times), 3),
                 weight_bytes=weight_bytes(dec.params))
 

@@ -1,5 +1,6 @@
-"""benchmarks.quantize at toy size: milliseconds per AR step of the demo model, float32 against
-int8 weights, and the weights' bytes as the Decoder holds them."""
+"""benchmarks.quantize and benchmarks.kv_int8 at toy size: milliseconds per AR step of the demo
+model, float32 against int8 weights (the weights' bytes as the Decoder holds them) and against
+the int8 KV cache (the tokens kept, the KL, the cache's bytes)."""
 
 from __future__ import annotations
 
@@ -14,3 +15,13 @@ def test_step_time_float32_against_int8(tmp_path):
     assert all(0 < r["ms_per_step"] < 10_000 for r in out["results"]), out
     assert int8["weight_bytes"] < 0.3 * f32["weight_bytes"]       # int8 kernels, float32 rest
     assert (tmp_path / "q.json").exists()
+
+
+def test_int8_cache_against_the_float_cache(tmp_path):
+    from benchmarks import kv_int8
+    out = kv_int8.main(["--dtypes", "float32", "--tokens", "8", "--slots", "2", "--chunks", "1",
+                        "--out", str(tmp_path / "kv.json")])
+    row, = out["results"]
+    assert row["mean_common_prefix"] == 1.0 and 0 < row["mean_kl_per_token"] < 1e-3, row
+    assert row["cache_bytes_int8_vs_float"] == round((64 + 4) / (4 * 64), 4)   # head_dim 64
+    assert 0 < row["ms_per_step_int8"] < 10_000 and (tmp_path / "kv.json").exists()
