@@ -169,11 +169,13 @@ def stop_ids(tokenizer, config, regime: Regime) -> tuple[int, ...]:
 
 
 def decode_items(params, config, tokenizer, items, kind, dc, *, batch: int = 1, repeats: int = 1,
-                 capacity: int = 512, warmup: bool = True):
+                 capacity: int = 512, warmup: bool = True, prompt_bucket: int | None = None,
+                 decoder=None):
     """Decode every item with DecodeConfig `dc` (its stop ids are set here from the regime), `batch`
     rows per generate call; the whole set is timed `repeats` times after a compile pass and the
     median wall time kept (warmup=False: no compile pass, for a program already compiled, e.g. a
-    sweep over the runtime knobs tau and lambda). Returns a dict of totals and per-item texts and scores."""
+    sweep over the runtime knobs tau and lambda); `prompt_bucket` and `decoder`: generate()'s
+    (one prefill and one step program across regimes). Returns a dict of totals and per-item texts and scores."""
     from decode.static.static_batch import generate
     regime = REGIMES[kind]
     dc = dc.replace(stop_token_ids=stop_ids(tokenizer, config, regime))
@@ -185,7 +187,8 @@ def decode_items(params, config, tokenizer, items, kind, dc, *, batch: int = 1, 
         wall = 0.0
         steps = n_gen = n_fwd = 0
         for g in groups:
-            res = generate(params, config, [prompts[i] for i in g], dc, capacity=capacity)
+            res = generate(params, config, [prompts[i] for i in g], dc, capacity=capacity,
+                           prompt_bucket=prompt_bucket, decoder=decoder)
             wall += res.wall_s
             steps += res.steps
             n_gen += res.n_gen

@@ -22,22 +22,31 @@ import sys
 import time
 
 KINDS = ("counting", "arith", "lists", "records", "code")
+CAPACITY = 512          # cache rows per slot: the longest prompt and its budget fit
 METHODS = ("ar", "streaming", "verified")
 
 
 def evaluate(params, config, tok, eval_path: str, items: int, batch: int) -> dict:
     """{regime: {method: summary}} over the first `items` held-out items of each regime."""
     from decode.config import DecodeConfig
+    from decode.static.static_batch import static_decoder
     from demo.eval import REGIMES, decode_items, eval_items
     from demo.run import LAM, TAU, WINDOW
     out = {}
-    for kind in KINDS:
-        its = eval_items(eval_path, kind, items)
+    regimes = {kind: eval_items(eval_path, kind, items) for kind in KINDS}
+    # one Decoder per method for every regime (`batch` slots, the longest budget) and every
+    # prompt padded to the longest one's bucket: one prefill and one step program per method
+    longest = max(len(tok.encode(it["prompt"])) for its in regimes.values() for it in its)
+    budget = max(REGIMES[kind].max_new_tokens for kind in KINDS)
+    decoders = {m: static_decoder(params, config, batch, DecodeConfig(method=m, window=WINDOW),
+                                  CAPACITY, budget) for m in METHODS}
+    for kind, its in regimes.items():
         runs = {}
         for m in METHODS:
             dc = DecodeConfig(method=m, window=WINDOW, tau=TAU, lam=LAM,
                               max_new_tokens=REGIMES[kind].max_new_tokens)
-            runs[m] = decode_items(params, config, tok, its, kind, dc, batch=batch, warmup=False)
+            runs[m] = decode_items(params, config, tok, its, kind, dc, batch=batch, warmup=False,
+                                   capacity=CAPACITY, prompt_bucket=longest, decoder=decoders[m])
         same = [a["ids"] == v["ids"] for a, v in zip(runs["ar"]["rows"], runs["verified"]["rows"])]
         out[kind] = {m: summary(kind, params, config, r) for m, r in runs.items()}
         out[kind]["verified_equals_ar"] = f"{sum(same)}/{len(same)}"

@@ -272,6 +272,19 @@ def test_bad_decode_config(kw, words):
         assert w in str(e.value)
 
 
+@pytest.mark.parametrize("method", ["streaming", "ar"])
+def test_a_longer_prompt_bucket_changes_no_token(params, method):
+    """generate(prompt_bucket=N) pads the prompts to N for one prefill program across batches;
+    the tokens and forwards are those of the natural bucket, and a bad bucket is refused."""
+    dc = DecodeConfig(method=method, window=4, tau=2.5, lam=0.05, max_new_tokens=10)
+    natural = run(params, dc)
+    padded = run(params, dc, prompt_bucket=32)
+    assert padded.tokens == natural.tokens and padded.steps == natural.steps
+    for bad in (0, 2.5, "32"):
+        with pytest.raises(DecodeConfigError, match="prompt_bucket must be an int >= 1"):
+            run(params, dc, prompt_bucket=bad)
+
+
 def test_bad_inputs_fail_before_compiling(params):
     dc = DecodeConfig(window=4, max_new_tokens=4)
     before = compiled_count()

@@ -230,14 +230,16 @@ class Decoder:
         kv = self._call(programs.prefill, self.static, self.params, tokens, np.asarray([n0], np.int32))
         return Prefix(kv=kv, row=jax.tree.map(jnp.asarray, row))
 
-    def start(self, requests) -> DecodeState:
+    def start(self, requests, prompt_bucket: int | None = None) -> DecodeState:
         """A fresh state holding requests[i] in slot i (None, or slots past the list: free), every
         prompt prefilled in ONE batched call: the static-batch path (`generate`), which would
-        otherwise pay a prefill and an insert per request."""
+        otherwise pay a prefill and an insert per request. The prompts are padded to the bucket of
+        the longest, or of `prompt_bucket` when that is longer (one prefill program for batches
+        of different prompt lengths)."""
         if len(requests) > self.slots:
             raise DecodeConfigError(f"{len(requests)} requests do not fit {self.slots} slots")
         host = jax.tree.map(np.array, self._host_free())
-        longest = max([len(r.prompt) for r in requests if r is not None], default=1)
+        longest = max([len(r.prompt) for r in requests if r is not None] + [prompt_bucket or 1])
         pb = self.prompt_bucket(longest)
         tokens = np.zeros((self.slots, pb), np.int32)
         plen = np.zeros((self.slots,), np.int32)

@@ -185,7 +185,7 @@ def generate(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]]
              decode_config: DecodeConfig, *, capacity: int | None = None, mesh=None,
              mask_token_id: int | None = None, placement: Placement = Placement(),
              tokenizer=None, on_commit: Callable | None = None, allow_long: bool = False,
-             decoder: Decoder | None = None) -> DecodeResult:
+             decoder: Decoder | None = None, prompt_bucket: int | None = None) -> DecodeResult:
     """Decode every prompt (token-id lists) as one static batch on a Decoder; see the module
     docstring.
 
@@ -197,7 +197,9 @@ def generate(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]]
     committed ids.
     decoder: a Decoder to run on (its slots must hold the prompts); default one built for the
     batch, its weights quantized by the placement's `quantize`. Ctrl-C stops within one chunk of
-    steps: the result holds what was decoded, with `interrupted` set.
+    steps: the result holds what was decoded, with `interrupted` set. prompt_bucket: pad the
+    prompts to at least this many tokens (one prefill program across batches of different
+    prompt lengths; the tokens do not change).
     """
     dc = decode_config
     decoder, prompts, requests = _setup(params, model_config, prompts, dc, capacity, mesh,
@@ -205,7 +207,9 @@ def generate(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]]
     if len(prompts) > decoder.slots:
         raise DecodeConfigError(f"{len(prompts)} prompts do not fit the decoder's {decoder.slots} slots")
     t_setup, programs = time.perf_counter(), compiled_count()
-    state = decoder.start(requests)       # every prompt prefilled in one batched call
+    if prompt_bucket is not None and (not isinstance(prompt_bucket, int) or prompt_bucket < 1):
+        raise DecodeConfigError(f"prompt_bucket must be an int >= 1, got {prompt_bucket!r}")
+    state = decoder.start(requests, prompt_bucket)   # every prompt prefilled in one batched call
     state, _ = decoder.generate(state, 0)  # compiles the step program; runs no step
     live = [i for i, r in enumerate(requests) if r is not None]
     jax.block_until_ready(state)
