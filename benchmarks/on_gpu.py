@@ -89,14 +89,18 @@ TORCH_MAX_S = 170        # the PyTorch process is stopped after this (it keeps w
 SETTING_S = 35           # one step setting's compile on a card (~25 s on an H100) and its start
 ROUND_CALL_S = 0.6       # one timed generate call of 8 steps, the slowest setting (b32), about
 TRACE_S = 5
-# (name, method, window, refill, slots, page_size, attention), compiled in this order while the
-# budget holds: the served default (page_size None: the platform's choice, the dense cache and
-# its Triton kernel on GPU) at batch 8 and the window, AR at batch 1, the paged cache's Triton
-# kernel, batch 32, the window at batch 1 and 32, the paged gather path, verified, the other
-# refill; the last two only by --settings or a longer budget
+# (name, method, window, refill, slots, page_size, attention[, compiler options]), compiled in
+# this order while the budget holds: the served default (page_size None: the platform's choice,
+# the dense cache and its Triton kernel on GPU) at batch 8 and the window, the window with XLA's
+# Triton GEMMs only (the card's autotuner picked cuBLAS for the window's 128-row projections, 1.24x
+# slower than the AR step's Triton GEMMs: TRITON_GEMMS keeps cuBLAS out of its choice), AR at
+# batch 1, the paged cache's Triton kernel, batch 32, the window at batch 1 and 32, the paged
+# gather path, verified, the other refill; the last two only by --settings or a longer budget
+TRITON_GEMMS = {"xla_gpu_cublas_fallback": False}
 STEP_SETTINGS = (
     ("ar b8", "ar", 1, "after", 8, None, "auto"),
     ("streaming W16 after b8", "streaming", 16, "after", 8, None, "auto"),
+    ("streaming W16 after b8 triton gemms", "streaming", 16, "after", 8, None, "auto", TRITON_GEMMS),
     ("ar b1", "ar", 1, "after", 1, None, "auto"),
     ("ar b8 paged", "ar", 1, "after", 8, 64, "auto"),
     ("ar b32", "ar", 1, "after", 32, None, "auto"),
@@ -230,12 +234,16 @@ def _compile_setting(setting, params, config, live: int, smoke: bool, info: dict
     from benchmarks.on_gpu_admit import capacity_for, resolved_attention, served_decoder
     from decode.compile.aot import step_floor
     from decode.engine.state import Request
-    name, method, window, refill, slots, page_size, attention = setting
+    name, method, window, refill, slots, page_size, attention = setting[:7]
+    options = setting[7] if len(setting) > 7 else None
     row = dict(setting=name, method=method, window=window, refill=refill, slots=slots, live=live)
     t0 = time.perf_counter()
     dec = served_decoder(params, config, method=method, window=window, refill=refill, slots=slots,
                          capacity=capacity_for(live, smoke), page_size=page_size,
                          attention=attention)
+    if options:   # `generate` compiled here with the options (the weights' layouts the compiler's)
+        dec.use_compiler_layouts(None if smoke else options)
+        row["compiler_options"] = options
     reqs = [Request(prompt=tuple(int(x) for x in rng.integers(0, config.vocab_size - 1, live)),
                     max_new_tokens=dec.capacity - live - 40, tau=0.4) for _ in range(slots)]
     st, _ = dec.generate(dec.start(reqs))
