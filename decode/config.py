@@ -358,7 +358,10 @@ class Placement:
                                                   "(e.g. tensor=4: heads over 4 devices; data=2: "
                                                   "slots over 2); default one device")
         g.add_argument("--attention", default=d.attention,
-                       help=f"cache-attention backend: one of {', '.join(CACHE_ATTENTION)}")
+                       help=f"cache-attention backend: one of {', '.join(CACHE_ATTENTION)}; "
+                            "auto: on GPU the Triton kernel reading the cache in place (pallas, "
+                            "the live rows split over the card's cores), on TPU and CPU the "
+                            "tiled XLA path")
         g.add_argument("--kv-tile", type=int, default=d.kv_tile,
                        help="KV cache rows per attention tile (tiled, pallas)")
         g.add_argument("--page-size", type=int, default=None,
