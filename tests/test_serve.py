@@ -353,6 +353,19 @@ def _one_step(gate):
     time.sleep(0.05)   # callbacks reach the event loop
 
 
+def _freed_at_the_next_step(s, gate, cancelled_before):
+    """After a client hung up (and the server had time to notice): its request is cancelled and
+    its slot freed within one more step of the gated engine."""
+    at_close = gate.steps
+    for _ in range(3):
+        if _health(s)["finished"]["cancelled"] == cancelled_before + 1:
+            break
+        _one_step(gate)
+    h = _health(s)
+    assert h["finished"]["cancelled"] == cancelled_before + 1 and h["active"] == 0 and h["pending"] == 0
+    assert gate.steps - at_close <= 1                 # freed at the next step boundary
+
+
 def test_disconnect_frees_the_slot_within_a_chunk(server):
     s, gate = server, server["gate"]
     before = _health(s)["finished"]["cancelled"]
@@ -381,18 +394,11 @@ def test_disconnect_frees_the_slot_within_a_chunk(server):
         assert got_text.is_set() and not t.is_alive()
         assert _health(s)["active"] == 1                  # still decoding: max_tokens is far away
         time.sleep(0.3)                                   # the server sees the hang-up
-        at_close = gate.steps
-        for _ in range(3):
-            if _health(s)["finished"]["cancelled"] == before + 1:
-                break
-            _one_step(gate)
-        h = _health(s)
-        assert h["finished"]["cancelled"] == before + 1 and h["active"] == 0 and h["pending"] == 0
-        assert gate.steps - at_close <= 1                 # freed at the next step boundary
+        _freed_at_the_next_step(s, gate, before)
     finally:
         gate.open()
     r = s["client"].completions.create(model="tiny", prompt="hello", max_tokens=5)
-    assert r.usage.completion_tokens == 5
+    assert r.usage.completion_tokens == 5       # the server goes on
 
 
 def test_non_streaming_client_that_leaves_frees_its_slot(server):
@@ -422,18 +428,11 @@ def test_non_streaming_client_that_leaves_frees_its_slot(server):
         t.join(10)
         assert left.is_set()
         time.sleep(1.2)                                   # the server polls every 0.5 s
-        at_close = gate.steps
-        for _ in range(3):
-            if _health(s)["finished"]["cancelled"] == before + 1:
-                break
-            _one_step(gate)
-        h = _health(s)
-        assert h["finished"]["cancelled"] == before + 1 and h["active"] == 0 and h["pending"] == 0
-        assert gate.steps - at_close <= 1                 # freed at the next step boundary
+        _freed_at_the_next_step(s, gate, before)
     finally:
         gate.open()
     r = s["client"].completions.create(model="tiny", prompt="hello", max_tokens=5)
-    assert r.usage.completion_tokens == 5
+    assert r.usage.completion_tokens == 5       # the server goes on
 
 
 BAD = [
