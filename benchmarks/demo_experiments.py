@@ -346,8 +346,9 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         res = EXPERIMENTS[name](ctx)
         kinds = "" if ctx.kinds == KINDS else f" --kinds {args.kinds}"
+        model = "" if args.model == DEMO_MODEL else f" --model {args.model}"
         meta = dict(command=f"python -m benchmarks.demo_experiments {name} --items {args.items} "
-                            f"--repeats {args.repeats}{kinds}",
+                            f"--repeats {args.repeats}{kinds}{model}",
                     machine=f"{platform.machine()}, {os.cpu_count()} CPUs", loadavg=os.getloadavg(),
                     seconds=round(time.perf_counter() - t0, 1), defaults=dict(window=WINDOW, tau=TAU, lam=LAM))
         with open(os.path.join(args.results, f"demo_{name}.json"), "w") as f:

@@ -1,6 +1,6 @@
-"""benchmarks.demo_experiments on the shipped demo model at toy size (one regime, a few items):
-verified streaming gives AR greedy's tokens, the regimes beside the forward cost by W, their figure
-and the Markdown report; and the accuracy experiment's "right through the end value" count."""
+"""benchmarks.demo_experiments on a demo-shaped model (conftest.py) at toy size (one regime, a few
+items): verified streaming gives AR greedy's tokens, the regimes beside the forward cost by W, their
+figure and the Markdown report; and the accuracy experiment's "right through the end value" count."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from benchmarks import demo_experiments as de
 from benchmarks.demo_experiments import through_end
 
 
-def test_verified_and_regimes_on_the_demo_model_and_their_report(tmp_path, capsys):
+def test_verified_and_regimes_and_their_report(tmp_path, capsys, tiny_demo_model):
     d = str(tmp_path)
     common = ["--kinds", "counting", "--items", "2", "--repeats", "1", "--results", d,
-              "--figures", d]
+              "--figures", d, "--model", tiny_demo_model]
     assert de.main(["verified", *common]) == 0
     res = json.loads((tmp_path / "demo_verified.json").read_text())
     assert res["meta"]["command"] == ("python -m benchmarks.demo_experiments verified --items 2 "
-                                      "--repeats 1 --kinds counting")
+                                      f"--repeats 1 --kinds counting --model {tiny_demo_model}")
     rows = res["results"]["counting"]
     assert rows["ar"]["n_items"] == rows["verified"]["same_as_ar"] == 2   # AR's tokens, per item
     assert rows["ar"]["tokens_per_forward"] == 1.0 < rows["verified"]["tokens_per_forward"]

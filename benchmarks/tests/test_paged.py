@@ -1,6 +1,6 @@
-"""benchmarks.paged at toy size on the demo model: with prefix reuse a request takes the shared
-prefix's whole pages from the cache, the paged pool holds more requests in flight than dense slots
-of the same memory, and the step is timed paged against dense."""
+"""benchmarks.paged at toy size on a demo-shaped model (conftest.py): with prefix reuse a request
+takes the shared prefix's whole pages from the cache, the paged pool holds more requests in flight
+than dense slots of the same memory, and the step is timed paged against dense."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import json
 from benchmarks import paged
 
 
-def test_prefix_reuse_in_flight_and_step(tmp_path):
+def test_prefix_reuse_in_flight_and_step(tmp_path, tiny_demo_model):
     path = tmp_path / "paged.json"
-    res = paged.main(["--rounds", "1", "--questions", "2", "--requests", "6", "--few-shot", "200",
-                      "--out", str(path)])
+    res = paged.main(["--model", tiny_demo_model, "--rounds", "1", "--questions", "2",
+                      "--requests", "6", "--few-shot", "200", "--out", str(path)])
     assert json.loads(path.read_text())["results"] == json.loads(json.dumps(res))
     assert list(res["prefix"]) == ["few-shot 200", "chat"]
     assert res["prefix"]["few-shot 200"]["prefix_tokens"] == 200

@@ -1,6 +1,6 @@
-"""benchmarks.serve at toy size: the demo model behind the real server (a subprocess), concurrent
-streaming clients, and one request's time against generate() (the benchmark checks that both give
-the same text)."""
+"""benchmarks.serve at toy size: a demo-shaped model (conftest.py) behind the real server (a
+subprocess), concurrent streaming clients, and one request's time against generate() (the
+benchmark checks that both give the same text)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import json
 from benchmarks import serve
 
 
-def test_server_under_load_and_its_overhead(tmp_path):
+def test_server_under_load_and_its_overhead(tmp_path, tiny_demo_model):
     path = tmp_path / "serve.json"
-    assert serve.main(["--clients", "2", "--requests", "1", "--overhead-prompts", "1",
-                       "--slots", "2", "--capacity", "256", "--json", str(path)]) == 0
+    assert serve.main(["--model", tiny_demo_model, "--clients", "2", "--requests", "1",
+                       "--overhead-prompts", "1", "--slots", "2", "--capacity", "256",
+                       "--json", str(path)]) == 0
     out = json.loads(path.read_text())
     (load,) = out["load"]
     assert load["clients"] == 2 and load["requests"] == 8         # at least 8 requests in all
