@@ -3,6 +3,7 @@
 
     python -m benchmarks.serve [--model DIR] [--clients 1 8 32] [--requests 2] [--slots 8]
                                [--window 8] [--tau 0.6] [--steps-per-call 8] [--json out.json]
+                               [--lazy-compile]
 
 Load: the demo's held-out counting / arithmetic / code prompts in turn (max_tokens per regime:
 128 / 96 / 64), greedy, streamed (`stream: true`, usage chunk). Each of N clients sends its next
@@ -16,6 +17,9 @@ Overhead: one request at a time, non-streamed, to a server started with --slots 
 (server latency / generate wall time - 1), from the median and from the fastest of the interleaved
 runs (the least disturbed on a shared machine). The figure with the load server's --slots is given too
 (its decode steps carry all slots, used or not).
+
+--lazy-compile passes the server's --lazy-compile (each program compiled on first use, not before
+serving): a quick run through every path, its load figures including compile time.
 """
 
 from __future__ import annotations
@@ -195,11 +199,14 @@ def main(argv=None) -> int:
     ap.add_argument("--capacity", type=int, default=512)
     ap.add_argument("--overhead-prompts", type=int, default=2, help="prompts per regime for the overhead")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--lazy-compile", action="store_true",
+                    help="servers compile on first use (a quick run; load figures include compiles)")
     args = ap.parse_args(argv)
+    lazy = ["--lazy-compile"] if args.lazy_compile else []
     items = demo_items(args.model)
     out = dict(load=[], overhead={})
     srv = Server(args.model, tuning_flags(args.slots, args.window, args.tau, args.capacity,
-                                          args.steps_per_call)).wait_ready()
+                                          args.steps_per_call) + lazy).wait_ready()
     try:
         asyncio.run(closed_loop(srv.url, items, 1, 1))              # warm the connection path
         for c in args.clients:
@@ -214,7 +221,7 @@ def main(argv=None) -> int:
     finally:
         srv.stop()
     one = Server(args.model, tuning_flags(1, args.window, args.tau, args.capacity,
-                                          args.steps_per_call)).wait_ready()
+                                          args.steps_per_call) + lazy).wait_ready()
     try:
         out["overhead"]["slots=1"] = overhead(args.model, one.url, few, args.window, args.tau, args.capacity)
     finally:

@@ -13,7 +13,7 @@ def test_server_under_load_and_its_overhead(tmp_path, tiny_demo_model):
     path = tmp_path / "serve.json"
     assert serve.main(["--model", tiny_demo_model, "--clients", "2", "--requests", "1",
                        "--overhead-prompts", "1", "--slots", "2", "--capacity", "256",
-                       "--json", str(path)]) == 0
+                       "--json", str(path), "--lazy-compile"]) == 0
     out = json.loads(path.read_text())
     (load,) = out["load"]
     assert load["clients"] == 2 and load["requests"] == 8         # at least 8 requests in all
