@@ -5,6 +5,7 @@ target's own compiler on this machine, side by side in one report.
                                      [--model 8b|7b|4b|1.7b|0.6b] [--quick] [--out DIR]
                                      [--tokens-per-forward 2.0] [--page-size 64]
                                      [--programs decode,prefill,train] [--train-model 1b|8b]
+                                     [--quantize int8|int4 [--quantize-group N]]
 
 Per target (a TPU topology libtpu describes; no TPU needed) and at the chosen decode shape in
 bf16, with the slots over data and the heads over `tensor` = all chips of the topology:
@@ -18,6 +19,8 @@ bf16, with the slots over data and the heads over `tensor` = all chips of the to
             compiles, see `train_row`) for the 1B-class shape
             (benchmarks.shapes.TRAIN_SHAPE), fsdp over all chips, one row per chip, with the
             attention resolved for the target (splash on TPU)
+with --quantize, the decode programs' projections quantized (wedlm_jax.quantize: their bytes and
+the floor's weights as stored);
 with --page-size, every decode program also with the paged cache (one chip; jax's ragged paged
 attention kernel on TPU: libtpu counts ~10 KB for the Mosaic call, so every layer's live K/V
 pages, queries and output are added analytically, `benchmarks.step_bytes.kernel_not_counted`),
@@ -106,7 +109,8 @@ def decode_programs(quick: bool) -> list[dict]:
 
 
 def decode_row(config, t: Target, prog: dict, capacity: int, live: int,
-               page_size: int | None = None) -> dict:
+               page_size: int | None = None, quantize: str = "none",
+               quantize_group: int | None = None) -> dict:
     """One decode program's figures: the dense cache (slots over nothing, heads over all chips)
     or, with `page_size`, the paged cache on one chip (its attention resolved for the target:
     jax's ragged paged attention kernel on TPU)."""
@@ -117,10 +121,12 @@ def decode_row(config, t: Target, prog: dict, capacity: int, live: int,
     platform = t.devices[0].platform
     attention = "tiled" if platform == "tpu" else "auto"     # GPU: the Pallas (Triton) kernel
     settings = dict(prog, capacity=capacity, dtype="bfloat16", attention=attention, kv_tile=256,
-                    mesh_shape=mesh, page_size=page_size)
+                    mesh_shape=mesh, page_size=page_size, quantize=quantize,
+                    quantize_group=quantize_group)
     devices = list(t.devices[:tensor]) if mesh else [t.devices[0]]
     full = _verdict_or_raise(aot.compile_generate, config, devices, live_rows=live, **settings)
     row = dict(prog, kind="decode", chips_used=len(devices), capacity=capacity, live_rows=live,
+               quantize=quantize, quantize_group=quantize_group,
                cache=f"paged {page_size}" if page_size else "dense",
                attention=attention_backends.resolve(attention, "cache", backend=platform,
                                                     dtype="bfloat16"))
@@ -326,6 +332,10 @@ def main(argv=None) -> int:
     ap.add_argument("--train-model", default="1b", help="the train step's shape: 1b "
                     "(benchmarks.shapes.TRAIN_SHAPE) or a --model name (8b: the released "
                     "WeDLM-8B's)")
+    ap.add_argument("--quantize", default="none", choices=("none", "int8", "int4"),
+                    help="the decode programs' weights (wedlm_jax.quantize; int4 in groups of 64)")
+    ap.add_argument("--quantize-group", type=int, default=None,
+                    help="its group size (0: a scale per output channel)")
     ap.add_argument("--out", default="benchmarks/results/compile_for")
     a = ap.parse_args(argv)
     from benchmarks.shapes import DECODE_SHAPES, QWEN25_7B, SMOKE_SHAPE, model_config
@@ -360,11 +370,12 @@ def main(argv=None) -> int:
     config = model_config(shapes[a.model]).replace(max_position_embeddings=1 << 20)
     report = dict(command="python -m benchmarks.compile_for " + " ".join(argv or sys.argv[1:]),
                   jax=jax.__version__, libtpu=_version(md, "libtpu"),
-                  cuda_plugin=_version(md, "jax-cuda12-plugin"), model=a.model,
+                  cuda_plugin=_version(md, "jax-cuda12-plugin"), model=a.model, quantize=a.quantize,
                   tokens_per_forward=a.tokens_per_forward, targets=[])
     for t in targets:
         t0 = time.perf_counter()
-        rows = [decode_row(config, t, prog, a.capacity, a.live, page)
+        rows = [decode_row(config, t, prog, a.capacity, a.live, page, a.quantize,
+                           a.quantize_group)
                 for prog in decode_programs(a.quick)
                 for page in ((None,) if a.page_size is None else (None, a.page_size))
                 if "decode" in programs]

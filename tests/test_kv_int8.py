@@ -84,7 +84,8 @@ def test_paged_int8_with_prefix_reuse_gives_the_dense_int8_tokens():
     dense, _ = _run(make(), reqs)
     pages, b = _run(make(page_size=8), reqs)
     assert b.decoder.static.cache_dtype == jnp.int8
-    assert [pages[i].tokens for i in range(len(reqs))] == [dense[i].tokens for i in range(len(reqs))]
+    assert [pages[i].tokens for i in range(len(reqs))] == [dense[i].tokens
+                                                           for i in range(len(reqs))]
     assert sum(f.cached_tokens for f in pages.values()) > 0          # prefixes were reused
 
 

@@ -82,6 +82,9 @@ def test_door_refuses_a_folder_quantized_otherwise(folders, capsys):
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1
     assert err.endswith("decode it with --quantize int4 --quantize-group 8"), err
+    code = cli.main(["--checkpoint", folders["int8"], "--dry-run", "--topology", "h100"])
+    err = capsys.readouterr().err.strip()      # the dry run refuses it before compiling
+    assert code == 2 and "holds weights quantized int8" in err and len(err.splitlines()) == 1
 
 
 def test_export_of_a_quantized_folder_refused(folders, tmp_path, capsys):

@@ -84,6 +84,8 @@ def test_the_choice_is_resolved_per_platform_and_checked():
     assert layouts.resolve("auto", "tpu") == "compiler"
     assert layouts.resolve("auto", "cpu") == "default"
     assert layouts.resolve("auto", "gpu") == "default"
+    assert layouts.resolve("auto", "gpu", quantized=True) == "compiler"   # the int4 gemm's order
+    assert layouts.resolve("auto", "cpu", quantized=True) == "default"
     assert layouts.resolve("default", "tpu") == "default"
     with pytest.raises(DecodeConfigError, match="weight_layout 'rowmajor' is unknown; allowed: "
                                                 "auto, compiler, default") as e:
@@ -112,6 +114,9 @@ def test_the_step_options_are_the_tpu_generations_with_the_callers_over_them():
     assert layouts.step_options(v5p, {vmem: None}) is None
     assert layouts.step_options(v5p, {vmem: 32768, "x": 1}) == {vmem: 32768, "x": 1}
     assert layouts.step_options(v5e, {"x": 1}) == {"x": 1}
+    h100 = _Device("gpu", "NVIDIA H100 80GB HBM3")        # quantized weights: no q/k/v dot merge
+    assert layouts.step_options(h100, quantized=True) == layouts.QUANTIZED_GPU_OPTIONS
+    assert layouts.step_options(v5p, quantized=True) == {vmem: 65536}
 
 
 def test_the_doors_flag_refuses_an_unknown_layout_in_one_line(tmp_path):

@@ -14,9 +14,12 @@ quantized; the embedding, the LM head and the norms stay in the weights' dtype.
 A quantized kernel is a `qwix.QArray` (int8 / int4 values, the scales beside them) in place of the
 float kernel in the same tree, so the layer scan slices it like any parameter, one tree per layer
 (`model.unstack_layers`) splits it, and the model's projections read it through
-`projection_einsum`: weight-only, a layer's kernel is dequantized (`qwix.dequantize`) at its
-matmul, which XLA fuses into the dot on TPU and GPU (on CPU one layer's kernel at a time is a
-temporary); nothing dequantizes a whole stacked weight.
+`projection_einsum`: weight-only, a per-channel kernel's integer values enter the matmul cast to
+the compute dtype and its scales multiply the output (XLA:GPU fuses the cast into the gemm: the
+step reads int8 / int4 bytes), a grouped kernel is dequantized (`qwix.dequantize`) at its matmul
+(XLA:GPU writes that dequantized layer out and reads it again: no fusion of a sub-channel
+dequantization in jax 0.10.2's compiler); on CPU one layer's kernel at a time is a temporary;
+nothing dequantizes a whole stacked weight.
 """
 
 from __future__ import annotations
@@ -237,13 +240,34 @@ def logical_axes(axes_tree, params):
 
 
 def projection_einsum(spec: str, x, kernel, dtype):
-    """`einsum(spec, x, kernel)` in the compute `dtype`; a quantized kernel is dequantized into
-    the matmul (`qwix.dequantize`, the scales in `dtype`). qwix's own weight-only path
-    (`qwix.einsum`: the same dequantize, then its dot_general plumbing) ran a projection 4-14x
-    slower than this on XLA:CPU (benchmarks/results/quantize)."""
-    if isinstance(kernel, qwix.QArray):
-        return jnp.einsum(spec, x.astype(dtype), qwix.dequantize(kernel.astype(dtype)))
-    return jnp.einsum(spec, x.astype(dtype), kernel.astype(dtype))
+    """`einsum(spec, x, kernel)` in the compute `dtype` ("...{ins},{ins}{outs}->...{outs}").
+    A quantized kernel with one scale per output element (shared by every input axis) is
+    contracted as its integer values cast to `dtype`, the scales applied to the output: XLA:GPU
+    fuses that cast into the gemm and reads the int8 / int4 values alone, where a dequantized
+    kernel (values x scales, a multiply it does not fuse) is written out and read again at the
+    float kernel's size (benchmarks/results/quantize). A grouped kernel is dequantized into the
+    matmul (`qwix.dequantize`, the scales in `dtype`). qwix's own weight-only path (`qwix.einsum`)
+    ran a projection 4-14x slower than these on XLA:CPU."""
+    x = x.astype(dtype)
+    if not isinstance(kernel, qwix.QArray):
+        return jnp.einsum(spec, x, kernel.astype(dtype))
+    n_out = len(spec.split("->")[1].lstrip("."))
+    n_in = kernel.qvalue.ndim - n_out
+    if all(d == 1 for d in kernel.scale.shape[:n_in]):
+        return _channel_matmul(x, kernel, n_in, dtype)
+    return jnp.einsum(spec, x, qwix.dequantize(kernel.astype(dtype)))
+
+
+def _channel_matmul(x, kernel, n_in: int, dtype):
+    """x [..., *ins] against a per-channel quantized kernel [*ins, *outs] as one 2-D matmul of
+    its values cast to `dtype` ([prod ins, prod outs]: XLA:GPU fuses the cast of a 2-D operand,
+    int4 included, into its gemm), then the scales over the output."""
+    shape = kernel.qvalue.shape
+    ins, outs = math.prod(shape[:n_in]), shape[n_in:]
+    lead = x.shape[:x.ndim - n_in]
+    w = kernel.qvalue.reshape(ins, math.prod(outs)).astype(dtype)
+    y = jnp.einsum("...i,io->...o", x.reshape(lead + (ins,)), w)
+    return y.reshape(lead + outs) * kernel.scale.reshape(outs).astype(dtype)
 
 
 def weight_bytes(params) -> int:

@@ -245,7 +245,8 @@ def _mismatch(name: str, want, got) -> str | None:
     exact = name.endswith((".qvalue", ".scale"))
     if (exact and stored != jnp.dtype(want.dtype)) or \
             (not exact and not jnp.issubdtype(stored, jnp.floating)):
-        return f"tensor {name} has dtype {stored.name}, the scheme needs {jnp.dtype(want.dtype).name}"
+        need = jnp.dtype(want.dtype).name
+        return f"tensor {name} has dtype {stored.name}, the scheme needs {need}"
     return None
 
 
@@ -254,7 +255,8 @@ def check_stored(params_dir: str, want, stored, meta: dict) -> None:
     data read); one CheckpointError naming the folder and the first tensors at fault."""
     got, need = _named(stored), _named(want)
     bad = [m for n, w in need.items() if (m := _mismatch(n, w, got.get(n))) is not None]
-    bad += [f"tensor {n} is not one of a {meta['scheme']} checkpoint's" for n in got if n not in need]
+    bad += [f"tensor {n} is not one of a {meta['scheme']} checkpoint's"
+            for n in got if n not in need]
     if bad:
         more = f" ... and {len(bad) - 3} more" if len(bad) > 3 else ""
         raise CheckpointError(f"{params_dir}: {'; '.join(bad[:3])}{more} (quantized "
@@ -338,8 +340,8 @@ def load(path, mesh=None, dtype=None, allow_nonfinite: bool = False,
     try:
         stored = ckptr.metadata(params_dir).item_metadata
     except Exception as e:  # noqa: BLE001 - Orbax's own message, one line
-        raise CheckpointError(f"{params_dir}: cannot read the Orbax metadata "
-                              f"({str(e).splitlines()[0][:200] if str(e) else type(e).__name__})") from None
+        first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise CheckpointError(f"{params_dir}: cannot read the Orbax metadata ({first})") from None
     check_stored(params_dir, want, getattr(stored, "tree", stored), meta)
     targets = _targets(config, want, mesh, tensors.parse_dtype(dtype))
     order = sorted(targets, key=lambda n: (not n.endswith(".scale"), -targets[n][1].size))

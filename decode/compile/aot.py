@@ -43,11 +43,17 @@ def step_floor(static, live_rows: int, tensor: int = 1, batch_shards: int = 1) -
     `tensor`; an untied input embedding only for the rows the step looks up), the live K/V of
     every slot (`live_rows` committed rows) once, the step's own K/V rows written, the logits
     written (K/V and logits split over the slots' `batch_shards` and the heads' / vocabulary's
-    `tensor` shards)."""
+    `tensor` shards). Quantized weights count as stored (values and scales), an int8 cache's rows
+    with their scales."""
+    from wedlm_jax import quantize
+    from wedlm_jax.attention.kv_quant import row_bytes
     c, item = static.config, jnp.dtype(static.dtype).itemsize
     looked_up = 0 if c.tie_word_embeddings else (c.vocab_size - static.slots * static.span)
-    weights = (c.num_params() - max(looked_up, 0) * c.hidden_size) * item / tensor
-    kv_row = 2 * c.num_layers * c.num_kv_heads * c.head_dim * item / (tensor * batch_shards)
+    stored = quantize.weight_bytes(quantize.quantize_params(
+        model_lib.param_shapes(c, jnp.dtype(static.dtype)), static.quantize, static.quantize_group))
+    weights = (stored - max(looked_up, 0) * c.hidden_size * item) / tensor
+    kv_row = (2 * c.num_layers * c.num_kv_heads * row_bytes(c.head_dim, static.cache_dtype)
+              / (tensor * batch_shards))
     kv = static.slots * live_rows * kv_row
     new = static.slots * static.span * kv_row
     logits = static.slots * static.span * c.vocab_size * 4 / (tensor * batch_shards)
@@ -92,7 +98,7 @@ def make_decoder(config, devices, *, method="streaming", window=16, refill="befo
     if scan_unroll != 1:
         plan = plan.replace(scan_unroll=scan_unroll)
     dec = Decoder(model_lib.param_shapes(config, jnp.dtype(dtype)), plan)
-    if layouts.resolve(weight_layout, devs[0].platform) == "compiler":
+    if layouts.resolve(weight_layout, devs[0].platform, quantize != "none") == "compiler":
         dec.use_compiler_layouts(compiler_options)
     return dec
 
@@ -232,6 +238,8 @@ def dry_run(config, target: str, placement, *, method: str, window: int, refill:
                     num_pages=placement.num_pages, weight_layout=placement.weight_layout,
                     quantize=placement.quantize, quantize_group=placement.quantize_group,
                     kv_dtype=placement.kv_dtype)
+    layout = layouts.resolve(placement.weight_layout, devices[0].platform,
+                             placement.quantize != "none")
     lines = [f"{who} dry run for {target}: {len(devs)} of its {len(devices)} chips, "
              f"{format_bytes(limit, 'GiB')} each; mesh data={placement.mesh[0]} "
              f"fsdp={placement.mesh[1]} "
@@ -240,7 +248,7 @@ def dry_run(config, target: str, placement, *, method: str, window: int, refill:
              + (f", KV cache {placement.kv_dtype}" if placement.kv_dtype != "auto" else "")
              + ", cache attention "
              f"{placement.attention}, weights "
-             f"{layouts.resolve(placement.weight_layout, devices[0].platform)}"
+             f"{layout}"
              f" layout; {method} W {window} refill {refill}, {slots} slots x capacity {capacity}"]
     prompt = min(1 << max(capacity - 1, 1).bit_length(), capacity + 2 * window)
 
@@ -323,21 +331,23 @@ def dry_run_door(args, who: str) -> int:
     import os
     import sys
     os.environ.setdefault("JAX_PLATFORMS", "cpu")   # compile-only devices: no local TPU backend
+    from decode.checkpoint import check_quantized_folder
     from decode.config import DecodeConfigError, Placement
     from wedlm_jax.config import ConfigError
-    from wedlm_jax.checkpoints import read_config
+    from wedlm_jax.checkpoints import CheckpointError, read_config
     try:
         if not args.topology:
             raise DecodeConfigError("--dry-run needs --topology (e.g. v5e:2x4)")
         config = read_config(args.checkpoint)
         placement = Placement.from_args(args)
         placement.check_model(config)
+        check_quantized_folder(args.checkpoint, config, placement)   # a quantized folder's scheme
         text, fits = dry_run(config, args.topology, placement, method=args.method,
                              window=args.window, refill=args.refill, slots=args.slots,
                              capacity=args.capacity or DRY_RUN_CAPACITY,
                              prefill_chunk=args.prefill_chunk,
                              device_memory_gib=args.device_memory, who=who)
-    except (DecodeConfigError, ConfigError, TargetError, FileNotFoundError) as e:
+    except (DecodeConfigError, ConfigError, TargetError, FileNotFoundError, CheckpointError) as e:
         print(f"{who}: error: {e}", file=sys.stderr)
         return 2
     print(text, flush=True)

@@ -10,15 +10,18 @@ the compiled program for its `generate` calls. The other programs that read the 
 the static batch's prefill, the paged prefill, `step_with_aux`) compile for the weights as they
 are: jit follows a committed argument's layout, so they read them without a copy too.
 
-    resolve(choice, platform)  "auto" -> "compiler" on TPU, "default" elsewhere (the GPU and CPU
-                               compilers keep row-major weights in their matmuls' order already)
+    resolve(choice, platform, quantized)  "auto" -> "compiler" on TPU, and on GPU for quantized
+                               weights (the int4 gemm reads its values in another order: row-major
+                               ones are transposed at every step); "default" elsewhere (the GPU and
+                               CPU compilers keep row-major float weights in their matmuls' order)
     layers_stacked(platform)   whether the decode programs take the layers' weights stacked (one
                                buffer per weight, a layer scan) or one tree per layer: on GPU the
                                latter, since XLA:GPU copies each layer's weights out of the
                                stacked buffer at every step (the 8B AR step on H100: 13.3 GB of
                                such copies against 15.1 GB of weights; BENCHMARKS.md)
-    step_options(device, given) the compiler options `generate` is compiled with on `device`:
-                               STEP_OPTIONS of its TPU generation, `given` over them (a key
+    step_options(device, given, quantized) the compiler options `generate` is compiled with on
+                               `device`: STEP_OPTIONS of its TPU generation (QUANTIZED_GPU_OPTIONS
+                               for quantized weights on GPU), `given` over them (a key
                                given as None: the compiler's own default)
     choose(decoder)            (the compiled `generate`, the weights' formats it chose, its options)
     place(params, formats)     the weights in those formats (abstract shapes stay abstract)
@@ -31,13 +34,14 @@ import jax
 from decode.config import WEIGHT_LAYOUTS
 
 
-def resolve(choice: str, platform: str) -> str:
+def resolve(choice: str, platform: str, quantized: bool = False) -> str:
     """The weight layout a Decoder on `platform` uses: "compiler" (the layouts its compiled decode
-    step picks) or "default" (row-major, as loaded)."""
+    step picks) or "default" (row-major, as loaded); `quantized`: the weights are."""
     if choice not in WEIGHT_LAYOUTS:
         raise ValueError(f"weight_layout {choice!r} is unknown; allowed: {', '.join(WEIGHT_LAYOUTS)}")
     if choice == "auto":
-        return "compiler" if platform == "tpu" else "default"
+        gpu = platform in ("gpu", "cuda", "rocm")
+        return "compiler" if platform == "tpu" or (gpu and quantized) else "default"
     return choice
 
 
@@ -57,13 +61,21 @@ def layers_stacked(platform: str) -> bool:
 # libtpu's defaults. The options ride on the compiler's weight layouts, the TPU default: a
 # Decoder given weight_layout "default" runs the plain jitted step, compiled with the defaults.
 STEP_OPTIONS = {"v5p": {"xla_tpu_scoped_vmem_limit_kib": 65536}}
+# XLA:GPU merges the q / k / v projections' dots into one over their concatenated kernels: for
+# int4 kernels it casts them to bf16 to concatenate, written out and read again at every step
+# (the 8B AR step compiled for an H100: benchmarks/results/quantize); with the merge off each
+# projection's gemm reads its int4 values itself.
+QUANTIZED_GPU_OPTIONS = {"xla_gpu_dot_merger_threshold_mb": 0}
 
 
-def step_options(device, given: dict | None = None) -> dict | None:
-    """Compiler options of the decode step on `device`: STEP_OPTIONS of its TPU generation with
-    `given` over them; a key given as None is dropped (the compiler's default). None when empty."""
+def step_options(device, given: dict | None = None, quantized: bool = False) -> dict | None:
+    """Compiler options of the decode step on `device`: STEP_OPTIONS of its TPU generation (or
+    QUANTIZED_GPU_OPTIONS for `quantized` weights on a GPU) with `given` over them; a key given as
+    None is dropped (the compiler's default). None when empty."""
     from wedlm_jax.targets import tpu_generation
-    merged = dict(STEP_OPTIONS.get(tpu_generation(device), {}), **(given or {}))
+    gpu = quantized and getattr(device, "platform", "") in ("gpu", "cuda", "rocm")
+    base = QUANTIZED_GPU_OPTIONS if gpu else STEP_OPTIONS.get(tpu_generation(device), {})
+    merged = dict(base, **(given or {}))
     merged = {k: v for k, v in merged.items() if v is not None}
     return merged or None
 
@@ -82,7 +94,7 @@ def choose(decoder, compiler_options: dict | None = None):
     dev = decoder.plan.device
     home = jax.sharding.SingleDeviceSharding(dev)
     params = jax.tree.map(lambda x: _abstract(x, home), decoder.params)
-    options = step_options(dev, compiler_options)
+    options = step_options(dev, compiler_options, decoder.static.quantize != "none")
     compiled = decoder.compile("generate", options, params=params, auto_weight_layouts=True)
     return compiled, compiled.input_formats[0][0], options
 

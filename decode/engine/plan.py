@@ -115,7 +115,8 @@ def make_plan(model_config: ModelConfig, engine: EngineOptions, placement: Place
     check_memory(memory, memory_limit_bytes if memory_limit_bytes is not None
                  else available_memory(mesh), static)
     try:
-        weight_layout = layouts.resolve(placement.weight_layout, device.platform)
+        weight_layout = layouts.resolve(placement.weight_layout, device.platform,
+                                        placement.quantize != "none")
     except ValueError as e:
         raise DecodeConfigError(str(e), "weight_layout") from None
     return Plan(static=static, model_config=model_config, engine=engine, placement=placement,
@@ -192,7 +193,8 @@ def cache_choice(config: ModelConfig, placement: Placement, spec: StepSpec, engi
         page_size = paged.auto_page_size(platform, config.num_heads, config.num_kv_heads, dtype,
                                          tensor, continuous=continuous)
     if placement.kv_dtype == "int8":
-        attention, page_size = int8_cache(attention, platform, page_size, placement.page_size is None)
+        attention, page_size = int8_cache(attention, platform, page_size,
+                                          placement.page_size is None)
     page_size, num_pages = pool_size(page_size or None, num_pages, rows, engine.slots, shards)
     try:
         if page_size:
