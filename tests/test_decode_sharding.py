@@ -56,7 +56,7 @@ SCRIPT = textwrap.dedent('''
     b, got = through_batcher(reqs)
     alone = [generate(params, cfg, [list(r.prompt)],
                       DecodeConfig(window=4, tau=2.5, lam=0.05, max_new_tokens=r.max_new_tokens),
-                      capacity=40, kv_tile=16).tokens[0] for r in reqs]
+                      capacity=40, placement=Placement(kv_tile=16)).tokens[0] for r in reqs]
     out["batcher"] = dict(sharded=[got[i].tokens for i in range(len(reqs))], one=alone)
     # the paged cache with heads over tensor (2 of the devices): the pool split by its K/V heads
     b, paged_got = through_batcher(reqs, mesh=make_mesh(data=1, fsdp=1, tensor=2,
@@ -70,7 +70,7 @@ SCRIPT = textwrap.dedent('''
     more = reqs + [Request(prompt=tuple(prefix + [40 + i]), max_new_tokens=6, tau=2.5, lam=0.05)
                    for i in range(3)]
     more_alone = alone + [generate(params, cfg, [list(r.prompt)], DecodeConfig(
-        window=4, tau=2.5, lam=0.05, max_new_tokens=6), capacity=40, kv_tile=16).tokens[0]
+        window=4, tau=2.5, lam=0.05, max_new_tokens=6), capacity=40, placement=Placement(kv_tile=16)).tokens[0]
         for r in more[len(reqs):]]
     b, got = through_batcher(more, slots=4, page_size=8)
     b.pool.check()
@@ -86,7 +86,7 @@ SCRIPT = textwrap.dedent('''
     except DecodeConfigError as e:
         errors.append(str(e))
     static = generate(params, cfg, prompts, DecodeConfig(window=4, tau=2.5, lam=0.05, max_new_tokens=12),
-                      capacity=40, kv_tile=16, decoder=plans.decoder(params, cfg, window=4, slots=4, capacity=40,
+                      capacity=40, placement=Placement(kv_tile=16), decoder=plans.decoder(params, cfg, window=4, slots=4, capacity=40,
                       kv_tile=16, mesh=mesh, sampling=False, page_size=8))
     out["paged_data2"] = dict(sharded=[got[i].tokens for i in range(len(more))], one=more_alone,
                               cached=[got[i].cached_tokens for i in range(len(more))], held=b.pool.num_held,
@@ -103,7 +103,7 @@ SCRIPT = textwrap.dedent('''
         sharded=[got[i].tokens for i in range(3)], cached=[got[i].cached_tokens for i in range(3)],
         held=b.pool.num_held, one=[generate(params, cfg, [list(r.prompt)], DecodeConfig(
             window=4, tau=2.5, lam=0.05, max_new_tokens=r.max_new_tokens), capacity=40,
-            kv_tile=16).tokens[0] for r in cross])
+            placement=Placement(kv_tile=16)).tokens[0] for r in cross])
     # the other methods on the pools per slot shard: each request as it decodes alone
     out["paged_data2_methods"] = {}
     for method, refill in (("block", "before"), ("ar", "after"), ("verified", "after")):
@@ -111,7 +111,7 @@ SCRIPT = textwrap.dedent('''
         out["paged_data2_methods"][method] = dict(sharded=[got[i].tokens for i in range(4)], one=[
             generate(params, cfg, [list(r.prompt)], DecodeConfig(
                 method=method, refill=refill, window=4, tau=2.5, lam=0.05,
-                max_new_tokens=r.max_new_tokens), capacity=40, kv_tile=16).tokens[0]
+                max_new_tokens=r.max_new_tokens), capacity=40, placement=Placement(kv_tile=16)).tokens[0]
             for r in reqs[:4]], held=b.pool.num_held)
     # one weight tree per layer (what a GPU Decoder holds, decode/engine/layouts.py), laid out on the mesh
     from decode.engine import layouts

@@ -24,7 +24,7 @@ BATCHING = dict(slots=2, steps_per_call=3)                  # --input and wedlm-
 SAMPLING = dict(tau=0.7, lam=0.05, sampling_order="temper_first", max_new_tokens=5,
                 temperature=0.5, top_k=3, top_p=0.9, seed=7)
 PLACEMENT = dict(dtype="bfloat16", attention="dense", kv_tile=16, weight_layout="compiler",
-                 quantize="int8", quantize_group=0)
+                 quantize="int8", quantize_group=0, kv_dtype="int8")
 PAGES = dict(page_size=8, num_pages=40)                     # --input and wedlm-serve only
 SERVE_FLAGS = {"max_new_tokens": "--max-tokens"}
 
@@ -104,7 +104,8 @@ def test_prompt_door_takes_every_option(ckpt, seen, capsys):
     for k in ("method", "window", "refill", "prefill_chunk", *SAMPLING):
         assert getattr(dc, k) == {**ENGINE, **SAMPLING}[k], k
     assert (kw["capacity"], kw["allow_long"]) == (64, True)
-    assert (kw["dtype"], kw["attention"], kw["kv_tile"]) == ("bfloat16", "dense", 16)
+    for k, v in PLACEMENT.items():                  # the door's placement, passed whole
+        assert getattr(kw["placement"], k) == v, (k, getattr(kw["placement"], k), v)
     dec = seen["decoders"][-1]
     assert (dec["method"], dec["refill"], dec["prefill_chunk"], dec["kv_tile"]) == ("block", "after", 8, 16)
     _check_sampling(seen["requests"], {k: v for k, v in SAMPLING.items() if k != "max_new_tokens"})
