@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
+
+from benchmarks.probes import host_facts
 
 REGIMES = ("counting", "arith", "lists", "records", "code")
 
@@ -76,8 +76,6 @@ def main(argv=None) -> dict:
     ap.add_argument("--chunks", type=int, default=4)
     ap.add_argument("--out", default=None, help="also write the results here (JSON)")
     a = ap.parse_args(argv)
-    import jax
-
     from benchmarks.quantize import load, step_ms
     from demo.eval import DEMO_MODEL, eval_items, load_model
     from wedlm_jax.attention.kv_quant import row_bytes
@@ -96,9 +94,7 @@ def main(argv=None) -> dict:
         rows.append(row)
         print(json.dumps(row))
     out = dict(model="demo", method="ar", tokens=a.tokens, prompts=list(REGIMES), slots=a.slots,
-               device=str(jax.devices()[0]), cpus=os.cpu_count(), machine=platform.machine(),
-               jax=jax.__version__, load_average=[round(x, 2) for x in os.getloadavg()],
-               results=rows)
+               **host_facts(), results=rows)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(out, f, indent=1)

@@ -74,3 +74,13 @@ def probe_matmul(n: int, repeats: int) -> float:
     f = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
     t = median_time(lambda: f(a, b), max(repeats, 3))
     return 2.0 * n ** 3 / t
+
+
+def host_facts() -> dict:
+    """What a CPU figure depends on, recorded beside it: the device, cores, architecture, jax and
+    the load average while it ran (this VM is shared)."""
+    import platform
+
+    import jax
+    return dict(device=str(jax.devices()[0]), cpus=os.cpu_count(), machine=platform.machine(),
+                jax=jax.__version__, load_average=[round(x, 2) for x in os.getloadavg()])

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
+
+from benchmarks.probes import host_facts
 import statistics
 import time
 
@@ -84,7 +84,6 @@ def main(argv=None) -> dict:
                     help="comma-separated dtype:scheme (default: every one of REGIMES)")
     ap.add_argument("--out", default=None, help="also write the results here (JSON)")
     a = ap.parse_args(argv)
-    import jax
     regimes = REGIMES if a.regimes is None else [tuple(r.split(":")) for r in a.regimes.split(",")]
     config, params, prompts = load(a.model)
     rows = [step_ms(config, params, prompts, d, q, a.slots, a.chunks) for d, q in regimes]
@@ -96,9 +95,7 @@ def main(argv=None) -> dict:
               f"{r['weight_bytes'] / 2**20:>8.1f} MiB weights"
               + (f"  {r['vs_float32']:.2f}x float32" if base else ""))
     out = dict(model=a.model, method="ar", slots=a.slots, chunks=a.chunks, steps_per_call=8,
-               device=str(jax.devices()[0]), cpus=os.cpu_count(), machine=platform.machine(),
-               jax=jax.__version__, load_average=[round(x, 2) for x in os.getloadavg()],
-               results=rows)
+               **host_facts(), results=rows)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(out, f, indent=1)
