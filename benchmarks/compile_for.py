@@ -311,7 +311,7 @@ def _version(md, dist: str) -> str | None:
         return None
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.compile_for",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--compile-for", required=True, help=f"comma-separated targets: {FORMS}")
@@ -337,7 +337,11 @@ def main(argv=None) -> int:
     ap.add_argument("--quantize-group", type=int, default=None,
                     help="its group size (0: a scale per output channel)")
     ap.add_argument("--out", default="benchmarks/results/compile_for")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    a = _parser().parse_args(argv)
     from benchmarks.shapes import DECODE_SHAPES, QWEN25_7B, SMOKE_SHAPE, model_config
     shapes = dict(DECODE_SHAPES, smoke=dict(SMOKE_SHAPE, num_layers=3))
     shapes["7b"] = QWEN25_7B
