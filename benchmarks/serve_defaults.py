@@ -3,7 +3,8 @@ the dense cache the server used to default to on CPU and GPU, and with a server 
 request.
 
     python -m benchmarks.serve_defaults [--model DIR] [--rounds 5] [--concurrent 64]
-                                        [--prefix-tokens 1000] [--json out.json]
+                                        [--prefix-tokens 1000] [--items 2] [--json out.json]
+                                        [--lazy-compile]
 
 Three servers on 127.0.0.1 (subprocesses), the shipped demo model:
   default   no tuning flags (16 slots, capacity 2048, the platform's cache for a serving door:
@@ -19,7 +20,9 @@ Measured, interleaved (default, dense, sized, default, ...), medians over rounds
             then a held-out question), sent one after another, streamed: time to first token
   load      --concurrent clients each sending one streamed request at once (closed loop):
             tokens/s and time to first token p50 / p99, default against dense
-Every request is greedy, and the servers must agree on its text.
+Every request is greedy, and the servers must agree on its text. --lazy-compile passes the
+servers' own flag (programs compiled on first use; round 0, not kept, meets them): the smoke
+test's quick start.
 """
 
 from __future__ import annotations
@@ -73,15 +76,19 @@ def shared_prefix_items(model: str, prefix_tokens: int, n: int) -> list[dict]:
             for it in items[40:40 + n]]
 
 
-def measure(model: str, rounds: int, concurrent: int, prefix_tokens: int) -> dict:
-    servers = {name: Server(model, flags) for name, flags in SERVERS.items()}
+def measure(model: str, rounds: int, concurrent: int, prefix_tokens: int,
+            extra_flags: tuple = (), items: int = 2) -> dict:
+    """The three servers side by side: `items` lone requests per regime, 2 x `items` shared-prefix
+    requests, the load run."""
+    servers = {name: Server(model, [*flags, *extra_flags]) for name, flags in SERVERS.items()}
     try:
         for srv in servers.values():
             srv.wait_ready()
-        lone_items = [dict(it, max_tokens=SHORT) for it in demo_items(model, 2)]
+        lone_items = [dict(it, max_tokens=SHORT) for it in demo_items(model, items)]
         lone = interleaved(servers, lone_items, rounds, False, "latency")
         shared = interleaved({k: servers[k] for k in ("default", "dense")},
-                             shared_prefix_items(model, prefix_tokens, 4), rounds, True, "ttft")
+                             shared_prefix_items(model, prefix_tokens, 2 * items), rounds, True,
+                             "ttft")
         load = {}
         for r in range(max(1, rounds // 2)):
             for name in ("default", "dense"):
@@ -128,9 +135,14 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--concurrent", type=int, default=64)
     ap.add_argument("--prefix-tokens", type=int, default=1000)
+    ap.add_argument("--items", type=int, default=2,
+                    help="lone requests per regime (shared-prefix requests: twice as many)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--lazy-compile", action="store_true",
+                    help="the servers compile each program on first use (quick start; tests)")
     args = ap.parse_args(argv)
-    out = measure(args.model, args.rounds, args.concurrent, args.prefix_tokens)
+    out = measure(args.model, args.rounds, args.concurrent, args.prefix_tokens,
+                  ("--lazy-compile",) if args.lazy_compile else (), args.items)
     print(report(out))
     if args.json:
         with open(args.json, "w") as f:

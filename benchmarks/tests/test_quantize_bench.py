@@ -1,6 +1,7 @@
-"""benchmarks.quantize and benchmarks.kv_int8 at toy size: milliseconds per AR step of the demo
-model, float32 against int8 weights (the weights' bytes as the Decoder holds them) and against
-the int8 KV cache (the tokens kept, the KL, the cache's bytes)."""
+"""benchmarks.quantize, benchmarks.kv_int8 and benchmarks.quantize_heldout at toy size:
+milliseconds per AR step of the demo model, float32 against int8 weights (the weights' bytes as
+the Decoder holds them) and against the int8 KV cache (the tokens kept, the KL, the cache's
+bytes); the held-out accuracies per scheme and their differences."""
 
 from __future__ import annotations
 
@@ -25,3 +26,22 @@ def test_int8_cache_against_the_float_cache(tmp_path):
     assert row["mean_common_prefix"] == 1.0 and 0 < row["mean_kl_per_token"] < 1e-3, row
     assert row["cache_bytes_int8_vs_float"] == round((64 + 4) / (4 * 64), 4)   # head_dim 64
     assert 0 < row["ms_per_step_int8"] < 10_000 and (tmp_path / "kv.json").exists()
+
+
+def test_heldout_per_scheme_and_its_differences(tmp_path, tiny_demo_model):
+    from benchmarks import quantize_heldout
+    out = quantize_heldout.main(["--model", tiny_demo_model, "--schemes", "none,int8", "--items",
+                                 "2", "--batch", "2", "--out", str(tmp_path / "h.json")])
+    assert set(out["results"]) == {"none", "int8"} and out["model"] == tiny_demo_model
+    for scheme in ("none", "int8"):
+        regimes = out["results"][scheme]["regimes"]
+        assert set(regimes) == {"counting", "arith", "lists", "records", "code"}
+        assert all(regimes[k]["verified_equals_ar"] == "2/2" for k in regimes)
+    diffs = out["differences"]["int8"]
+    for kind, runs in diffs.items():
+        for method, d in runs.items():
+            r, ref = (out["results"][s]["regimes"][kind][method] for s in ("int8", "none"))
+            q = "accuracy" if "accuracy" in r else "nll"
+            want = round(100 * (r[q] - ref[q]), 2) if q == "accuracy" else round(r[q] - ref[q], 4)
+            assert d == want, (kind, method)
+    assert (tmp_path / "h.json").exists()
