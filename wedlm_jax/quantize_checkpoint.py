@@ -31,6 +31,7 @@ from wedlm_jax import safetensors_io as st
 from wedlm_jax.checkpoints import folders, tensors
 from wedlm_jax.checkpoints.folders import PARAMS_DIR
 from wedlm_jax.checkpoints.hf import plan_hf_load
+from wedlm_jax.checkpoints.orbax import checkpointer
 from wedlm_jax.config import settle_qk_norm
 from wedlm_jax.safetensors_io import CheckpointError
 
@@ -150,7 +151,7 @@ def save(config, tree, out_dir, tokenizer_from=None, force: bool = False) -> str
     import orbax.checkpoint as ocp
     scheme, group, scale_dtype = _tree_scheme(tree)
     with folders.atomic_output_dir(out_dir, force) as tmp:
-        ckptr = ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_compression=False))
+        ckptr = checkpointer()
         ckptr.save(os.path.join(tmp, PARAMS_DIR), args=ocp.args.PyTreeSave(tree))
         ckptr.close()
         tensors.copy_tokenizer(tokenizer_from, tmp)
@@ -313,22 +314,11 @@ def _targets(config, want, mesh, dtype):
     return out
 
 
-def _settle(params: dict, path: tuple, value, stacked_layers: bool) -> None:
-    """One restored tensor into `params` (a stacked layer tensor split into its layers when
-    the layers are one tree each)."""
-    if stacked_layers or path[0] != "layers":
-        hf_mapping.set_path(params, path, value)
-        return
-    for i in range(value.shape[0]):
-        hf_mapping.set_path(params, (f"layer_{i}",) + path[1:], value[i])
-
-
 def load(path, mesh=None, dtype=None, allow_nonfinite: bool = False,
          stacked_layers: bool = True) -> tuple:
     """(config, params) of a quantized folder: QArray kernels, float leaves in `dtype` (None: as
     stored; the scales too), on `mesh` or the default device. Checks first (`check_stored`),
     then the scales (finite, positive), then the other tensors one at a time, largest first."""
-    import orbax.checkpoint as ocp
     path = os.fspath(path)
     params_dir = os.path.join(os.path.abspath(path), PARAMS_DIR)
     config, meta = tensors.read_config(path), read_record(path)
@@ -336,7 +326,7 @@ def load(path, mesh=None, dtype=None, allow_nonfinite: bool = False,
         raise CheckpointError(f"{path}: not a quantized checkpoint ({QUANT_FILE} and "
                               f"{PARAMS_DIR}/ needed)")
     want = expected_storage(config, meta)
-    ckptr = ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_compression=False))
+    ckptr = checkpointer()
     try:
         stored = ckptr.metadata(params_dir).item_metadata
     except Exception as e:  # noqa: BLE001 - Orbax's own message, one line
@@ -350,7 +340,7 @@ def load(path, mesh=None, dtype=None, allow_nonfinite: bool = False,
         tpath, leaf = targets[name]
         value = _restore_one(ckptr, params_dir, name, tpath, leaf)
         _check_values(params_dir, name, value, allow_nonfinite)
-        _settle(params, tpath, value, stacked_layers)
+        tensors.settle(params, tpath, value, stacked_layers)
     ckptr.close()
     shape = want if stacked_layers else model.unstack_layers(want, config.num_layers)
     return config, from_storage(jax.tree.map(lambda _, p: p, shape, params), meta["scheme"])

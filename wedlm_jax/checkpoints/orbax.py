@@ -25,7 +25,7 @@ def _orbax():
     return ocp
 
 
-def _orbax_checkpointer():
+def checkpointer():
     # No compression: zstd over random-looking weights gains little and made Orbax hold a second
     # host copy of every array while saving (peak RSS ~1.9x instead of ~1.0x the checkpoint).
     ocp = _orbax()
@@ -38,7 +38,7 @@ def save_orbax(config: ModelConfig, params, out_dir, tokenizer_from=None, force:
     ocp = _orbax()
     check_params(config, params)
     with atomic_output_dir(out_dir, force) as tmp:
-        ckptr = _orbax_checkpointer()
+        ckptr = checkpointer()
         ckptr.save(os.path.join(tmp, PARAMS_DIR), args=ocp.args.PyTreeSave(params))
         ckptr.close()
         copy_tokenizer(tokenizer_from, tmp)
@@ -67,7 +67,7 @@ def load_orbax(path, mesh=None, dtype=None, allow_nonfinite: bool = False,
     if not os.path.isdir(params_dir):
         raise CheckpointError(f"{path}: no {PARAMS_DIR}/ folder (not an Orbax checkpoint of this "
                               f"project)")
-    ckptr = _orbax_checkpointer()
+    ckptr = checkpointer()
     with _orbax_read_errors(params_dir):
         stored = _orbax_metadata(ckptr, params_dir)
     check_params(config, stored, source=params_dir)
