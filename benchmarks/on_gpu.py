@@ -90,19 +90,22 @@ SETTING_S = 35           # one step setting's compile on a card (~25 s on an H10
 ROUND_CALL_S = 0.6       # one timed generate call of 8 steps, the slowest setting (b32), about
 TRACE_S = 5
 # (name, method, window, refill, slots, page_size, attention[, compiler options]), compiled in
-# this order while the budget holds: the served default (page_size None: the platform's choice,
-# the dense cache and its Triton kernel on GPU) at batch 8 and the window, the window with XLA's
-# Triton GEMMs only (the card's autotuner picked cuBLAS for the window's 128-row projections, 1.24x
-# slower than the AR step's Triton GEMMs: TRITON_GEMMS keeps cuBLAS out of its choice), AR at
-# batch 1, the paged cache's Triton kernel, batch 32, the window at batch 1 and 32, the paged
-# gather path, verified, the other refill; the last two only by --settings or a longer budget
+# this order while the budget holds: the served default (page_size None: the server's cache on
+# this platform, paged 64 with the Triton paged kernel on GPU) at batch 8 and the window; the
+# dense cache with its Triton kernel (a static batch's, and the server's until this card says
+# otherwise) at both; the window with XLA's Triton GEMMs only (the card's autotuner picked cuBLAS
+# for the window's 128-row projections, 1.24x slower than the AR step's Triton GEMMs:
+# TRITON_GEMMS keeps cuBLAS out of its choice); AR at batch 1, batch 32, the window at batch 1
+# and 32, the paged gather path, verified, the other refill; the last ones only by --settings
+# or a longer budget
 TRITON_GEMMS = {"xla_gpu_cublas_fallback": False}
 STEP_SETTINGS = (
     ("ar b8", "ar", 1, "after", 8, None, "auto"),
     ("streaming W16 after b8", "streaming", 16, "after", 8, None, "auto"),
+    ("ar b8 dense", "ar", 1, "after", 8, 0, "auto"),
+    ("streaming W16 after b8 dense", "streaming", 16, "after", 8, 0, "auto"),
     ("streaming W16 after b8 triton gemms", "streaming", 16, "after", 8, None, "auto", TRITON_GEMMS),
     ("ar b1", "ar", 1, "after", 1, None, "auto"),
-    ("ar b8 paged", "ar", 1, "after", 8, 64, "auto"),
     ("ar b32", "ar", 1, "after", 32, None, "auto"),
     ("streaming W16 after b1", "streaming", 16, "after", 1, None, "auto"),
     ("streaming W16 after b32", "streaming", 16, "after", 32, None, "auto"),
@@ -110,7 +113,6 @@ STEP_SETTINGS = (
     ("verified W16 after b8", "verified", 16, "after", 8, None, "auto"),
     ("streaming W16 before b8", "streaming", 16, "before", 8, None, "auto"),
     ("streaming W8 after b8", "streaming", 8, "after", 8, None, "auto"),
-    ("streaming W16 after b8 paged", "streaming", 16, "after", 8, 64, "auto"),
 )
 JAX_PARTS = tuple(p for p in PARTS if p != "torch_baseline")
 

@@ -2,7 +2,7 @@
 token of one 2K prompt and of 8 at once, and the prefill's MFU.
 
 A Decoder over random bf16 weights of the Qwen3-8B shape, built as `benchmarks.on_gpu`'s step
-settings build theirs (`served_decoder`: the platform's cache and kernel, 8 slots, capacity =
+settings build theirs (`served_decoder`: the server's cache and kernel, 8 slots, capacity =
 live rows + CAPACITY_HEADROOM), streaming W16 with the refill after (so its `generate` is the
 compiled program of the "streaming W16 after b8" setting). Cases, one warm-up round (the
 compiles), then interleaved rounds, medians:
@@ -41,9 +41,11 @@ def capacity_for(live: int, smoke: bool) -> int:
 
 def served_decoder(params, config, *, method: str, window: int, refill: str, slots: int,
                    capacity: int, page_size=None, attention: str = "auto"):
-    """A Decoder as the card's runs build it: bf16, greedy, 8 steps a call, the last id of the
-    vocabulary as the mask (random weights: any id serves), capacity past the model's positions
-    allowed. Equal arguments give equal static settings: the compiled programs are shared."""
+    """A Decoder as the card's runs build it: as the server builds its own (`page_size` None: the
+    server's cache on this platform, paged 64 with the Triton paged kernel on GPU), bf16,
+    greedy, 8 steps a call, the last id of the vocabulary as the mask (random weights: any id
+    serves), capacity past the model's positions allowed. Equal arguments give equal static
+    settings: the compiled programs are shared."""
     from decode.config import EngineOptions, Placement
     from decode.engine.decoder import Decoder
     from decode.engine.plan import make_plan
@@ -51,7 +53,7 @@ def served_decoder(params, config, *, method: str, window: int, refill: str, slo
                            capacity=capacity, steps_per_call=8, allow_long=True)
     placement = Placement(dtype="bfloat16", page_size=page_size, attention=attention)
     return Decoder(params, make_plan(config, engine, placement, sampling=False,
-                                     mask_token_id=config.vocab_size - 1))
+                                     mask_token_id=config.vocab_size - 1, continuous=True))
 
 
 def rows_prefilled(method: str, prompt_len: int) -> int:

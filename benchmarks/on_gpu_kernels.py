@@ -47,7 +47,14 @@ def kernel(smoke: bool) -> list[dict]:
                 pool = pa.interleave(k, v).reshape(b * pages, page, 2 * kvh, d)
                 table = jnp.arange(b * pages, dtype=jnp.int32).reshape(b, pages)
                 return pa.attend_pages("gather", q, pool, table, lens, scale)
+
+            def paged_triton(page=page, pages=pages):
+                pool = pa.interleave(k, v).reshape(b * pages, page, 2 * kvh, d)
+                table = jnp.arange(b * pages, dtype=jnp.int32).reshape(b, pages)
+                return pa.attend_pages_triton(q, pool, table, lens, scale, interpret=interpret)
             runs["paged gather"] = paged
+            if jax.default_backend() == "gpu" or interpret:
+                runs["paged triton"] = paged_triton
             for name, fn in runs.items():
                 row = dict(dtype=jnp.dtype(dtype).name, slots=s, backend=name)
                 try:

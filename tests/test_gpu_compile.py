@@ -62,9 +62,9 @@ SCRIPT_IN_PLACE = textwrap.dedent("""
 
 
 def test_the_triton_kernel_reads_the_cache_in_place_on_the_gpu():
-    """The GPU default (dense cache, the Triton kernel, layers unrolled): the compiled step's
-    temporaries do not grow with the capacity, i.e. no copy of a layer's K/V is made for the
-    kernel. The same program with the layer's slice taken (the code before) grows with it. (Both
+    """The GPU's dense cache (a static batch's default; the Triton kernel, layers unrolled): the
+    compiled step's temporaries do not grow with the capacity, i.e. no copy of a layer's K/V is
+    made for the kernel. The same program with the layer's slice taken (the code before) grows with it. (Both
     capacities give the kernel the same splits: their partials are the same size.)"""
     out = run_for_the_gpu(SCRIPT_IN_PLACE)
     assert all(r["triton"] and r["page_size"] == 0 for r in out.values()), out

@@ -215,18 +215,18 @@ def test_layout_is_the_tpu_kernels_own():
 
 
 def test_the_platforms_page_size():
-    """No page size asked for: pages of 64 on TPU where the ragged kernel tiles the heads; on CPU
-    pages of 16 for a continuous-batching door, the dense cache (0) for a static batch; the dense
-    cache on GPU (its Triton kernel measured faster than the gather path on an H100) and where the
-    TPU kernel cannot tile the heads."""
+    """No page size asked for: pages of 64 on TPU where the ragged kernel tiles the heads; for a
+    continuous-batching door pages of 64 on GPU (the Triton paged kernel) and of 16 on CPU; the
+    dense cache (0) for a static batch off TPU and where the TPU kernel cannot tile the heads."""
     auto = pa.auto_page_size
     assert auto("tpu", 32, 8, jnp.bfloat16) == pa.TPU_PAGE_SIZE == 64
     assert auto("tpu", 32, 8, jnp.bfloat16, tensor=8) == 64
     assert auto("cpu", 32, 8, jnp.bfloat16) == 0
     assert auto("cpu", 32, 8, jnp.bfloat16, continuous=True) == pa.CPU_CONTINUOUS_PAGE_SIZE == 16
-    assert auto("gpu", 32, 8, jnp.bfloat16, continuous=True) == pa.GPU_PAGE_SIZE
+    assert auto("gpu", 32, 8, jnp.bfloat16, continuous=True) == pa.GPU_PAGE_SIZE == 64
+    assert auto("cuda", 6, 3, jnp.float32, continuous=True) == 64
     assert auto("tpu", 32, 8, jnp.bfloat16, continuous=True) == 64
-    assert auto("gpu", 32, 8, jnp.bfloat16) == auto("cuda", 6, 3, jnp.float32) == pa.GPU_PAGE_SIZE == 0
+    assert auto("gpu", 32, 8, jnp.bfloat16) == auto("cuda", 6, 3, jnp.float32) == 0
     assert auto("tpu", 6, 3, jnp.float32) == 0          # 6 interleaved rows: the kernel cannot tile
     with pytest.raises(ValueError):
         pa.check_ragged(6, 3, jnp.float32)

@@ -12,10 +12,11 @@ def test_smoke_run_measures_every_backend_and_step(tmp_path):
     out = tmp_path / "run"
     assert on_gpu.main(["--smoke", "--out", str(out), "--parts", "kernel,kernel_time,steps",
                         "--rounds", "1",
-                        "--settings", "ar b8,streaming W16 after b8,ar b8 paged"]) == 0
+                        "--settings", "ar b8,streaming W16 after b8,ar b8 dense"]) == 0
     report = json.loads((out / "on_gpu.json").read_text())
     kernel = report["kernel"]
-    assert {r["backend"] for r in kernel} == {"tiled", "cudnn", "pallas", "paged gather"}
+    assert {r["backend"] for r in kernel} == {"tiled", "cudnn", "pallas", "paged gather",
+                                              "paged triton"}
     for r in kernel:
         assert "failed" not in r and not r["nan"], r
         assert r["rel_err"] < (1e-5 if r["dtype"] == "float32" else 1e-2), r
@@ -23,8 +24,9 @@ def test_smoke_run_measures_every_backend_and_step(tmp_path):
     assert len(timed) == 2 * (2 * len(on_gpu.KERNEL_SPLITS) + 1)          # 2 smoke points
     assert all(r["ms_per_layer"] > 0 and "failed" not in r for r in timed), timed
     steps = {r["setting"]: r for r in report["steps"]}
-    assert set(steps) == {"ar b8", "streaming W16 after b8", "ar b8 paged"}
-    assert steps["ar b8 paged"]["page_size"] == 64 and steps["ar b8"]["page_size"] == 0
+    assert set(steps) == {"ar b8", "streaming W16 after b8", "ar b8 dense"}
+    # the served cache (here the CPU server's pages of 16; on GPU pages of 64) and the dense one
+    assert steps["ar b8"]["page_size"] == 16 and steps["ar b8 dense"]["page_size"] == 0
     for r in steps.values():
         assert r["ms_per_step"] > 0 and len(r["ms_rounds"]) == 1, r
     assert steps["streaming W16 after b8"]["step_over_ar"] > 0
@@ -65,7 +67,7 @@ def test_smoke_run_of_the_next_cards_parts(tmp_path):
     # the admission: Qwen3 smoke shape (hidden 64, MLP 128, 1 layer, 4 x 16 query heads, 2 KV
     # heads), 32 prompt rows: (2*64*(64 + 2*32) + 2*64*64 + 6*64*128) * 32 + 4*64 * 32*33/2
     admit = report["admit"]
-    assert admit["rows_prefilled"] == 32 and admit["page_size"] == 0
+    assert admit["rows_prefilled"] == 32 and admit["page_size"] == 16     # as served on CPU
     assert admit["rate"] == report["probes"]["bf16_flops"]
     cases = {c["case"]: c for c in admit["cases"]}
     assert set(cases) == {"1 prompt", "8 prompts", "8 prompts, batched"}

@@ -183,9 +183,9 @@ def mask_id_for(config: ModelConfig, given: int | None, method: str) -> int:
 def cache_choice(config: ModelConfig, placement: Placement, spec: StepSpec, engine: EngineOptions,
                  rows: int, shards: int, device, tensor: int, continuous: bool = False) -> dict:
     """{page_size, num_pages, attention, kv_tile}: the cache and the kernel reading it. No page
-    size given: the platform's choice, `paged.auto_page_size` (paged 64 on TPU; on CPU pages of
-    16 for a continuous-batching door, the dense cache for a static batch; the dense cache on
-    GPU, where its Triton kernel steps faster than the paged gather path, measured on an H100)."""
+    size given: the platform's choice, `paged.auto_page_size` (paged 64 on TPU; for a
+    continuous-batching door pages of 64 on GPU, read by the Triton paged kernel, and of 16 on
+    CPU; the dense cache for a static batch off TPU)."""
     platform, device_smem = device.platform, ca.smem_limit(device)
     page_size, num_pages = placement.page_size, placement.num_pages
     attention, kv_tile, dtype = placement.attention, placement.kv_tile, jnp.dtype(placement.dtype)
@@ -218,8 +218,12 @@ def cache_choice(config: ModelConfig, placement: Placement, spec: StepSpec, engi
 def int8_cache(attention: str, platform: str, page_size: int, auto_pages: bool) -> tuple:
     """(attention, page_size) for an int8 KV cache, which the XLA paths read (the dense cache's
     tiled / dense attention, the paged gather path) and the kernels do not: "auto" becomes
-    "tiled", the TPU's default pages the dense cache (its ragged kernel reads float pages); a
-    kernel asked for by name is refused, naming it and what to use."""
+    "tiled"; the default pages of TPU and GPU become the dense cache (the ragged kernel and the
+    Triton paged kernel read float pages, and the gather path that would read int8 pages stepped
+    slower than the dense cache on an H100); a kernel asked for by name is refused, naming it and
+    what to use."""
+    if page_size and auto_pages and platform in ("gpu", "cuda", "rocm"):
+        page_size = 0
     if page_size and paged.implementation_for(platform) == "ragged":
         if not auto_pages:
             raise DecodeConfigError("--kv-dtype int8 is not read by the TPU ragged paged attention "

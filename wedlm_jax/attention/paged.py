@@ -103,17 +103,17 @@ def implementation_for(platform: str | None, attention: str = "tiled") -> str:
 # tiled XLA attention (8B on v5p with the compiler's weight layouts: AR 1.006 against 1.047 of the
 # floor, streaming W 16 refill after 1.160 against 1.274; BENCHMARKS.md).
 TPU_PAGE_SIZE = 64
-# On GPU the dense cache is the default: measured on an H100 (8B shape, bf16, 8 slots of 2048 live
-# rows; benchmarks.on_gpu, BENCHMARKS.md) its Triton kernel steps in 12.0 ms (AR) and
-# 14.3 ms (streaming W 16 refill after) where the paged gather path takes 14.7-15.0 and 20.2 at
-# its best tile: the gather path runs an XLA loop of several small kernels per tile, each
-# iteration a fixed cost of launches and a device-to-host read of the loop's predicate. The
-# compiled bytes alone (1.05x the floor paged against 1.59x dense) had said the opposite.
-# A paged cache on GPU is still there for what it gives (prefix reuse, more requests in flight
-# at equal memory): --page-size 64, read by the Triton paged kernel where it fits
-# (`choose_attention`; compiled for an H100 it moves the dense cache's bytes). Whether it steps
-# as fast as the dense cache on a card decides this default; not measured yet.
-GPU_PAGE_SIZE = 0
+# On GPU a continuous-batching door (the server, the batch job) takes pages of 64 rows, read by
+# the Triton paged kernel where its pages fit the card's shared memory (`choose_attention`): it
+# steps only the live slots' bucket (a lone request no longer pays for the idle slots) and reuses
+# shared prompt prefixes, as on CPU. Compiled for an H100 (8B shape, bf16, 8 slots of 2048 live
+# rows; BENCHMARKS.md) it moves the dense cache's bytes (AR 1.03 of the floor both; streaming
+# W 16 refill before 1.39 both); on a card `benchmarks.on_gpu` times it beside the dense cache
+# ("ar b8 paged", "streaming W16 after b8 paged") and checks its tokens. The paged cache's XLA
+# gather path, which an H100 measured slower than the dense cache's Triton kernel (AR 14.7 ms
+# against 12.0), is used only where the Triton paged kernel cannot run. A static batch keeps the
+# dense cache (it has no prefixes to share and its slots are all live).
+GPU_PAGE_SIZE = 64
 # On CPU a continuous-batching door (the server, the batch job) takes pages of 16 rows: there the
 # paged cache steps as fast as the dense one under load (continuous batching, 8 slots: 0.99x
 # streaming, 1.01x AR), steps only the live slots' bucket (a lone request no longer pays for the
@@ -129,10 +129,10 @@ def auto_page_size(platform: str | None, num_heads: int, kv_heads: int, dtype, t
                    *, continuous: bool = False) -> int:
     """The page size of the cache a Decoder builds when none is asked for: TPU_PAGE_SIZE on TPU
     where the ragged kernel tiles the heads (slots over data x fsdp or not: a pool per shard);
-    GPU_PAGE_SIZE on GPU; on CPU CPU_CONTINUOUS_PAGE_SIZE for a `continuous`-batching door, else
-    0 (the dense cache)."""
+    for a `continuous`-batching door GPU_PAGE_SIZE on GPU and CPU_CONTINUOUS_PAGE_SIZE on CPU;
+    else 0 (the dense cache)."""
     if platform in ("gpu", "cuda", "rocm"):
-        return GPU_PAGE_SIZE
+        return GPU_PAGE_SIZE if continuous else 0
     if implementation_for(platform) != "ragged":
         return CPU_CONTINUOUS_PAGE_SIZE if continuous and platform == "cpu" else 0
     try:
