@@ -393,3 +393,30 @@ def test_model_cache_mode_paged_equals_dense():
         np.testing.assert_allclose(np.asarray(lp), np.asarray(ld), atol=2e-5, rtol=2e-5)
         np.testing.assert_allclose(np.asarray(lk), np.asarray(ld), atol=2e-5, rtol=2e-5)
         n = n + jnp.asarray([s, s - 3])          # rows commit different amounts
+
+
+def test_a_gpu_server_pages_its_cache_unless_the_cache_is_int8():
+    """The plan's cache for an H100 (a stand-in device: platform and compute capability): a
+    continuous-batching door takes pages of 64 read by the Triton paged kernel; a static batch
+    the dense cache; an int8 KV cache the dense cache and the tiled XLA path (the paged kernels
+    read float pages); pages asked for by name with int8 keep the gather path."""
+    import types
+
+    from decode.config import EngineOptions, Placement
+    from decode.engine.plan import StepSpec, cache_choice
+    from wedlm_jax.config import ModelConfig
+    config = ModelConfig(model_type="qwen3", vocab_size=512, hidden_size=256,
+                         intermediate_size=512, num_layers=2, num_heads=8, num_kv_heads=2,
+                         head_dim=128, qk_norm=True)
+    h100 = types.SimpleNamespace(platform="gpu", compute_capability="9.0")
+    engine = EngineOptions(method="streaming", window=16, slots=4, capacity=2048)
+    spec = StepSpec(method="streaming", window=16, refill="after", sampling=False)
+
+    def choice(continuous, **placement):
+        c = cache_choice(config, Placement(dtype="bfloat16", **placement), spec, engine, 2112, 1,
+                         h100, 1, continuous)
+        return c["page_size"], c["attention"]
+    assert choice(True) == (64, "pallas")
+    assert choice(False) == (0, "auto")
+    assert choice(True, kv_dtype="int8") == (0, "tiled")
+    assert choice(True, kv_dtype="int8", page_size=64) == (64, "tiled")
