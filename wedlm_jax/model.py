@@ -95,7 +95,7 @@ class Projection(nn.Module):
                         dtype=self.param_dtype)
         letters = "abcdefgh"
         ins, outs = letters[:n_in], letters[n_in:n_in + len(self.out_shape)]
-        # a quantized kernel (wedlm_jax.quantize) is a qwix QArray, read through qwix's einsum
+        # a quantized kernel (wedlm_jax.quantize) is a qwix QArray
         y = quantize.projection_einsum(f"...{ins},{ins}{outs}->...{outs}", x, kernel, self.dtype)
         if self.use_bias:
             bias = _param(self, "bias", self.out_shape, self.out_axes, nn.initializers.zeros,
@@ -260,7 +260,7 @@ class Transformer(nn.Module):
 
         embedding = _param(self, "embedding", (c.vocab_size, c.hidden_size), ("vocab", "embed"),
                            dtype=self.param_dtype)
-        x = jnp.take(embedding, tokens, axis=0).astype(self.dtype)
+        x = quantize.embed(embedding, tokens, self.dtype)
         x = _constrain(x, ("batch", "length", "embed"))
         inv_freq, scaling = rope_frequencies(c)
         cos, sin = rope_cos_sin(positions, inv_freq, scaling)
@@ -277,7 +277,7 @@ class Transformer(nn.Module):
         x, new_cache, _ = carry
         x = RMSNorm(c.rms_norm_eps, "norm", self.param_dtype, name="final_norm")(x)
         if c.tie_word_embeddings:
-            head = embedding.T
+            head = quantize.transpose_table(embedding)
         else:
             head = _param(self, "lm_head", (c.hidden_size, c.vocab_size), ("embed", "vocab"),
                           dtype=self.param_dtype)
@@ -292,8 +292,7 @@ class Transformer(nn.Module):
 def head_logits(x, head, dtype):
     """Float32 logits [B, S, V] of final hidden states [B, S, E] through the head [E, V] (matmul in
     the compute `dtype`, accumulated in float32)."""
-    logits = jnp.einsum("bse,ev->bsv", x, head.astype(dtype), preferred_element_type=jnp.float32)
-    return _constrain(logits, ("batch", "length", "vocab"))
+    return _constrain(quantize.head_matmul(x, head, dtype), ("batch", "length", "vocab"))
 
 
 def attention_input(c: ModelConfig, shape, attention: str, *, dtype, tile: int, block_size: int,

@@ -5,8 +5,8 @@
     config, qparams = load(dir, mesh=None, dtype=None, stacked_layers=True)
 
 A quantized folder is an Orbax folder (`config.json`, `params/`, the tokenizer files) plus
-`quantization.json` ({"scheme", "group", "scale_dtype"}); in `params/` each projection kernel is a
-{"qvalue", "scale"} pair (`wedlm_jax.quantize`'s QArray, stored), every other parameter is float.
+`quantization.json` ({"scheme", "group", "scale_dtype"}); in `params/` each projection kernel and
+vocabulary table is a {"qvalue", "scale"} pair (`wedlm_jax.quantize`'s QArray, stored), every other parameter is float.
 `convert_hf` reads the Hugging Face folder one tensor at a time and quantizes each layer's kernel
 as it is read (the same scales `quantize.quantize_params` gives the stacked kernel), so the float
 kernels of the whole model never sit in memory together. `load` checks every stored tensor's
@@ -91,27 +91,29 @@ def check_exportable(folder) -> None:
 
 # --------------------------------------------------------------------------- HF -> quantized
 
-def _allocate(items, target, scheme, group, n_in):
+def _allocate(items, target, scheme, group, names):
     """The host buffers of one parameter (a stacked one for all its layers): a float array, or
-    the (qvalue, scale) pair of a projection kernel."""
+    the (qvalue, scale) pair of a quantized one (a projection kernel, a vocabulary table)."""
     info, _, _, jshape, layer = items[0]
     lead = (len(items),) if layer is not None else ()
     dt = target or np.result_type(*(st.DTYPES[it[0].dtype] for it in items))
-    if n_in is None:
+    if not quantize.is_quantized_param(names):
         return np.empty(lead + jshape, dt)
-    one = jax.eval_shape(lambda w: quantize.quantize_kernel(w, scheme, n_in, group),
+    one = jax.eval_shape(lambda w: quantize.quantize_param(w, names, scheme, group),
                          jax.ShapeDtypeStruct(jshape, dt))
     return {"qvalue": np.empty(lead + one.qvalue.shape, one.qvalue.dtype),
             "scale": np.empty(lead + one.scale.shape, one.scale.dtype)}
 
 
-def _store(buf, layer, value, scheme, group, n_in) -> None:
-    """One tensor (one layer's slice) into its parameter's buffers, quantized if a kernel."""
+def _store(buf, layer, value, scheme, group, names) -> None:
+    """One tensor (one layer's slice) into its parameter's buffers, quantized if it is one a
+    scheme quantizes."""
     at = () if layer is None else (layer,)
-    if n_in is None:
+    if not isinstance(buf, dict):
         buf[at] = value
         return
-    q = quantize.quantize_tensor(jnp.asarray(value.astype(buf["scale"].dtype)), scheme, n_in, group)
+    q = quantize.quantize_tensor(jnp.asarray(value.astype(buf["scale"].dtype)), names, scheme,
+                                 group)
     buf["qvalue"][at] = np.asarray(q.qvalue)
     buf["scale"][at] = np.asarray(q.scale)
 
@@ -132,14 +134,14 @@ def convert_hf(path, scheme: str, group: int | None = None, dtype=None, allow_ex
         groups.setdefault(item[1], []).append(item)
     tree: dict = {}
     for ppath, items in groups.items():
-        n_in = quantize.projection_inputs(ppath)
-        buf = _allocate(items, target, scheme, group, n_in)
+        names = tuple(ppath)
+        buf = _allocate(items, target, scheme, group, names)
         for info, _, kind, jshape, layer in items:
             raw = st.read_tensor(info)
             if not allow_nonfinite and (bad := tensors.count_nonfinite(raw)):
                 raise CheckpointError(f"{info.file}: tensor {info.name!r} has {bad} non-finite "
                                       f"value(s) (NaN/Inf); refusing to quantize it")
-            _store(buf, layer, hf_mapping.to_jax(kind, raw, jshape), scheme, group, n_in)
+            _store(buf, layer, hf_mapping.to_jax(kind, raw, jshape), scheme, group, names)
             if on_tensor is not None:
                 on_tensor(info.nbytes)
         hf_mapping.set_path(tree, ppath, buf)
@@ -163,7 +165,7 @@ def save(config, tree, out_dir, tokenizer_from=None, force: bool = False) -> str
 
 def _tree_scheme(tree) -> tuple[str, int, str]:
     """(scheme, group, scale dtype) of a stored tree, from its kernels' pairs."""
-    qp = from_storage(tree, None)
+    qp = from_storage(tree)
     scheme, group = quantize.scheme_of(qp)
     scale = next(x.scale for x in jax.tree.leaves(qp, is_leaf=_is_q) if _is_q(x))
     return scheme, group, np.dtype(scale.dtype).name
@@ -211,13 +213,13 @@ def to_storage(params):
                         params, is_leaf=_is_q)
 
 
-def from_storage(tree, scheme: str | None):
-    """{"qvalue", "scale"} pairs as QArrays (qtype the scheme's; None: read off the values)."""
+def from_storage(tree):
+    """{"qvalue", "scale"} pairs as QArrays (the qtype their values' dtype: int8 or int4)."""
     def pair(x):
         if not _is_pair(x):
             return x
-        name = scheme or {"int8": "int8", "int4": "int4"}.get(jnp.dtype(x["qvalue"].dtype).name)
-        return qwix.QArray(qvalue=x["qvalue"], scale=x["scale"], qtype=quantize.QTYPES[name])
+        qtype = quantize.QTYPES[jnp.dtype(x["qvalue"].dtype).name]
+        return qwix.QArray(qvalue=x["qvalue"], scale=x["scale"], qtype=qtype)
     return jax.tree.map(pair, tree, is_leaf=_is_pair)
 
 
@@ -302,7 +304,7 @@ def _targets(config, want, mesh, dtype):
         device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         shards = jax.tree.map(lambda _: device, want)
     else:
-        qp = from_storage(want, None)
+        qp = from_storage(want)
         axes = quantize.logical_axes(model.param_logical_axes(config), qp)
         shards = to_storage(sharding.tree_shardings(axes, qp, mesh))
     out = {}
@@ -343,4 +345,4 @@ def load(path, mesh=None, dtype=None, allow_nonfinite: bool = False,
         tensors.settle(params, tpath, value, stacked_layers)
     ckptr.close()
     shape = want if stacked_layers else model.unstack_layers(want, config.num_layers)
-    return config, from_storage(jax.tree.map(lambda _, p: p, shape, params), meta["scheme"])
+    return config, from_storage(jax.tree.map(lambda _, p: p, shape, params))
