@@ -91,6 +91,12 @@ SCRIPT_PAGED = textwrap.dedent("""
                         attention=dec.static.attention,
                         kernel="wedlm_paged_attention" in compiled.as_text(),
                         admission_temp=adm["memory"]["temp"])
+    from decode.config import Placement
+    for door, continuous in (("serve", True), ("static", False)):   # a door's dry run: its cache
+        text, fits = aot.dry_run(config, "h100", Placement(dtype="bfloat16"), method="ar",
+                                 window=1, refill="after", slots=4, capacity=512,
+                                 continuous=continuous)
+        out[door] = dict(fits=fits, head=text.splitlines()[0])
     print("RESULT " + json.dumps(out))
 """)
 
@@ -98,9 +104,14 @@ SCRIPT_PAGED = textwrap.dedent("""
 def test_the_paged_cache_on_the_gpu_steps_through_the_triton_paged_kernel_in_place():
     """A paged Decoder for an H100 (attention auto) takes the Triton paged kernel: the step and
     the admission (a prefill chunk and the first fill: query blocks) compile for the device, and
-    the step's temporaries do not grow with the pool (read in place, no gathered tiles)."""
+    the step's temporaries do not grow with the pool (read in place, no gathered tiles). A
+    server's dry run for an H100 compiles that paged cache by default."""
     out = run_for_the_gpu(SCRIPT_PAGED)
     small, large = out["2048"], out["4096"]
     assert small["attention"] == large["attention"] == "pallas" and small["kernel"], out
     assert small["temp"] == large["temp"], out
     assert small["admission_temp"] == large["admission_temp"], out
+    # the server's dry run for an H100 compiles its default cache, pages of 64; a static batch's
+    # the dense cache
+    assert out["serve"]["fits"] and "pages of 64 rows (the platform's choice)" in out["serve"]["head"]
+    assert out["static"]["fits"] and out["static"]["head"].endswith("dense cache"), out

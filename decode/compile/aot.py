@@ -67,7 +67,7 @@ def make_decoder(config, devices, *, method="streaming", window=16, refill="befo
                  page_size: int | None = None, num_pages: int | None = None,
                  weight_layout: str = "auto", compiler_options: dict | None = None,
                  quantize: str = "none", quantize_group: int | None = None,
-                 kv_dtype: str = "auto"):
+                 kv_dtype: str = "auto", continuous: bool = False):
     """A Decoder over abstract weights (shapes only) for `devices` (one device, or a
     ('data', 'fsdp', 'tensor') mesh of `mesh_shape` over the first devices); `scan_unroll`
     layers per iteration of the layer scan; `page_size` a paged cache (heads over tensor; None:
@@ -75,7 +75,7 @@ def make_decoder(config, devices, *, method="streaming", window=16, refill="befo
     `weight_layout` as the plan's (resolved for the devices' platform: with "compiler" its
     `generate` is compiled here, with the weights' layouts left to the compiler, under
     `compiler_options`); `quantize` / `quantize_group` the weights', `kv_dtype` the cache's
-    (Placement's)."""
+    (Placement's); `continuous`: a continuous-batching door's plan (its "auto" cache)."""
     from decode.config import EngineOptions, Placement
     from decode.engine.decoder import Decoder
     from decode.engine.plan import make_plan
@@ -94,7 +94,8 @@ def make_decoder(config, devices, *, method="streaming", window=16, refill="befo
                           num_pages=num_pages, weight_layout="default", quantize=quantize,
                           quantize_group=quantize_group, kv_dtype=kv_dtype)
     plan = make_plan(config, engine, placement, mesh=mesh, sampling=False,
-                     mask_token_id=config.vocab_size - 1, memory_limit_bytes=1 << 62)
+                     mask_token_id=config.vocab_size - 1, memory_limit_bytes=1 << 62,
+                     continuous=continuous)
     if scan_unroll != 1:
         plan = plan.replace(scan_unroll=scan_unroll)
     dec = Decoder(model_lib.param_shapes(config, jnp.dtype(dtype)), plan)
@@ -218,12 +219,13 @@ def kv_not_counted(slots: int, config, live_rows: int, kv_tile: int, dtype: str,
 
 def dry_run(config, target: str, placement, *, method: str, window: int, refill: str, slots: int,
             capacity: int, prefill_chunk: int = PREFILL_CHUNK, device_memory_gib: float | None = None,
-            who: str = "wedlm-serve") -> tuple[str, bool]:
+            who: str = "wedlm-serve", continuous: bool = True) -> tuple[str, bool]:
     """The programs a decoding door runs (one decode step of `generate`, one prompt's prefill at
     the largest bucket: with a paged cache its admission into pages, `compile_admission`)
     compiled for an accelerator (a TPU topology, or GPUs: wedlm_jax.targets) from config.json
-    alone, laid out as `placement` says; (report text, fits). An out-of-memory compile is the
-    verdict, not an error."""
+    alone, laid out as `placement` says; (report text, fits). `continuous`: the door batches
+    continuously (the server, the batch job), whose default cache may differ from a static
+    batch's. An out-of-memory compile is the verdict, not an error."""
     devices, chip = describe_target(target)
     hbm = chip.hbm
     if placement.devices_needed > len(devices):
@@ -237,7 +239,7 @@ def dry_run(config, target: str, placement, *, method: str, window: int, refill:
                     page_size="auto" if placement.page_size is None else placement.page_size,
                     num_pages=placement.num_pages, weight_layout=placement.weight_layout,
                     quantize=placement.quantize, quantize_group=placement.quantize_group,
-                    kv_dtype=placement.kv_dtype)
+                    kv_dtype=placement.kv_dtype, continuous=continuous)
     layout = layouts.resolve(placement.weight_layout, devices[0].platform,
                              placement.quantize != "none")
     lines = [f"{who} dry run for {target}: {len(devs)} of its {len(devices)} chips, "
@@ -346,7 +348,8 @@ def dry_run_door(args, who: str) -> int:
                              window=args.window, refill=args.refill, slots=args.slots,
                              capacity=args.capacity or DRY_RUN_CAPACITY,
                              prefill_chunk=args.prefill_chunk,
-                             device_memory_gib=args.device_memory, who=who)
+                             device_memory_gib=args.device_memory, who=who,
+                             continuous=who == "wedlm-serve" or bool(getattr(args, "input", None)))
     except (DecodeConfigError, ConfigError, TargetError, FileNotFoundError, CheckpointError) as e:
         print(f"{who}: error: {e}", file=sys.stderr)
         return 2
