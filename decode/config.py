@@ -380,7 +380,8 @@ class Placement:
                             "auto: compiler on TPU, default elsewhere")
         g.add_argument("--quantize", default=d.quantize, choices=quantize_lib.SCHEMES,
                        help="weight-only quantization of the projections: int8 (a scale per "
-                            "output channel) or int4 (a scale per --quantize-group inputs)")
+                            "output channel) or int4 (a scale per --quantize-group inputs); "
+                            "the embedding and LM head int8 under both (a scale per token)")
         g.add_argument("--quantize-group", type=int, default=None,
                        help="the group size along each projection's input (default: int4 "
                             f"{quantize_lib.DEFAULT_GROUP['int4']}, int8 per channel)")

@@ -41,8 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--allow-extra", action="store_true",
                    help="skip tensors the model does not use instead of failing")
     a.add_argument("--quantize", default="none", choices=("none", "int8", "int4"),
-                   help="write the projections quantized (wedlm_jax.quantize_checkpoint): int8 (a "
-                        "scale per output channel) or int4 (a scale per --quantize-group inputs)")
+                   help="write the weights quantized (wedlm_jax.quantize_checkpoint): the "
+                        "projections int8 (a scale per output channel) or int4 (a scale per "
+                        "--quantize-group inputs), the embedding and LM head int8")
     a.add_argument("--quantize-group", type=int, default=None,
                    help="the group size along each projection's input (default: int4 64, int8 "
                         "per channel)")
