@@ -106,7 +106,8 @@ def describe_tpu(name: str) -> tuple[list, Chip]:
         raise TargetError(f"{name!r}: unknown target; accepted: {FORMS}")
     if importlib.util.find_spec("libtpu") is None:
         raise TargetError(f"{name!r}: the TPU compiler is not installed: pip install 'jax[tpu]' "
-                          "(or pip install -e '.[tpu]')")
+                          "(or pip install -e '.[tpu]'; a `make setup` checkout holds libtpu in "
+                          ".venv/tpu-compiler: put that folder on PYTHONPATH)")
     from jax.experimental import topologies
     kw = {"chips_per_host_bounds": (1, 1, 1)} if shape in ("1x1", "1x1x1") else {}
     try:
