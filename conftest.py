@@ -37,3 +37,33 @@ def _release_compiled_programs():
     if "jax" in sys.modules:
         sys.modules["jax"].clear_caches()
         gc.collect()
+
+
+def _shares_a_module_fixture(path: str, seen: dict = {}) -> bool:  # noqa: B006 - a cache
+    if path not in seen:
+        try:
+            text = open(path, encoding="utf-8").read()
+        except OSError:
+            text = ""
+        seen[path] = 'scope="module"' in text or "scope='module'" in text
+    return seen[path]
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """With -n (`--dist load`): the tests of a module that defines a module-scoped fixture (a
+    server, a checkpoint, a pipeline run, a compiled Decoder) go to one worker together; split
+    across the two workers, each would build the fixture again (test_demo_pipeline's run ~60 s,
+    test_lm_eval's server and lm-eval run ~80 s) and compile its programs again. The other tests
+    are balanced one by one, as with `--dist load`. Largest groups first (xdist's loadscope)."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return path if _shares_a_module_fixture(os.path.join(str(config.rootpath), path)) \
+                else nodeid
+
+    return ModuleFixtureScheduling(config, log)
