@@ -44,13 +44,12 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
+
+from benchmarks.serve import Server
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASKS = os.path.join(ROOT, "tests", "lm_eval_tasks")
@@ -148,79 +147,25 @@ def shipped_counts() -> dict:
 
 # ------------------------------------------------------------------------------- servers
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=2) as r:
-            return r.status == 200
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-        return False
-
-
-class Server:
-    """One `python -m decode.serving.serve` on 127.0.0.1 for one scheme; its output to a log."""
-
-    def __init__(self, model: str, scheme: str, log_dir: str, jax_platforms: str):
-        self.scheme, self.port = scheme, _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = os.path.join(log_dir, f"server_{scheme}.log")
-        args = [sys.executable, "-m", "decode.serving.serve", "--checkpoint", model,
-                "--host", "127.0.0.1", "--port", str(self.port), "--slots", str(SLOTS),
-                "--window", str(WINDOW), "--capacity", str(CAPACITY), "--model-name", "demo",
-                "--lazy-compile", "--no-compile-cache", "--quantize", scheme]
-        self.log = open(self.log_path, "wb")
-        self.t0 = time.perf_counter()
-        self.proc = subprocess.Popen(args, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL,
-                                     env=dict(os.environ, JAX_PLATFORMS=jax_platforms))
-        self.start_seconds = None
-
-    def tail(self, n: int = 1500) -> str:
-        with open(self.log_path, "rb") as f:
-            return f.read().decode(errors="replace")[-n:]
-
-    def wait_ready(self, deadline: float) -> None:
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the {self.scheme} server exited ({self.proc.returncode}) "
-                                   f"before answering /health:\n{self.tail()}")
-            if _healthy(self.url):
-                self.start_seconds = round(time.perf_counter() - self.t0, 1)
-                return
-            time.sleep(0.5)
-        raise RuntimeError(f"the {self.scheme} server did not answer /health in time:\n{self.tail()}")
-
-    def stop(self) -> None:
-        """SIGTERM to its pid, SIGKILL after 30 s."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.log.close()
-
-
 @contextlib.contextmanager
 def servers(model: str, schemes, log_dir: str, jax_platforms: str, start_timeout: float):
-    """{scheme: Server}, all started at once and ready; every one stopped on the way out."""
-    up = []
+    """{scheme: Server} (benchmarks.serve.Server with tests/test_lm_eval.py's flags and the
+    scheme's --quantize), all started at once and ready; every one stopped on the way out."""
+    flags = ["--slots", str(SLOTS), "--window", str(WINDOW), "--capacity", str(CAPACITY),
+             "--lazy-compile", "--no-compile-cache"]
+    up = {}
     try:
         for scheme in schemes:
-            up.append(Server(model, scheme, log_dir, jax_platforms))
+            up[scheme] = Server(model, [*flags, "--quantize", scheme], name=f"the {scheme}",
+                                log_path=os.path.join(log_dir, f"server_{scheme}.log"),
+                                env={"JAX_PLATFORMS": jax_platforms})
         deadline = time.time() + start_timeout
-        for s in up:
-            s.wait_ready(deadline)
-        yield {s.scheme: s for s in up}
+        for srv in up.values():
+            srv.wait_ready(max(1.0, deadline - time.time()))
+        yield up
     finally:
-        for s in up:
-            s.stop()
+        for srv in up.values():
+            srv.stop()
 
 
 # ------------------------------------------------------------------------------- lm-eval

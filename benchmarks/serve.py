@@ -52,34 +52,48 @@ def tuning_flags(slots, window, tau, capacity, steps_per_call=8) -> list[str]:
 
 
 class Server:
-    """`python -m decode.serving.serve` in a subprocess (its own cores, as a deployment has), with the
-    given tuning `flags` (none: the defaults a user starts with)."""
+    """`python -m decode.serving.serve` on 127.0.0.1 in a subprocess (its own cores, as a deployment
+    has), with the given tuning `flags` (none: the defaults a user starts with); its output to
+    `log_path` (default: a temporary file), `env` added to this process's environment."""
 
-    def __init__(self, model, flags=()):
-        self.port = _free_port()
+    def __init__(self, model, flags=(), *, log_path: str | None = None, env: dict | None = None,
+                 name: str = "the"):
+        self.name, self.port = name, _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.TemporaryFile()       # the server's log (a pipe nobody reads could fill up)
+        self.log = open(log_path, "w+b") if log_path else tempfile.TemporaryFile()
+        self.t0, self.start_seconds = time.perf_counter(), None
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "decode.serving.serve", "--checkpoint", model, "--port", str(self.port),
-             *flags, "--max-queue", "256", "--model-name", "demo", "--log-level", "warning"],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self.log)
+            [sys.executable, "-m", "decode.serving.serve", "--checkpoint", model, "--host",
+             "127.0.0.1", "--port", str(self.port), *flags, "--max-queue", "256", "--model-name",
+             "demo", "--log-level", "warning"],
+            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
+            env=dict(os.environ, **(env or {})))
+
+    def tail(self, n: int = 2000) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")[-n:]
 
     def wait_ready(self, timeout=600):
+        """This server once /health answers (`start_seconds` set); RuntimeError with its log's
+        tail when it exits first or the `timeout` passes."""
         import httpx
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                self.log.seek(0)
-                raise RuntimeError("the server exited: " + self.log.read().decode()[-2000:])
+                raise RuntimeError(f"{self.name} server exited ({self.proc.returncode}): "
+                                   + self.tail())
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    self.start_seconds = round(time.perf_counter() - self.t0, 1)
                     return self
             except httpx.TransportError:
                 pass
             time.sleep(0.5)
-        raise RuntimeError("the server did not come up")
+        raise RuntimeError(f"{self.name} server did not come up in {timeout} s: " + self.tail())
 
     def stop(self):
+        """SIGTERM to its pid (it drains), SIGKILL after 120 s."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -87,6 +101,7 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+        self.log.close()
 
 
 async def request_once(client, url, item, stream=True) -> dict:

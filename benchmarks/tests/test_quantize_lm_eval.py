@@ -34,7 +34,7 @@ def started(monkeypatch):
 def test_none_against_int8_through_lm_eval(tmp_path, tiny_demo_model, started):
     out = q.main(["--model", tiny_demo_model, "--schemes", "none,int8", "--items", "2",
                   "--out", str(tmp_path / "lm_eval.json")])
-    assert [s.scheme for s in started] == ["none", "int8"]
+    assert [s.name for s in started] == ["the none", "the int8"]
     assert all(s.proc.poll() is not None for s in started)          # killed when done
     assert out["items"] == {task: 2 for task in q.TASK_FILES}
     assert set(out["results"]) == {"none", "int8"}
