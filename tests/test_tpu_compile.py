@@ -291,17 +291,24 @@ def test_serve_dry_run_compiles_the_server_programs_for_a_topology(tmp_path):
     assert "Traceback" not in err
 
 
-def test_decode_dry_run_compiles_the_batch_jobs_programs_for_a_topology(tmp_path):
-    """`wedlm-decode --dry-run --topology` (no prompts needed) compiles its programs the same way,
-    in its own name, with the paged cache when --page-size asks for it; bad input is one line."""
+def _decode_dry_run_args(tmp_path) -> list[str]:
+    """wedlm-decode --dry-run for v5p:1x1x1 on an architecture-only folder of TPU_MODEL."""
     from wedlm_jax.config import ModelConfig
     folder = tmp_path / "arch"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(
         ModelConfig(**TPU_MODEL, mask_token_id=511).to_hf_dict()))
-    base = [sys.executable, "-m", "decode.cli", "--checkpoint", str(folder), "--dry-run",
+    return [sys.executable, "-m", "decode.cli", "--checkpoint", str(folder), "--dry-run",
             "--slots", "4", "--capacity", "1024", "--window", "8", "--dtype", "bf16",
             "--topology", "v5p:1x1x1"]
+
+
+# The decode dry runs are three tests (each a few compiles in subprocesses), not one: a single
+# ~200 s test would hold one pytest-xdist worker while the other one idles at the suite's end.
+def test_decode_dry_run_compiles_the_batch_jobs_programs_for_a_topology(tmp_path):
+    """`wedlm-decode --dry-run --topology` (no prompts needed) compiles its programs the same way,
+    in its own name, with the paged cache when --page-size asks for it; bad input is one line."""
+    base = _decode_dry_run_args(tmp_path)
     rc, out, err = _run(base)
     assert rc == 0, out + err[-3000:]
     assert "wedlm-decode dry run for v5p:1x1x1: 1 of its 1 chips" in out
@@ -312,6 +319,10 @@ def test_decode_dry_run_compiles_the_batch_jobs_programs_for_a_topology(tmp_path
     rc, out, err = _run(base + ["--page-size", "0"])
     assert rc == 0 and "; dense cache" in out and "verdict      FITS" in out, out + err[-3000:]
     assert "prefill of a 1024-token prompt" in out and "admission of" not in out
+
+
+def test_decode_dry_run_with_pages_asked_for_and_a_pool_the_mesh_cannot_split(tmp_path):
+    base = _decode_dry_run_args(tmp_path)
     rc, out, err = _run(base + ["--page-size", "64"])
     assert rc == 0 and "verdict      FITS" in out, out + err[-3000:]
     rc, out, err = _run(base + ["--page-size", "64", "--mesh", "data=2", "--topology", "v5p:2x2x2",
@@ -319,6 +330,10 @@ def test_decode_dry_run_compiles_the_batch_jobs_programs_for_a_topology(tmp_path
     assert rc == 2 and "num_pages 33 must be a multiple of the mesh's data x fsdp size 2" in err, \
         err[-2000:]
     assert "Traceback" not in err
+
+
+def test_decode_dry_run_of_the_paged_pool_over_tensor_and_heads_it_cannot_tile(tmp_path):
+    from wedlm_jax.config import ModelConfig
     # heads over tensor: the pool split by its K/V heads, the ragged kernel per device (shard_map)
     wide = tmp_path / "wide"
     wide.mkdir()
