@@ -120,15 +120,21 @@ def quantize_param(w, names: tuple, scheme: str, group: int = 0, lead: int = 0):
     else (and everything under "none") as it is."""
     if scheme == "none":
         return w
-    if tuple(names) in {(t,) for t in TABLES}:
-        return quantize_table(w, TABLES[names[0]])
+    if (axis := table_axis(names)) is not None:
+        return quantize_table(w, axis)
     n_in = projection_inputs(names)
     return w if n_in is None else quantize_kernel(w, scheme, n_in, group, lead)
 
 
+def table_axis(names) -> int | None:
+    """The vocabulary axis of the table at the path `names` (("embedding",)), else None."""
+    names = tuple(names)
+    return TABLES[names[0]] if len(names) == 1 and names[0] in TABLES else None
+
+
 def is_quantized_param(names) -> bool:
     """Whether a scheme quantizes the parameter at the path `names`."""
-    return tuple(names) in {(t,) for t in TABLES} or projection_inputs(names) is not None
+    return table_axis(names) is not None or projection_inputs(names) is not None
 
 
 def projection_inputs(names) -> int | None:

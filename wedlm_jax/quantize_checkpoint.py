@@ -6,7 +6,8 @@
 
 A quantized folder is an Orbax folder (`config.json`, `params/`, the tokenizer files) plus
 `quantization.json` ({"scheme", "group", "scale_dtype"}); in `params/` each projection kernel and
-vocabulary table is a {"qvalue", "scale"} pair (`wedlm_jax.quantize`'s QArray, stored), every other parameter is float.
+vocabulary table is a {"qvalue", "scale"} pair (`wedlm_jax.quantize`'s QArray, stored), every
+other parameter is float.
 `convert_hf` reads the Hugging Face folder one tensor at a time and quantizes each layer's kernel
 as it is read (the same scales `quantize.quantize_params` gives the stacked kernel), so the float
 kernels of the whole model never sit in memory together. `load` checks every stored tensor's

@@ -108,8 +108,8 @@ TPU_PAGE_SIZE = 64
 # steps only the live slots' bucket (a lone request no longer pays for the idle slots) and reuses
 # shared prompt prefixes, as on CPU. Compiled for an H100 (8B shape, bf16, 8 slots of 2048 live
 # rows; BENCHMARKS.md) it moves the dense cache's bytes (AR 1.03 of the floor both; streaming
-# W 16 refill before 1.39 both); on a card `benchmarks.on_gpu` times it beside the dense cache
-# ("ar b8 paged", "streaming W16 after b8 paged") and checks its tokens. The paged cache's XLA
+# W 16 refill before 1.39 both); on a card `benchmarks.on_gpu` times it ("ar b8", "streaming W16
+# after b8") beside the dense cache ("... dense") and checks its tokens. The paged cache's XLA
 # gather path, which an H100 measured slower than the dense cache's Triton kernel (AR 14.7 ms
 # against 12.0), is used only where the Triton paged kernel cannot run. A static batch keeps the
 # dense cache (it has no prefixes to share and its slots are all live).
