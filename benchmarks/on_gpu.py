@@ -39,6 +39,9 @@ short keeps its figures; the card, its driver and the versions are written befor
   kernel_time  each Triton kernel (dense cache in place; paged) at 1, 4 and 16 splits of the
            live rows and the paged gather path, alone: microseconds per layer and the live K/V
            GB/s at batch 1 and 8, 2K and 16K live rows, 1 and 16 query slots (KERNEL_POINTS).
+  qmatmul  the grouped int4 matmul kernel (wedlm_jax.grouped_matmul) at the 8B projections'
+           shapes (QMATMUL_POINTS): its error against the dequantized kernel's float32 matmul,
+           and its time alone (the int4 values' and scales' GB/s against the copy rate).
   tokens   the demo model decoded greedy on this GPU by the Decoder with each cache layout and
            backend (dense tiled / dense Triton / paged 64), against the same Decoder on this
            machine's CPU: sequences equal, first difference.
@@ -74,37 +77,41 @@ import traceback
 import numpy as np
 
 from benchmarks.on_gpu_kernels import (KERNEL_POINTS, KERNEL_SPLITS, kernel,  # noqa: F401
-                                       kernel_time)
+                                       kernel_time, qmatmul)
 from benchmarks.on_gpu_report import card_info, error_line, nvidia_smi, table, targets
 
-PARTS = ("torch_baseline", "probes", "kernel", "kernel_time", "tokens", "admit", "train", "steps")
+PARTS = ("torch_baseline", "probes", "kernel", "kernel_time", "qmatmul", "tokens", "admit", "train",
+         "steps")
 # the next card's run: the PyTorch peer first (its own process and GPU memory, before JAX takes
 # the card's), the steps last (the part that fits the budget left: settings it cannot hold skip)
-DEFAULT_PARTS = ("torch_baseline", "probes", "admit", "train", "steps")
+DEFAULT_PARTS = ("torch_baseline", "probes", "qmatmul", "admit", "train", "steps")
 # seconds a part needs at least on a card, left to the parts after the one running (a part
 # skipped when the budget less theirs cannot hold its own); steps: two settings and their rounds
-PART_S = dict(torch_baseline=170, probes=10, kernel=160, kernel_time=120, tokens=130, admit=60,
-              train=90, steps=80)
+PART_S = dict(torch_baseline=170, probes=10, kernel=160, kernel_time=120, qmatmul=20, tokens=130,
+              admit=60, train=90, steps=80)
 TORCH_MAX_S = 170        # the PyTorch process is stopped after this (it keeps what it wrote)
 SETTING_S = 35           # one step setting's compile on a card (~25 s on an H100) and its start
 ROUND_CALL_S = 0.6       # one timed generate call of 8 steps, the slowest setting (b32), about
 TRACE_S = 5
-# (name, method, window, refill, slots, page_size, attention[, compiler options]), compiled in
+# (name, method, window, refill, slots, page_size, attention[, {compiler_options, quantize,
+# quantize_group}]), compiled in
 # this order while the budget holds: the served default (page_size None: the server's cache on
 # this platform, paged 64 with the Triton paged kernel on GPU) at batch 8 and the window; the
 # dense cache with its Triton kernel (a static batch's, and the server's until this card says
 # otherwise) at both; the window with XLA's Triton GEMMs only (the card's autotuner picked cuBLAS
 # for the window's 128-row projections, 1.24x slower than the AR step's Triton GEMMs:
 # TRITON_GEMMS keeps cuBLAS out of its choice); AR at batch 1, batch 32, the window at batch 1
-# and 32, the paged gather path, verified, the other refill; the last ones only by --settings
-# or a longer budget
+# and 32, the paged gather path, verified, the other refill, AR with int8 weights and with int4
+# in groups of 64 (the grouped Triton matmul, wedlm_jax.grouped_matmul); the last ones only by
+# --settings or a longer budget
 TRITON_GEMMS = {"xla_gpu_cublas_fallback": False}
 STEP_SETTINGS = (
     ("ar b8", "ar", 1, "after", 8, None, "auto"),
     ("streaming W16 after b8", "streaming", 16, "after", 8, None, "auto"),
     ("ar b8 dense", "ar", 1, "after", 8, 0, "auto"),
     ("streaming W16 after b8 dense", "streaming", 16, "after", 8, 0, "auto"),
-    ("streaming W16 after b8 triton gemms", "streaming", 16, "after", 8, None, "auto", TRITON_GEMMS),
+    ("streaming W16 after b8 triton gemms", "streaming", 16, "after", 8, None, "auto",
+     dict(compiler_options=TRITON_GEMMS)),
     ("ar b1", "ar", 1, "after", 1, None, "auto"),
     ("ar b32", "ar", 1, "after", 32, None, "auto"),
     ("streaming W16 after b1", "streaming", 16, "after", 1, None, "auto"),
@@ -113,6 +120,8 @@ STEP_SETTINGS = (
     ("verified W16 after b8", "verified", 16, "after", 8, None, "auto"),
     ("streaming W16 before b8", "streaming", 16, "before", 8, None, "auto"),
     ("streaming W8 after b8", "streaming", 8, "after", 8, None, "auto"),
+    ("ar b8 int8", "ar", 1, "after", 8, None, "auto", dict(quantize="int8")),
+    ("ar b8 int4 g64", "ar", 1, "after", 8, None, "auto", dict(quantize="int4", quantize_group=64)),
 )
 JAX_PARTS = tuple(p for p in PARTS if p != "torch_baseline")
 
@@ -237,12 +246,14 @@ def _compile_setting(setting, params, config, live: int, smoke: bool, info: dict
     from decode.compile.aot import step_floor
     from decode.engine.state import Request
     name, method, window, refill, slots, page_size, attention = setting[:7]
-    options = setting[7] if len(setting) > 7 else None
-    row = dict(setting=name, method=method, window=window, refill=refill, slots=slots, live=live)
+    extra = dict(setting[7]) if len(setting) > 7 else {}
+    options = extra.pop("compiler_options", None)
+    row = dict(setting=name, method=method, window=window, refill=refill, slots=slots, live=live,
+               **extra)
     t0 = time.perf_counter()
     dec = served_decoder(params, config, method=method, window=window, refill=refill, slots=slots,
                          capacity=capacity_for(live, smoke), page_size=page_size,
-                         attention=attention)
+                         attention=attention, **extra)
     if options:   # `generate` compiled here with the options (the weights' layouts the compiler's)
         dec.use_compiler_layouts(None if smoke else options)
         row["compiler_options"] = options
@@ -403,7 +414,7 @@ def run_part(part: str, a, clock: Clock, report: dict, save, later: list) -> obj
     """One part's result (`later`: the parts after it, whose least time is kept for them)."""
     reserve = 0.0 if a.smoke else sum(PART_S[p] for p in later)
     info = report.get("probes") or {}
-    if part in ("torch_baseline", "admit", "train") and clock.left() - reserve < PART_S[part]:
+    if part in ("torch_baseline", "qmatmul", "admit", "train") and clock.left() - reserve < PART_S[part]:
         return {"skipped": "time budget"}
     if part == "torch_baseline":
         from benchmarks.torch_baseline import run_subprocess
@@ -420,6 +431,8 @@ def run_part(part: str, a, clock: Clock, report: dict, save, later: list) -> obj
         return kernel(a.smoke)
     if part == "kernel_time":
         return kernel_time(a.smoke, clock, info)
+    if part == "qmatmul":
+        return qmatmul(a.smoke, info)
     if part == "tokens":
         return tokens(a.smoke)
     if part == "admit":

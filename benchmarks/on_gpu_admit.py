@@ -40,18 +40,21 @@ def capacity_for(live: int, smoke: bool) -> int:
 
 
 def served_decoder(params, config, *, method: str, window: int, refill: str, slots: int,
-                   capacity: int, page_size=None, attention: str = "auto"):
+                   capacity: int, page_size=None, attention: str = "auto",
+                   quantize: str = "none", quantize_group: int | None = None):
     """A Decoder as the card's runs build it: as the server builds its own (`page_size` None: the
     server's cache on this platform, paged 64 with the Triton paged kernel on GPU), bf16,
     greedy, 8 steps a call, the last id of the vocabulary as the mask (random weights: any id
-    serves), capacity past the model's positions allowed. Equal arguments give equal static
+    serves), capacity past the model's positions allowed; float weights quantized by the
+    Decoder under `quantize`. Equal arguments give equal static
     settings: the compiled programs are shared."""
     from decode.config import EngineOptions, Placement
     from decode.engine.decoder import Decoder
     from decode.engine.plan import make_plan
     engine = EngineOptions(method=method, window=window, refill=refill, slots=slots,
                            capacity=capacity, steps_per_call=8, allow_long=True)
-    placement = Placement(dtype="bfloat16", page_size=page_size, attention=attention)
+    placement = Placement(dtype="bfloat16", page_size=page_size, attention=attention,
+                          quantize=quantize, quantize_group=quantize_group)
     return Decoder(params, make_plan(config, engine, placement, sampling=False,
                                      mask_token_id=config.vocab_size - 1, continuous=True))
 

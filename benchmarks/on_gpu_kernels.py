@@ -137,3 +137,50 @@ def kernel_time(smoke: bool, clock, info: dict) -> list[dict]:
             out.append(row)
         del k, v, pool
     return out
+
+
+# (rows, K, N) of the 8B model's projections: AR at 8 slots (q / o, down), the window's 256 rows
+# (gate / up), a 2K prefill chunk
+QMATMUL_POINTS = ((8, 4096, 4096), (8, 12288, 4096), (256, 4096, 12288), (2048, 4096, 12288))
+
+
+def qmatmul(smoke: bool, info: dict) -> list[dict]:
+    """The grouped int4 matmul kernel (wedlm_jax.grouped_matmul, groups of 64) at the 8B model's
+    projection shapes: its error against the dequantized kernel's float32 matmul at HIGHEST
+    precision, and its time alone (median of 15 calls: the values' and scales' bytes over it,
+    against the card's copy rate)."""
+    import jax
+    import jax.numpy as jnp
+    import qwix
+
+    from wedlm_jax import grouped_matmul as gm
+    from wedlm_jax import quantize as q
+    points = ((8, 256, 128), (40, 128, 64)) if smoke else QMATMUL_POINTS
+    out = []
+    for m, k, n in points:
+        row = dict(kernel="grouped int4 matmul, groups of 64", rows=m, k=k, n=n)
+        try:
+            keys = jax.random.split(jax.random.key(m + k + n))
+            w = q.quantize_kernel(jax.random.normal(keys[0], (k, n), jnp.float32) * 0.05,
+                                  "int4", 1, 64)
+            w = w.replace(scale=w.scale.astype(jnp.bfloat16))
+            x = jax.random.normal(keys[1], (m, k), jnp.bfloat16)
+            with jax.default_matmul_precision("highest"):
+                ref = np.asarray(x.astype(jnp.float32) @ qwix.dequantize(w).astype(jnp.float32))
+            fn = jax.jit(lambda x, v, s: gm.grouped_matmul(x, v, s, group=64, interpret=smoke))
+            got = np.asarray(fn(x, w.qvalue, w.scale).astype(jnp.float32))
+            row.update(rel_err=float(np.linalg.norm(got - ref) / np.linalg.norm(ref)),
+                       nan=bool(np.isnan(got).any()))
+            times = []
+            for _ in range(3 if smoke else 15):
+                t0 = time.perf_counter()
+                jax.block_until_ready(fn(x, w.qvalue, w.scale))
+                times.append(time.perf_counter() - t0)
+            t = statistics.median(times)
+            moved = k * n // 2 + (k // 64) * n * 2 + m * (k + n) * 2
+            row.update(us=t * 1e6, gb_per_s=moved / t / 1e9,
+                       of_copy_rate=moved / t / info.get("hbm_bytes_per_s", float("inf")))
+        except Exception as e:
+            row["failed"] = error_line(e)
+        out.append(row)
+    return out

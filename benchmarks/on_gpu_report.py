@@ -116,6 +116,11 @@ def _part_lines(report: dict) -> list[str]:
         lines.append(f"kernel time b={r['batch']} live={r['live']} S={r['slots']:<3} {r['kernel']:<30} "
                      + (f"{r['ms_per_layer'] * 1e3:8.1f} us/layer {r['gb_per_s']:7.0f} GB/s"
                         if "ms_per_layer" in r else r.get("failed") or r.get("skipped", "")))
+    qm = report.get("qmatmul")
+    for r in qm if isinstance(qm, list) else []:
+        lines.append(f"grouped int4 matmul {r['rows']}x{r['k']}x{r['n']} "
+                     + (f"rel err {r['rel_err']:.2e} nan {r['nan']} {r['us']:8.1f} us "
+                        f"{r['gb_per_s']:7.0f} GB/s" if "us" in r else r.get("failed", "")))
     for r in report.get("tokens") or []:
         lines.append(f"tokens {r['method']:<10} {r['layout']:<13} "
                      + (f"{r['equal']}/{r['of']} equal, first differences {r['first_difference']}"

@@ -4,6 +4,7 @@ program ranked by the bytes they read and write, with the source op each comes f
     PYTHONPATH=.:.venv/tpu-compiler JAX_PLATFORMS=cpu python -m benchmarks.step_bytes \
         [--topology v5p:1x1x1] [--method streaming] [--window 16] [--refill before]
         [--layers 2] [--page-size 64] [--slots 8] [--tensor 1] [--top 25]
+        [--quantize int8|int4 [--quantize-group N]]
 
 The 8B shape (configs/arch/qwen3-8b) with `--layers` layers (unrolled, so each layer's
 instructions are in the program once), bf16, `--slots` slots (heads over `--tensor` chips; the
@@ -159,8 +160,10 @@ def instruction_bytes(hlo: str) -> list[dict]:
             total = in_c + out_c
             cycles = re.search(r'"estimated_cycles":"(\d+)"', line)
             target = re.search(r'custom_call_target="([^"]+)"', line)
+            kernel = re.search(r'name = \\?"(\w+)\\?"', line) if target else None
             rows.append(dict(computation=cname, name=name, op=op, bytes=sum(total.values()),
                              target=target.group(1) if target else None,
+                             kernel=kernel.group(1) if kernel else None,
                              hbm_bytes=total[0], result=result[:80],
                              source=src.group(1) if src else "",
                              cycles=int(cycles.group(1)) if cycles else None))
@@ -170,14 +173,24 @@ def instruction_bytes(hlo: str) -> list[dict]:
 # custom calls that are attention kernels (a Mosaic kernel on TPU, a Pallas Triton kernel on GPU):
 # their operands are whole buffers, not their traffic, which the callers add analytically
 KERNEL_TARGETS = ("tpu_custom_call", "__gpu$xla.gpu.triton")
+# Pallas kernels (by their pallas_call name) that read every operand once and write their
+# result once: counted like any instruction (wedlm_jax.grouped_matmul)
+COUNTED_KERNELS = ("wedlm_grouped_matmul",)
 
 
 def hbm_traffic(hlo: str) -> float:
     """Estimated HBM bytes of a compiled program: its top-level instructions' operands and results
     in the default memory space (`instruction_bytes`), attention-kernel custom calls left out (a
     library GEMM call is counted like any instruction)."""
-    return float(sum(r["hbm_bytes"] for r in instruction_bytes(hlo)
-                     if not (r["op"] == "custom-call" and r["target"] in KERNEL_TARGETS)))
+    return float(sum(r["hbm_bytes"] for r in instruction_bytes(hlo) if not is_attention_kernel(r)))
+
+
+def is_attention_kernel(row: dict) -> bool:
+    """Whether an `instruction_bytes` row is an attention kernel's custom call (its operands
+    whole buffers, not its traffic); a kernel that reads its operands whole
+    (`COUNTED_KERNELS`) is not."""
+    return (row["op"] == "custom-call" and row["target"] in KERNEL_TARGETS
+            and row.get("kernel") not in COUNTED_KERNELS)
 
 
 def kernel_not_counted(slots: int, span: int, config, live_rows: int, dtype: str) -> float:
@@ -212,6 +225,9 @@ def main(argv=None) -> int:
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--tensor", type=int, default=1, help="heads over this many of the chips")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--quantize", default="none", help="the projections' weights: none, int8, int4")
+    ap.add_argument("--quantize-group", type=int, default=None,
+                    help="int4's group (0: per channel)")
     ap.add_argument("--attention", default="tiled", help="the cache attention (auto: the "
                     "Decoder's choice for the target, the Triton kernel on GPU)")
     args = ap.parse_args(argv)
@@ -224,6 +240,7 @@ def main(argv=None) -> int:
         config, devs, method=args.method, window=args.window, refill=args.refill,
         slots=args.slots, capacity=4096, dtype="bfloat16", scan_unroll=args.layers,
         page_size=args.page_size, weight_layout=args.weight_layout, attention=args.attention,
+        quantize=args.quantize, quantize_group=args.quantize_group,
         mesh_shape=(1, 1, args.tensor) if args.tensor > 1 else None)
     cost = figures(compiled).get("cost") or {}
     floor = aot.step_floor(dec.static, 2048, args.tensor)

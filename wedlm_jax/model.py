@@ -86,6 +86,7 @@ class Projection(nn.Module):
     use_bias: bool
     dtype: Dtype
     param_dtype: Dtype
+    quant_form: str = "einsum"   # how a quantized kernel enters the matmul (quantize.FORMS)
 
     @nn.compact
     def __call__(self, x):
@@ -96,7 +97,8 @@ class Projection(nn.Module):
         letters = "abcdefgh"
         ins, outs = letters[:n_in], letters[n_in:n_in + len(self.out_shape)]
         # a quantized kernel (wedlm_jax.quantize) is a qwix QArray
-        y = quantize.projection_einsum(f"...{ins},{ins}{outs}->...{outs}", x, kernel, self.dtype)
+        y = quantize.projection_einsum(f"...{ins},{ins}{outs}->...{outs}", x, kernel, self.dtype,
+                                       self.quant_form)
         if self.use_bias:
             bias = _param(self, "bias", self.out_shape, self.out_axes, nn.initializers.zeros,
                           self.param_dtype)
@@ -108,6 +110,7 @@ class Attention(nn.Module):
     config: ModelConfig
     dtype: Dtype
     param_dtype: Dtype
+    quant_form: str = "einsum"
 
     @nn.compact
     def __call__(self, x, cos, sin, mask, kv_cache=None, cache_len=None, layer=None):
@@ -116,7 +119,8 @@ class Attention(nn.Module):
         and attention reads that layer's live tiles from the stacked buffer."""
         c = self.config
         proj = lambda name, out_axes, out_shape, bias, in_axes=("embed",): Projection(
-            in_axes, out_axes, out_shape, bias, self.dtype, self.param_dtype, name=name)
+            in_axes, out_axes, out_shape, bias, self.dtype, self.param_dtype, self.quant_form,
+            name=name)
         q = proj("q_proj", ("heads", "head_dim"), (c.num_heads, c.head_dim), c.qkv_bias)(x)
         k = proj("k_proj", ("kv_heads", "head_dim"), (c.num_kv_heads, c.head_dim), c.qkv_bias)(x)
         v = proj("v_proj", ("kv_heads", "head_dim"), (c.num_kv_heads, c.head_dim), c.qkv_bias)(x)
@@ -150,12 +154,13 @@ class MLP(nn.Module):
     config: ModelConfig
     dtype: Dtype
     param_dtype: Dtype
+    quant_form: str = "einsum"
 
     @nn.compact
     def __call__(self, x):
         c = self.config
         dense = lambda name, i, o, n: Projection((i,), (o,), (n,), c.mlp_bias, self.dtype,
-                                                 self.param_dtype, name=name)
+                                                 self.param_dtype, self.quant_form, name=name)
         gate = dense("gate_proj", "embed", "mlp", c.intermediate_size)(x)
         up = dense("up_proj", "embed", "mlp", c.intermediate_size)(x)
         h = _constrain(nn.silu(gate) * up, ("batch", "length", "mlp"))
@@ -169,17 +174,18 @@ class Block(nn.Module):
     config: ModelConfig
     dtype: Dtype
     param_dtype: Dtype
+    quant_form: str = "einsum"
 
     @nn.compact
     def __call__(self, carry, cos, sin, mask, cache_len=None):
         x, kv_cache, layer = carry
         c = self.config
         h = RMSNorm(c.rms_norm_eps, "norm", self.param_dtype, name="input_norm")(x)
-        h, new_cache = Attention(c, self.dtype, self.param_dtype, name="attn")(
+        h, new_cache = Attention(c, self.dtype, self.param_dtype, self.quant_form, name="attn")(
             h, cos, sin, mask, kv_cache, cache_len, layer)
         x = x + h
         h = RMSNorm(c.rms_norm_eps, "norm", self.param_dtype, name="post_attn_norm")(x)
-        x = x + MLP(c, self.dtype, self.param_dtype, name="mlp")(h)
+        x = x + MLP(c, self.dtype, self.param_dtype, self.quant_form, name="mlp")(h)
         return (_constrain(x, ("batch", "length", "embed")), new_cache, layer + 1), None
 
 
@@ -210,7 +216,7 @@ def _block(remat):
 
 
 def layer_stack(config: ModelConfig, dtype, param_dtype, remat="none",
-                name: str = "layers", unroll: int = 1) -> nn.Module:
+                name: str = "layers", unroll: int = 1, quant_form: str = "einsum") -> nn.Module:
     """The decoder layers as one `nn.scan` over `Block`: parameters stacked on a leading
     'layers' axis, so XLA runs (and FSDP gathers) one layer at a time. `unroll` layers per loop
     iteration (ahead-of-time cost analysis unrolls all: XLA counts a loop body once)."""
@@ -218,7 +224,7 @@ def layer_stack(config: ModelConfig, dtype, param_dtype, remat="none",
                     in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
                     length=config.num_layers, unroll=unroll,
                     metadata_params={nn.PARTITION_NAME: "layers"})
-    return stack(config, dtype, param_dtype, name=name)
+    return stack(config, dtype, param_dtype, quant_form, name=name)
 
 
 class Transformer(nn.Module):
@@ -239,6 +245,8 @@ class Transformer(nn.Module):
     scan_unroll: int = 1              # layers per loop iteration of the layer scan
     stacked_layers: bool = True       # False: one parameter tree per layer ("layer_0", ...; see
                                       # `unstack_layers`), the layers unrolled in the program
+    grouped_matmul: str = "xla"       # a group-quantized kernel's matmul: xla (dequantized into
+                                      # it) | pallas (wedlm_jax.grouped_matmul's kernel, GPU)
 
     @nn.compact
     def __call__(self, tokens, positions, *, segment_ids=None, mask=None,
@@ -264,15 +272,19 @@ class Transformer(nn.Module):
         x = _constrain(x, ("batch", "length", "embed"))
         inv_freq, scaling = rope_frequencies(c)
         cos, sin = rope_cos_sin(positions, inv_freq, scaling)
+        form = quantize.matmul_form(self.platform or jax.default_backend(), self.grouped_matmul,
+                                    self.attention_interpret)
 
         if self.stacked_layers:
             carry = (x, kv_cache, jnp.zeros((), jnp.int32))
             carry, _ = layer_stack(c, self.dtype, self.param_dtype, self.remat,
-                                   unroll=self.scan_unroll)(carry, cos, sin, mask, cache_len)
+                                   unroll=self.scan_unroll, quant_form=form)(
+                carry, cos, sin, mask, cache_len)
         else:   # the layer index a Python int: a kernel can read its layer of the cache in place
             carry = (x, kv_cache, 0)
             for i in range(c.num_layers):
-                carry, _ = _block(self.remat)(c, self.dtype, self.param_dtype, name=f"layer_{i}")(
+                carry, _ = _block(self.remat)(c, self.dtype, self.param_dtype, form,
+                                              name=f"layer_{i}")(
                     carry, cos, sin, mask, cache_len)
         x, new_cache, _ = carry
         x = RMSNorm(c.rms_norm_eps, "norm", self.param_dtype, name="final_norm")(x)

@@ -18,12 +18,13 @@ the weights' dtype.
 A quantized kernel is a `qwix.QArray` (int8 / int4 values, the scales beside them) in place of the
 float kernel in the same tree, so the layer scan slices it like any parameter, one tree per layer
 (`model.unstack_layers`) splits it, and the model's projections read it through
-`projection_einsum`: weight-only, a per-channel kernel's integer values enter the matmul cast to
-the compute dtype and its scales multiply the output (XLA:GPU fuses the cast into the gemm: the
-step reads int8 / int4 bytes), a grouped kernel is dequantized (`qwix.dequantize`) at its matmul
-(XLA:GPU writes that dequantized layer out and reads it again: no fusion of a sub-channel
-dequantization in jax 0.10.2's compiler); on CPU one layer's kernel at a time is a temporary;
-nothing dequantizes a whole stacked weight.
+`projection_einsum` in the platform's matmul form (`FORMS`, `matmul_form`): weight-only, a
+per-channel kernel's integer values enter the matmul cast to the compute dtype and its scales
+multiply the output (in the projection's own einsum on TPU and CPU; as one 2-D gemm on GPU, whose
+compiler fuses that cast: the step reads int8 / int4 bytes); a grouped kernel goes through the
+Pallas kernel of `wedlm_jax.grouped_matmul` on one GPU (XLA:GPU fuses no sub-channel
+dequantization) and is dequantized into its matmul (`qwix.dequantize`) elsewhere, one layer's
+kernel at a time; nothing dequantizes a whole stacked weight.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ import math
 import jax
 import jax.numpy as jnp
 import qwix
+
+from wedlm_jax import grouped_matmul as grouped_lib
 
 SCHEMES = ("none", "int8", "int4")
 QTYPES = {"int8": jnp.int8, "int4": jnp.int4}
@@ -280,23 +283,51 @@ def logical_axes(axes_tree, params):
                         is_leaf=lambda x: isinstance(x, tuple) or isinstance(x, qwix.QArray))
 
 
-def projection_einsum(spec: str, x, kernel, dtype):
-    """`einsum(spec, x, kernel)` in the compute `dtype` ("...{ins},{ins}{outs}->...{outs}").
-    A quantized kernel with one scale per output element (shared by every input axis) is
-    contracted as its integer values cast to `dtype`, the scales applied to the output: XLA:GPU
-    fuses that cast into the gemm and reads the int8 / int4 values alone, where a dequantized
-    kernel (values x scales, a multiply it does not fuse) is written out and read again at the
-    float kernel's size (benchmarks/results/quantize). A grouped kernel is dequantized into the
-    matmul (`qwix.dequantize`, the scales in `dtype`). qwix's own weight-only path (`qwix.einsum`)
-    ran a projection 4-14x slower than these on XLA:CPU."""
+def projection_einsum(spec: str, x, kernel, dtype, form: str = "einsum"):
+    """`einsum(spec, x, kernel)` in the compute `dtype` ("...{ins},{ins}{outs}->...{outs}"), a
+    quantized kernel read in the matmul `form` (FORMS, `matmul_form`), weight-only:
+    - a per-channel kernel (one scale per output element, shared by every input axis) enters
+      the matmul as its integer values cast to `dtype`, the scales applied to the output: in
+      the projection's own einsum ("einsum": libtpu reads each layer's int8 / int4 kernel in
+      place), or as one 2-D gemm of its axes flattened ("gemm2d", "pallas", "interpret":
+      XLA:GPU fuses the cast of a 2-D operand into its gemm; on a TPU the flattening is a
+      relayout copy of the kernel at every step). A dequantized kernel (values x scales, a
+      multiply XLA:GPU does not fuse) would be written out and read again at the float size.
+    - a grouped kernel is read by `wedlm_jax.grouped_matmul`'s kernel ("pallas", "interpret"
+      where its shapes tile), else dequantized into the matmul (`qwix.dequantize`).
+    qwix's own weight-only path (`qwix.einsum`) ran a projection 4-14x slower than these on
+    XLA:CPU (benchmarks/results/quantize)."""
     x = x.astype(dtype)
     if not isinstance(kernel, qwix.QArray):
         return jnp.einsum(spec, x, kernel.astype(dtype))
     n_out = len(spec.split("->")[1].lstrip("."))
     n_in = kernel.qvalue.ndim - n_out
     if all(d == 1 for d in kernel.scale.shape[:n_in]):
+        if form == "einsum":
+            y = jnp.einsum(spec, x, kernel.qvalue.astype(dtype))
+            return y * kernel.scale.reshape(kernel.scale.shape[n_in:]).astype(dtype)
         return _channel_matmul(x, kernel, n_in, dtype)
+    if form in ("pallas", "interpret"):
+        y = _grouped_kernel_matmul(x, kernel, n_in, form == "interpret")
+        if y is not None:
+            return y
     return jnp.einsum(spec, x, qwix.dequantize(kernel.astype(dtype)))
+
+
+# how a projection's quantized kernel enters its matmul (`projection_einsum`)
+FORMS = ("einsum", "gemm2d", "pallas", "interpret")
+
+
+def matmul_form(platform: str, grouped_matmul: str = "xla", interpret: bool = False) -> str:
+    """The FORMS entry for a model on `platform` whose grouped kernels are read by
+    `grouped_matmul` ("xla" | "pallas", `grouped_lib.CHOICES`); `interpret`: the Pallas kernel
+    in its CPU-checkable form."""
+    if grouped_matmul not in grouped_lib.CHOICES:
+        raise ValueError(f"grouped_matmul {grouped_matmul!r} is unknown; allowed: "
+                         f"{', '.join(grouped_lib.CHOICES)}")
+    if grouped_matmul == "pallas":
+        return "interpret" if interpret else "pallas"
+    return "gemm2d" if platform in ("gpu", "cuda", "rocm") else "einsum"
 
 
 def embed(table, tokens, dtype):
@@ -335,6 +366,23 @@ def _channel_matmul(x, kernel, n_in: int, dtype):
     w = kernel.qvalue.reshape(ins, math.prod(outs)).astype(dtype)
     y = jnp.einsum("...i,io->...o", x.reshape(lead + (ins,)), w)
     return y.reshape(lead + outs) * kernel.scale.reshape(outs).astype(dtype)
+
+
+def _grouped_kernel_matmul(x, kernel, n_in: int, interpret: bool):
+    """x [..., *ins] against a grouped kernel [*ins, *outs] (scales [*ins / group on the last,
+    *outs]) as `grouped_matmul.grouped_matmul` of the 2-D [prod ins, prod outs] values: the
+    flattened input axis keeps each group's rows consecutive. None where its shapes don't tile."""
+    shape, sshape = kernel.qvalue.shape, kernel.scale.shape
+    ins, outs = math.prod(shape[:n_in]), shape[n_in:]
+    group = shape[n_in - 1] // sshape[n_in - 1]
+    if not grouped_lib.supported(ins, math.prod(outs), group):
+        return None
+    lead = x.shape[:x.ndim - n_in]
+    y = grouped_lib.grouped_matmul(
+        x.reshape(math.prod(lead), ins), kernel.qvalue.reshape(ins, math.prod(outs)),
+        kernel.scale.reshape(ins // group, math.prod(outs)), group=group,
+        interpret=interpret)
+    return y.reshape(lead + outs)
 
 
 def weight_bytes(params) -> int:

@@ -10,9 +10,9 @@ from benchmarks import on_gpu
 
 def test_smoke_run_measures_every_backend_and_step(tmp_path):
     out = tmp_path / "run"
-    assert on_gpu.main(["--smoke", "--out", str(out), "--parts", "kernel,kernel_time,steps",
+    assert on_gpu.main(["--smoke", "--out", str(out), "--parts", "kernel,kernel_time,qmatmul,steps",
                         "--rounds", "1",
-                        "--settings", "ar b8,streaming W16 after b8,ar b8 dense"]) == 0
+                        "--settings", "ar b8,streaming W16 after b8,ar b8 dense,ar b8 int8"]) == 0
     report = json.loads((out / "on_gpu.json").read_text())
     kernel = report["kernel"]
     assert {r["backend"] for r in kernel} == {"tiled", "cudnn", "pallas", "paged gather",
@@ -23,8 +23,11 @@ def test_smoke_run_measures_every_backend_and_step(tmp_path):
     timed = report["kernel_time"]
     assert len(timed) == 2 * (2 * len(on_gpu.KERNEL_SPLITS) + 1)          # 2 smoke points
     assert all(r["ms_per_layer"] > 0 and "failed" not in r for r in timed), timed
+    qm = report["qmatmul"]
+    assert len(qm) == 2 and all(r["rel_err"] < 1e-2 and not r["nan"] and r["us"] > 0 for r in qm), qm
     steps = {r["setting"]: r for r in report["steps"]}
-    assert set(steps) == {"ar b8", "streaming W16 after b8", "ar b8 dense"}
+    assert set(steps) == {"ar b8", "streaming W16 after b8", "ar b8 dense", "ar b8 int8"}
+    assert steps["ar b8 int8"]["quantize"] == "int8"
     # the served cache (here the CPU server's pages of 16; on GPU pages of 64) and the dense one
     assert steps["ar b8"]["page_size"] == 16 and steps["ar b8 dense"]["page_size"] == 0
     for r in steps.values():
@@ -98,7 +101,7 @@ def test_a_short_budget_skips_parts_and_keeps_what_ran(tmp_path):
     assert on_gpu.main(["--smoke", "--out", str(out), "--budget-s", "5"]) == 0
     report = json.loads((out / "on_gpu.json").read_text())
     assert report["probes"]["bf16_flops"] > 0
-    for part in ("torch_baseline", "admit", "train"):
+    for part in ("torch_baseline", "qmatmul", "admit", "train"):
         assert report[part] == {"skipped": "time budget"}, part
     assert {r.get("skipped") for r in report["steps"]} == {"time budget"}
     assert len(report["steps"]) == len(on_gpu.STEP_SETTINGS)

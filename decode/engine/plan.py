@@ -36,6 +36,7 @@ from wedlm_jax.failures import format_bytes
 from wedlm_jax.attention import backends as attn_backends
 from wedlm_jax.attention import cache as ca
 from wedlm_jax.attention import paged
+from wedlm_jax import grouped_matmul as grouped_lib
 from wedlm_jax.config import ConfigError, ModelConfig
 from wedlm_jax.tokenizer import mask_token_rule
 
@@ -110,7 +111,9 @@ def make_plan(model_config: ModelConfig, engine: EngineOptions, placement: Place
         page_size=cache["page_size"], num_pages=cache["num_pages"],
         page_shards=shards if cache["page_size"] else 1,
         stacked_layers=layouts.layers_stacked(device.platform) and stacked_params,
-        quantize=placement.quantize, quantize_group=quantize_group, kv_dtype=placement.kv_dtype)
+        quantize=placement.quantize, quantize_group=quantize_group, kv_dtype=placement.kv_dtype,
+        grouped_matmul=grouped_lib.for_plan(device.platform, quantize_group,
+                                            1 if mesh is None else mesh.devices.size))
     memory = estimate_memory(static)
     check_memory(memory, memory_limit_bytes if memory_limit_bytes is not None
                  else available_memory(mesh), static)

@@ -63,6 +63,7 @@ class Static:
     quantize: str = "none"     # the weights' quantization (wedlm_jax.quantize) and its group size
     quantize_group: int = 0
     kv_dtype: str = "auto"     # the KV cache's: auto (dtype) | int8 (wedlm_jax.attention.kv_quant)
+    grouped_matmul: str = "xla"  # a grouped kernel's matmul: xla | pallas (wedlm_jax.grouped_matmul)
 
     @property
     def cache_dtype(self):
@@ -99,7 +100,8 @@ def network(static: Static):
     model = model_lib.Transformer(static.config, dtype=jnp.dtype(static.dtype),
                                   attention=static.attention, kv_tile=static.kv_tile,
                                   scan_unroll=static.scan_unroll, platform=static.platform,
-                                  stacked_layers=static.stacked_layers)
+                                  stacked_layers=static.stacked_layers,
+                                  grouped_matmul=static.grouped_matmul)
 
     def forward(params, tokens, positions, layers, n):
         return model.apply({"params": params}, tokens, positions, kv_cache=layers, cache_len=n)

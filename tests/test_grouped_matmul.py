@@ -1,0 +1,117 @@
+"""The grouped matmul kernel (wedlm_jax/grouped_matmul.py) in Pallas interpret mode against the
+dequantized kernel's matmul, the matmul forms a model reads quantized kernels in
+(quantize.matmul_form), and the plan's choice of kernel. Its compile for an H100 (the bytes it
+moves): benchmarks/tests/test_quantize_gpu.py."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import qwix
+
+from tests.plans import plan
+from wedlm_jax import grouped_matmul as gm
+from wedlm_jax import model as model_lib
+from wedlm_jax import quantize as q
+from wedlm_jax.config import ModelConfig
+
+CONFIG = ModelConfig(model_type="qwen3", vocab_size=256, hidden_size=128, intermediate_size=256,
+                     num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, qk_norm=True,
+                     mask_token_id=255)
+
+
+def _kernel(k: int, n: int, scheme: str, group: int, seed: int = 0):
+    w = jnp.asarray(np.random.default_rng(seed).standard_normal((k, n)) * 0.05, jnp.float32)
+    return q.quantize_kernel(w, scheme, 1, group)
+
+
+@pytest.mark.parametrize("m,k,n,scheme,group,splits", [
+    (1, 128, 64, "int4", 64, None),       # one row (a lone AR step)
+    (8, 256, 128, "int4", 64, None),      # a decode step's rows: the input axis split
+    (8, 256, 128, "int4", 64, 1),         # ... unsplit
+    (40, 512, 192, "int4", 32, 2),        # rows not a power of two; 3 column blocks
+    (130, 256, 64, "int8", 16, None),     # more rows than one block holds (3 row blocks)
+])
+def test_kernel_equals_the_dequantized_matmul(m, k, n, scheme, group, splits):
+    kernel = _kernel(k, n, scheme, group)
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((m, k)), jnp.float32)
+    with jax.default_matmul_precision("highest"):
+        ref = x @ qwix.dequantize(kernel)
+        out = gm.grouped_matmul(x, kernel.qvalue, kernel.scale, group=group, interpret=True,
+                                splits=splits)
+    assert out.shape == (m, n) and out.dtype == x.dtype
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4 * float(jnp.abs(ref).max()))
+
+
+def test_kernel_in_bfloat16_within_its_rounding():
+    kernel = _kernel(256, 128, "int4", 64)
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((8, 256)), jnp.float32)
+    ref = x @ qwix.dequantize(kernel)
+    out = gm.grouped_matmul(x.astype(jnp.bfloat16), kernel.qvalue,
+                            kernel.scale.astype(jnp.bfloat16), group=64, interpret=True)
+    assert out.dtype == jnp.bfloat16
+    assert float(jnp.abs(out.astype(jnp.float32) - ref).max()) < 0.02 * float(jnp.abs(ref).max())
+
+
+def test_splits_reach_the_target_programs_in_whole_groups():
+    assert gm.choose_splits(1, 64, 64) == 4              # 4096 columns: 64 blocks x 4 >= 132
+    assert gm.choose_splits(1, 192, 64) == 1             # 12288 columns fill the GPU alone
+    assert gm.choose_splits(1, 16, 6) == 6               # never more parts than groups
+    assert all(gm.choose_splits(1, 8, g) in [d for d in range(1, g + 1) if g % d == 0]
+               for g in (6, 12, 64, 192))
+
+
+@pytest.mark.parametrize("k,n,group,ok", [(4096, 4096, 64, True), (4096, 1024, 128, True),
+                                          (4096, 4096, 48, False), (4096, 96, 64, False),
+                                          (96, 128, 64, False), (64, 128, 8, False)])
+def test_supported_shapes(k, n, group, ok):
+    assert gm.supported(k, n, group) is ok
+
+
+def test_bad_shapes_refused_naming_them():
+    kernel = _kernel(128, 64, "int4", 64)
+    with pytest.raises(ValueError, match=r"grouped_matmul: x \(2, 96\), values \(128, 64\)"):
+        gm.grouped_matmul(jnp.zeros((2, 96)), kernel.qvalue, kernel.scale, group=64,
+                          interpret=True)
+    with pytest.raises(ValueError, match="splits 3 does not divide the 2 groups"):
+        gm.grouped_matmul(jnp.zeros((2, 128)), kernel.qvalue, kernel.scale, group=64,
+                          interpret=True, splits=3)
+
+
+# ------------------------------------------------------------------------- the model's forms
+
+def test_matmul_forms_per_platform():
+    assert q.matmul_form("tpu") == "einsum" and q.matmul_form("cpu") == "einsum"
+    assert q.matmul_form("gpu") == "gemm2d"
+    assert q.matmul_form("gpu", "pallas") == "pallas"
+    assert q.matmul_form("cpu", "pallas", interpret=True) == "interpret"
+    with pytest.raises(ValueError, match="grouped_matmul 'triton' is unknown; allowed: xla, pallas"):
+        q.matmul_form("gpu", "triton")
+
+
+@pytest.mark.parametrize("scheme,group", [("int8", 0), ("int4", 0), ("int4", 32)])
+def test_every_form_gives_the_same_logits(scheme, group):
+    """The per-channel kernels in the projection's einsum (TPU, CPU) or as 2-D gemms (GPU), the
+    grouped ones dequantized or through the kernel: the same model."""
+    params = q.quantize_params(model_lib.random_params(CONFIG, head_scale=4.0), scheme, group)
+    tokens = jnp.asarray(np.random.default_rng(1).integers(0, 255, (2, 8)))
+    pos = jnp.broadcast_to(jnp.arange(8), (2, 8))
+    logits = {}
+    for name, kw in (("einsum", {}), ("gemm2d", dict(platform="gpu", attention="dense")),
+                     ("interpret", dict(grouped_matmul="pallas", attention_interpret=True))):
+        model = model_lib.Transformer(CONFIG, **kw)
+        with jax.default_matmul_precision("highest"):
+            logits[name] = model.apply({"params": params}, tokens, pos)
+    for name in ("gemm2d", "interpret"):
+        np.testing.assert_allclose(logits[name], logits["einsum"], rtol=1e-5, atol=1e-5)
+
+
+def test_the_plan_takes_the_kernel_on_one_gpu_for_grouped_weights():
+    assert gm.for_plan("gpu", 64, 1) == "pallas"
+    assert gm.for_plan("gpu", 0, 1) == "xla"             # per channel: XLA fuses the cast
+    assert gm.for_plan("gpu", 64, 2) == "xla"            # split over a mesh
+    assert gm.for_plan("tpu", 64, 1) == "xla" and gm.for_plan("cpu", 64, 1) == "xla"
+    here = plan(CONFIG, method="ar", slots=2, capacity=64, quantize="int4", quantize_group=32)
+    assert here.static.grouped_matmul == "xla"           # this CPU
