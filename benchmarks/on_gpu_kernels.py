@@ -148,7 +148,8 @@ def qmatmul(smoke: bool, info: dict) -> list[dict]:
     """The grouped int4 matmul kernel (wedlm_jax.grouped_matmul, groups of 64) at the 8B model's
     projection shapes: its error against the dequantized kernel's float32 matmul at HIGHEST
     precision, and its time alone (median of 15 calls: the values' and scales' bytes over it,
-    against the card's copy rate)."""
+    against the card's copy rate) beside XLA's gemm of the dequantized kernel (what a
+    projection past `grouped_matmul.MAX_ROWS` rows runs)."""
     import jax
     import jax.numpy as jnp
     import qwix
@@ -171,16 +172,26 @@ def qmatmul(smoke: bool, info: dict) -> list[dict]:
             got = np.asarray(fn(x, w.qvalue, w.scale).astype(jnp.float32))
             row.update(rel_err=float(np.linalg.norm(got - ref) / np.linalg.norm(ref)),
                        nan=bool(np.isnan(got).any()))
-            times = []
-            for _ in range(3 if smoke else 15):
-                t0 = time.perf_counter()
-                jax.block_until_ready(fn(x, w.qvalue, w.scale))
-                times.append(time.perf_counter() - t0)
-            t = statistics.median(times)
+            xla = jax.jit(lambda x, v, s: x @ qwix.dequantize(w.replace(qvalue=v, scale=s)))
+            t = _median_time(fn, (x, w.qvalue, w.scale), 3 if smoke else 15)
             moved = k * n // 2 + (k // 64) * n * 2 + m * (k + n) * 2
             row.update(us=t * 1e6, gb_per_s=moved / t / 1e9,
-                       of_copy_rate=moved / t / info.get("hbm_bytes_per_s", float("inf")))
+                       of_copy_rate=moved / t / info.get("hbm_bytes_per_s", float("inf")),
+                       xla_dequantized_us=_median_time(xla, (x, w.qvalue, w.scale),
+                                                       3 if smoke else 15) * 1e6)
         except Exception as e:
             row["failed"] = error_line(e)
         out.append(row)
     return out
+
+
+def _median_time(fn, args, calls: int) -> float:
+    """Median seconds of `calls` calls of the jitted `fn` (compiled by a first call)."""
+    import jax
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)

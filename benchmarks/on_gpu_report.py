@@ -120,7 +120,8 @@ def _part_lines(report: dict) -> list[str]:
     for r in qm if isinstance(qm, list) else []:
         lines.append(f"grouped int4 matmul {r['rows']}x{r['k']}x{r['n']} "
                      + (f"rel err {r['rel_err']:.2e} nan {r['nan']} {r['us']:8.1f} us "
-                        f"{r['gb_per_s']:7.0f} GB/s" if "us" in r else r.get("failed", "")))
+                        f"{r['gb_per_s']:7.0f} GB/s (XLA, dequantized: {r['xla_dequantized_us']:.1f} us)"
+                        if "us" in r else r.get("failed", "")))
     for r in report.get("tokens") or []:
         lines.append(f"tokens {r['method']:<10} {r['layout']:<13} "
                      + (f"{r['equal']}/{r['of']} equal, first differences {r['first_difference']}"

@@ -115,3 +115,20 @@ def test_the_plan_takes_the_kernel_on_one_gpu_for_grouped_weights():
     assert gm.for_plan("tpu", 64, 1) == "xla" and gm.for_plan("cpu", 64, 1) == "xla"
     here = plan(CONFIG, method="ar", slots=2, capacity=64, quantize="int4", quantize_group=32)
     assert here.static.grouped_matmul == "xla"           # this CPU
+
+
+def test_more_rows_than_the_kernel_takes_go_to_the_dequantized_gemm(monkeypatch):
+    kernel = _kernel(128, 64, "int4", 32)
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((2, 3, 128)), jnp.float32)
+    with jax.default_matmul_precision("highest"):
+        ref = jnp.einsum("...a,ab->...b", x, qwix.dequantize(kernel))
+        calls = []
+        real = gm.grouped_matmul
+        monkeypatch.setattr(gm, "grouped_matmul", lambda *a, **k: calls.append(1) or real(*a, **k))
+        got = q.projection_einsum("...a,ab->...b", x, kernel, jnp.float32, "interpret")
+        assert calls == [1]                                   # 6 rows: the kernel
+        monkeypatch.setattr(gm, "MAX_ROWS", 4)
+        again = q.projection_einsum("...a,ab->...b", x, kernel, jnp.float32, "interpret")
+        assert calls == [1]                                   # past MAX_ROWS: XLA's gemm
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(again, ref, rtol=1e-5, atol=1e-5)

@@ -30,6 +30,12 @@ BLOCK_N = 64          # output columns per program
 MAX_BLOCK_M = 64      # rows of x per program (a prefill chunk is cut into blocks of this many)
 TARGET_PROGRAMS = 132  # split the input axis until about this many programs (an H100's SMs)
 STAGES = 3            # the Triton pipeline depth
+# the most rows a projection sends through the kernel: past them (a prefill chunk, a wide batch
+# of windows) the matmul is compute-bound, and XLA's gemm of the dequantized kernel (cuBLAS, the
+# kernel written out and read again: ~4.5 bytes a weight) is expected to win over this kernel's
+# simple tiles, at about 580 rows if they reach half cuBLAS's rate on an H100 (2.7 TB/s, ~700
+# TFLOP/s); the card's qmatmul part times both at the 8B shapes
+MAX_ROWS = 512
 
 
 def supported(k: int, n: int, group: int) -> bool:

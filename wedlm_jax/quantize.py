@@ -294,7 +294,8 @@ def projection_einsum(spec: str, x, kernel, dtype, form: str = "einsum"):
       relayout copy of the kernel at every step). A dequantized kernel (values x scales, a
       multiply XLA:GPU does not fuse) would be written out and read again at the float size.
     - a grouped kernel is read by `wedlm_jax.grouped_matmul`'s kernel ("pallas", "interpret"
-      where its shapes tile), else dequantized into the matmul (`qwix.dequantize`).
+      where its shapes tile, for up to its MAX_ROWS rows: a decode step's), else dequantized
+      into the matmul (`qwix.dequantize`).
     qwix's own weight-only path (`qwix.einsum`) ran a projection 4-14x slower than these on
     XLA:CPU (benchmarks/results/quantize)."""
     x = x.astype(dtype)
@@ -371,13 +372,15 @@ def _channel_matmul(x, kernel, n_in: int, dtype):
 def _grouped_kernel_matmul(x, kernel, n_in: int, interpret: bool):
     """x [..., *ins] against a grouped kernel [*ins, *outs] (scales [*ins / group on the last,
     *outs]) as `grouped_matmul.grouped_matmul` of the 2-D [prod ins, prod outs] values: the
-    flattened input axis keeps each group's rows consecutive. None where its shapes don't tile."""
+    flattened input axis keeps each group's rows consecutive. None where its shapes don't tile
+    or x has more rows than the kernel takes (`grouped_matmul.MAX_ROWS`)."""
     shape, sshape = kernel.qvalue.shape, kernel.scale.shape
     ins, outs = math.prod(shape[:n_in]), shape[n_in:]
     group = shape[n_in - 1] // sshape[n_in - 1]
-    if not grouped_lib.supported(ins, math.prod(outs), group):
-        return None
     lead = x.shape[:x.ndim - n_in]
+    if not grouped_lib.supported(ins, math.prod(outs), group) or \
+            math.prod(lead) > grouped_lib.MAX_ROWS:
+        return None
     y = grouped_lib.grouped_matmul(
         x.reshape(math.prod(lead), ins), kernel.qvalue.reshape(ins, math.prod(outs)),
         kernel.scale.reshape(ins // group, math.prod(outs)), group=group,
