@@ -25,6 +25,9 @@ CONFIG = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermed
                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True,
                      mask_token_id=63)
 CAPACITY, SLOTS, PAGE = 96, 4, 8
+# the small pool of every test that wants pressure on it: one pool size, so its programs (which
+# the pool's shape shapes) compile once per method for all of them
+SMALL_POOL = 14
 METHODS = [("streaming", "before"), ("streaming", "after"), ("block", "before"), ("ar", "before"),
            ("verified", "before")]
 
@@ -83,9 +86,10 @@ def test_paged_equals_dense_under_random_arrival(params, method, refill):
 def test_paged_equals_dense_with_suffixes_of_one_chunk_and_of_several(params, method, refill):
     """Prefill chunks of 16 rows: a suffix of one chunk (most reused prefixes' rests) is computed
     in the first fill's forward alone, a longer one in chunks before it and its last chunk in
-    that forward (pulled back inside the suffix); both give the dense cache's tokens."""
+    that forward (pulled back inside the suffix); both give the tokens of the dense cache (its
+    prompts prefilled whole: the Decoder the tests above compiled)."""
     reqs = _requests(12, seed=7)
-    dense, _ = _run(_decoder(params, method, refill, prefill_chunk=16), reqs)
+    dense, _ = _run(_decoder(params, method, refill), reqs)
     paged, _ = _run(_decoder(params, method, refill, page_size=PAGE, prefill_chunk=16), reqs)
     assert [paged[i].tokens for i in range(12)] == [dense[i].tokens for i in range(12)]
     suffixes = [len(r.prompt) - paged[i].cached_tokens for i, r in enumerate(reqs)]
@@ -122,11 +126,12 @@ def test_static_batch_paged_equals_dense(params):
 
 
 def test_a_small_pool_queues_and_gives_the_same_tokens(params):
-    """A pool of about two requests' budgets for four slots: requests wait for pages (or are
-    preempted and continue: AR continues exactly), none is corrupted."""
+    """A pool of 14 pages for four slots (a request's worst case is 13: capacity and a window;
+    the preemption tests' pool, so the programs compiled for it are shared): requests wait for
+    pages (or are preempted and continue: AR continues exactly), none is corrupted."""
     reqs = _requests(8, seed=3)
     dense, _ = _run(_decoder(params, "ar", "before"), reqs)
-    dec = _decoder(params, "ar", "before", page_size=PAGE, num_pages=2 * CAPACITY // PAGE)
+    dec = _decoder(params, "ar", "before", page_size=PAGE, num_pages=SMALL_POOL)
     small, b = _run(dec, reqs)
     assert [small[i].tokens for i in range(8)] == [dense[i].tokens for i in range(8)]
     assert b.pool.num_held == 0
@@ -136,7 +141,7 @@ def test_no_page_leak_after_1000_requests_with_cancellations(params):
     rng = random.Random(7)
     reqs = [Request(prompt=tuple(rng.randrange(1, 60) for _ in range(rng.randrange(1, 20))),
                     max_new_tokens=rng.randrange(1, 4)) for _ in range(1000)]
-    dec = _decoder(params, "streaming", "before", page_size=PAGE, num_pages=40)
+    dec = _decoder(params, "streaming", "before", page_size=PAGE, num_pages=SMALL_POOL)
     out, b = _run(dec, reqs, cancel=set(range(0, 1000, 7)))
     assert len(out) == 1000
     assert sum(f.finish == "cancelled" for f in out.values()) > 50
@@ -224,7 +229,7 @@ def test_preempted_requests_continue_exactly_where_they_were(params, method):
     dense cache's tokens for every request, preempted or not; nothing leaks."""
     reqs = _growing(13)
     dense, _ = _run(_decoder(params, method, "before"), reqs)
-    small, b = _run(_decoder(params, method, "before", page_size=PAGE, num_pages=14), reqs)
+    small, b = _run(_decoder(params, method, "before", page_size=PAGE, num_pages=SMALL_POOL), reqs)
     assert b.preemptions > 0 and sum(f.preempted for f in small.values()) == b.preemptions
     assert [small[i].tokens for i in range(8)] == [dense[i].tokens for i in range(8)]
     assert [small[i].finish for i in range(8)] == [dense[i].finish for i in range(8)]
@@ -237,7 +242,8 @@ def test_streaming_under_preemption_keeps_every_other_request_intact(params):
     kept); the requests never preempted give the dense cache's tokens."""
     reqs = _growing(14)
     dense, _ = _run(_decoder(params, "streaming", "before"), reqs)
-    small, b = _run(_decoder(params, "streaming", "before", page_size=PAGE, num_pages=14), reqs)
+    small, b = _run(_decoder(params, "streaming", "before", page_size=PAGE, num_pages=SMALL_POOL),
+                    reqs)
     assert b.preemptions > 0
     kept = [i for i in range(8) if small[i].preempted == 0]
     assert kept and all(small[i].tokens == dense[i].tokens for i in kept)
