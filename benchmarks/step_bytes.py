@@ -189,8 +189,9 @@ def is_attention_kernel(row: dict) -> bool:
     """Whether an `instruction_bytes` row is an attention kernel's custom call (its operands
     whole buffers, not its traffic); a kernel that reads its operands whole
     (`COUNTED_KERNELS`) is not."""
+    named = f"{row.get('kernel') or ''} {row['name']}"     # Triton: its name; Mosaic: the call's
     return (row["op"] == "custom-call" and row["target"] in KERNEL_TARGETS
-            and row.get("kernel") not in COUNTED_KERNELS)
+            and not any(k in named for k in COUNTED_KERNELS))
 
 
 def kernel_not_counted(slots: int, span: int, config, live_rows: int, dtype: str) -> float:
@@ -203,6 +204,28 @@ def kernel_not_counted(slots: int, span: int, config, live_rows: int, dtype: str
     item = jnp.dtype(dtype).itemsize
     q_out = 2 * config.num_layers * slots * span * config.num_heads * config.head_dim * item
     return kv_not_counted(slots, config, live_rows, 0, dtype) + q_out
+
+
+def grouped_kernel_bytes(config, rows: int, group: int, bits: int, dtype: str,
+                         kernel: str = "mosaic", flops: bool = False) -> float:
+    """Bytes the grouped matmul kernel's calls in a step move (wedlm_jax.grouped_matmul; libtpu
+    counts ~10 KB and no flops for a Mosaic call whatever its operands): for every layer's
+    projection whose shapes `kernel` tiles, its `bits`-bit values and group scales read once,
+    its `rows` input rows read and output rows written; nothing past the kernel's MAX_ROWS
+    (XLA's gemm then). `flops`: their matmuls' flops instead (2 x rows x K x N)."""
+    import jax.numpy as jnp
+
+    from wedlm_jax import grouped_matmul as gm
+    if not group or rows > gm.MAX_ROWS:
+        return 0.0
+    item = jnp.dtype(dtype).itemsize
+    e, m = config.hidden_size, config.intermediate_size
+    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    shapes = [(e, q), (e, kv), (e, kv), (q, e), (e, m), (e, m), (m, e)]
+    cost = ((lambda k, n: 2.0 * rows * k * n) if flops else
+            (lambda k, n: k * n * bits / 8 + (k // group) * n * item + rows * (k + n) * item))
+    per_layer = sum(cost(k, n) for k, n in shapes if gm.supported(k, n, group, kernel))
+    return per_layer * config.num_layers
 
 
 def source_group(source: str) -> str:
@@ -247,7 +270,7 @@ def main(argv=None) -> int:
     rows = instruction_bytes(compiled.as_text())
     total = sum(r["bytes"] for r in rows)
     custom = [r for r in rows if r["op"] == "custom-call"]
-    hbm = sum(r["hbm_bytes"] for r in rows if r["op"] != "custom-call")
+    hbm = sum(r["hbm_bytes"] for r in rows if not is_attention_kernel(r))
     if dec.static.paged:       # a Mosaic kernel's operands are whole buffers, not its traffic
         kernel = kernel_not_counted(args.slots, dec.static.spec.span, config, 2048,
                                     "bfloat16") / args.tensor
@@ -261,7 +284,8 @@ def main(argv=None) -> int:
           f"{floor['total'] / 1e9:.3f} GB (weights {floor['weights'] / 1e9:.3f}, KV "
           f"{floor['kv_read'] / 1e9:.3f}, logits {floor['logits'] / 1e9:.3f})")
     print(f"HBM traffic estimate (operands and results in memory space 0; VMEM-resident reads "
-          f"and writes, S(1), apart; custom calls replaced by {kernel_note}): "
+          f"and writes, S(1), apart; attention kernels' custom calls replaced by {kernel_note}; "
+          f"the grouped matmul kernel's operands and result counted): "
           f"{(hbm + kernel) / 1e9:.3f} GB = {(hbm + kernel) / floor['total']:.3f} of the floor")
     timed = [r["cycles"] for r in rows if r["cycles"] is not None]
     print(f"the compiler's own per-instruction estimate (backend_config estimated_cycles, on "
@@ -269,7 +293,7 @@ def main(argv=None) -> int:
     groups, hbm_groups = collections.Counter(), collections.Counter()
     for r in rows:
         groups[source_group(r["source"])] += r["bytes"]
-        hbm_groups[source_group(r["source"])] += 0 if r["op"] == "custom-call" else r["hbm_bytes"]
+        hbm_groups[source_group(r["source"])] += 0 if is_attention_kernel(r) else r["hbm_bytes"]
     print("\nby source op (all memory spaces | HBM):")
     for key, b in groups.most_common(args.top):
         print(f"  {b / 1e6:10.1f} MB  {hbm_groups[key] / 1e6:10.1f} MB  {key}")

@@ -1,19 +1,25 @@
-"""The matmul of a group-quantized kernel on a GPU, as one Pallas (Triton) kernel.
+"""The matmul of a group-quantized kernel as one Pallas kernel: Triton on a GPU, Mosaic on a TPU.
 
-    y = grouped_matmul(x, values, scales, group=64)     # x [M, K]; values [K, N] int4 / int8;
-                                                        # scales [K // group, N]; y [M, N]
+    y = grouped_matmul(x, values, scales, group=64, kernel="triton" | "mosaic")
+    # x [M, K]; values [K, N] int4 / int8; scales [K // group, N]; y [M, N]
 
-XLA:GPU fuses the cast of a per-channel int8 / int4 kernel into its gemm, but not a sub-channel
-dequantization (values x one scale per `group` rows of the input axis): it writes the
-dequantized kernel out at the compute dtype's size and reads it again, so a grouped int4 step
-moved 1.93x the bf16 step's bytes (benchmarks/results/quantize). This kernel reads the packed
-values and their scales once: each program holds a block of output columns (and of rows), walks
-its share of the input axis one group at a time, multiplies the block of x by that group's
-values cast to the compute dtype (float32 accumulation) and adds the product scaled by the
-group's scales. A small M (a decode step's few rows) leaves few programs, so the input axis is
-cut into `splits` parts, each its own program, their float32 partial sums added after.
+Neither XLA:GPU nor libtpu fuses a sub-channel dequantization (values x one scale per `group`
+rows of the input axis) into the matmul: both write the dequantized kernel out at the compute
+dtype's size and read it again, so a grouped int4 step moved 1.93x (H100) and 1.95x (v5p) the
+bf16 step's bytes (benchmarks/results/quantize). These kernels read the packed values and their
+scales once.
 
-`interpret=True` runs it in Pallas interpret mode (any platform: the tests check it on CPU
+- triton: each program holds a block of output columns (and of rows), walks its share of the
+  input axis one group at a time, multiplies the block of x by that group's values cast to the
+  compute dtype (float32 accumulation) and adds the product scaled by the group's scales. A
+  small M (a decode step's few rows) leaves few programs, so the input axis is cut into
+  `splits` parts, each its own program, their float32 partial sums added after.
+- mosaic: a grid of (column blocks, input blocks) over the whole M; each step casts a block of
+  values to the compute dtype, multiplies it by its group scales (spread over each group's rows
+  by a 0/1 matmul on the MXU, no reshape) and accumulates x's block times it in a float32 VMEM
+  scratch; the column blocks run in parallel over the chip's cores.
+
+`interpret=True` runs either in Pallas interpret mode (any platform: the tests check both on CPU
 against the dequantized reference).
 """
 
@@ -24,9 +30,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
-CHOICES = ("xla", "pallas")    # how a model reads grouped kernels: dequantized, or this kernel
+CHOICES = ("xla", "pallas")    # how a model reads grouped kernels: dequantized, or a kernel here
+KERNELS = ("triton", "mosaic")
 
-BLOCK_N = 64          # output columns per program
+BLOCK_N = 64          # triton: output columns per program
 MAX_BLOCK_M = 64      # rows of x per program (a prefill chunk is cut into blocks of this many)
 TARGET_PROGRAMS = 132  # split the input axis until about this many programs (an H100's SMs)
 STAGES = 3            # the Triton pipeline depth
@@ -38,18 +45,52 @@ STAGES = 3            # the Triton pipeline depth
 MAX_ROWS = 512
 
 
-def supported(k: int, n: int, group: int) -> bool:
-    """Whether a [k, n] kernel in groups of `group` has the shapes this kernel tiles: a group a
-    power of two >= 16 (the Triton dot's smallest K) that divides k, and n a multiple of BLOCK_N."""
+# mosaic: the input and column blocks tried, largest first (lane multiples of 128)
+MOSAIC_BLOCK_K = (1024, 512, 256, 128)
+MOSAIC_BLOCK_N = (512, 256, 128)
+
+
+def supported(k: int, n: int, group: int, kernel: str = "triton") -> bool:
+    """Whether a [k, n] kernel in groups of `group` has shapes `kernel` tiles. triton: a group a
+    power of two >= 16 (the Triton dot's smallest K) that divides k, n a multiple of BLOCK_N.
+    mosaic: `mosaic_blocks` finds blocks."""
+    if kernel == "mosaic":
+        return mosaic_blocks(k, n, group) is not None
     return (group >= 16 and group & (group - 1) == 0 and k % group == 0
             and n % BLOCK_N == 0)
 
 
+def mosaic_blocks(k: int, n: int, group: int) -> tuple[int, int] | None:
+    """(input block, column block) of the Mosaic kernel for a [k, n] kernel in groups of
+    `group`, or None: the input block whole groups, a multiple of 128 dividing k (or k itself)
+    whose scale rows are a multiple of 8 (or all of them); the column block a multiple of 128
+    dividing n."""
+    if group < 1 or k % group:
+        return None
+    bks = [b for b in MOSAIC_BLOCK_K if k % b == 0 and b % group == 0 and (b // group) % 8 == 0]
+    if not bks and k % 128 == 0:
+        bks = [k]
+    bns = [b for b in MOSAIC_BLOCK_N if n % b == 0]
+    return (bks[0], bns[0]) if bks and bns else None
+
+
+def kernel_for(platform: str) -> str:
+    """The KERNELS entry that runs on `platform` ("gpu": triton, "tpu": mosaic); ValueError
+    elsewhere."""
+    if platform in ("gpu", "cuda", "rocm"):
+        return "triton"
+    if platform == "tpu":
+        return "mosaic"
+    raise ValueError(f"the grouped matmul kernels run on a GPU (Triton) or a TPU (Mosaic), not "
+                     f"{platform!r}; use grouped_matmul 'xla'")
+
+
 def for_plan(platform: str, group: int, devices: int) -> str:
-    """The grouped matmul a decoding plan takes: the kernel on one GPU for grouped weights;
-    XLA's dequantized matmul elsewhere (no grouping, another platform, or weights split over a
-    mesh, which a custom call would gather whole)."""
-    return "pallas" if group and devices == 1 and platform in ("gpu", "cuda", "rocm") else "xla"
+    """The grouped matmul a decoding plan takes: a kernel on one GPU or TPU for grouped weights;
+    XLA's dequantized matmul elsewhere (no grouping, a CPU, or weights split over a mesh, which
+    a custom call would gather whole)."""
+    return ("pallas" if group and devices == 1 and platform in ("gpu", "cuda", "rocm", "tpu")
+            else "xla")
 
 
 def _pow2_at_least(n: int) -> int:
@@ -66,7 +107,7 @@ def choose_splits(m_blocks: int, n_blocks: int, groups: int) -> int:
     return groups
 
 
-def _kernel(x_ref, w_ref, s_ref, o_ref, *, group: int, per_split: int, rows: int):
+def _triton_kernel(x_ref, w_ref, s_ref, o_ref, *, group: int, per_split: int, rows: int):
     """One (column block, split, row block) program: x_ref [bm, K] (rows past `rows` masked),
     w_ref [K, bn] (int), s_ref [K // group, bn], o_ref [bm, bn]: the product (one split) or this
     split's float32 partial sum; rows past `rows` not written."""
@@ -87,20 +128,35 @@ def _kernel(x_ref, w_ref, s_ref, o_ref, *, group: int, per_split: int, rows: int
     pltriton.store(o_ref, acc.astype(o_ref.dtype), mask=live)
 
 
-@functools.partial(jax.jit, static_argnames=("group", "interpret", "splits"))
-def grouped_matmul(x, values, scales, *, group: int, interpret: bool = False,
-                   splits: int | None = None):
+@functools.partial(jax.jit, static_argnames=("group", "kernel", "interpret", "splits"))
+def grouped_matmul(x, values, scales, *, group: int, kernel: str = "triton",
+                   interpret: bool = False, splits: int | None = None):
     """x [M, K] (the compute dtype) times the kernel `values` [K, N] (int4 / int8) whose every
     `group` consecutive rows share one scale per column (`scales` [K // group, N]); [M, N] in x's
-    dtype, accumulated in float32. `splits`: parts of the input axis (None: `choose_splits`)."""
+    dtype, accumulated in float32, by the Pallas `kernel` (KERNELS). `splits` (triton): parts of
+    the input axis (None: `choose_splits`)."""
+    m, k = x.shape
+    n = values.shape[1]
+    if kernel not in KERNELS:
+        raise ValueError(f"grouped_matmul: kernel {kernel!r} is unknown; allowed: "
+                         f"{', '.join(KERNELS)}")
+    if values.shape[0] != k or scales.shape != (k // group, n) or not supported(k, n, group,
+                                                                                 kernel):
+        need = (f"N a multiple of {BLOCK_N}, the group a power of two >= 16 dividing K"
+                if kernel == "triton" else "K and N multiples of 128, the group dividing K")
+        raise ValueError(f"grouped_matmul: x {tuple(x.shape)}, values {tuple(values.shape)}, "
+                         f"scales {tuple(scales.shape)} in groups of {group}: the {kernel} kernel "
+                         f"takes values [K, N] and scales [K // group, N] with {need}")
+    if kernel == "mosaic":
+        return _mosaic_matmul(x, values, scales, group, interpret)
+    return _triton_matmul(x, values, scales, group, interpret, splits)
+
+
+def _triton_matmul(x, values, scales, group: int, interpret: bool, splits: int | None):
+    """`grouped_matmul` by the Triton kernel (`_triton_kernel`)."""
     from jax.experimental import pallas as pl
     m, k = x.shape
     n = values.shape[1]
-    if values.shape[0] != k or scales.shape != (k // group, n) or not supported(k, n, group):
-        raise ValueError(f"grouped_matmul: x {tuple(x.shape)}, values {tuple(values.shape)}, "
-                         f"scales {tuple(scales.shape)} in groups of {group}: the values must be "
-                         f"[K, N] with N a multiple of {BLOCK_N}, the scales [K // group, N], the "
-                         f"group a power of two >= 16 dividing K")
     bm = min(max(16, _pow2_at_least(m)), MAX_BLOCK_M)
     groups = k // group
     grid_n, grid_m = n // BLOCK_N, -(-m // bm)
@@ -112,7 +168,7 @@ def grouped_matmul(x, values, scales, *, group: int, interpret: bool = False,
         from jax.experimental.pallas import triton as pltriton
         params = {"compiler_params": pltriton.CompilerParams(num_warps=4, num_stages=STAGES)}
     partial = pl.pallas_call(
-        functools.partial(_kernel, group=group, per_split=groups // splits, rows=m),
+        functools.partial(_triton_kernel, group=group, per_split=groups // splits, rows=m),
         grid=(grid_n, splits, grid_m),
         in_specs=[pl.BlockSpec((bm, k), lambda j, p, i: (i, 0)),
                   pl.BlockSpec((k, BLOCK_N), lambda j, p, i: (0, j)),
@@ -122,3 +178,49 @@ def grouped_matmul(x, values, scales, *, group: int, interpret: bool = False,
         interpret=interpret, name="wedlm_grouped_matmul", **params,
     )(x, values, scales)
     return partial[0] if splits == 1 else partial.sum(axis=0).astype(x.dtype)
+
+
+def _mosaic_kernel(x_ref, w_ref, s_ref, o_ref, acc_ref, *, group: int):
+    """One (column block, input block) step: x_ref [M, bk], w_ref [bk, bn] (int), s_ref
+    [bk // group, bn], o_ref [M, bn] written at the last input block, acc_ref [M, bn] float32."""
+    from jax.experimental import pallas as pl
+    step = pl.program_id(1)
+
+    @pl.when(step == 0)
+    def _():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    bk = w_ref.shape[0]
+    dtype = x_ref.dtype
+    shape = (bk, bk // group)        # row r of the block takes scale row r // group
+    spread = (jax.lax.div(jax.lax.broadcasted_iota(jnp.int32, shape, 0), group)
+              == jax.lax.broadcasted_iota(jnp.int32, shape, 1)).astype(dtype)
+    scale = jnp.dot(spread, s_ref[...].astype(dtype), preferred_element_type=jnp.float32)
+    w = w_ref[...].astype(dtype) * scale.astype(dtype)
+    acc_ref[...] += jnp.dot(x_ref[...], w, preferred_element_type=jnp.float32)
+
+    @pl.when(step == pl.num_programs(1) - 1)
+    def _():
+        o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+
+
+def _mosaic_matmul(x, values, scales, group: int, interpret: bool):
+    """`grouped_matmul` by the Mosaic kernel (`_mosaic_kernel`)."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+    m, k = x.shape
+    n = values.shape[1]
+    bk, bn = mosaic_blocks(k, n, group)
+    params = {} if interpret else {"compiler_params": pltpu.CompilerParams(
+        dimension_semantics=("parallel", "arbitrary"))}
+    return pl.pallas_call(
+        functools.partial(_mosaic_kernel, group=group),
+        grid=(n // bn, k // bk),
+        in_specs=[pl.BlockSpec((m, bk), lambda j, i: (0, i)),
+                  pl.BlockSpec((bk, bn), lambda j, i: (i, j)),
+                  pl.BlockSpec((bk // group, bn), lambda j, i: (i, j))],
+        out_specs=pl.BlockSpec((m, bn), lambda j, i: (0, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
+        scratch_shapes=[pltpu.VMEM((m, bn), jnp.float32)],
+        interpret=interpret, name="wedlm_grouped_matmul", **params,
+    )(x, values, scales)

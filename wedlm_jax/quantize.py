@@ -22,9 +22,9 @@ float kernel in the same tree, so the layer scan slices it like any parameter, o
 per-channel kernel's integer values enter the matmul cast to the compute dtype and its scales
 multiply the output (in the projection's own einsum on TPU and CPU; as one 2-D gemm on GPU, whose
 compiler fuses that cast: the step reads int8 / int4 bytes); a grouped kernel goes through the
-Pallas kernel of `wedlm_jax.grouped_matmul` on one GPU (XLA:GPU fuses no sub-channel
-dequantization) and is dequantized into its matmul (`qwix.dequantize`) elsewhere, one layer's
-kernel at a time; nothing dequantizes a whole stacked weight.
+Pallas kernels of `wedlm_jax.grouped_matmul` on one GPU or TPU (neither compiler fuses a
+sub-channel dequantization) and is dequantized into its matmul (`qwix.dequantize`) elsewhere, one
+layer's kernel at a time; nothing dequantizes a whole stacked weight.
 """
 
 from __future__ import annotations
@@ -288,14 +288,14 @@ def projection_einsum(spec: str, x, kernel, dtype, form: str = "einsum"):
     quantized kernel read in the matmul `form` (FORMS, `matmul_form`), weight-only:
     - a per-channel kernel (one scale per output element, shared by every input axis) enters
       the matmul as its integer values cast to `dtype`, the scales applied to the output: in
-      the projection's own einsum ("einsum": libtpu reads each layer's int8 / int4 kernel in
-      place), or as one 2-D gemm of its axes flattened ("gemm2d", "pallas", "interpret":
+      the projection's own einsum ("einsum", "mosaic": libtpu reads each layer's int8 / int4
+      kernel in place), or as one 2-D gemm of its axes flattened ("gemm2d", "triton":
       XLA:GPU fuses the cast of a 2-D operand into its gemm; on a TPU the flattening is a
       relayout copy of the kernel at every step). A dequantized kernel (values x scales, a
       multiply XLA:GPU does not fuse) would be written out and read again at the float size.
-    - a grouped kernel is read by `wedlm_jax.grouped_matmul`'s kernel ("pallas", "interpret"
-      where its shapes tile, for up to its MAX_ROWS rows: a decode step's), else dequantized
-      into the matmul (`qwix.dequantize`).
+    - a grouped kernel is read by a `wedlm_jax.grouped_matmul` kernel ("triton", "mosaic" and
+      their interpret forms, where its shapes tile, for up to its MAX_ROWS rows: a decode
+      step's), else dequantized into the matmul (`qwix.dequantize`).
     qwix's own weight-only path (`qwix.einsum`) ran a projection 4-14x slower than these on
     XLA:CPU (benchmarks/results/quantize)."""
     x = x.astype(dtype)
@@ -304,30 +304,35 @@ def projection_einsum(spec: str, x, kernel, dtype, form: str = "einsum"):
     n_out = len(spec.split("->")[1].lstrip("."))
     n_in = kernel.qvalue.ndim - n_out
     if all(d == 1 for d in kernel.scale.shape[:n_in]):
-        if form == "einsum":
+        if form in ("einsum", "mosaic", "mosaic-interpret"):
             y = jnp.einsum(spec, x, kernel.qvalue.astype(dtype))
             return y * kernel.scale.reshape(kernel.scale.shape[n_in:]).astype(dtype)
         return _channel_matmul(x, kernel, n_in, dtype)
-    if form in ("pallas", "interpret"):
-        y = _grouped_kernel_matmul(x, kernel, n_in, form == "interpret")
+    if form not in ("einsum", "gemm2d"):
+        y = _grouped_kernel_matmul(x, kernel, n_in, form)
         if y is not None:
             return y
     return jnp.einsum(spec, x, qwix.dequantize(kernel.astype(dtype)))
 
 
-# how a projection's quantized kernel enters its matmul (`projection_einsum`)
-FORMS = ("einsum", "gemm2d", "pallas", "interpret")
+# how a projection's quantized kernel enters its matmul (`projection_einsum`): per-channel
+# kernels in the projection's einsum or as a 2-D gemm, grouped ones dequantized into it; or
+# grouped ones through a Pallas kernel (wedlm_jax.grouped_matmul: triton on GPU, the per-channel
+# ones as 2-D gemms there; mosaic on TPU), "-interpret" in its CPU-checkable form
+FORMS = ("einsum", "gemm2d", "triton", "mosaic", "triton-interpret", "mosaic-interpret")
 
 
 def matmul_form(platform: str, grouped_matmul: str = "xla", interpret: bool = False) -> str:
     """The FORMS entry for a model on `platform` whose grouped kernels are read by
     `grouped_matmul` ("xla" | "pallas", `grouped_lib.CHOICES`); `interpret`: the Pallas kernel
-    in its CPU-checkable form."""
+    in its CPU-checkable form (the Triton one off GPU and TPU)."""
     if grouped_matmul not in grouped_lib.CHOICES:
         raise ValueError(f"grouped_matmul {grouped_matmul!r} is unknown; allowed: "
                          f"{', '.join(grouped_lib.CHOICES)}")
     if grouped_matmul == "pallas":
-        return "interpret" if interpret else "pallas"
+        kernel = ("triton" if interpret and platform not in ("gpu", "cuda", "rocm", "tpu")
+                  else grouped_lib.kernel_for(platform))
+        return f"{kernel}-interpret" if interpret else kernel
     return "gemm2d" if platform in ("gpu", "cuda", "rocm") else "einsum"
 
 
@@ -369,7 +374,7 @@ def _channel_matmul(x, kernel, n_in: int, dtype):
     return y.reshape(lead + outs) * kernel.scale.reshape(outs).astype(dtype)
 
 
-def _grouped_kernel_matmul(x, kernel, n_in: int, interpret: bool):
+def _grouped_kernel_matmul(x, kernel, n_in: int, form: str):
     """x [..., *ins] against a grouped kernel [*ins, *outs] (scales [*ins / group on the last,
     *outs]) as `grouped_matmul.grouped_matmul` of the 2-D [prod ins, prod outs] values: the
     flattened input axis keeps each group's rows consecutive. None where its shapes don't tile
@@ -378,13 +383,14 @@ def _grouped_kernel_matmul(x, kernel, n_in: int, interpret: bool):
     ins, outs = math.prod(shape[:n_in]), shape[n_in:]
     group = shape[n_in - 1] // sshape[n_in - 1]
     lead = x.shape[:x.ndim - n_in]
-    if not grouped_lib.supported(ins, math.prod(outs), group) or \
+    which = form.split("-")[0]
+    if not grouped_lib.supported(ins, math.prod(outs), group, which) or \
             math.prod(lead) > grouped_lib.MAX_ROWS:
         return None
     y = grouped_lib.grouped_matmul(
         x.reshape(math.prod(lead), ins), kernel.qvalue.reshape(ins, math.prod(outs)),
-        kernel.scale.reshape(ins // group, math.prod(outs)), group=group,
-        interpret=interpret)
+        kernel.scale.reshape(ins // group, math.prod(outs)), group=group, kernel=which,
+        interpret=form.endswith("-interpret"))
     return y.reshape(lead + outs)
 
 

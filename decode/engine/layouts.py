@@ -14,11 +14,14 @@ are: jit follows a committed argument's layout, so they read them without a copy
                                weights (the int4 gemm reads its values in another order: row-major
                                ones are transposed at every step); "default" elsewhere (the GPU and
                                CPU compilers keep row-major float weights in their matmuls' order)
-    layers_stacked(platform)   whether the decode programs take the layers' weights stacked (one
-                               buffer per weight, a layer scan) or one tree per layer: on GPU the
-                               latter, since XLA:GPU copies each layer's weights out of the
-                               stacked buffer at every step (the 8B AR step on H100: 13.3 GB of
-                               such copies against 15.1 GB of weights; BENCHMARKS.md)
+    layers_stacked(platform, grouped_kernel)  whether the decode programs take the layers'
+                               weights stacked (one buffer per weight, a layer scan) or one tree
+                               per layer: on GPU the latter, since XLA:GPU copies each layer's
+                               weights out of the stacked buffer at every step (the 8B AR step on
+                               H100: 13.3 GB of such copies against 15.1 GB of weights;
+                               BENCHMARKS.md); on TPU too where grouped weights are read by the
+                               Mosaic kernel (a custom call's operand sliced out of a stack is a
+                               copy of it: the stacked 8B MLP kernels were copied at every step)
     step_options(device, given, quantized) the compiler options `generate` is compiled with on
                                `device`: STEP_OPTIONS of its TPU generation (QUANTIZED_GPU_OPTIONS
                                for quantized weights on GPU), `given` over them (a key
@@ -45,9 +48,10 @@ def resolve(choice: str, platform: str, quantized: bool = False) -> str:
     return choice
 
 
-def layers_stacked(platform: str) -> bool:
-    """Stacked layer weights (a layer scan) everywhere but on GPU (see the module docstring)."""
-    return platform not in ("gpu", "cuda", "rocm")
+def layers_stacked(platform: str, grouped_kernel: bool = False) -> bool:
+    """Stacked layer weights (a layer scan) everywhere but on GPU, and on TPU when a Pallas kernel
+    reads grouped weights (`grouped_kernel`; see the module docstring)."""
+    return platform not in ("gpu", "cuda", "rocm") and not (grouped_kernel and platform == "tpu")
 
 
 # libtpu options for the decode step, per TPU generation, chosen from compiles of the 8B step

@@ -96,6 +96,8 @@ def make_plan(model_config: ModelConfig, engine: EngineOptions, placement: Place
                                 f"fsdp size {shards}", "slots")
     device = mesh.devices.flat[0] if mesh is not None else jax.local_devices()[0]
     rows = -(-(engine.capacity + spec.span) // ROW_ALIGN) * ROW_ALIGN
+    grouped = grouped_lib.for_plan(device.platform, quantize_group,
+                                   1 if mesh is None else mesh.devices.size)
     cache = cache_choice(model_config, placement, spec, engine, rows, shards, device,
                          1 if mesh is None else int(mesh.shape.get("tensor", 1)), continuous)
     static = Static(
@@ -110,10 +112,9 @@ def make_plan(model_config: ModelConfig, engine: EngineOptions, placement: Place
         platform=None if mesh is None else device.platform,
         page_size=cache["page_size"], num_pages=cache["num_pages"],
         page_shards=shards if cache["page_size"] else 1,
-        stacked_layers=layouts.layers_stacked(device.platform) and stacked_params,
+        stacked_layers=layouts.layers_stacked(device.platform, grouped == "pallas") and stacked_params,
         quantize=placement.quantize, quantize_group=quantize_group, kv_dtype=placement.kv_dtype,
-        grouped_matmul=grouped_lib.for_plan(device.platform, quantize_group,
-                                            1 if mesh is None else mesh.devices.size))
+        grouped_matmul=grouped)
     memory = estimate_memory(static)
     check_memory(memory, memory_limit_bytes if memory_limit_bytes is not None
                  else available_memory(mesh), static)
