@@ -49,7 +49,7 @@ import sys
 import time
 
 from benchmarks.compile_for_report import markdown, plot
-from benchmarks.step_bytes import hbm_traffic, kernel_not_counted
+from benchmarks.step_bytes import grouped_kernel_bytes, hbm_traffic, kernel_not_counted
 from wedlm_jax.targets import FORMS, GIB, TargetError, describe_target
 
 
@@ -147,7 +147,9 @@ def libtpu_cost(config, devices, settings: dict, prog: dict, live: int, attentio
                 mesh) -> dict:
     """A decode step's cost from libtpu's cost analysis of the whole-depth program, plus what it
     does not count: the live K/V tiles past the first of the tiled XLA attention (a loop of
-    runtime trip count), or the ragged kernel's pages, queries and output (a custom call)."""
+    runtime trip count), or the ragged kernel's pages, queries and output (a custom call), and
+    the grouped matmul kernel's values, scales, inputs and outputs and its matmuls' flops
+    (Mosaic calls)."""
     from decode.compile import aot
     cost = aot.unrolled_cost(aot.compile_generate, config, devices, **settings)
     if not cost:
@@ -160,6 +162,18 @@ def libtpu_cost(config, devices, settings: dict, prog: dict, live: int, attentio
         span = 1 if prog["method"] == "ar" else (2 if prog["refill"] == "before" else 1) * prog["window"]
         cost["kv_not_counted"] = kernel_not_counted(prog["slots"], span, config, live, "bfloat16")
     cost["bytes accessed"] += cost["kv_not_counted"]
+    from wedlm_jax.quantize import resolve_group
+    group = resolve_group(settings.get("quantize", "none"), settings.get("quantize_group"))
+    if group and len(devices) == 1:                 # read by the Mosaic grouped matmul kernel
+        rows = prog["slots"] * (1 if prog["method"] == "ar" else
+                                (2 if prog["refill"] == "before" else 1) * prog["window"])
+        bits = 4 if settings["quantize"] == "int4" else 8
+        cost["grouped_not_counted"] = grouped_kernel_bytes(config, rows, group, bits,
+                                                           settings["dtype"])
+        cost["bytes accessed"] += cost["grouped_not_counted"]
+        cost["grouped_flops_not_counted"] = grouped_kernel_bytes(config, rows, group, bits,
+                                                                 settings["dtype"], flops=True)
+        cost["flops"] += cost["grouped_flops_not_counted"]
     return cost
 
 

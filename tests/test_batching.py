@@ -93,7 +93,7 @@ def test_a_decoder_holding_one_weight_tree_per_layer_gives_the_same_tokens(param
     import jax
     from decode.engine import layouts
     from decode.serving.scoring import score
-    monkeypatch.setattr(layouts, "layers_stacked", lambda platform: False)
+    monkeypatch.setattr(layouts, "layers_stacked", lambda platform, grouped_kernel=False: False)
     requests = _requests(5, seed=3)
     for page_size in (0, 8):
         dec = plans.decoder(params, CONFIG, window=4, slots=3, capacity=CAP, steps_per_call=3,
@@ -118,7 +118,7 @@ def test_a_checkpoint_opened_for_gpu_is_loaded_one_tree_per_layer(tmp_path, monk
     from tests.tiny_checkpoint import make_checkpoint
     folder, config, _ = make_checkpoint(tmp_path)
     stacked = OpenCheckpoint.open(folder).load()[1]
-    monkeypatch.setattr(layouts, "layers_stacked", lambda platform: False)
+    monkeypatch.setattr(layouts, "layers_stacked", lambda platform, grouped_kernel=False: False)
     _, per_layer, _ = OpenCheckpoint.open(folder).load()
     assert "layers" in stacked and "layer_1" in per_layer and "layers" not in per_layer
     dec = plans.decoder(per_layer, config, window=4, slots=2, capacity=CAP, kv_tile=TILE, sampling=False)

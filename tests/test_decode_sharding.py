@@ -115,7 +115,7 @@ SCRIPT = textwrap.dedent('''
             for r in reqs[:4]], held=b.pool.num_held)
     # one weight tree per layer (what a GPU Decoder holds, decode/engine/layouts.py), laid out on the mesh
     from decode.engine import layouts
-    layouts.layers_stacked = lambda platform: False
+    layouts.layers_stacked = lambda platform, grouped_kernel=False: False
     b, flat_got = through_batcher(reqs)
     kernel = b.decoder.params["layer_0"]["mlp"]["gate_proj"]["kernel"]
     out["per_layer_weights"] = dict(sharded=[flat_got[i].tokens for i in range(len(reqs))], one=alone,

@@ -146,7 +146,7 @@ GPU_LAYERS = textwrap.dedent("""
     dev = describe_target("h100")[0][0]
     out = {}
     for stacked in (True, False):
-        layouts.layers_stacked = lambda platform, s=stacked: s
+        layouts.layers_stacked = lambda platform, grouped_kernel=False, s=stacked: s
         dec, compiled = aot.generate_program(config, [dev], method="ar", slots=4, capacity=256,
                                              dtype="bfloat16", attention="auto", page_size=16,
                                              scan_unroll=config.num_layers)   # every layer counted
