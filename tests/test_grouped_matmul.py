@@ -49,6 +49,24 @@ def test_kernel_equals_the_dequantized_matmul(which, m, k, n, scheme, group, spl
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4 * float(jnp.abs(ref).max()))
 
 
+@pytest.mark.parametrize("m,k,heads,group", [(5, 1024, 16, 64), (3, 512, 2, 32)])
+def test_mosaic_kernel_reads_a_projections_heads_as_laid_out(m, k, heads, group):
+    """Values [K, H, D] (q / k / v) into an output [M, H, D]: 8 heads a block (or all), the
+    input axis in blocks of whole groups."""
+    w = jnp.asarray(np.random.default_rng(0).standard_normal((k, heads, 128)) * 0.05, jnp.float32)
+    kernel = q.quantize_kernel(w, "int4", 1, group)
+    assert gm.mosaic_heads(k, heads, 128, group) == (k if k < 1024 else 1024, min(heads, 8))
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((m, k)), jnp.float32)
+    with jax.default_matmul_precision("highest"):
+        ref = jnp.einsum("mk,khd->mhd", x, qwix.dequantize(kernel))
+        out = gm.grouped_matmul(x, kernel.qvalue, kernel.scale, group=group, kernel="mosaic",
+                                interpret=True)
+    assert out.shape == (m, heads, 128)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4 * float(jnp.abs(ref).max()))
+    assert gm.mosaic_heads(k, heads, 64, group) is None          # head_dim under the lanes
+    assert gm.mosaic_heads(k, 12, 128, group) is None            # 12 heads: no block of 8
+
+
 def test_kernel_in_bfloat16_within_its_rounding():
     kernel = _kernel(256, 128, "int4", 64)
     x = jnp.asarray(np.random.default_rng(1).standard_normal((8, 256)), jnp.float32)

@@ -346,8 +346,9 @@ def test_quantized_kernels_are_read_as_stored_on_a_tpu():
     kernels enter the projections' own einsums and are read in place (in the GPU's 2-D gemm form
     libtpu copied q_proj and o_proj into another layout at every step: the 8B moved 0.654x /
     0.432x of bf16's bytes, 0.588x / 0.399x now); int4 in groups of 64 goes through the Mosaic
-    kernel, one call per projection and layer, over one weight tree per layer (libtpu
-    dequantizes a grouped kernel into a bf16 copy: 1.95x the bf16 step on the 8B)."""
+    kernel, one call per projection and layer, over one weight tree per layer, q / k / v's heads
+    read as laid out (libtpu dequantizes a grouped kernel into a bf16 copy: 1.95x the bf16 step
+    on the 8B)."""
     import subprocess
     import sys
 
@@ -362,4 +363,4 @@ def test_quantized_kernels_are_read_as_stored_on_a_tpu():
     assert ratio["int8 None"] < 0.63 and ratio["int4 0"] < 0.42, ratio
     assert out["int4 64"]["kernels"] == 7 * 2 and not out["int4 64"]["stacked"], out
     assert out["int4 0"]["kernels"] == 0 and out["int4 0"]["stacked"], out
-    assert ratio["int4 64"] < 0.5, ratio
+    assert ratio["int4 64"] < 0.44, ratio            # 0.467 with q / k / v flattened (a copy)

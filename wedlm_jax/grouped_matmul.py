@@ -17,7 +17,9 @@ scales once.
 - mosaic: a grid of (column blocks, input blocks) over the whole M; each step casts a block of
   values to the compute dtype, multiplies it by its group scales (spread over each group's rows
   by a 0/1 matmul on the MXU, no reshape) and accumulates x's block times it in a float32 VMEM
-  scratch; the column blocks run in parallel over the chip's cores.
+  scratch; the column blocks run in parallel over the chip's cores. A projection's heads (q / k
+  / v: values [K, H, D]) are read as they are laid out, 8 heads a block, one head's [bk, D] at a
+  time: flattened to [K, H x D] they would be copied into another tiling at every step.
 
 `interpret=True` runs either in Pallas interpret mode (any platform: the tests check both on CPU
 against the dequantized reference).
@@ -72,6 +74,15 @@ def mosaic_blocks(k: int, n: int, group: int) -> tuple[int, int] | None:
         bks = [k]
     bns = [b for b in MOSAIC_BLOCK_N if n % b == 0]
     return (bks[0], bns[0]) if bks and bns else None
+
+
+def mosaic_heads(k: int, h: int, d: int, group: int) -> tuple[int, int] | None:
+    """(input block, heads per block) of the Mosaic kernel for values [k, h, d] (a projection's
+    heads: q / k / v), or None: d a multiple of 128 (the lanes), the input block as
+    `mosaic_blocks`', 8 heads a block (or all of them, when fewer)."""
+    blocks = mosaic_blocks(k, 128, group)
+    hb = h if h <= 8 else (8 if h % 8 == 0 else None)
+    return (blocks[0], hb) if blocks and hb and d % 128 == 0 else None
 
 
 def kernel_for(platform: str) -> str:
@@ -133,15 +144,20 @@ def grouped_matmul(x, values, scales, *, group: int, kernel: str = "triton",
                    interpret: bool = False, splits: int | None = None):
     """x [M, K] (the compute dtype) times the kernel `values` [K, N] (int4 / int8) whose every
     `group` consecutive rows share one scale per column (`scales` [K // group, N]); [M, N] in x's
-    dtype, accumulated in float32, by the Pallas `kernel` (KERNELS). `splits` (triton): parts of
-    the input axis (None: `choose_splits`)."""
+    dtype, accumulated in float32, by the Pallas `kernel` (KERNELS). The mosaic kernel also takes
+    values [K, H, D] (a projection's heads: `mosaic_heads`) and scales [K // group, H, D] for an
+    output [M, H, D], read in their own layout. `splits` (triton): parts of the input axis (None:
+    `choose_splits`)."""
     m, k = x.shape
-    n = values.shape[1]
     if kernel not in KERNELS:
         raise ValueError(f"grouped_matmul: kernel {kernel!r} is unknown; allowed: "
                          f"{', '.join(KERNELS)}")
-    if values.shape[0] != k or scales.shape != (k // group, n) or not supported(k, n, group,
-                                                                                 kernel):
+    if kernel == "mosaic" and values.ndim == 3 and values.shape[0] == k and \
+            scales.shape == (k // group,) + values.shape[1:] and mosaic_heads(*values.shape, group):
+        return _mosaic_heads_matmul(x, values, scales, group, interpret)
+    n = values.shape[1]
+    if values.ndim != 2 or values.shape[0] != k or scales.shape != (k // group, n) or \
+            not supported(k, n, group, kernel):
         need = (f"N a multiple of {BLOCK_N}, the group a power of two >= 16 dividing K"
                 if kernel == "triton" else "K and N multiples of 128, the group dividing K")
         raise ValueError(f"grouped_matmul: x {tuple(x.shape)}, values {tuple(values.shape)}, "
@@ -192,10 +208,8 @@ def _mosaic_kernel(x_ref, w_ref, s_ref, o_ref, acc_ref, *, group: int):
 
     bk = w_ref.shape[0]
     dtype = x_ref.dtype
-    shape = (bk, bk // group)        # row r of the block takes scale row r // group
-    spread = (jax.lax.div(jax.lax.broadcasted_iota(jnp.int32, shape, 0), group)
-              == jax.lax.broadcasted_iota(jnp.int32, shape, 1)).astype(dtype)
-    scale = jnp.dot(spread, s_ref[...].astype(dtype), preferred_element_type=jnp.float32)
+    scale = jnp.dot(_spread(bk, group, dtype), s_ref[...].astype(dtype),
+                    preferred_element_type=jnp.float32)
     w = w_ref[...].astype(dtype) * scale.astype(dtype)
     acc_ref[...] += jnp.dot(x_ref[...], w, preferred_element_type=jnp.float32)
 
@@ -222,5 +236,58 @@ def _mosaic_matmul(x, values, scales, group: int, interpret: bool):
         out_specs=pl.BlockSpec((m, bn), lambda j, i: (0, j)),
         out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
         scratch_shapes=[pltpu.VMEM((m, bn), jnp.float32)],
+        interpret=interpret, name="wedlm_grouped_matmul", **params,
+    )(x, values, scales)
+
+
+def _mosaic_heads_kernel(x_ref, w_ref, s_ref, o_ref, acc_ref, *, group: int):
+    """`_mosaic_kernel` over a block of heads: w_ref [bk, hb, D] (int), s_ref [bk // group, hb,
+    D], o_ref and acc_ref [M, hb, D]; one head's [bk, D] slice at a time."""
+    from jax.experimental import pallas as pl
+    step = pl.program_id(1)
+
+    @pl.when(step == 0)
+    def _():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    bk, heads, _ = w_ref.shape
+    dtype = x_ref.dtype
+    spread = _spread(bk, group, dtype)
+    x = x_ref[...]
+    for h in range(heads):
+        scale = jnp.dot(spread, s_ref[:, h, :].astype(dtype), preferred_element_type=jnp.float32)
+        w = w_ref[:, h, :].astype(dtype) * scale.astype(dtype)
+        acc_ref[:, h, :] += jnp.dot(x, w, preferred_element_type=jnp.float32)
+
+    @pl.when(step == pl.num_programs(1) - 1)
+    def _():
+        o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+
+
+def _spread(bk: int, group: int, dtype):
+    """[bk, bk // group] 0/1: row r takes scale row r // group (a matmul spreads the scales)."""
+    shape = (bk, bk // group)
+    return (jax.lax.div(jax.lax.broadcasted_iota(jnp.int32, shape, 0), group)
+            == jax.lax.broadcasted_iota(jnp.int32, shape, 1)).astype(dtype)
+
+
+def _mosaic_heads_matmul(x, values, scales, group: int, interpret: bool):
+    """`grouped_matmul` of values [K, H, D] by `_mosaic_heads_kernel`: [M, H, D]."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+    m, k = x.shape
+    _, h, d = values.shape
+    bk, hb = mosaic_heads(k, h, d, group)
+    params = {} if interpret else {"compiler_params": pltpu.CompilerParams(
+        dimension_semantics=("parallel", "arbitrary"))}
+    return pl.pallas_call(
+        functools.partial(_mosaic_heads_kernel, group=group),
+        grid=(h // hb, k // bk),
+        in_specs=[pl.BlockSpec((m, bk), lambda j, i: (0, i)),
+                  pl.BlockSpec((bk, hb, d), lambda j, i: (i, j, 0)),
+                  pl.BlockSpec((bk // group, hb, d), lambda j, i: (i, j, 0))],
+        out_specs=pl.BlockSpec((m, hb, d), lambda j, i: (0, j, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, h, d), x.dtype),
+        scratch_shapes=[pltpu.VMEM((m, hb, d), jnp.float32)],
         interpret=interpret, name="wedlm_grouped_matmul", **params,
     )(x, values, scales)

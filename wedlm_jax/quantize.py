@@ -377,20 +377,30 @@ def _channel_matmul(x, kernel, n_in: int, dtype):
 def _grouped_kernel_matmul(x, kernel, n_in: int, form: str):
     """x [..., *ins] against a grouped kernel [*ins, *outs] (scales [*ins / group on the last,
     *outs]) as `grouped_matmul.grouped_matmul` of the 2-D [prod ins, prod outs] values: the
-    flattened input axis keeps each group's rows consecutive. None where its shapes don't tile
-    or x has more rows than the kernel takes (`grouped_matmul.MAX_ROWS`)."""
+    flattened input axis keeps each group's rows consecutive (the Mosaic kernel takes q / k / v's
+    [hidden, heads, head_dim] values as they are: flattening them is a relayout copy on a TPU).
+    None where its shapes don't tile or x has more rows than the kernel takes
+    (`grouped_matmul.MAX_ROWS`)."""
     shape, sshape = kernel.qvalue.shape, kernel.scale.shape
     ins, outs = math.prod(shape[:n_in]), shape[n_in:]
     group = shape[n_in - 1] // sshape[n_in - 1]
     lead = x.shape[:x.ndim - n_in]
     which = form.split("-")[0]
-    if not grouped_lib.supported(ins, math.prod(outs), group, which) or \
-            math.prod(lead) > grouped_lib.MAX_ROWS:
+    if math.prod(lead) > grouped_lib.MAX_ROWS:
+        return None
+    x2 = x.reshape(math.prod(lead), ins)
+    interpret = form.endswith("-interpret")
+    if which == "mosaic" and n_in == 1 and len(outs) == 2 and \
+            grouped_lib.mosaic_heads(ins, *outs, group):      # q / k / v read as laid out
+        y = grouped_lib.grouped_matmul(x2, kernel.qvalue, kernel.scale, group=group,
+                                       kernel=which, interpret=interpret)
+        return y.reshape(lead + outs)
+    if not grouped_lib.supported(ins, math.prod(outs), group, which):
         return None
     y = grouped_lib.grouped_matmul(
-        x.reshape(math.prod(lead), ins), kernel.qvalue.reshape(ins, math.prod(outs)),
+        x2, kernel.qvalue.reshape(ins, math.prod(outs)),
         kernel.scale.reshape(ins // group, math.prod(outs)), group=group, kernel=which,
-        interpret=form.endswith("-interpret"))
+        interpret=interpret)
     return y.reshape(lead + outs)
 
 
