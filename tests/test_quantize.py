@@ -364,3 +364,20 @@ def test_quantized_kernels_are_read_as_stored_on_a_tpu():
     assert out["int4 64"]["kernels"] == 7 * 2 and not out["int4 64"]["stacked"], out
     assert out["int4 0"]["kernels"] == 0 and out["int4 0"]["stacked"], out
     assert ratio["int4 64"] < 0.44, ratio            # 0.467 with q / k / v flattened (a copy)
+
+
+@pytest.mark.parametrize("scheme,group", [("none", 0), ("int8", 0), ("int4", 32)])
+def test_the_step_floor_counts_the_weights_as_stored(scheme, group):
+    """A decode step's floor (decode.compile.aot.step_floor): every weight once as stored (the
+    LM head int8 under a scheme), of an untied embedding only the rows the step looks up (int8
+    rows with their scale under a scheme)."""
+    from decode.compile.aot import step_floor
+    config = CONFIG.replace(tie_word_embeddings=False)
+    p = plan(config, method="ar", slots=4, capacity=64, quantize=scheme, quantize_group=group)
+    stored = q.quantize_params(model_lib.param_shapes(config), scheme, group)
+    item = jnp.dtype(p.static.dtype).itemsize
+    row = config.hidden_size * item if scheme == "none" else config.hidden_size + item
+    looked_up = 4 * row
+    assert q.weight_bytes(stored["embedding"]) == config.vocab_size * row
+    expected = q.weight_bytes(stored) - q.weight_bytes(stored["embedding"]) + looked_up
+    assert step_floor(p.static, 32)["weights"] == pytest.approx(expected)

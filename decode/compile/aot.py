@@ -48,10 +48,11 @@ def step_floor(static, live_rows: int, tensor: int = 1, batch_shards: int = 1) -
     from wedlm_jax import quantize
     from wedlm_jax.attention.kv_quant import row_bytes
     c, item = static.config, jnp.dtype(static.dtype).itemsize
-    looked_up = 0 if c.tie_word_embeddings else (c.vocab_size - static.slots * static.span)
-    stored = quantize.weight_bytes(quantize.quantize_params(
-        model_lib.param_shapes(c, jnp.dtype(static.dtype)), static.quantize, static.quantize_group))
-    weights = (stored - max(looked_up, 0) * c.hidden_size * item) / tensor
+    not_read = 0 if c.tie_word_embeddings else max(c.vocab_size - static.slots * static.span, 0)
+    shapes = quantize.quantize_params(model_lib.param_shapes(c, jnp.dtype(static.dtype)),
+                                      static.quantize, static.quantize_group)
+    embedding_row = quantize.weight_bytes(shapes["embedding"]) / c.vocab_size   # as stored
+    weights = (quantize.weight_bytes(shapes) - not_read * embedding_row) / tensor
     kv_row = (2 * c.num_layers * c.num_kv_heads * row_bytes(c.head_dim, static.cache_dtype)
               / (tensor * batch_shards))
     kv = static.slots * live_rows * kv_row
