@@ -9,6 +9,7 @@ import time
 import numpy as np
 
 from benchmarks.on_gpu_report import error_line
+from benchmarks.probes import median_time
 
 
 def kernel(smoke: bool) -> list[dict]:
@@ -173,25 +174,15 @@ def qmatmul(smoke: bool, info: dict) -> list[dict]:
             row.update(rel_err=float(np.linalg.norm(got - ref) / np.linalg.norm(ref)),
                        nan=bool(np.isnan(got).any()))
             xla = jax.jit(lambda x, v, s: x @ qwix.dequantize(w.replace(qvalue=v, scale=s)))
-            t = _median_time(fn, (x, w.qvalue, w.scale), 3 if smoke else 15)
+            calls = 3 if smoke else 15
+            t = median_time(lambda: fn(x, w.qvalue, w.scale), calls)
             moved = k * n // 2 + (k // 64) * n * 2 + m * (k + n) * 2
             row.update(us=t * 1e6, gb_per_s=moved / t / 1e9,
                        of_copy_rate=moved / t / info.get("hbm_bytes_per_s", float("inf")),
-                       xla_dequantized_us=_median_time(xla, (x, w.qvalue, w.scale),
-                                                       3 if smoke else 15) * 1e6)
+                       xla_dequantized_us=median_time(lambda: xla(x, w.qvalue, w.scale),
+                                                      calls) * 1e6)
         except Exception as e:
             row["failed"] = error_line(e)
         out.append(row)
     return out
 
-
-def _median_time(fn, args, calls: int) -> float:
-    """Median seconds of `calls` calls of the jitted `fn` (compiled by a first call)."""
-    import jax
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
