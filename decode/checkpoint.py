@@ -98,14 +98,19 @@ class OpenCheckpoint:
         import jax
 
         from decode.engine.layouts import layers_stacked
+        from wedlm_jax import grouped_matmul
         from wedlm_jax.checkpoints import checkpoint_kind, load_checkpoint
-        from wedlm_jax.quantize import is_quantized, quantize_params
+        from wedlm_jax.quantize import is_quantized, quantize_params, resolve_group
         mesh = self.placement.make_mesh()
         quiet = {} if checkpoint_kind(self.folder) == "orbax" else {"progress": False}
         platform = (mesh.devices.flat[0] if mesh is not None else jax.local_devices()[0]).platform
-        # the layers as the decode programs take them (one tree each on GPU), loaded that way
+        kernel = grouped_matmul.for_plan(
+            platform, resolve_group(self.placement.quantize, self.placement.quantize_group),
+            1 if mesh is None else mesh.devices.size) == "pallas"
+        # the layers as the decode programs take them (one tree each on GPU, and on TPU for a
+        # grouped kernel), loaded that way
         config, params = load_checkpoint(self.folder, mesh=mesh, dtype=self.placement.dtype,
-                                         stacked_layers=layers_stacked(platform), **quiet)
+                                         stacked_layers=layers_stacked(platform, kernel), **quiet)
         if self.mask_token_id is not None:
             config = config.replace(mask_token_id=self.mask_token_id)
         if not is_quantized(params):
