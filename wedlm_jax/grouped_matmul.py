@@ -154,7 +154,7 @@ def grouped_matmul(x, values, scales, *, group: int, kernel: str = "triton",
                          f"{', '.join(KERNELS)}")
     if kernel == "mosaic" and values.ndim == 3 and values.shape[0] == k and \
             scales.shape == (k // group,) + values.shape[1:] and mosaic_heads(*values.shape, group):
-        return _mosaic_heads_matmul(x, values, scales, group, interpret)
+        return _mosaic_matmul(x, values, scales, group, interpret)
     n = values.shape[1]
     if values.ndim != 2 or values.shape[0] != k or scales.shape != (k // group, n) or \
             not supported(k, n, group, kernel):
@@ -197,8 +197,10 @@ def _triton_matmul(x, values, scales, group: int, interpret: bool, splits: int |
 
 
 def _mosaic_kernel(x_ref, w_ref, s_ref, o_ref, acc_ref, *, group: int):
-    """One (column block, input block) step: x_ref [M, bk], w_ref [bk, bn] (int), s_ref
-    [bk // group, bn], o_ref [M, bn] written at the last input block, acc_ref [M, bn] float32."""
+    """One (column block, input block) step: x_ref [M, bk]; w_ref [bk, bn] (int), s_ref
+    [bk // group, bn], o_ref and acc_ref (float32) [M, bn]; or, for a projection's heads, w_ref
+    [bk, hb, D], s_ref [bk // group, hb, D], o_ref and acc_ref [M, hb, D], one head's [bk, D]
+    at a time. o_ref is written at the last input block."""
     from jax.experimental import pallas as pl
     step = pl.program_id(1)
 
@@ -208,56 +210,15 @@ def _mosaic_kernel(x_ref, w_ref, s_ref, o_ref, acc_ref, *, group: int):
 
     bk = w_ref.shape[0]
     dtype = x_ref.dtype
-    scale = jnp.dot(_spread(bk, group, dtype), s_ref[...].astype(dtype),
-                    preferred_element_type=jnp.float32)
-    w = w_ref[...].astype(dtype) * scale.astype(dtype)
-    acc_ref[...] += jnp.dot(x_ref[...], w, preferred_element_type=jnp.float32)
-
-    @pl.when(step == pl.num_programs(1) - 1)
-    def _():
-        o_ref[...] = acc_ref[...].astype(o_ref.dtype)
-
-
-def _mosaic_matmul(x, values, scales, group: int, interpret: bool):
-    """`grouped_matmul` by the Mosaic kernel (`_mosaic_kernel`)."""
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import tpu as pltpu
-    m, k = x.shape
-    n = values.shape[1]
-    bk, bn = mosaic_blocks(k, n, group)
-    params = {} if interpret else {"compiler_params": pltpu.CompilerParams(
-        dimension_semantics=("parallel", "arbitrary"))}
-    return pl.pallas_call(
-        functools.partial(_mosaic_kernel, group=group),
-        grid=(n // bn, k // bk),
-        in_specs=[pl.BlockSpec((m, bk), lambda j, i: (0, i)),
-                  pl.BlockSpec((bk, bn), lambda j, i: (i, j)),
-                  pl.BlockSpec((bk // group, bn), lambda j, i: (i, j))],
-        out_specs=pl.BlockSpec((m, bn), lambda j, i: (0, j)),
-        out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
-        scratch_shapes=[pltpu.VMEM((m, bn), jnp.float32)],
-        interpret=interpret, name="wedlm_grouped_matmul", **params,
-    )(x, values, scales)
-
-
-def _mosaic_heads_kernel(x_ref, w_ref, s_ref, o_ref, acc_ref, *, group: int):
-    """`_mosaic_kernel` over a block of heads: w_ref [bk, hb, D] (int), s_ref [bk // group, hb,
-    D], o_ref and acc_ref [M, hb, D]; one head's [bk, D] slice at a time."""
-    from jax.experimental import pallas as pl
-    step = pl.program_id(1)
-
-    @pl.when(step == 0)
-    def _():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
-
-    bk, heads, _ = w_ref.shape
-    dtype = x_ref.dtype
     spread = _spread(bk, group, dtype)
     x = x_ref[...]
-    for h in range(heads):
-        scale = jnp.dot(spread, s_ref[:, h, :].astype(dtype), preferred_element_type=jnp.float32)
-        w = w_ref[:, h, :].astype(dtype) * scale.astype(dtype)
-        acc_ref[:, h, :] += jnp.dot(x, w, preferred_element_type=jnp.float32)
+    whole = slice(None)
+    parts = [(whole, whole)] if w_ref.ndim == 2 else [(whole, h, whole)
+                                                      for h in range(w_ref.shape[1])]
+    for part in parts:
+        scale = jnp.dot(spread, s_ref[part].astype(dtype), preferred_element_type=jnp.float32)
+        w = w_ref[part].astype(dtype) * scale.astype(dtype)
+        acc_ref[part] += jnp.dot(x, w, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(1) - 1)
     def _():
@@ -271,23 +232,25 @@ def _spread(bk: int, group: int, dtype):
             == jax.lax.broadcasted_iota(jnp.int32, shape, 1)).astype(dtype)
 
 
-def _mosaic_heads_matmul(x, values, scales, group: int, interpret: bool):
-    """`grouped_matmul` of values [K, H, D] by `_mosaic_heads_kernel`: [M, H, D]."""
+def _mosaic_matmul(x, values, scales, group: int, interpret: bool):
+    """`grouped_matmul` by the Mosaic kernel (`_mosaic_kernel`): values [K, N] in blocks of
+    columns (`mosaic_blocks`), or [K, H, D] in blocks of heads (`mosaic_heads`)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
     m, k = x.shape
-    _, h, d = values.shape
-    bk, hb = mosaic_heads(k, h, d, group)
+    outs = values.shape[1:]
+    bk, cols = mosaic_heads(k, *outs, group) if len(outs) == 2 else mosaic_blocks(k, outs[0], group)
+    block, rest = (cols,) + outs[1:], (0,) * (len(outs) - 1)
     params = {} if interpret else {"compiler_params": pltpu.CompilerParams(
         dimension_semantics=("parallel", "arbitrary"))}
     return pl.pallas_call(
-        functools.partial(_mosaic_heads_kernel, group=group),
-        grid=(h // hb, k // bk),
+        functools.partial(_mosaic_kernel, group=group),
+        grid=(outs[0] // cols, k // bk),
         in_specs=[pl.BlockSpec((m, bk), lambda j, i: (0, i)),
-                  pl.BlockSpec((bk, hb, d), lambda j, i: (i, j, 0)),
-                  pl.BlockSpec((bk // group, hb, d), lambda j, i: (i, j, 0))],
-        out_specs=pl.BlockSpec((m, hb, d), lambda j, i: (0, j, 0)),
-        out_shape=jax.ShapeDtypeStruct((m, h, d), x.dtype),
-        scratch_shapes=[pltpu.VMEM((m, hb, d), jnp.float32)],
+                  pl.BlockSpec((bk,) + block, lambda j, i: (i, j) + rest),
+                  pl.BlockSpec((bk // group,) + block, lambda j, i: (i, j) + rest)],
+        out_specs=pl.BlockSpec((m,) + block, lambda j, i: (0, j) + rest),
+        out_shape=jax.ShapeDtypeStruct((m,) + outs, x.dtype),
+        scratch_shapes=[pltpu.VMEM((m,) + block, jnp.float32)],
         interpret=interpret, name="wedlm_grouped_matmul", **params,
     )(x, values, scales)

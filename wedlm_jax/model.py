@@ -246,7 +246,7 @@ class Transformer(nn.Module):
     stacked_layers: bool = True       # False: one parameter tree per layer ("layer_0", ...; see
                                       # `unstack_layers`), the layers unrolled in the program
     grouped_matmul: str = "xla"       # a group-quantized kernel's matmul: xla (dequantized into
-                                      # it) | pallas (wedlm_jax.grouped_matmul's kernel, GPU)
+                                      # it) | pallas (wedlm_jax.grouped_matmul: GPU, TPU)
 
     @nn.compact
     def __call__(self, tokens, positions, *, segment_ids=None, mask=None,
