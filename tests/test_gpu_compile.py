@@ -115,3 +115,41 @@ def test_the_paged_cache_on_the_gpu_steps_through_the_triton_paged_kernel_in_pla
     # the dense cache
     assert out["serve"]["fits"] and "pages of 64 rows (the platform's choice)" in out["serve"]["head"]
     assert out["static"]["fits"] and out["static"]["head"].endswith("dense cache"), out
+
+
+SCRIPT_TRAIN = textwrap.dedent("""
+    import json, re, sys
+    from tests.synthetic import train_data as fx
+    from train import dry_run
+    from train.config import load_config
+    from train.step import attention_impl
+    path = fx.write_config(sys.argv[1], fx.tiny_config_dict(
+        {"train": "unused.jsonl", "tokenizer": "unused"}, **{"data.seq_len": 256}))
+    dev = dry_run.describe_topology("h100")
+    out = {}
+    for objective, attention in (("dual_stream", "auto"), ("dual_stream", "tiled"),
+                                 ("ar_only", "auto")):
+        cfg = load_config(path, [f"objective.kind={objective}", f"attention={attention}",
+                                 "compute_dtype=bf16"])
+        compiled = dry_run.compile_step(cfg, dry_run.model_config_for(cfg), dev)[0]
+        text = compiled.as_text()
+        out[f"{objective} {attention}"] = dict(
+            impl=attention_impl(cfg, "gpu"), loops=text.count(" while("),
+            kernels=sorted(set(re.findall(r"wedlm_flash_[a-z]+", text))))
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def test_the_train_step_on_the_gpu_runs_the_flash_kernels(tmp_path):
+    """The dual-stream and the AR train steps compiled for an H100 (attention auto) take the
+    Triton flash kernels (forward, dK/dV, dQ) and lose the tiled path's while loops over tiles
+    (left: the layer scans and the tile plan's loop) that attention=tiled compiles."""
+    script = SCRIPT_TRAIN.replace("sys.argv[1]", repr(str(tmp_path / "cfg.yaml")))
+    out = run_for_the_gpu(script)
+    flash = ["wedlm_flash_dkv", "wedlm_flash_dq", "wedlm_flash_forward"]
+    for objective in ("dual_stream", "ar_only"):
+        auto = out[f"{objective} auto"]
+        assert auto["impl"] == "pallas" and auto["kernels"] == flash, out
+    tiled = out["dual_stream tiled"]
+    assert tiled["impl"] == "tiled" and tiled["kernels"] == [], out
+    assert out["dual_stream auto"]["loops"] < tiled["loops"], out

@@ -325,7 +325,7 @@ def test_selection_by_backend_and_layout():
     assert ab.resolve("auto", "mask", backend="cpu") == "dense"
     assert ab.resolve("auto", "causal", backend="gpu", dtype=jnp.bfloat16) == "cudnn"
     assert ab.resolve("auto", "causal", backend="gpu", dtype=jnp.float32) == "tiled"
-    assert ab.resolve("auto", "structure", backend="gpu", dtype=jnp.bfloat16) == "tiled"
+    assert ab.resolve("auto", "structure", backend="gpu", dtype=jnp.bfloat16) == "pallas"
     assert ab.resolve("auto", "structure", backend="tpu") == "splash"
     assert ab.resolve("auto", "cache", backend="tpu") == "tiled"
     assert ab.resolve("auto", "cache", backend="gpu", dtype=jnp.bfloat16) == "pallas"
@@ -461,7 +461,9 @@ def test_full_train_step_tiled_equals_dense(tmp_path):
 def _sharded_worker():
     """On a ('data', 'fsdp', 'tensor') = (2, 2, 2) mesh of 8 host devices, batch and heads
     sharded: splash (interpret mode, under jax.shard_map; rows 0-2 block-aligned -> the kernel,
-    row 3 not -> the tiled fallback) and tiled, both equal to dense."""
+    row 3 not -> the tiled fallback), the GPU flash kernels (interpret mode, under jax.shard_map)
+    and tiled, all equal to dense."""
+    from wedlm_jax.attention import flash as fa
     from jax.sharding import NamedSharding, PartitionSpec as P
     from wedlm_jax.sharding import make_mesh
     assert jax.device_count() == 8
@@ -479,15 +481,18 @@ def _sharded_worker():
             q, k, v, s, 0.25, layout="dual", block_size=16, tile=32, interpret=True))(q, k, v, s)
         tiled = jax.jit(lambda q, k, v, s: ta.tiled_attention(q, k, v, s, s, 0.25, tile_q=32,
                                                               tile_k=32))(q, k, v, s)
+        flash = jax.jit(lambda q, k, v, s: fa.flash_attention(q, k, v, s, s, 0.25, tile=32,
+                                                              interpret=True))(q, k, v, s)
     matches = [bool(ab.template_matches({key: a[i:i + 1] for key, a in s.items()}, "dual", 16))
                for i in range(b)]
     assert matches == [True, True, True, False], matches
     assert_close(splash, ref)
     assert_close(tiled, ref)
+    assert_close(flash, ref)
     print("SHARDED_OK", splash.sharding.spec)
 
 
-def test_splash_and_tiled_sharded_on_8_devices():
+def test_splash_flash_and_tiled_sharded_on_8_devices():
     from tests import xla          # this file also runs as a script, without the repository on its path
     env = dict(os.environ, XLA_FLAGS=xla.flags(8),
                JAX_PLATFORMS="cpu")

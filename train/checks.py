@@ -12,7 +12,7 @@ from wedlm_jax.sharding import MESH_AXES
 OBJECTIVES = ("dual_stream", "plain", "ar_only")
 COMPUTE_DTYPES = ("bfloat16", "float32")
 PARAM_DTYPES = ("float32",)
-ATTENTION = ("dense", "tiled", "splash", "cudnn", "auto")
+ATTENTION = ("dense", "tiled", "splash", "cudnn", "pallas", "auto")  # wedlm_jax.attention.backends
 REMAT = ("full", "save_dots", "none")  # the layer scan's remat policy (wedlm_jax.model.REMAT_POLICIES)
 
 

@@ -112,7 +112,7 @@ class TrainConfig:
     compute_dtype: str = "bfloat16"
     param_dtype: str = "float32"
     remat: str = "none"  # full | save_dots | none (true / false: full / none)
-    attention: str = "auto"  # dense | tiled | splash | cudnn | auto (wedlm_jax.attention.backends)
+    attention: str = "auto"  # dense | tiled | splash | cudnn | pallas | auto (attention.backends)
     attention_tile: int = 128  # tile size of the tiled / splash paths
     loss_chunk: int = 0  # > 0: the loss forms logits this many slots at a time (divides seq_len);
                          # 0: full logits [rows, slots, vocab] (wedlm_jax.losses.chunked_loss_terms)

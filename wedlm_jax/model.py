@@ -9,7 +9,7 @@
 
 Training arrangements pass their structure: `model.apply(..., structure=arrangement,
 objective="dual")` (dense: `masking.structure_mask`). `Transformer(attention=...)` picks the
-implementation (dense | tiled | splash | cudnn | auto, see `attention.backends`; dense is the
+implementation (dense | tiled | splash | cudnn | pallas | auto, see `attention.backends`; dense is the
 default); non-dense paths get one shared `AttentionContext` (e.g. the tile plan) per forward.
 
 Cache mode (c): the query at physical index j of the forward attends cache rows 0..n-1 and the
@@ -235,7 +235,7 @@ class Transformer(nn.Module):
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
     remat: bool | str = "none"
-    attention: str = "dense"          # dense | tiled | splash | cudnn | auto (attention.backends)
+    attention: str = "dense"          # dense | tiled | splash | cudnn | pallas | auto (backends)
     attention_tile: int = 128         # tile size of the tiled path
     attention_block_size: int = 32    # the dual-stream block size (splash mask template)
     kv_tile: int = 256                # cache mode: KV rows per tile (tiled, pallas)

@@ -9,13 +9,15 @@
             structure, under `jax.shard_map` on the mesh (`splash_attention`)
     cudnn   GPU only: cuDNN flash attention via `jax.nn.dot_product_attention(
             implementation='cudnn')`, for plain causal / segment-causal layouts (`cudnn_attention`)
-    pallas  GPU only (Triton): cache-mode decoding, a ragged per-row kernel
+    pallas  GPU only (Triton): the training structures, flash attention over the tile plan
+            (`attention.flash.flash_attention`); cache-mode decoding, a ragged per-row kernel
             (`attention.cache.attend_cache_pallas`)
     auto    per backend and layout (`resolve`): TPU -> splash for causal and structured
             training layouts, tiled for cache mode; GPU -> cudnn for causal / segment-causal in
-            bf16/fp16, pallas for cache mode (the XLA:GPU compile of the tiled path keeps a
-            cache-sized copy), tiled otherwise; CPU -> tiled. An explicit dense mask always means
-            dense.
+            bf16/fp16, pallas for the training structures (the tiled path's XLA while loops
+            launch a kernel per tile pair) and for cache mode (the XLA:GPU compile of the tiled
+            path keeps a cache-sized copy), tiled otherwise; CPU -> tiled. An explicit dense
+            mask always means dense.
 
 Cache mode (layout "cache") has one path whatever the implementation:
 `attention.cache.attend_cache(impl, ...)` with impl dense | tiled | pallas | cudnn, reached through
@@ -44,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from wedlm_jax.attention import cache as ca
+from wedlm_jax.attention import flash as fa
 from wedlm_jax.attention import tiled as ta
 from wedlm_jax.config import ConfigError
 
@@ -57,12 +60,12 @@ SUPPORT = {
     "tiled": (None, ("causal", "structure", "cache")),
     "splash": (("tpu",), ("causal", "structure")),
     "cudnn": (("gpu",), ("causal", "cache")),
-    "pallas": (("gpu",), ("cache",)),
+    "pallas": (("gpu",), ("causal", "structure", "cache")),
 }
 _KERNEL_NAMES = {
     "splash": "the Pallas TPU splash-attention kernel",
     "cudnn": "cuDNN flash attention via jax.nn.dot_product_attention",
-    "pallas": "the Pallas (Triton) cache-decoding kernel",
+    "pallas": "the Pallas (Triton) kernels (training structures, cache decoding)",
 }
 _PLATFORM_NAMES = {"tpu": "TPU", "gpu": "GPU (CUDA)"}
 
@@ -122,6 +125,8 @@ def resolve(name: str, layout: str, *, backend: str | None = None, dtype=None,
             return "splash"
         if platform == "gpu" and layout == "causal" and _half(dtype):
             return "cudnn"
+        if platform == "gpu" and layout == "structure":
+            return "pallas"
         if platform == "gpu" and layout == "cache":
             # XLA:GPU keeps a cache-sized copy around the tiled path's reads (H100 compile of the
             # 8B step: 4.70 GiB of temporaries at capacity 4096, 1.33 at 1024); the Pallas kernel
@@ -318,7 +323,8 @@ class AttentionContext:
     impl        "dense" (cache mode only) | "tiled" | "splash" | "cudnn" | "pallas" (static)
     q_struct    structure of the queries [B, S] (tiled, splash)
     k_struct    structure of the keys [B, T] (tiled)
-    plan        `attention.tiled.TilePlan` (tiled), shared by all layers
+    plan        `attention.tiled.TilePlan` (tiled) or `attention.flash.flash_plan`'s padded
+                structures and plan (pallas), shared by all layers
     segment_ids [B, S] or None (cudnn)
     template    splash template "dual" | "causal" (static); block_size its block (static)
     tile        the tile (static): tiled's tile plan, or the KV tile of cache mode
@@ -350,7 +356,9 @@ def make_context(impl: str, *, q_struct=None, k_struct=None, segment_ids=None, b
         return AttentionContext(None, None, None, None, impl, tile=ca.check_tile(tile),
                                 cache_len=jnp.asarray(cache_len, jnp.int32), interpret=interpret)
     plan = None
-    if impl == "tiled":
+    if impl == "pallas":
+        plan = fa.flash_plan(q_struct, k_struct, tile, batch)
+    elif impl == "tiled":
         q_struct, k_struct = ta.as_structure(q_struct, batch), ta.as_structure(k_struct, batch)
         plan = ta.tile_plan(q_struct, k_struct, tile, tile)
     elif impl == "splash":
@@ -372,6 +380,9 @@ def apply(ctx: AttentionContext, q, k, v, scale: float, layer=None):
                                interpret=ctx.interpret, layer=layer)
     if ctx.impl == "tiled":
         return ta.tiled_attention(q, k, v, ctx.q_struct, ctx.k_struct, scale, plan=ctx.plan)
+    if ctx.impl == "pallas":
+        return fa.flash_attention(q, k, v, None, None, scale, plan=ctx.plan,
+                                  interpret=ctx.interpret)
     if ctx.impl == "splash":
         return splash_attention(q, k, v, ctx.q_struct, scale, layout=ctx.template,
                                 block_size=ctx.block_size, tile=ctx.tile,

@@ -111,7 +111,8 @@ def _pad_to(n: int, tile: int) -> int:
     return -(-n // tile) * tile
 
 
-def _pad_structure(s: dict, n: int) -> dict:
+def pad_structure(s: dict, n: int) -> dict:
+    """Structure arrays [B, N] padded with padding slots (segment 0) to [B, n]."""
     cur = s["segment"].shape[1]
     if cur == n:
         return s
@@ -147,7 +148,7 @@ def tile_occupancy(q_struct, k_struct, tile_q: int, tile_k: int) -> jnp.ndarray:
     qs, ks = as_structure(qs, b), as_structure(ks, b)
     tq, tk = tile_sizes(qs["segment"].shape[1], ks["segment"].shape[1], tile_q, tile_k)
     sp, tp = _pad_to(qs["segment"].shape[1], tq), _pad_to(ks["segment"].shape[1], tk)
-    qs, ks = _pad_structure(qs, sp), _pad_structure(ks, tp)
+    qs, ks = pad_structure(qs, sp), pad_structure(ks, tp)
     nq, nk = sp // tq, tp // tk
     q_tiles = {k: a.reshape(b, nq, tq).transpose(1, 0, 2) for k, a in qs.items()}
 
@@ -378,7 +379,7 @@ def tiled_attention(q, k, v, q_struct, k_struct, scale: float, *, tile_q: int = 
     if plan.state.shape != (b, sp // tq, tp // tk):
         raise ValueError(f"plan of shape {plan.state.shape} does not fit B={b}, S={s}, T={t} "
                          f"with tiles ({tq}, {tk})")
-    qs, ks = _pad_structure(qs, sp), _pad_structure(ks, tp)
+    qs, ks = pad_structure(qs, sp), pad_structure(ks, tp)
     if sp != s:
         q = jnp.pad(q, ((0, 0), (0, sp - s), (0, 0), (0, 0)))
     if tp != t:
