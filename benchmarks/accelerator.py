@@ -275,12 +275,12 @@ def run_prefill(plan: Plan, info: dict, params, peak: float) -> list[dict]:
 
 def train_backends(platform: str) -> tuple[list[str], dict]:
     """Implementations the resolver offers for training structures here, and why the others
-    (of dense, tiled, cudnn, splash) are not run."""
+    (of dense, tiled, cudnn, splash, pallas) are not run."""
     import jax.numpy as jnp
 
     from wedlm_jax.attention import backends as ab
     run, why = [], {}
-    for impl in ("dense", "tiled", "cudnn", "splash"):
+    for impl in ("dense", "tiled", "cudnn", "splash", "pallas"):
         try:
             ab.resolve(impl, "structure", backend=platform, dtype=jnp.bfloat16)
             run.append(impl)

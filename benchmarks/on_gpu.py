@@ -49,7 +49,8 @@ short keeps its figures; the card, its driver and the versions are written befor
            prompt and of 8 at once (one after another, and in one batched prefill), and the
            prefill's MFU.
   train    the train step of the ~1B shape at 4096 tokens a row (dual stream, bf16, remat) with
-           the resolver's attention for it (--train-attention; benchmarks.accelerator.run_train):
+           the resolver's attention for it (on GPU the flash kernels, attention.flash) and the
+           pure-JAX tiled path beside it (--train-attention; benchmarks.accelerator.run_train):
            step time, tokens/s, MFU against the measured rate (the nominal peak without probes).
   steps    the decode step as served: a Decoder over random bf16 weights of the Qwen3-8B shape
            (the GPU's own layout: one tree per layer; the platform's cache, dense with its Triton
@@ -340,11 +341,12 @@ def steps(smoke: bool, clock: Clock, rounds: int, info: dict, out: list, save=la
     return out
 
 
-def train(smoke: bool, info: dict, attention: str = "auto") -> list[dict]:
+def train(smoke: bool, info: dict, attention: str = "auto,tiled") -> list[dict]:
     """The project's train step (the ~1B shape at 4096 tokens, one row, dual stream, bf16
     compute, remat; benchmarks.accelerator.run_train) with `attention`: names, comma-separated,
-    "auto" the resolver's choice for the training structure here (tiled on GPU), "all" every
-    one it offers. MFU against the probes' matmul rate, else the card's nominal peak."""
+    "auto" the resolver's choice for the training structure here (on GPU the flash kernels,
+    `attention.flash`; the default adds the pure-JAX tiled path beside them), "all" every one it
+    offers. MFU against the probes' matmul rate, else the card's nominal peak."""
     import dataclasses
 
     import jax
@@ -356,9 +358,9 @@ def train(smoke: bool, info: dict, attention: str = "auto") -> list[dict]:
     from wedlm_jax.attention import backends as ab
     info = info if "memory_bytes" in info else dict(device_info(), **info)
     rate, rate_from = card_rate(info)
-    names = None if attention == "all" else [
+    names = None if attention == "all" else list(dict.fromkeys(
         ab.resolve(a, "structure", backend=jax.default_backend(), dtype=jnp.bfloat16)
-        for a in attention.split(",")]
+        for a in attention.split(",")))
     plan = make_plan("cpu" if smoke else "gpu", info["memory_bytes"], smoke=smoke)
     if not smoke:
         plan = dataclasses.replace(plan, train_lengths=(4096,), repeats=6)
@@ -380,8 +382,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--settings", default="", help="steps: only these settings (comma list of "
                     "their names: " + "; ".join(x[0] for x in STEP_SETTINGS) + ")")
     ap.add_argument("--live", type=int, default=None, help="steps, admit: committed rows per slot")
-    ap.add_argument("--train-attention", default="auto",
-                    help="train: attention names, comma list; auto (the resolver's), all")
+    ap.add_argument("--train-attention", default="auto,tiled",
+                    help="train: attention names, comma list; auto (the resolver's), all "
+                         "(default: auto,tiled)")
     ap.add_argument("--torch-compile", default=None, help="torch_baseline: torch.compile mode "
                     "(default reduce-overhead; --smoke: none, eager)")
     ap.add_argument("--pages-per-tile", type=int, default=None,

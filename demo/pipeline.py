@@ -80,7 +80,7 @@ TINY_MODEL = ("model.config.hidden_size=64", "model.config.intermediate_size=128
 TARGETS = {
     # one H100 / H200 (16 host cores): the shipped configs as they are, ~6 minutes in all
     "gpu": Target(workers=16, train_mb=100.0, eval_args=(), pretrain=(), adapt=(),
-                  adapt_seconds=85.0, adapt_steps_range=(300, 3000), heldout_items=64,
+                  adapt_seconds=80.0, adapt_steps_range=(300, 3000), heldout_items=64,
                   heldout_batch=64, free_gb=4.0),
     # any CPU: every stage on a tiny model and a small data set (proves the pipeline, not the model)
     "toy": Target(workers=2, train_mb=0.3,

@@ -9,8 +9,8 @@
 
 Training arrangements pass their structure: `model.apply(..., structure=arrangement,
 objective="dual")` (dense: `masking.structure_mask`). `Transformer(attention=...)` picks the
-implementation (dense | tiled | splash | cudnn | pallas | auto, see `attention.backends`; dense is the
-default); non-dense paths get one shared `AttentionContext` (e.g. the tile plan) per forward.
+implementation (dense | tiled | splash | cudnn | pallas | auto, see `attention.backends`; dense is
+the default); non-dense paths get one shared `AttentionContext` (e.g. the tile plan) per forward.
 
 Cache mode (c): the query at physical index j of the forward attends cache rows 0..n-1 and the
 forward's own rows n..n+j (its K/V are written at rows n + physical index first; n = cache_len[b]).

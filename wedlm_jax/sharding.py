@@ -90,3 +90,33 @@ def tree_shardings(logical_tree, shape_tree, mesh: Mesh, rules: AxisRules = DEFA
     """Map a tree of logical-axis tuples and a matching tree of shapes to NamedShardings."""
     return jax.tree.map(lambda axes, s: NamedSharding(mesh, spec_for(axes, s.shape, mesh, rules)),
                         logical_tree, shape_tree, is_leaf=is_axes)
+
+
+# ------------------------------------------------------------------ kernels under a mesh
+
+def shard_rows(local, mesh, q, k, v, *per_row):
+    """Run `local(q, k, v, *per_row)` per device under `jax.shard_map` when a mesh with more
+    than one device is given: rows over ('data', 'fsdp') when they divide the batch, heads over
+    'tensor' when it divides the KV heads; `per_row` (pytrees of arrays [B, ...]) follow the
+    rows. Without such a mesh, `local` runs as is."""
+    if mesh is None or all(n == 1 for n in mesh.shape.values()):
+        return local(q, k, v, *per_row)
+    batch_axes = tuple(a for a in ("data", "fsdp") if mesh.shape.get(a, 1) > 1)
+    n_batch = int(np.prod([mesh.shape[a] for a in batch_axes])) if batch_axes else 1
+    if q.shape[0] % n_batch:
+        batch_axes = ()
+    tensor = mesh.shape.get("tensor", 1)
+    head_axis = "tensor" if tensor > 1 and k.shape[2] % tensor == 0 else None
+    bspec = (batch_axes if len(batch_axes) > 1 else batch_axes[0]) if batch_axes else None
+    qkv = P(bspec, None, head_axis, None)
+    specs = jax.tree.map(lambda a: P(bspec, *([None] * (a.ndim - 1))), per_row)
+    return jax.shard_map(local, mesh=mesh, in_specs=(qkv, qkv, qkv) + tuple(specs),
+                         out_specs=qkv, check_vma=False)(q, k, v, *per_row)
+
+
+def current_mesh(mesh=None):
+    """`mesh`, else the mesh set by `jax.set_mesh` (None when none is)."""
+    if mesh is not None:
+        return mesh
+    abstract = jax.sharding.get_abstract_mesh()
+    return None if abstract.empty else abstract

@@ -48,6 +48,7 @@ import numpy as np
 from wedlm_jax.attention import cache as ca
 from wedlm_jax.attention import flash as fa
 from wedlm_jax.attention import tiled as ta
+from wedlm_jax import sharding
 from wedlm_jax.config import ConfigError
 
 IMPLEMENTATIONS = ("dense", "tiled", "splash", "cudnn", "pallas", "auto")
@@ -278,7 +279,6 @@ def splash_attention(q, k, v, structure, scale: float, *, layout: str, block_siz
     With a `mesh` (default: the mesh set by `jax.set_mesh`, if any) it runs under
     `jax.shard_map`, batch over ('data', 'fsdp'), heads over 'tensor' when the KV heads divide.
     `interpret=True` runs the Pallas kernel in interpret mode (any backend; for tests)."""
-    from jax.sharding import PartitionSpec as P
     s = ta.as_structure(structure, q.shape[0])
     t = q.shape[1]
     if t % SPLASH_BLOCK:
@@ -294,22 +294,7 @@ def splash_attention(q, k, v, structure, scale: float, *, layout: str, block_siz
 
         return jax.lax.cond(template_matches(s, layout, block_size), fast, slow, None)
 
-    if mesh is None:
-        abstract = jax.sharding.get_abstract_mesh()
-        mesh = None if abstract.empty else abstract
-    if mesh is None or all(n == 1 for n in mesh.shape.values()):
-        return local(q, k, v, s)
-    batch_axes = tuple(a for a in ("data", "fsdp") if mesh.shape.get(a, 1) > 1)
-    n_batch = int(np.prod([mesh.shape[a] for a in batch_axes])) if batch_axes else 1
-    if q.shape[0] % n_batch:
-        batch_axes = ()
-    tensor = mesh.shape.get("tensor", 1)
-    head_axis = "tensor" if tensor > 1 and k.shape[2] % tensor == 0 else None
-    bspec = (batch_axes if len(batch_axes) > 1 else batch_axes[0]) if batch_axes else None
-    qkv = P(bspec, None, head_axis, None)
-    sspec = {name: P(bspec, None) for name in s}
-    return jax.shard_map(local, mesh=mesh, in_specs=(qkv, qkv, qkv, sspec), out_specs=qkv,
-                         check_vma=False)(q, k, v, s)
+    return sharding.shard_rows(local, sharding.current_mesh(mesh), q, k, v, s)
 
 
 # ------------------------------------------------------------------------ model dispatch

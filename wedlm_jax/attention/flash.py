@@ -22,10 +22,11 @@ A query row with no allowed key (padding) outputs 0 and receives no gradient.
 
 Triton's block shapes are powers of two: tiles are powers of two >= 16, the sequences are padded
 with padding slots to a power-of-two number of tiles (the padded tiles are empty, so never
-computed), and the head dimension with zero columns to a power of two >= 16. `interpret=True` runs the kernels in Pallas interpret mode on any backend (the CPU
-tests check them against the dense reference, values and gradients). `flash_attention` runs them
-under `jax.shard_map` when a mesh is set (`shard_rows`: batch over ('data', 'fsdp'), heads over
-'tensor'), since XLA cannot partition a kernel call.
+computed), and the head dimension with zero columns to a power of two >= 16. `interpret=True`
+runs the kernels in Pallas interpret mode on any backend (the CPU tests check them against the
+dense reference, values and gradients). `flash_attention` runs them under `jax.shard_map` when a
+mesh is set (`sharding.shard_rows`: batch over ('data', 'fsdp'), heads over 'tensor'), since XLA cannot
+partition a kernel call.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from wedlm_jax import sharding
 from wedlm_jax.attention import cache as ca
 from wedlm_jax.attention import tiled as ta
 from wedlm_jax.masking import STRUCTURE_KEYS, pair_mask
@@ -280,40 +282,11 @@ def flash_attention_local(q, k, v, q_struct, k_struct, plan, scale: float, *,
     return out.transpose(0, 2, 1, 3)[:, :s, :, :d]
 
 
-def shard_rows(local, mesh, q, k, v, *per_row):
-    """Run `local(q, k, v, *per_row)` per device under `jax.shard_map` when a mesh with more
-    than one device is given: rows over ('data', 'fsdp') when they divide the batch, heads over
-    'tensor' when it divides the KV heads; `per_row` (pytrees of arrays [B, ...]) follow the
-    rows. Without such a mesh, `local` runs as is."""
-    from jax.sharding import PartitionSpec as P
-    if mesh is None or all(n == 1 for n in mesh.shape.values()):
-        return local(q, k, v, *per_row)
-    batch_axes = tuple(a for a in ("data", "fsdp") if mesh.shape.get(a, 1) > 1)
-    n_batch = int(np.prod([mesh.shape[a] for a in batch_axes])) if batch_axes else 1
-    if q.shape[0] % n_batch:
-        batch_axes = ()
-    tensor = mesh.shape.get("tensor", 1)
-    head_axis = "tensor" if tensor > 1 and k.shape[2] % tensor == 0 else None
-    bspec = (batch_axes if len(batch_axes) > 1 else batch_axes[0]) if batch_axes else None
-    qkv = P(bspec, None, head_axis, None)
-    specs = jax.tree.map(lambda a: P(bspec, *([None] * (a.ndim - 1))), per_row)
-    return jax.shard_map(local, mesh=mesh, in_specs=(qkv, qkv, qkv) + tuple(specs),
-                         out_specs=qkv, check_vma=False)(q, k, v, *per_row)
-
-
-def current_mesh(mesh=None):
-    """`mesh`, else the mesh set by `jax.set_mesh` (None when none is)."""
-    if mesh is not None:
-        return mesh
-    abstract = jax.sharding.get_abstract_mesh()
-    return None if abstract.empty else abstract
-
-
 def flash_attention(q, k, v, q_struct, k_struct, scale: float, *, tile: int = TILE, plan=None,
                     mesh=None, interpret: bool = False) -> jnp.ndarray:
-    """`flash_attention_local` on every device's rows of the current mesh (`shard_rows`).
+    """`flash_attention_local` on every device's rows of the current mesh (`sharding.shard_rows`).
     `plan`: `flash_plan`'s (structures, plan) triple for these structures, computed here when
     None."""
     qs, ks, tp = plan if plan is not None else flash_plan(q_struct, k_struct, tile, q.shape[0])
     local = functools.partial(flash_attention_local, scale=scale, interpret=interpret)
-    return shard_rows(local, current_mesh(mesh), q, k, v, qs, ks, tp)
+    return sharding.shard_rows(local, sharding.current_mesh(mesh), q, k, v, qs, ks, tp)
