@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tests.test_tiled_attention import (SETTINGS, TINY, _arranged_batch, assert_close,
+from tests.test_tiled_attention import (SETTINGS, TINY, arranged_batch, assert_close,
                                         packed_rows, qkv, structure_of)
 from wedlm_jax import masking
 from wedlm_jax import model as model_lib
@@ -102,7 +102,7 @@ def test_model_structure_and_packed_entries_equal_dense():
     packed causal rows gives the dense model's logits."""
     config = TINY.replace(hidden_size=64, head_dim=16)
     params = model_lib.init_params(config, jax.random.key(0))
-    arr = _arranged_batch("dual")
+    arr = arranged_batch("dual")
     run = lambda impl, **kw: model_lib.Transformer(config, attention=impl, attention_tile=16,
                                                    attention_interpret=True).apply(
         {"params": params}, arr["tokens"], arr["positions"], **kw)

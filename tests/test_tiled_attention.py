@@ -269,7 +269,7 @@ TINY = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermedia
                    num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, mask_token_id=63)
 
 
-def _arranged_batch(objective):
+def arranged_batch(objective):
     b, n = 2, 24
     tokens = jax.random.randint(jax.random.key(1), (b, n), 0, 60)
     seg = jnp.asarray([[1] * 10 + [2] * 11 + [0] * 3, [3] * 24], jnp.int32)
@@ -279,7 +279,7 @@ def _arranged_batch(objective):
 
 def test_model_structure_entry_is_the_explicit_mask():
     params = model_lib.init_params(TINY, jax.random.key(0))
-    arr = _arranged_batch("dual")
+    arr = arranged_batch("dual")
     m = model_lib.Transformer(TINY)
     explicit = jax.jit(lambda p: m.apply({"params": p}, arr["tokens"], arr["positions"],
                                          mask=masking.structure_mask(arr)))(params)
@@ -347,7 +347,7 @@ def test_selection_by_backend_and_layout():
 @pytest.mark.parametrize("impl,needs", [("splash", "TPU"), ("cudnn", "GPU")])
 def test_model_fails_clearly_for_unavailable_backend(impl, needs):
     params = model_lib.init_params(TINY, jax.random.key(0))
-    arr = _arranged_batch("dual")
+    arr = arranged_batch("dual")
     m = model_lib.Transformer(TINY, attention=impl)
     with pytest.raises(ab.AttentionUnavailable, match=f"{impl}.*{needs}.*'cpu' backend"):
         m.apply({"params": params}, arr["tokens"][:, :24], arr["positions"][:, :24])
