@@ -7,7 +7,10 @@ eval.jsonl (fresh numbers: never in training, demo/data.py) are decoded greedy b
 and verified streaming at `make demo`'s settings (demo.run: window, tau, lambda), B rows per call.
 Per regime and method: accuracy (code: the AR reading's NLL per token of the continuation),
 tokens per forward, p_cache; and whether verified gave AR's tokens on every item (it must: its
-commits are AR-verified). Written as JSON; a line per regime and method printed.
+commits are AR-verified). Then streaming again at stricter (tau, lambda) pairs (SWEEP: runtime
+knobs of the same compiled program, no compile), accuracy and tokens per forward per regime: how
+close to AR streaming comes at what speed, to choose `make demo`'s defaults from. Written as JSON;
+a line per regime and method printed, then the sweep.
 
 This is the pipeline's last stage (demo/pipeline.py), run where the model was trained; `make demo`
 (demo/run.py) is the same comparison timed one prompt at a time on this machine.
@@ -24,6 +27,7 @@ import time
 KINDS = ("counting", "arith", "lists", "records", "code")
 CAPACITY = 512          # cache rows per slot: the longest prompt and its budget fit
 METHODS = ("ar", "streaming", "verified")
+SWEEP = ((0.3, 0.05), (0.2, 0.05), (0.3, 0.1))     # streaming's (tau, lambda) beyond the defaults
 
 
 def evaluate(params, config, tok, eval_path: str, items: int, batch: int) -> dict:
@@ -51,6 +55,14 @@ def evaluate(params, config, tok, eval_path: str, items: int, batch: int) -> dic
         out[kind] = {m: summary(kind, params, config, r) for m, r in runs.items()}
         out[kind]["verified_equals_ar"] = f"{sum(same)}/{len(same)}"
         out[kind]["first"] = {m: runs[m]["rows"][0]["text"] for m in METHODS}
+        out[kind]["streaming_sweep"] = {
+            f"tau={tau},lam={lam}": summary(kind, params, config, decode_items(
+                params, config, tok, its, kind,
+                DecodeConfig(method="streaming", window=WINDOW, tau=tau, lam=lam,
+                             max_new_tokens=REGIMES[kind].max_new_tokens),
+                batch=batch, warmup=False, capacity=CAPACITY, prompt_bucket=longest,
+                decoder=decoders["streaming"]))
+            for tau, lam in SWEEP}
     return out
 
 
@@ -68,10 +80,19 @@ def table(results: dict) -> str:
     for kind, runs in results.items():
         for m in METHODS:
             r = runs[m]
-            q = f"{r['nll']:.3f} nll" if "nll" in r else f"{100 * r['accuracy']:.1f}%"
+            q = _quality(r)
             lines.append(f"{kind:<10}{m:<11}{q:>10}{r['tokens_per_forward']:>9.2f}{r['p_cache']:>9.3f}")
         lines.append(f"{'':<10}verified = AR on {runs['verified_equals_ar']} items")
+    lines.append("streaming at stricter settings (quality, tokens / forward):")
+    for kind, runs in results.items():
+        cells = [f"{name} {_quality(r)} {r['tokens_per_forward']:.2f}"
+                 for name, r in runs["streaming_sweep"].items()]
+        lines.append(f"{kind:<10}" + "; ".join(cells))
     return "\n".join(lines)
+
+
+def _quality(r: dict) -> str:
+    return f"{r['nll']:.3f} nll" if "nll" in r else f"{100 * r['accuracy']:.1f}%"
 
 
 def main(argv=None) -> int:

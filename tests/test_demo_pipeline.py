@@ -63,9 +63,13 @@ def test_report_holds_every_stage_and_both_readings(run):
     for kind, runs in regimes.items():
         assert runs["verified_equals_ar"] == "2/2", kind      # verified commits are AR's tokens
         assert runs["ar"]["tokens_per_forward"] == 1.0
+        sweep = runs["streaming_sweep"]                      # stricter streaming settings
+        assert list(sweep) == ["tau=0.3,lam=0.05", "tau=0.2,lam=0.05", "tau=0.3,lam=0.1"], kind
+        assert all(r["items"] == 2 and r["tokens_per_forward"] >= 1.0 for r in sweep.values())
     kinds = {e["kind"] for e in report["eval_items"]}
     assert kinds == set(regimes)
     assert "verified = AR on 2/2 items" in proc.stdout
+    assert "streaming at stricter settings" in proc.stdout
 
 
 def test_refuses_a_foreign_or_earlier_folder(run, tmp_path):
