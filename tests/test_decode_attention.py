@@ -160,8 +160,9 @@ def test_missing_backends_are_named_with_the_available_ones():
     with pytest.raises(ab.AttentionUnavailable,
                        match=r"'splash' handles training layouts.*'tpu' can use: dense, tiled"):
         ab.resolve("splash", "cache", backend="tpu")
-    with pytest.raises(ab.AttentionUnavailable, match=r"'pallas' handles cache-mode decoding only"):
-        ab.resolve("pallas", "structure", backend="gpu")
+    assert ab.resolve("pallas", "structure", backend="gpu") == "pallas"    # the flash kernels
+    with pytest.raises(ab.AttentionUnavailable, match=r"'pallas' needs a structure"):
+        ab.resolve("pallas", "mask", backend="gpu")
     with pytest.raises(ab.AttentionUnavailable, match=r"bf16/fp16.*float32.*dense, tiled, pallas"):
         ab.resolve("cudnn", "cache", backend="gpu", dtype=jnp.float32)
     params = _params()

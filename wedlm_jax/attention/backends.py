@@ -149,8 +149,8 @@ def resolve(name: str, layout: str, *, backend: str | None = None, dtype=None,
             f"the {platform!r} backend, where {layout!r} attention can use: {here}")
     if layout not in layouts:
         what = {"splash": "training layouts (causal, structure)",
-                "cudnn": "plain causal / segment-causal and cache layouts",
-                "pallas": "cache-mode decoding"}.get(name, ", ".join(layouts))
+                "cudnn": "plain causal / segment-causal and cache layouts"}.get(
+            name, ", ".join(layouts))
         raise AttentionUnavailable(
             f"attention={name!r} handles {what} only, not {layout!r}; {layout!r} attention on "
             f"{platform!r} can use: {here} (or 'auto')")
