@@ -17,8 +17,8 @@ from decode.config import DecodeConfig, DecodeConfigError, Placement
 from decode.engine.plan import int8_cache
 from decode.static.static_batch import generate
 from tests import plans
-from tests.test_paged_decode import CONFIG as PAGED_CONFIG, _requests, _run
-from tests.test_quantize import CONFIG, _prefix, demo  # noqa: F401 (demo: the fixture)
+from tests.test_paged_decode import CONFIG as PAGED_CONFIG, paged_requests, run_requests
+from tests.test_quantize import CONFIG, prefix_length, demo  # noqa: F401 (demo: the fixture)
 from wedlm_jax import model as model_lib
 from wedlm_jax.attention import cache as ca
 from wedlm_jax.attention import kv_quant, paged
@@ -77,12 +77,12 @@ def test_model_reads_the_int8_cache_alike_on_every_xla_path():
 
 def test_paged_int8_with_prefix_reuse_gives_the_dense_int8_tokens():
     params = random_params(PAGED_CONFIG, seed=2, head_scale=20.0)
-    reqs = _requests(10, seed=3)
+    reqs = paged_requests(10, seed=3)
     make = lambda **kw: plans.decoder(params, PAGED_CONFIG, method="streaming", window=4,
                                       slots=4, capacity=96, steps_per_call=3, kv_tile=16,
                                       kv_dtype="int8", **kw)
-    dense, _ = _run(make(), reqs)
-    pages, b = _run(make(page_size=8), reqs)
+    dense, _ = run_requests(make(), reqs)
+    pages, b = run_requests(make(page_size=8), reqs)
     assert b.decoder.static.cache_dtype == jnp.int8
     assert [pages[i].tokens for i in range(len(reqs))] == [dense[i].tokens
                                                            for i in range(len(reqs))]
@@ -152,7 +152,7 @@ def test_demo_greedy_ar_int8_cache_keeps_the_continuation(demo):   # noqa: F811
     dc = DecodeConfig(method="ar", max_new_tokens=AR_TOKENS)
     base = generate(params, config, prompts, dc).tokens
     out = generate(params, config, prompts, dc, placement=Placement(kv_dtype="int8")).tokens
-    shared = [_prefix(a, b) / AR_TOKENS for a, b in zip(base, out)]
+    shared = [prefix_length(a, b) / AR_TOKENS for a, b in zip(base, out)]
     report = dict(common_prefix=shared, mean_common_prefix=float(np.mean(shared)),
                   mean_kl_per_token=_cache_kl(config, params, prompts, base))
     print("demo model, greedy AR, 48 tokens, int8 KV cache vs float32:", json.dumps(report))

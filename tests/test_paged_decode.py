@@ -37,7 +37,7 @@ def params():
     return random_params(CONFIG, seed=2, head_scale=20.0)
 
 
-def _requests(n, seed=0, shared=3):
+def paged_requests(n, seed=0, shared=3):
     """Prompts over a few shared prefixes (longer than a page, so prefixes are reused)."""
     rng = random.Random(seed)
     prefixes = [[rng.randrange(1, 60) for _ in range(rng.randrange(9, 30))] for _ in range(shared)]
@@ -47,7 +47,7 @@ def _requests(n, seed=0, shared=3):
             for _ in range(n)]
 
 
-def _run(decoder, requests, seed=1, prefix_reuse=True, cancel=()):
+def run_requests(decoder, requests, seed=1, prefix_reuse=True, cancel=()):
     """Random arrival: a few requests submitted between steps. {index: Finished}."""
     rng = random.Random(seed)
     b = Batcher(decoder, prefix_reuse=prefix_reuse)
@@ -72,9 +72,9 @@ def _decoder(params, method, refill, **kw):
 
 @pytest.mark.parametrize("method, refill", METHODS)
 def test_paged_equals_dense_under_random_arrival(params, method, refill):
-    reqs = _requests(14, seed=METHODS.index((method, refill)))
-    dense, _ = _run(_decoder(params, method, refill), reqs)
-    paged, b = _run(_decoder(params, method, refill, page_size=PAGE), reqs)
+    reqs = paged_requests(14, seed=METHODS.index((method, refill)))
+    dense, _ = run_requests(_decoder(params, method, refill), reqs)
+    paged, b = run_requests(_decoder(params, method, refill, page_size=PAGE), reqs)
     assert [paged[i].tokens for i in range(len(reqs))] == [dense[i].tokens for i in range(len(reqs))]
     assert [paged[i].finish for i in range(len(reqs))] == [dense[i].finish for i in range(len(reqs))]
     assert sum(f.cached_tokens for f in paged.values()) > 0          # prefixes were reused
@@ -88,19 +88,19 @@ def test_paged_equals_dense_with_suffixes_of_one_chunk_and_of_several(params, me
     in the first fill's forward alone, a longer one in chunks before it and its last chunk in
     that forward (pulled back inside the suffix); both give the tokens of the dense cache (its
     prompts prefilled whole: the Decoder the tests above compiled)."""
-    reqs = _requests(12, seed=7)
-    dense, _ = _run(_decoder(params, method, refill), reqs)
-    paged, _ = _run(_decoder(params, method, refill, page_size=PAGE, prefill_chunk=16), reqs)
+    reqs = paged_requests(12, seed=7)
+    dense, _ = run_requests(_decoder(params, method, refill), reqs)
+    paged, _ = run_requests(_decoder(params, method, refill, page_size=PAGE, prefill_chunk=16), reqs)
     assert [paged[i].tokens for i in range(12)] == [dense[i].tokens for i in range(12)]
     suffixes = [len(r.prompt) - paged[i].cached_tokens for i, r in enumerate(reqs)]
     assert min(suffixes) <= 16 < max(suffixes), suffixes            # both paths taken
 
 
 def test_prefix_hits_give_the_tokens_of_misses_and_skip_the_rows(params):
-    reqs = _requests(10, seed=5)
+    reqs = paged_requests(10, seed=5)
     dec = _decoder(params, "streaming", "before", page_size=PAGE)
-    hits, _ = _run(dec, reqs, prefix_reuse=True)
-    misses, _ = _run(dec, reqs, prefix_reuse=False)
+    hits, _ = run_requests(dec, reqs, prefix_reuse=True)
+    misses, _ = run_requests(dec, reqs, prefix_reuse=False)
     assert [hits[i].tokens for i in range(10)] == [misses[i].tokens for i in range(10)]
     assert all(f.cached_tokens == 0 for f in misses.values())
     assert all(f.cached_tokens % PAGE == 0 and f.cached_tokens < len(r.prompt)
@@ -109,7 +109,7 @@ def test_prefix_hits_give_the_tokens_of_misses_and_skip_the_rows(params):
 
 
 def test_static_batch_paged_equals_dense(params):
-    reqs = _requests(SLOTS, seed=9)
+    reqs = paged_requests(SLOTS, seed=9)
     outs = []
     for kw in ({}, {"page_size": PAGE}):
         dec = _decoder(params, "streaming", "before", **kw)
@@ -129,10 +129,10 @@ def test_a_small_pool_queues_and_gives_the_same_tokens(params):
     """A pool of 14 pages for four slots (a request's worst case is 13: capacity and a window;
     the preemption tests' pool, so the programs compiled for it are shared): requests wait for
     pages (or are preempted and continue: AR continues exactly), none is corrupted."""
-    reqs = _requests(8, seed=3)
-    dense, _ = _run(_decoder(params, "ar", "before"), reqs)
+    reqs = paged_requests(8, seed=3)
+    dense, _ = run_requests(_decoder(params, "ar", "before"), reqs)
     dec = _decoder(params, "ar", "before", page_size=PAGE, num_pages=SMALL_POOL)
-    small, b = _run(dec, reqs)
+    small, b = run_requests(dec, reqs)
     assert [small[i].tokens for i in range(8)] == [dense[i].tokens for i in range(8)]
     assert b.pool.num_held == 0
 
@@ -142,7 +142,7 @@ def test_no_page_leak_after_1000_requests_with_cancellations(params):
     reqs = [Request(prompt=tuple(rng.randrange(1, 60) for _ in range(rng.randrange(1, 20))),
                     max_new_tokens=rng.randrange(1, 4)) for _ in range(1000)]
     dec = _decoder(params, "streaming", "before", page_size=PAGE, num_pages=SMALL_POOL)
-    out, b = _run(dec, reqs, cancel=set(range(0, 1000, 7)))
+    out, b = run_requests(dec, reqs, cancel=set(range(0, 1000, 7)))
     assert len(out) == 1000
     assert sum(f.finish == "cancelled" for f in out.values()) > 50
     assert b.pool.num_held == 0 and b.pool.num_free == b.pool.num_pages
@@ -158,7 +158,7 @@ def test_a_request_larger_than_the_pool_is_refused_with_the_sizes(params):
     with pytest.raises(DecodeConfigError, match=r"num_pages must be an int in \[1, "):
         _decoder(params, "streaming", "before", page_size=PAGE, num_pages=0)
     with pytest.raises(DecodeConfigError, match="a static batch needs"):
-        dec.start(_requests(2))
+        dec.start(paged_requests(2))
     with pytest.raises(DecodeConfigError, match=r"page_size must be an int in \[0, "):
         _decoder(params, "streaming", "before", page_size=-8)
     assert not _decoder(params, "streaming", "before", page_size=0).paged   # 0: the dense cache
@@ -207,7 +207,7 @@ def test_pages_are_mapped_as_a_sequence_grows(params):
     while b.step():
         if b._slots[0] is not None:
             held.append(len(b._slots[0].pages))
-    dense, _ = _run(_decoder(params, "streaming", "before"), [req])
+    dense, _ = run_requests(_decoder(params, "streaming", "before"), [req])
     assert out[0].tokens == dense[0].tokens and len(out[0].tokens) == 80
     budget = dec.pages_needed(req)
     assert held[0] == dec.pages_for_call(10, 90) < budget
@@ -228,8 +228,8 @@ def test_preempted_requests_continue_exactly_where_they_were(params, method):
     it is prefilled again from its prompt and emitted tokens, and greedy AR / verified give the
     dense cache's tokens for every request, preempted or not; nothing leaks."""
     reqs = _growing(13)
-    dense, _ = _run(_decoder(params, method, "before"), reqs)
-    small, b = _run(_decoder(params, method, "before", page_size=PAGE, num_pages=SMALL_POOL), reqs)
+    dense, _ = run_requests(_decoder(params, method, "before"), reqs)
+    small, b = run_requests(_decoder(params, method, "before", page_size=PAGE, num_pages=SMALL_POOL), reqs)
     assert b.preemptions > 0 and sum(f.preempted for f in small.values()) == b.preemptions
     assert [small[i].tokens for i in range(8)] == [dense[i].tokens for i in range(8)]
     assert [small[i].finish for i in range(8)] == [dense[i].finish for i in range(8)]
@@ -241,8 +241,8 @@ def test_streaming_under_preemption_keeps_every_other_request_intact(params):
     """Streaming restarts a preempted request's window (its emitted tokens stand, its budget is
     kept); the requests never preempted give the dense cache's tokens."""
     reqs = _growing(14)
-    dense, _ = _run(_decoder(params, "streaming", "before"), reqs)
-    small, b = _run(_decoder(params, "streaming", "before", page_size=PAGE, num_pages=SMALL_POOL),
+    dense, _ = run_requests(_decoder(params, "streaming", "before"), reqs)
+    small, b = run_requests(_decoder(params, "streaming", "before", page_size=PAGE, num_pages=SMALL_POOL),
                     reqs)
     assert b.preemptions > 0
     kept = [i for i in range(8) if small[i].preempted == 0]
@@ -281,7 +281,7 @@ def test_a_readmitted_request_prefills_from_what_is_reused_at_readmission(params
     prefix = [7, 8, 9, 10, 11, 12, 13, 14, 15, 16]            # > one page of 8 rows
     first = Request(prompt=tuple(prefix + [20]), max_new_tokens=3)
     again = Request(prompt=tuple(prefix + [21, 22]), max_new_tokens=12)
-    dense, _ = _run(_decoder(params, "ar", "after"), [first, again])
+    dense, _ = run_requests(_decoder(params, "ar", "after"), [first, again])
     b = Batcher(_decoder(params, "ar", "after", page_size=PAGE))
     out = {}
     b.submit(first, on_finish=lambda f: out.__setitem__(0, f))
@@ -390,7 +390,7 @@ def test_the_servers_warm_up_compiles_every_live_slot_bucket(params):
     serve.warm_up(b, CAPACITY)
     before = compiled_count()
     for n in (1, 2, SLOTS):
-        for r in _requests(n, seed=n):
+        for r in paged_requests(n, seed=n):
             b.submit(dataclasses.replace(r, prompt=r.prompt[:15]))
         b.run_until_idle()
     b.submit(Request(prompt=tuple(range(1, 61)) + tuple(range(1, 11)), max_new_tokens=8))

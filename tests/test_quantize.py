@@ -257,7 +257,7 @@ def demo():
     return config, params, prompts
 
 
-def _prefix(a, b) -> int:
+def prefix_length(a, b) -> int:
     n = 0
     while n < min(len(a), len(b)) and a[n] == b[n]:
         n += 1
@@ -285,7 +285,7 @@ def _tie_gaps(config, params, prompts, base, out) -> list:
     differ."""
     gaps = []
     for p, a, b in zip(prompts, base, out):
-        n = _prefix(a, b)
+        n = prefix_length(a, b)
         if n < AR_TOKENS:
             ids = jnp.asarray([p + a[:n]])
             logits = model_lib.Transformer(config).apply(
@@ -303,7 +303,7 @@ def test_demo_greedy_ar_int8_keeps_the_continuation(demo, tmp_path):
     for scheme in ("int8", "int4"):
         qp = q.quantize_params(params, scheme)
         out = outs[scheme] = generate(qp, config, prompts, dc).tokens   # scheme read off them
-        shared = [_prefix(a, b) / AR_TOKENS for a, b in zip(base, out)]
+        shared = [prefix_length(a, b) / AR_TOKENS for a, b in zip(base, out)]
         report[scheme] = dict(common_prefix=shared, mean_common_prefix=float(np.mean(shared)),
                               mean_kl_per_token=_mean_kl(config, params, qp, prompts, base))
     print("demo model, greedy AR, 48 tokens vs float32:", json.dumps(report))
