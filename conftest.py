@@ -55,39 +55,15 @@ def pytest_xdist_make_scheduler(config, log):
     server, a checkpoint, a pipeline run, a compiled Decoder) go to one worker together; split
     across the two workers, each would build the fixture again (test_demo_pipeline's run ~60 s,
     test_lm_eval's server and lm-eval run ~80 s) and compile its programs again. The other tests
-    are balanced one by one, as with `--dist load`. The longest units first (`_longest_first`)."""
+    are balanced one by one, as with `--dist load`. Largest groups first (xdist's loadscope)."""
     if config.getvalue("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class ModuleFixtureScheduling(LoadScopeScheduling):
-        ordered = False
-
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
             return path if _shares_a_module_fixture(os.path.join(str(config.rootpath), path)) \
                 else nodeid
 
-        def _assign_work_unit(self, node):
-            if not self.ordered:     # the first assignment: the queue is complete, nothing sent
-                self.ordered = True
-                _longest_first(self.workqueue, str(config.rootpath))
-            return super()._assign_work_unit(node)
-
     return ModuleFixtureScheduling(config, log)
-
-
-def _longest_first(workqueue, root: str, default_s: float = 1.0) -> None:
-    """Reorder xdist's queue of work units ({scope: {nodeid: done}}) in place, the longest first
-    by tests/slow_tests.txt (a test not listed counts `default_s`): a long test started last
-    would hold one worker while the other idles at the suite's end. Python's sort is stable:
-    units of equal weight keep xdist's order."""
-    seconds = {}
-    with open(os.path.join(root, "tests", "slow_tests.txt"), encoding="utf-8") as f:
-        for line in f:
-            if line.strip() and not line.startswith("#"):
-                s, nodeid = line.split(maxsplit=1)
-                seconds[nodeid.strip()] = float(s)
-    weight = {scope: sum(seconds.get(n, default_s) for n in ids) for scope, ids in workqueue.items()}
-    for scope in sorted(workqueue, key=lambda sc: -weight[sc]):
-        workqueue.move_to_end(scope)
