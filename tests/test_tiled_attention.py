@@ -324,7 +324,7 @@ def test_selection_by_backend_and_layout():
     assert ab.resolve("auto", "cache", backend="cpu") == "tiled"
     assert ab.resolve("auto", "mask", backend="cpu") == "dense"
     assert ab.resolve("auto", "causal", backend="gpu", dtype=jnp.bfloat16) == "cudnn"
-    assert ab.resolve("auto", "causal", backend="gpu", dtype=jnp.float32) == "tiled"
+    assert ab.resolve("auto", "causal", backend="gpu", dtype=jnp.float32) == "pallas"
     assert ab.resolve("auto", "structure", backend="gpu", dtype=jnp.bfloat16) == "pallas"
     assert ab.resolve("auto", "structure", backend="tpu") == "splash"
     assert ab.resolve("auto", "cache", backend="tpu") == "tiled"

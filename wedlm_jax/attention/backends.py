@@ -14,9 +14,9 @@
             (`attention.cache.attend_cache_pallas`)
     auto    per backend and layout (`resolve`): TPU -> splash for causal and structured
             training layouts, tiled for cache mode; GPU -> cudnn for causal / segment-causal in
-            bf16/fp16, pallas for the training structures (the tiled path's XLA while loops
-            launch a kernel per tile pair) and for cache mode (the XLA:GPU compile of the tiled
-            path keeps a cache-sized copy), tiled otherwise; CPU -> tiled. An explicit dense
+            bf16/fp16, pallas for the training structures and causal in other dtypes (the tiled
+            path's XLA while loops launch a kernel per tile pair) and for cache mode (the XLA:GPU
+            compile of the tiled path keeps a cache-sized copy); CPU -> tiled. An explicit dense
             mask always means dense.
 
 Cache mode (layout "cache") has one path whatever the implementation:
@@ -126,7 +126,7 @@ def resolve(name: str, layout: str, *, backend: str | None = None, dtype=None,
             return "splash"
         if platform == "gpu" and layout == "causal" and _half(dtype):
             return "cudnn"
-        if platform == "gpu" and layout == "structure":
+        if platform == "gpu" and layout in ("causal", "structure"):
             return "pallas"
         if platform == "gpu" and layout == "cache":
             # XLA:GPU keeps a cache-sized copy around the tiled path's reads (H100 compile of the
