@@ -149,11 +149,11 @@ def online_softmax_result(l, acc, q):
 
 # ------------------------------------------------------------------------------------ pallas
 
-def _pow2_at_most(n: int) -> int:
+def pow2_at_most(n: int) -> int:
     return 1 << (max(int(n), 1).bit_length() - 1)
 
 
-def _pow2_at_least(n: int) -> int:
+def pow2_at_least(n: int) -> int:
     return 1 << (max(int(n), 1) - 1).bit_length()
 
 
@@ -183,7 +183,7 @@ def auto_splits(programs: int, tiles: int) -> int:
 def query_rows(rows: int) -> int:
     """The query rows one program holds: `rows` (S x G) padded as `query_block` pads them, at most
     QUERY_BLOCK."""
-    return min(max(16, _pow2_at_least(rows)), QUERY_BLOCK)
+    return min(max(16, pow2_at_least(rows)), QUERY_BLOCK)
 
 
 def smem_limit(device=None) -> int:
@@ -202,7 +202,7 @@ def pallas_smem(tile: int, rows: int, head_dim: int, itemsize: int) -> int:
 def pallas_tile(tile: int, rows: int, head_dim: int, itemsize: int, limit: int) -> int:
     """The largest power-of-two KV tile <= `tile` whose kernel fits `limit` bytes of shared
     memory (at least 16); raises ValueError when even 16 does not fit."""
-    t = _pow2_at_most(check_tile(tile))
+    t = pow2_at_most(check_tile(tile))
     while t > 16 and pallas_smem(t, rows, head_dim, itemsize) > limit:
         t //= 2
     if pallas_smem(t, rows, head_dim, itemsize) > limit:
@@ -313,7 +313,7 @@ def query_block(q, kvh: int, dtype):
     padded to R = a power of two >= 16 rows (the Triton lowering's block shapes)."""
     b, s, h, d = q.shape
     rows = s * (h // kvh)
-    r_pad = max(16, _pow2_at_least(rows))
+    r_pad = max(16, pow2_at_least(rows))
     qr = q.reshape(b, s, kvh, h // kvh, d).transpose(0, 2, 1, 3, 4).reshape(b, kvh, rows, d)
     return jnp.pad(qr, ((0, 0), (0, 0), (0, r_pad - rows), (0, 0))).astype(dtype)
 
@@ -326,12 +326,13 @@ def from_query_block(out, s: int, h: int):
     return out.reshape(b, s, h, d)
 
 
-def triton_params(interpret: bool) -> dict:
-    """pallas_call's compiler parameters: the Triton lowering's (not Mosaic GPU's) when compiled."""
+def triton_params(interpret: bool, warps: int = 4) -> dict:
+    """pallas_call's compiler parameters: the Triton lowering's (not Mosaic GPU's) when compiled,
+    `warps` warps a program."""
     if interpret:
         return {}
     from jax.experimental.pallas import triton as plgpu
-    return {"compiler_params": plgpu.CompilerParams(num_warps=4, num_stages=PALLAS_STAGES)}
+    return {"compiler_params": plgpu.CompilerParams(num_warps=warps, num_stages=PALLAS_STAGES)}
 
 
 def _static_int(x) -> bool:
@@ -363,7 +364,7 @@ def attend_cache_pallas(q, k, v, cache_len, scale: float, tile: int, *,
     b, s, h, d = q.shape
     t, kvh = k.shape[-3], k.shape[-2]
     g = h // kvh
-    tile_used = _pow2_at_most(min(check_tile(tile), t))
+    tile_used = pow2_at_most(min(check_tile(tile), t))
     qr = query_block(q, kvh, k.dtype)
     rb = query_rows(s * g)
     blocks = qr.shape[2] // rb

@@ -46,17 +46,10 @@ TILE = 64               # the kernels' query and key tile (the tile plan's), row
 BWD_WARPS = 8           # the backward kernels hold two [tile, D] float32 accumulators
 
 
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
 def kernel_tile(tile: int) -> int:
     """The largest power of two <= `tile` and <= TILE, at least 16 (the Triton lowering's
     smallest block)."""
-    t = 16
-    while t * 2 <= min(int(tile), TILE):
-        t *= 2
-    return t
+    return max(16, ca.pow2_at_most(min(int(tile), TILE)))
 
 
 # --------------------------------------------------------------------------------- kernels
@@ -150,48 +143,39 @@ def _dq_kernel(*refs, scale, tq, tk):
 
 def _call(kernel, grid, in_specs, out_specs, out_shape, interpret, name, warps=4):
     from jax.experimental import pallas as pl
-    params = {}
-    if not interpret:
-        from jax.experimental.pallas import triton as plgpu
-        params = {"compiler_params": plgpu.CompilerParams(num_warps=warps,
-                                                          num_stages=ca.PALLAS_STAGES)}
     return pl.pallas_call(kernel, grid=grid, in_specs=in_specs, out_specs=out_specs,
-                          out_shape=out_shape, interpret=interpret, name=name, **params)
+                          out_shape=out_shape, interpret=interpret, name=name,
+                          **ca.triton_params(interpret, warps))
 
 
-def _specs(groups: int, sp: int, tp: int, d: int, walk: str, tq: int, tk: int):
-    """BlockSpecs over grid (b, h, tile): the four query and four key structure rows, the walk's
-    index and count (per query tile for "kv", per key tile for "q"), q [Sp, D] and k, v [Tp, D]
-    of the program's head (whole: the walk slices them)."""
+def _spec(n: int, d: int, *, head=lambda h: h, tiled: bool = True):
+    """Over grid (b, h, t): the [n, d] block of row b, head `head(h)`, at tile t (`tiled`) or
+    the whole [n, d] (the walk slices it)."""
+    from jax.experimental import pallas as pl
+    return pl.BlockSpec((None, None, n, d), lambda b, h, t: (b, head(h), t if tiled else 0, 0))
+
+
+def _specs(sp: int, tp: int, walk: str, tq: int, tk: int, q_spec, kv_spec):
+    """BlockSpecs over grid (b, h, tile): the four query and four key structure rows (whole),
+    the walk's index and count (per query tile for "kv", per key tile for "q"), then q's and
+    k's, v's specs as given."""
     from jax.experimental import pallas as pl
     row = lambda n: pl.BlockSpec((None, n), lambda b, h, t: (b, 0))
     width = tp // tk if walk == "kv" else sp // tq
     count = sp // tq if walk == "kv" else tp // tk
     return ([row(sp)] * 4 + [row(tp)] * 4
             + [pl.BlockSpec((None, None, width), lambda b, h, t: (b, t, 0)), row(count),
-               pl.BlockSpec((None, None, sp, d), lambda b, h, t: (b, h, 0, 0)),
-               pl.BlockSpec((None, None, tp, d), lambda b, h, t: (b, h // groups, 0, 0)),
-               pl.BlockSpec((None, None, tp, d), lambda b, h, t: (b, h // groups, 0, 0))])
-
-
-def _tile_spec(n: int, d: int):
-    from jax.experimental import pallas as pl
-    return pl.BlockSpec((None, None, n, d), lambda b, h, t: (b, h, t, 0))
-
-
-def _whole_spec(n: int, d: int):
-    from jax.experimental import pallas as pl
-    return pl.BlockSpec((None, None, n, d), lambda b, h, t: (b, h, 0, 0))
+               q_spec, kv_spec, kv_spec])
 
 
 def _forward(q, k, v, qs, ks, plan, scale, tq, tk, interpret):
     """q [B, H, Sp, D], k/v [B, KVH, Tp, D] -> (out [B, H, Sp, D], lse [B, H, Sp, 1] f32)."""
     b, h, sp, d = q.shape
-    tp = k.shape[2]
+    tp, group = k.shape[2], h // k.shape[1]
     kernel = functools.partial(_fwd_kernel, scale=scale, tq=tq, tk=tk)
-    in_specs = _specs(h // k.shape[1], sp, tp, d, "kv", tq, tk)
-    in_specs[10] = _tile_spec(tq, d)                                   # q: the program's tile
-    return _call(kernel, (b, h, sp // tq), in_specs, [_tile_spec(tq, d), _tile_spec(tq, 1)],
+    specs = _specs(sp, tp, "kv", tq, tk, _spec(tq, d),
+                   _spec(tp, d, head=lambda h: h // group, tiled=False))
+    return _call(kernel, (b, h, sp // tq), specs, [_spec(tq, d), _spec(tq, 1)],
                  [jax.ShapeDtypeStruct(q.shape, q.dtype),
                   jax.ShapeDtypeStruct((b, h, sp, 1), jnp.float32)], interpret,
                  "wedlm_flash_forward")(*qs, *ks, plan.kv_index, plan.kv_count, q, k, v)
@@ -201,30 +185,26 @@ def _backward(q, k, v, o, lse, do, qs, ks, plan, scale, tq, tk, interpret):
     """dq [B, H, Sp, D] (q's dtype), dk, dv [B, KVH, Tp, D] float32."""
     b, h, sp, d = q.shape
     kvh, tp = k.shape[1], k.shape[2]
+    group = h // kvh
+    kv_head = lambda h: h // group
     delta = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1, keepdims=True)
     ins = (*qs, *ks)
-    kernel = functools.partial(_dkv_kernel, scale=scale, tq=tq, tk=tk)
-    specs = _specs(h // kvh, sp, tp, d, "q", tq, tk)
-    specs[11] = specs[12] = _kv_tile_spec(h // kvh, tk, d)   # k, v: the program's key tile
-    specs += [_whole_spec(sp, d), _whole_spec(sp, 1), _whole_spec(sp, 1)]
+    # dK, dV: a program per key tile (its K/V tile), walking the whole q, dO, lse, delta
+    specs = _specs(sp, tp, "q", tq, tk, _spec(sp, d, tiled=False), _spec(tk, d, head=kv_head))
+    specs += [_spec(sp, d, tiled=False), _spec(sp, 1, tiled=False), _spec(sp, 1, tiled=False)]
     per_head = jax.ShapeDtypeStruct((b, h, tp, d), jnp.float32)
-    dk, dv = _call(kernel, (b, h, tp // tk), specs, [_tile_spec(tk, d)] * 2, [per_head] * 2,
-                   interpret, "wedlm_flash_dkv", BWD_WARPS)(
-        *ins, plan.q_index, plan.q_count, q, k, v, do, lse, delta)
-    group = lambda x: x.reshape(b, kvh, h // kvh, tp, d).sum(axis=2)
-    kernel = functools.partial(_dq_kernel, scale=scale, tq=tq, tk=tk)
-    specs = _specs(h // kvh, sp, tp, d, "kv", tq, tk)
-    specs[10] = _tile_spec(tq, d)
-    specs += [_tile_spec(tq, d), _tile_spec(tq, 1), _tile_spec(tq, 1)]
-    dq = _call(kernel, (b, h, sp // tq), specs, _tile_spec(tq, d),
-               jax.ShapeDtypeStruct(q.shape, q.dtype), interpret, "wedlm_flash_dq", BWD_WARPS)(
+    dk, dv = _call(functools.partial(_dkv_kernel, scale=scale, tq=tq, tk=tk), (b, h, tp // tk),
+                   specs, [_spec(tk, d)] * 2, [per_head] * 2, interpret, "wedlm_flash_dkv",
+                   BWD_WARPS)(*ins, plan.q_index, plan.q_count, q, k, v, do, lse, delta)
+    # dQ: a program per query tile (its q, dO, lse, delta tiles), walking the whole K, V
+    specs = _specs(sp, tp, "kv", tq, tk, _spec(tq, d), _spec(tp, d, head=kv_head, tiled=False))
+    specs += [_spec(tq, d), _spec(tq, 1), _spec(tq, 1)]
+    dq = _call(functools.partial(_dq_kernel, scale=scale, tq=tq, tk=tk), (b, h, sp // tq),
+               specs, _spec(tq, d), jax.ShapeDtypeStruct(q.shape, q.dtype), interpret,
+               "wedlm_flash_dq", BWD_WARPS)(
         *ins, plan.kv_index, plan.kv_count, q, k, v, do, lse, delta)
-    return dq, group(dk), group(dv)
-
-
-def _kv_tile_spec(groups: int, tk: int, d: int):
-    from jax.experimental import pallas as pl
-    return pl.BlockSpec((None, None, tk, d), lambda b, h, t: (b, h // groups, t, 0))
+    group_sum = lambda x: x.reshape(b, kvh, group, tp, d).sum(axis=2)
+    return dq, group_sum(dk), group_sum(dv)
 
 
 # ---------------------------------------------------------------------------- differentiation
@@ -258,7 +238,7 @@ def flash_plan(q_struct, k_struct, tile: int = TILE, batch: int | None = None):
     qs, ks = ta.as_structure(q_struct, batch), ta.as_structure(k_struct, batch)
     t = kernel_tile(tile)
     padded = lambda st: ta.pad_structure(
-        st, _pow2_at_least(-(-st["segment"].shape[1] // t)) * t)
+        st, ca.pow2_at_least(-(-st["segment"].shape[1] // t)) * t)
     qs, ks = padded(qs), padded(ks)
     return qs, ks, ta.tile_plan(qs, ks, t, t)
 
@@ -273,7 +253,7 @@ def flash_attention_local(q, k, v, q_struct, k_struct, plan, scale: float, *,
     if h % kvh:
         raise ValueError(f"query heads ({h}) must be a multiple of KV heads ({kvh})")
     sp, tp = q_struct["segment"].shape[1], k_struct["segment"].shape[1]
-    dp = max(16, _pow2_at_least(d))          # zero columns change no score and no output column
+    dp = max(16, ca.pow2_at_least(d))          # zero columns change no score and no output column
     heads = lambda x, n: jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0), (0, dp - d))).transpose(
         0, 2, 1, 3)
     rows = lambda st: tuple(st[name] for name in STRUCTURE_KEYS)
