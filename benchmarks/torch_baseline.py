@@ -122,8 +122,11 @@ class Batch:
         with torch.no_grad():
             for kw in kws:
                 torch.compiler.cudagraph_mark_step_begin()
-                self.token = self.step(self.model, self.token.clone(), kw)
-                out.append(self.token.clone())
+                # the output cloned at once, out of the graph's memory pool: the other batch
+                # size's graph (rounds interleave them) may replay over that pool before the
+                # next step reads this token
+                self.token = self.step(self.model, self.token, kw).clone()
+                out.append(self.token)
         self.sync()
         seconds = time.perf_counter() - t0
         self.pos += k
