@@ -11,7 +11,7 @@ TPU_COMPILER := $(VENV)/tpu-compiler
 GPU_COMPILER := $(VENV)/gpu-compiler
 INSTALL_GPU_COMPILER = $(PY) -m pip install -q --no-deps --upgrade --target $(GPU_COMPILER) "jax-cuda12-plugin==$$($(PY) -c 'import jax; print(jax.__version__)')" "jax-cuda12-pjrt==$$($(PY) -c 'import jax; print(jax.__version__)')"
 
-.PHONY: setup test demo clean gpu-compiler card-wheels
+.PHONY: setup test demo clean gpu-compiler offline-wheels
 
 $(DEMO_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,15 +44,15 @@ demo: $(DEMO_STAMP)
 gpu-compiler: $(DEMO_STAMP)
 	$(INSTALL_GPU_COMPILER)
 
-# What a lent GPU machine (Python 3.12, jax with CUDA, flax, optax, orbax, tokenizers; no network)
-# lacks to train and decode there (demo/pipeline.py, benchmarks/on_gpu.py): grain and its two
-# missing needs, and qwix (the model's quantized projections), as wheels in .whl/ (git ignores it),
-# carried with the tree and installed there into /tmp/site
-CARD_WHEELS := grain==0.2.18 array_record==0.8.6 portpicker==1.6.0 qwix==0.1.8
-card-wheels: $(DEMO_STAMP)
+# For a GPU machine without network access (Python 3.12 with jax for CUDA, flax, optax, orbax,
+# tokenizers): what it lacks to train and decode (demo/pipeline.py, benchmarks/on_gpu.py), grain and
+# its two missing needs and qwix (the model's quantized projections), as wheels in .whl/ (git ignores
+# it), to copy there and install with `pip install --no-index .whl/*.whl`
+OFFLINE_WHEELS := grain==0.2.18 array_record==0.8.6 portpicker==1.6.0 qwix==0.1.8
+offline-wheels: $(DEMO_STAMP)
 	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
-	  --platform manylinux2014_x86_64 -d .whl $(CARD_WHEELS)
+	  --platform manylinux2014_x86_64 -d .whl $(OFFLINE_WHEELS)
 
 clean:
 	rm -rf $(VENV)

@@ -1,26 +1,21 @@
-"""What only a GPU can tell, in one short run on a lent card (a session's 15 device minutes).
+"""What only a GPU can tell, in one run of a few minutes on one GPU machine.
 
     python -m benchmarks.on_gpu --out DIR [--budget-s 420] [--parts torch_baseline,probes,...]
-    python -m benchmarks.on_gpu --smoke --out DIR        # this CPU: tiny shapes, the same paths
+    python -m benchmarks.on_gpu --smoke --out DIR        # any CPU: tiny shapes, the same paths
 
-On a lent card, the machine's own python, jax, torch and transformers, with what it lacks (qwix)
-from `make card-wheels` (.whl/, carried) (the next card's command, to run as it stands; about 9
-minutes, results then copied to the folder the run names, benchmarks/results/<card>-<date>/, from
-on_gpu.json's "card"):
+On the GPU machine, with its own python, jax (CUDA), torch and transformers, plus qwix (on a machine
+without network access, the wheels of `make offline-wheels` copied there and installed with
+`pip install --no-index .whl/*.whl`):
 
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site .whl/*.whl || exit; PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1 \
-      XLA_PYTHON_CLIENT_MEM_FRACTION=.92 timeout 560 python3 -m benchmarks.on_gpu --out $OUT \
-      --budget-s 480 --trace 2>&1 | tee $OUT/log.txt
+    XLA_PYTHON_CLIENT_MEM_FRACTION=.92 python -m benchmarks.on_gpu --out DIR --budget-s 480 \
+      --trace 2>&1 | tee DIR/log.txt
 
-(device run: carry [".whl"], timeout_s 590; it writes on_gpu.json, torch_baseline.json, up to 4 traces and
-log.txt, 7 files.) The default parts, as measured on an H100 (2026-11-27): torch_baseline up to
-170 s (its torch.compile took 65 s a batch size), probes ~3 s, admit ~100 s (its prefill, insert,
-batched prefill and generate compiled), train ~75 s (estimated), then steps on what is left
-(~35 s a setting: compile ~50 s for the first, then rounds; in STEP_SETTINGS' order, "streaming
-W16 after b8" compiled already by admit; the rest skip, named in the report, for the card after:
---parts probes,steps --settings ...). Earlier runs: benchmarks/results/on_gpu_h100/ (2026-11-26)
-and benchmarks/results/h100-80gb-hbm3-2026-11-27/.
+It writes on_gpu.json, torch_baseline.json, up to 4 traces and log.txt; results are kept in
+benchmarks/results/<card>-<date>/ (on_gpu.json's "card" names it). The default parts, as measured
+on an H100 (2026-11-28): torch_baseline ~150 s (its torch.compile took 56-62 s a batch size),
+probes ~3 s, qmatmul ~30 s, admit ~70 s, train ~40 s, then steps on what is left (~30 s a
+setting's compile, then the rounds; in STEP_SETTINGS' order; the rest skip, named in the report,
+for a later run: --parts probes,steps --settings ...). The latest results: BENCHMARKS.md section 8.
 
 Parts, each skipped when the run's time budget, less the least time of the parts after it
 (PART_S), cannot hold it (what ran is written to DIR/on_gpu.json after every part, so a run cut
@@ -83,7 +78,7 @@ from benchmarks.on_gpu_report import card_info, error_line, nvidia_smi, table, t
 
 PARTS = ("torch_baseline", "probes", "kernel", "kernel_time", "qmatmul", "tokens", "admit", "train",
          "steps")
-# the next card's run: the PyTorch peer first (its own process and GPU memory, before JAX takes
+# the default run: the PyTorch peer first (its own process and GPU memory, before JAX takes
 # the card's), the steps last (the part that fits the budget left: settings it cannot hold skip)
 DEFAULT_PARTS = ("torch_baseline", "probes", "qmatmul", "admit", "train", "steps")
 # seconds a part needs at least on a card, left to the parts after the one running (a part
@@ -127,7 +122,7 @@ STEP_SETTINGS = (
 JAX_PARTS = tuple(p for p in PARTS if p != "torch_baseline")
 
 
-MAX_TRACES = 4       # a lent machine returns at most 8 files
+MAX_TRACES = 4       # profiler traces kept per run (a few MB each)
 
 
 class Clock:
@@ -207,7 +202,7 @@ def _pages_per_tile(n: int) -> None:
 
 def _trace(dec, st, folder: str, name: str):
     """One `generate` call under jax's profiler; its trace.json.gz copied to folder/name (the
-    profiler's own folder is nested too deep to come back from a lent machine)."""
+    profiler's own folder is nested several levels deep)."""
     import glob
     import shutil
     import tempfile

@@ -1,4 +1,4 @@
-"""The demo model's whole pipeline in one command, for a target: a lent GPU, or this CPU at toy size.
+"""The demo model's whole pipeline in one command, for a target: one GPU, or any CPU at toy size.
 
     python -m demo.pipeline --target gpu --out runs/demo [--force]     # one H100/H200, ~6 minutes
     python -m demo.pipeline --target toy --out runs/demo_toy [--force] # any CPU, ~2 minutes: the
@@ -18,25 +18,23 @@ Stages, each timed (OUT/stages.json), each a program a user runs the same way:
   heldout   python -m demo.heldout         AR, streaming and verified on the held-out prompts of
                                            each regime, from the shipped bf16 files
   report    OUT/model/report.json          settings, stage times, both stages' metrics, the held-out
-                                           results and the eval items: OUT/model is at most 8 files
+                                           results and the eval items (OUT/model: all that ships, 7 files)
 
-OUT/model is what comes back from a lent card (`$OUT`); `python -m demo.ship --from OUT/model`
+OUT/model is what ships; `python -m demo.ship --from OUT/model`
 turns it into demo/model (loss curves, the card's tables, the manifest). The train stages log
 masked-slot accuracy beside the AR reading's next-token accuracy (`masked_accuracy`,
 `ar_accuracy`); the report keeps each stage's last logged values of both.
 
-On a lent card (no network; Python 3.12 with jax, flax, optax, orbax, tokenizers, safetensors; grain
-and two of its needs travel as wheels: `make card-wheels` fills .whl/, carried with the tree):
+On a GPU machine (Python with jax for CUDA, flax, optax, orbax, tokenizers, safetensors, and
+grain with two of its needs and qwix; a machine without network access installs those from the
+wheels `make offline-wheels` downloads, with `pip install --no-index .whl/*.whl`):
 
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit
-    python3 -m demo.pipeline --target gpu --out /tmp/demo > /tmp/demo.log 2>&1; rc=$?
-    cp /tmp/demo/model/* $OUT/; tar czf $OUT/run.tgz -C /tmp demo.log demo/stages.json ...
+    python -m demo.pipeline --target gpu --out runs/demo
 
-(the whole line is in the model card, demo/model/README.md). The GPU target's sizes come from a
+(also in the model card, demo/model/README.md). The GPU target's sizes come from a
 rehearsal on a CPU: the data stage at full size (100 MB of text, 70M tokens), both train steps
 compiled for an H100 with XLA's GPU compiler (26 GiB of 80 each), and the toy target under
-Python 3.12 with the card's jax.
+Python 3.12 with the GPU machine's jax.
 
 An OUT that exists is refused unless --force (then only a folder this pipeline made is replaced);
 free space is checked before the first byte is written. A stage that fails stops the pipeline with

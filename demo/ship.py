@@ -3,7 +3,7 @@
     python -m demo.ship [--from runs/demo/model] [--out demo/model]
 
 `--from` is the pipeline's model folder (demo/pipeline.py: bf16 safetensors shards, config,
-tokenizer and report.json; what a lent card sends back). Copied: the model and tokenizer files;
+tokenizer and report.json). Copied: the model and tokenizer files;
 written from report.json: eval.jsonl (the held-out items the run was judged on), the two stages'
 metrics (metrics_pretrain.jsonl, metrics_adapt.jsonl) and loss curves (PNG), training.json (where,
 how long, the stages' settings and final losses and accuracies, the held-out results, the data);

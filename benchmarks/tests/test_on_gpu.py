@@ -1,4 +1,4 @@
-"""benchmarks.on_gpu at tiny shapes on this CPU (--smoke): the same code paths a lent GPU runs,
+"""benchmarks.on_gpu at tiny shapes on this CPU (--smoke): the same code paths a GPU runs,
 so a device's minutes are not spent finding a bug in the script."""
 
 from __future__ import annotations
