@@ -216,7 +216,7 @@ def grouped_kernel_bytes(config, rows: int, group: int, bits: int, dtype: str,
     import jax.numpy as jnp
 
     from wedlm_jax import grouped_matmul as gm
-    if not group or rows > gm.MAX_ROWS:
+    if not group or rows > gm.MAX_ROWS[kernel]:
         return 0.0
     item = jnp.dtype(dtype).itemsize
     e, m = config.hidden_size, config.intermediate_size

@@ -166,6 +166,7 @@ def test_the_plan_takes_a_kernel_on_one_gpu_or_tpu_for_grouped_weights():
 def test_more_rows_than_the_kernel_takes_go_to_the_dequantized_gemm(monkeypatch):
     kernel = _kernel(128, 64, "int4", 32)
     x = jnp.asarray(np.random.default_rng(1).standard_normal((2, 3, 128)), jnp.float32)
+    monkeypatch.setitem(gm.MAX_ROWS, "triton", 8)             # the kernel's, whatever the default
     with jax.default_matmul_precision("highest"):
         ref = jnp.einsum("...a,ab->...b", x, qwix.dequantize(kernel))
         calls = []
@@ -173,7 +174,7 @@ def test_more_rows_than_the_kernel_takes_go_to_the_dequantized_gemm(monkeypatch)
         monkeypatch.setattr(gm, "grouped_matmul", lambda *a, **k: calls.append(1) or real(*a, **k))
         got = q.projection_einsum("...a,ab->...b", x, kernel, jnp.float32, "triton-interpret")
         assert calls == [1]                                   # 6 rows: the kernel
-        monkeypatch.setattr(gm, "MAX_ROWS", 4)
+        monkeypatch.setitem(gm.MAX_ROWS, "triton", 4)
         again = q.projection_einsum("...a,ab->...b", x, kernel, jnp.float32, "triton-interpret")
         assert calls == [1]                                   # past MAX_ROWS: XLA's gemm
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)

@@ -39,12 +39,12 @@ BLOCK_N = 64          # triton: output columns per program
 MAX_BLOCK_M = 64      # rows of x per program (a prefill chunk is cut into blocks of this many)
 TARGET_PROGRAMS = 132  # split the input axis until about this many programs (an H100's SMs)
 STAGES = 3            # the Triton pipeline depth
-# the most rows a projection sends through the kernel: past them (a prefill chunk, a wide batch
-# of windows) the matmul is compute-bound, and XLA's gemm of the dequantized kernel (cuBLAS, the
-# kernel written out and read again: ~4.5 bytes a weight) is expected to win over this kernel's
-# simple tiles, at about 580 rows if they reach half cuBLAS's rate on an H100 (2.7 TB/s, ~700
-# TFLOP/s); the card's qmatmul part times both at the 8B shapes
-MAX_ROWS = 512
+# the most rows a projection sends through each kernel; past them XLA's gemm of the dequantized
+# kernel runs. Mosaic (TPU): a prefill chunk or a wide batch of windows is compute-bound, where
+# XLA's gemm is expected to win over the kernel's simple tiles. Triton (GPU): measured at the 8B
+# shapes, the kernel ties or wins at 8 rows and XLA's gemm wins from 256 rows on (BENCHMARKS.md
+# section 8, `python -m benchmarks.on_gpu --parts probes,qmatmul`), so only AR-sized inputs take it
+MAX_ROWS = {"mosaic": 512, "triton": 8}
 
 
 # mosaic: the input and column blocks tried, largest first (lane multiples of 128)

@@ -380,13 +380,13 @@ def _grouped_kernel_matmul(x, kernel, n_in: int, form: str):
     flattened input axis keeps each group's rows consecutive (the Mosaic kernel takes q / k / v's
     [hidden, heads, head_dim] values as they are: flattening them is a relayout copy on a TPU).
     None where its shapes don't tile or x has more rows than the kernel takes
-    (`grouped_matmul.MAX_ROWS`)."""
+    (`grouped_matmul.MAX_ROWS`, per kernel)."""
     shape, sshape = kernel.qvalue.shape, kernel.scale.shape
     ins, outs = math.prod(shape[:n_in]), shape[n_in:]
     group = shape[n_in - 1] // sshape[n_in - 1]
     lead = x.shape[:x.ndim - n_in]
     which = form.split("-")[0]
-    if math.prod(lead) > grouped_lib.MAX_ROWS:
+    if math.prod(lead) > grouped_lib.MAX_ROWS[which]:
         return None
     x2 = x.reshape(math.prod(lead), ins)
     interpret = form.endswith("-interpret")
