@@ -93,21 +93,24 @@ TRACE_S = 5
 # quantize_group}]), compiled in
 # this order while the budget holds: the served default (page_size None: the server's cache on
 # this platform, paged 64 with the Triton paged kernel on GPU) at batch 8 and the window; the
-# dense cache with its Triton kernel (a static batch's, and the server's until this card says
-# otherwise) at both; the window with XLA's Triton GEMMs only (the card's autotuner picked cuBLAS
-# for the window's 128-row projections, 1.24x slower than the AR step's Triton GEMMs:
-# TRITON_GEMMS keeps cuBLAS out of its choice); AR at batch 1, batch 32, the window at batch 1
-# and 32, the paged gather path, verified, the other refill, AR with int8 weights and with int4
-# in groups of 64 (the grouped Triton matmul, wedlm_jax.grouped_matmul); the last ones only by
-# --settings or a longer budget
+# window's 128-row projections with XLA's Triton GEMMs only (the autotuner picks cuBLAS for them,
+# slower per byte than the AR step's Triton GEMMs: BENCHMARKS.md section 8) and with the
+# exhaustive tiling search; the dense cache with its Triton kernel (a static batch's) at both; AR
+# at batch 1, batch 32, the window at batch 1 and 32, the paged gather path, verified, the other
+# refill, AR with int8 weights and with int4 in groups of 64 (the grouped Triton matmul,
+# wedlm_jax.grouped_matmul); the last ones only by --settings or a longer budget
 TRITON_GEMMS = {"xla_gpu_cublas_fallback": False}
+# XLA:GPU searching every Triton tiling of each GEMM (cuBLAS still among the choices)
+TILING_SEARCH = {"xla_gpu_exhaustive_tiling_search": True}
 STEP_SETTINGS = (
     ("ar b8", "ar", 1, "after", 8, None, "auto"),
     ("streaming W16 after b8", "streaming", 16, "after", 8, None, "auto"),
-    ("ar b8 dense", "ar", 1, "after", 8, 0, "auto"),
-    ("streaming W16 after b8 dense", "streaming", 16, "after", 8, 0, "auto"),
     ("streaming W16 after b8 triton gemms", "streaming", 16, "after", 8, None, "auto",
      dict(compiler_options=TRITON_GEMMS)),
+    ("streaming W16 after b8 tiling search", "streaming", 16, "after", 8, None, "auto",
+     dict(compiler_options=TILING_SEARCH)),
+    ("ar b8 dense", "ar", 1, "after", 8, 0, "auto"),
+    ("streaming W16 after b8 dense", "streaming", 16, "after", 8, 0, "auto"),
     ("ar b1", "ar", 1, "after", 1, None, "auto"),
     ("ar b32", "ar", 1, "after", 32, None, "auto"),
     ("streaming W16 after b1", "streaming", 16, "after", 1, None, "auto"),
