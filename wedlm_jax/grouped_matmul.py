@@ -5,9 +5,8 @@
 
 Neither XLA:GPU nor libtpu fuses a sub-channel dequantization (values x one scale per `group`
 rows of the input axis) into the matmul: both write the dequantized kernel out at the compute
-dtype's size and read it again, so a grouped int4 step moved 1.93x (H100) and 1.95x (v5p) the
-bf16 step's bytes (benchmarks/results/quantize). These kernels read the packed values and their
-scales once.
+dtype's size and read it again, so a grouped int4 step moved more bytes than the bf16 step
+(BENCHMARKS.md section 11). These kernels read the packed values and their scales once.
 
 - triton: each program holds a block of output columns (and of rows), walks its share of the
   input axis one group at a time, multiplies the block of x by that group's values cast to the
@@ -41,9 +40,8 @@ TARGET_PROGRAMS = 132  # split the input axis until about this many programs (an
 STAGES = 3            # the Triton pipeline depth
 # the most rows a projection sends through the kernel: past them (a prefill chunk, a wide batch
 # of windows) the matmul is compute-bound, and XLA's gemm of the dequantized kernel (cuBLAS, the
-# kernel written out and read again: ~4.5 bytes a weight) is expected to win over this kernel's
-# simple tiles, at about 580 rows if they reach half cuBLAS's rate on an H100 (2.7 TB/s, ~700
-# TFLOP/s); the card's qmatmul part times both at the 8B shapes
+# kernel written out and read again) wins over this kernel's simple tiles; where it overtakes
+# the kernel at the 8B shapes: BENCHMARKS.md section 8 ("Grouped int4 matmul")
 MAX_ROWS = 512
 
 
