@@ -31,16 +31,15 @@ def cost(compiled) -> dict:
 
 # libtpu's cost model has no figure for work it offloads to a SparseCore (v5p and v6e offload
 # large scatters and gathers there: the embedding's gradient, the masking's scatter-adds): each
-# such op puts -2 s into `optimal_seconds` (a 2-layer train step on one v5p chip: -3.9986 s with two
-# offloads, +1.354 ms with none). A program compiled only for its cost estimate keeps that work on
-# the TensorCore, where the cost model sees it (a conservative figure: the offload would overlap).
+# such op puts -2 s into `optimal_seconds` (BENCHMARKS.md section 9, "MFU estimate"). A program
+# compiled only for its cost estimate keeps that work on the TensorCore, where the cost model sees
+# it (a conservative figure: the offload would overlap).
 NO_SPARSECORE_OFFLOAD = {
     f"xla_tpu_enable_offloading_{op}_to_sparsecore": False
     for op in ("scatter", "gather", "sort", "reduce", "copy", "reshape")}
 NO_SPARSECORE_OFFLOAD["xla_tpu_enable_sparse_core_compute_offload"] = False
 # ... nor for the sliced prefetches memory-space assignment adds to deep programs (async
-# slice-start / slice-done): -1 or -2 s again (the 8B AR decode step on v6e:2x4, tensor 8: -2.0 s
-# at 8 layers unrolled, +0.552 ms with them off; none at 2 or 4 layers).
+# slice-start / slice-done): -1 or -2 s again (BENCHMARKS.md section 7, the v6e slice).
 NO_SLICED_PREFETCH = {"xla_tpu_sliced_prefetch_max_slices": 0}
 
 

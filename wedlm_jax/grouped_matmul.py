@@ -5,9 +5,8 @@
 
 Neither XLA:GPU nor libtpu fuses a sub-channel dequantization (values x one scale per `group`
 rows of the input axis) into the matmul: both write the dequantized kernel out at the compute
-dtype's size and read it again, so a grouped int4 step moved 1.93x (H100) and 1.95x (v5p) the
-bf16 step's bytes (benchmarks/results/quantize). These kernels read the packed values and their
-scales once.
+dtype's size and read it again, so a grouped int4 step moved more bytes than the bf16 step
+(BENCHMARKS.md section 11). These kernels read the packed values and their scales once.
 
 - triton: each program holds a block of output columns (and of rows), walks its share of the
   input axis one group at a time, multiplies the block of x by that group's values cast to the

@@ -11,9 +11,9 @@ MLX's default; the other input axes, o_proj's heads, get their own scales). Symm
 scales in the weights' dtype. The seven projections of every layer (q/k/v/o, gate/up/down) are
 quantized under the scheme; the vocabulary tables (the embedding and the LM head, `TABLES`) are
 int8 with one scale per vocabulary entry under every scheme (the LM head is read whole at every
-step: 1.24 of the 8B model's 18.2 GB step in bf16; at 4 bits it would cost more accuracy than the
-projections, as llama.cpp's 4-bit mixes keep their output tensor at 6-8 bits); the norms stay in
-the weights' dtype.
+step, a large share of its bytes; at 4 bits it would cost more accuracy than the projections, as
+llama.cpp's 4-bit mixes keep their output tensor at 6-8 bits: docs/quantization.md); the norms
+stay in the weights' dtype.
 
 A quantized kernel is a `qwix.QArray` (int8 / int4 values, the scales beside them) in place of the
 float kernel in the same tree, so the layer scan slices it like any parameter, one tree per layer
@@ -296,8 +296,8 @@ def projection_einsum(spec: str, x, kernel, dtype, form: str = "einsum"):
     - a grouped kernel is read by a `wedlm_jax.grouped_matmul` kernel ("triton", "mosaic" and
       their interpret forms, where its shapes tile, for up to its MAX_ROWS rows: a decode
       step's), else dequantized into the matmul (`qwix.dequantize`).
-    qwix's own weight-only path (`qwix.einsum`) ran a projection 4-14x slower than these on
-    XLA:CPU (benchmarks/results/quantize)."""
+    qwix's own weight-only path (`qwix.einsum`) ran a projection several times slower than these
+    on XLA:CPU (BENCHMARKS.md section 11)."""
     x = x.astype(dtype)
     if not isinstance(kernel, qwix.QArray):
         return jnp.einsum(spec, x, kernel.astype(dtype))

@@ -3,7 +3,7 @@ needed): per-channel int8 and int4 kernels are read as they are stored (the cast
 projection's gemm: the step moves about their bytes, not a dequantized float copy's), with the
 weights in the compiler's layouts and the q / k / v dots left unmerged (decode/engine/layouts.py);
 grouped int4 kernels through the Pallas kernel (wedlm_jax/grouped_matmul.py).
-The 8B figures: benchmarks/results/quantize/README.md. Needs .venv/gpu-compiler (`make setup`)."""
+The 8B figures: BENCHMARKS.md section 11. Needs .venv/gpu-compiler (`make setup`)."""
 
 from __future__ import annotations
 

@@ -187,8 +187,8 @@ def _formatted(dec, program: str, prompt_len: int, weight_formats):
 def unrolled_cost(compile_fn, config, *args, **kwargs) -> dict:
     """The cost of the whole depth: `compile_fn` with the layer scan fully unrolled (XLA's
     cost_analysis counts a loop body once, so the rolled program reports one layer). Extrapolating
-    from 1- and 2-layer compiles was tried and is not linear on TPU (per-layer byte deltas of 0.32,
-    0.38, 0.52 GB for the 8B decode step at 2, 3, 4 layers: fusion changes with depth). Loops
+    from 1- and 2-layer compiles was tried and is not linear on TPU (fusion changes with depth:
+    BENCHMARKS.md section 7). Loops
     with a runtime trip count stay counted once: the cache attention's tile loop counts one KV
     tile per row (`kv_not_counted`). Where libtpu gives no time (optimal_seconds <= 0: ops it
     does not cost, in deep multi-chip programs memory-space assignment's sliced prefetches) the

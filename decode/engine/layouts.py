@@ -3,8 +3,8 @@
 A weight loaded from a checkpoint is row-major. On TPU that is not the compiler's tile order for
 every weight, and a program that takes row-major weights copies them into its own order inside
 every call: for the 8B decode step on v5p those relayout copies are most of what it moves beyond
-its floor (AR 1.25x the floor bytes with row-major weights, 1.05x without; benchmarks/auto_layout.py
-and BENCHMARKS.md). So the Decoder compiles `generate` with every weight's layout left to the
+its floor (BENCHMARKS.md section 7, "What each default buys"). So the Decoder compiles
+`generate` with every weight's layout left to the
 compiler (`Layout.AUTO`), puts its weights into the layouts that compile chose, once, and keeps
 the compiled program for its `generate` calls. The other programs that read the weights (prefill,
 the static batch's prefill, the paged prefill, `step_with_aux`) compile for the weights as they
@@ -17,9 +17,8 @@ are: jit follows a committed argument's layout, so they read them without a copy
     layers_stacked(platform, grouped_kernel)  whether the decode programs take the layers'
                                weights stacked (one buffer per weight, a layer scan) or one tree
                                per layer: on GPU the latter, since XLA:GPU copies each layer's
-                               weights out of the stacked buffer at every step (the 8B AR step on
-                               H100: 13.3 GB of such copies against 15.1 GB of weights;
-                               BENCHMARKS.md); on TPU too where grouped weights are read by the
+                               weights out of the stacked buffer at every step (BENCHMARKS.md
+                               section 8); on TPU too where grouped weights are read by the
                                Mosaic kernel (a custom call's operand sliced out of a stack is a
                                copy of it: the stacked 8B MLP kernels were copied at every step)
     step_options(device, given, quantized) the compiler options `generate` is compiled with on
@@ -55,19 +54,18 @@ def layers_stacked(platform: str, grouped_kernel: bool = False) -> bool:
 
 
 # libtpu options for the decode step, per TPU generation, chosen from compiles of the 8B step
-# (BENCHMARKS.md, "Scoped VMEM for the decode step"; benchmarks/results/step_options.json). On v5p
-# libtpu's default scoped-VMEM limit keeps a 128-row step's up_proj a fusion of its own (its
-# output written to HBM and read back by down_proj); with a core's whole 64 MiB it fuses them as
-# it does at 8 rows: streaming W 16 after 7.654 -> 7.151 ms; of the 10 other decode programs
-# compared 8 are 0.03-6.6% faster, two slower by 0.05% (AR) and 0.14% (streaming at batch 1)
-# (libtpu 0.0.42.1's estimates). MaxText's v5p recipes pass the same limit. v6e is not listed:
-# 96 MiB there speeds one program and slows another, by the mesh. Other generations compile with
-# libtpu's defaults. The options ride on the compiler's weight layouts, the TPU default: a
-# Decoder given weight_layout "default" runs the plain jitted step, compiled with the defaults.
+# (BENCHMARKS.md section 7, "What each default buys"). On v5p libtpu's default scoped-VMEM limit
+# keeps a 128-row step's up_proj a fusion of its own (its output written to HBM and read back by
+# down_proj); with a core's whole 64 MiB it fuses them as it does at 8 rows, and the other
+# decode programs compared are faster or about the same. MaxText's v5p recipes pass the same
+# limit. v6e is not listed: 96 MiB there speeds one program and slows another, by the mesh.
+# Other generations compile with libtpu's defaults. The options ride on the compiler's weight
+# layouts, the TPU default: a Decoder given weight_layout "default" runs the plain jitted step,
+# compiled with the defaults.
 STEP_OPTIONS = {"v5p": {"xla_tpu_scoped_vmem_limit_kib": 65536}}
 # XLA:GPU merges the q / k / v projections' dots into one over their concatenated kernels: for
 # int4 kernels it casts them to bf16 to concatenate, written out and read again at every step
-# (the 8B AR step compiled for an H100: benchmarks/results/quantize); with the merge off each
+# (docs/quantization.md); with the merge off each
 # projection's gemm reads its int4 values itself.
 QUANTIZED_GPU_OPTIONS = {"xla_gpu_dot_merger_threshold_mb": 0}
 

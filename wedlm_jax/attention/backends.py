@@ -129,9 +129,8 @@ def resolve(name: str, layout: str, *, backend: str | None = None, dtype=None,
         if platform == "gpu" and layout in ("causal", "structure"):
             return "pallas"
         if platform == "gpu" and layout == "cache":
-            # XLA:GPU keeps a cache-sized copy around the tiled path's reads (H100 compile of the
-            # 8B step: 4.70 GiB of temporaries at capacity 4096, 1.33 at 1024); the Pallas kernel
-            # reads the cache in place (0.44 GiB): BENCHMARKS.md
+            # XLA:GPU keeps a cache-sized copy around the tiled path's reads; the Pallas kernel
+            # reads the cache in place (BENCHMARKS.md section 8)
             return "pallas"
         return "tiled"
     if _runs(name, layout, platform, dtype, interpret):

@@ -100,28 +100,25 @@ def implementation_for(platform: str | None, attention: str = "tiled") -> str:
 
 # The page size a Decoder takes on TPU when none is asked for: there the paged cache with jax's
 # ragged paged attention kernel compiles to fewer bytes per decode step than the dense cache's
-# tiled XLA attention (8B on v5p with the compiler's weight layouts: AR 1.006 against 1.047 of the
-# floor, streaming W 16 refill after 1.160 against 1.274; BENCHMARKS.md).
+# tiled XLA attention, the kernel keeping each tile's scores on chip (BENCHMARKS.md section 7,
+# "What each default buys").
 TPU_PAGE_SIZE = 64
 # On GPU a continuous-batching door (the server, the batch job) takes pages of 64 rows, read by
-# the Triton paged kernel where its pages fit the card's shared memory (`choose_attention`): it
+# the Triton paged kernel where its pages fit the GPU's shared memory (`choose_attention`): it
 # steps only the live slots' bucket (a lone request no longer pays for the idle slots) and reuses
-# shared prompt prefixes, as on CPU. Compiled for an H100 (8B shape, bf16, 8 slots of 2048 live
-# rows; BENCHMARKS.md) it moves the dense cache's bytes (AR 1.03 of the floor both; streaming
-# W 16 refill before 1.39 both); on a card `benchmarks.on_gpu` times it ("ar b8", "streaming W16
-# after b8") beside the dense cache ("... dense") and checks its tokens. The paged cache's XLA
-# gather path, which an H100 measured slower than the dense cache's Triton kernel (AR 14.7 ms
-# against 12.0), is used only where the Triton paged kernel cannot run. A static batch keeps the
+# shared prompt prefixes, as on CPU, at the dense cache's bytes and speed (BENCHMARKS.md
+# section 8). The paged cache's XLA gather path, slower than the dense cache's Triton kernel
+# (section 8), is used only where the Triton paged kernel cannot run. A static batch keeps the
 # dense cache (it has no prefixes to share and its slots are all live).
 GPU_PAGE_SIZE = 64
 # On CPU a continuous-batching door (the server, the batch job) takes pages of 16 rows: there the
-# paged cache steps as fast as the dense one under load (continuous batching, 8 slots: 0.99x
-# streaming, 1.01x AR), steps only the live slots' bucket (a lone request no longer pays for the
-# idle slots) and reuses shared prompt prefixes (a few-shot prefix's time to first token 3.9x
-# lower; BENCHMARKS.md, sections 4 and 5). A static batch keeps the dense cache.
+# paged cache steps as fast as the dense one under load, steps only the live slots' bucket (a
+# lone request no longer pays for the idle slots) and reuses shared prompt prefixes
+# (BENCHMARKS.md, sections 4 and 5). A static batch keeps the dense cache.
 CPU_CONTINUOUS_PAGE_SIZE = 16
-# ... and its gather loop's tile on GPU, in rows: one iteration per 16 pages of 64 (the H100 step
-# above: 38.4 ms at one page per iteration, 15.0 at 16, 14.7 at 32)
+# ... and its gather loop's tile on GPU, in rows: one iteration per 16 pages of 64. Each
+# iteration is a dozen small kernels, so a tile of one page left the step bound by their launches;
+# past 16 pages a larger tile gains little (BENCHMARKS.md section 8)
 GPU_GATHER_ROWS = 1024
 
 
@@ -219,8 +216,8 @@ def gather_rows(pool, page_table, start_page, num_pages: int, first_page=0):
     pairs = pool.reshape(p, page, kvh2 // 2, 2, d)          # a view: k of head h at [.., h, 0, :]
     ids = jnp.maximum(pages, 0) + first_page
     # one gather each for k and v, straight from the pool through a [.., KVH, 2, D] view: no split
-    # of a gathered tile afterwards (two copies of it on CPU: paged AR steps were 1.13-1.29x the
-    # dense ones), and no strided slice (XLA:GPU answered one with a transpose of the whole pool)
+    # of a gathered tile afterwards (XLA:CPU copied it twice: BENCHMARKS.md section 4), and no
+    # strided slice (XLA:GPU answered one with a transpose of the whole pool)
     k, v = (pairs[ids, :, :, j, :].reshape(b, num_pages * page, kvh2 // 2, d) for j in (0, 1))
     return k, v, jnp.repeat(mapped, page, axis=1)
 

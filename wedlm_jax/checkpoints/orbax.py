@@ -27,7 +27,7 @@ def _orbax():
 
 def checkpointer():
     # No compression: zstd over random-looking weights gains little and made Orbax hold a second
-    # host copy of every array while saving (peak RSS ~1.9x instead of ~1.0x the checkpoint).
+    # host copy of every array while saving (BENCHMARKS.md section 10).
     ocp = _orbax()
     return ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_compression=False))
 
