@@ -106,7 +106,7 @@ class OpenCheckpoint:
         platform = (mesh.devices.flat[0] if mesh is not None else jax.local_devices()[0]).platform
         kernel = grouped_matmul.for_plan(
             platform, resolve_group(self.placement.quantize, self.placement.quantize_group),
-            1 if mesh is None else mesh.devices.size) == "pallas"
+            1 if mesh is None else mesh.devices.size) == grouped_matmul.PALLAS
         # the layers as the decode programs take them (one tree each on GPU, and on TPU for a
         # grouped kernel), loaded that way
         config, params = load_checkpoint(self.folder, mesh=mesh, dtype=self.placement.dtype,

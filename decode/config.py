@@ -25,6 +25,7 @@ from decode.options import (DOORS, INT32_MAX, MAX_STOP_IDS, Checked, DecodeConfi
 from wedlm_jax.dtypes import DtypeError, dtype_name
 from wedlm_jax import quantize as quantize_lib
 from wedlm_jax.attention.kv_quant import KV_DTYPES
+from wedlm_jax.attention.table import CACHE_CHOICES
 from wedlm_jax.sharding import MESH_AXES
 
 METHODS = ("streaming", "block", "ar", "verified")
@@ -144,7 +145,6 @@ def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int, capacity: i
 
 # ------------------------------------------------------------------------------- placement
 
-CACHE_ATTENTION = ("auto", "tiled", "dense", "pallas", "cudnn")   # wedlm_jax.attention.backends
 WEIGHT_LAYOUTS = ("auto", "compiler", "default")                   # decode/engine/layouts.py
 
 
@@ -194,7 +194,7 @@ class Placement(Checked):
     attention: str = option("auto", str, "cache-attention backend; auto: on GPU the Triton kernel "
                             "reading the cache in place (pallas, the live rows split over the "
                             "card's cores), on TPU and CPU the tiled XLA path",
-                            choices=CACHE_ATTENTION)
+                            choices=CACHE_CHOICES)
     kv_tile: int = option(256, int, "KV cache rows per attention tile (tiled, pallas)", low=1)
     page_size: int | None = option(
         None, int, "a paged KV cache shared by the slots, pages of this many rows, with "

@@ -34,6 +34,7 @@ from decode.engine.programs import Static
 from decode.engine.steps import StepSpec
 from wedlm_jax.failures import format_bytes
 from wedlm_jax.attention import backends as attn_backends
+from wedlm_jax.attention import table as attn_table
 from wedlm_jax.attention import cache as ca
 from wedlm_jax.attention import paged
 from wedlm_jax import grouped_matmul as grouped_lib
@@ -112,7 +113,7 @@ def make_plan(model_config: ModelConfig, engine: EngineOptions, placement: Place
         platform=None if mesh is None else device.platform,
         page_size=cache["page_size"], num_pages=cache["num_pages"],
         page_shards=shards if cache["page_size"] else 1,
-        stacked_layers=layouts.layers_stacked(device.platform, grouped == "pallas") and stacked_params,
+        stacked_layers=layouts.layers_stacked(device.platform, grouped == grouped_lib.PALLAS) and stacked_params,
         quantize=placement.quantize, quantize_group=quantize_group, kv_dtype=placement.kv_dtype,
         grouped_matmul=grouped)
     memory = estimate_memory(static)
@@ -205,16 +206,16 @@ def cache_choice(config: ModelConfig, placement: Placement, spec: StepSpec, engi
             attention = paged.choose_attention(attention, platform, page_size, config.head_dim,
                                                dtype.itemsize, device_smem)
             kv_tile = paged.gather_tile(platform, kv_tile, page_size)      # the gather path's
-            if paged.implementation_for(platform) == "ragged":
+            if paged.implementation_for(platform) == paged.RAGGED:
                 paged.check_ragged(config.num_heads, config.num_kv_heads, dtype, tensor)
-        elif attention == "pallas" or (attention == "auto" and attn_backends.resolve(
-                "auto", "cache", backend=platform, dtype=dtype) == "pallas"):
+        elif attn_table.BACKENDS[attention if attention != attn_table.AUTO else attn_backends.resolve(
+                attention, "cache", backend=platform, dtype=dtype)].smem_tile:
             # the Triton kernel's tile must fit the device's shared memory
             q_rows = max(spec.span, engine.prefill_chunk) * (config.num_heads // config.num_kv_heads)
             kv_tile = ca.pallas_tile(min(kv_tile, rows), q_rows, config.head_dim, dtype.itemsize,
                                      device_smem)
     except ValueError as e:
-        where = f"--page-size on {platform}: " if page_size and "ragged" in str(e) else ""
+        where = f"--page-size on {platform}: " if page_size and paged.RAGGED in str(e) else ""
         raise DecodeConfigError(f"{where}{e}") from None
     return dict(page_size=page_size, num_pages=num_pages, attention=attention, kv_tile=kv_tile)
 
@@ -228,17 +229,16 @@ def int8_cache(attention: str, platform: str, page_size: int, auto_pages: bool) 
     what to use."""
     if page_size and auto_pages and platform in ("gpu", "cuda", "rocm"):
         page_size = 0
-    if page_size and paged.implementation_for(platform) == "ragged":
+    if page_size and paged.implementation_for(platform) == paged.RAGGED:
         if not auto_pages:
             raise DecodeConfigError("--kv-dtype int8 is not read by the TPU ragged paged attention "
                                     "kernel; use --page-size 0 (the dense cache, tiled attention)",
                                     "kv_dtype")
         page_size = 0
-    if attention in ("pallas", "cudnn"):
-        kernel = {"pallas": "Pallas (Triton) cache kernels", "cudnn": "cuDNN attention"}[attention]
-        raise DecodeConfigError(f"--kv-dtype int8 is not read by the {kernel}; use --attention "
-                                f"tiled or auto", "kv_dtype")
-    return ("tiled" if attention == "auto" else attention), page_size
+    try:
+        return attn_table.for_int8_cache(attention), page_size
+    except ValueError as e:
+        raise DecodeConfigError(str(e), "kv_dtype") from None
 
 
 def check_memory(memory: dict, limit: int | None, static: Static) -> None:
