@@ -254,13 +254,18 @@ class Placement(Checked):
                 f"{self.devices_needed} devices; {len(devices)} {devices[0].platform} device(s) here")
         return make_mesh(*self.mesh, devices=devices[:self.devices_needed])
 
-    def check_model(self, config) -> None:
-        """The mesh against the model's shape: heads and KV heads split over `tensor`."""
+    def check_model(self, config) -> int:
+        """This placement against the model's shapes, the one check of both: heads and KV heads
+        split over the mesh's `tensor`, the quantization group dividing every projection's input
+        axis. Returns the group size (wedlm_jax.quantize); DecodeConfigError naming the setting."""
         t = self.mesh[2]
         if config.num_kv_heads % t or config.num_heads % t:
             raise DecodeConfigError(f"--mesh tensor={t} does not divide the model's "
                                     f"{config.num_heads} heads / {config.num_kv_heads} KV heads")
-        check_quantize(config, self)
+        try:
+            return quantize_lib.check_model(config, self.quantize, self.quantize_group)
+        except quantize_lib.QuantizeError as e:
+            raise DecodeConfigError(str(e), e.field) from None
 
     @classmethod
     def add_arguments(cls, parser) -> None:
@@ -287,13 +292,11 @@ class Placement(Checked):
         return cls(**cls.pick(args))
 
 
-def check_quantize(config, placement: Placement) -> int:
-    """The placement's quantization group size, checked against the model's shapes (a group must
-    divide every projection's input axis); DecodeConfigError naming the setting otherwise."""
-    try:
-        return quantize_lib.check_model(config, placement.quantize, placement.quantize_group)
-    except quantize_lib.QuantizeError as e:
-        raise DecodeConfigError(str(e), e.field) from None
+def check_slots(slots: int, shards: int, name: str = "slots") -> None:
+    """Slots split evenly over the mesh's data x fsdp shards; DecodeConfigError naming `name`."""
+    if slots % shards:
+        raise DecodeConfigError(f"{name} {slots} must be a multiple of the mesh's data x fsdp = "
+                                f"{shards}", "slots")
 
 
 # ------------------------------------------------------------------------- the doors' options
@@ -344,9 +347,7 @@ class DoorOptions:
         naming the option otherwise."""
         engine, sampling = EngineOptions(**EngineOptions.pick(args)), Sampling(**Sampling.pick(args))
         placement = Placement.from_args(args)
-        if engine.slots % placement.batch_shards:
-            raise DecodeConfigError(f"--slots {engine.slots} must be a multiple of the mesh's data x "
-                                    f"fsdp = {placement.batch_shards}", "slots")
+        check_slots(engine.slots, placement.batch_shards, "--slots")
         return cls(engine, sampling, placement)
 
     @property

@@ -344,8 +344,7 @@ def dry_run_door(args, who: str) -> int:
             raise DecodeConfigError("--dry-run needs --topology (e.g. v5e:2x4)")
         config = read_config(args.checkpoint)
         placement = Placement.from_args(args)
-        placement.check_model(config)
-        check_quantized_folder(args.checkpoint, config, placement)   # a quantized folder's scheme
+        check_quantized_folder(args.checkpoint, placement, placement.check_model(config))
         text, fits = dry_run(config, args.topology, placement, method=args.method,
                              window=args.window, refill=args.refill, slots=args.slots,
                              capacity=args.capacity or DRY_RUN_CAPACITY,

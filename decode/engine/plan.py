@@ -25,9 +25,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from decode.checkpoint import mask_id_for  # noqa: F401 (the one [MASK] rule)
 from decode.engine import layouts
 from decode.config import (MAX_LOGPROBS, DecodeConfigError, DoorOptions, EngineOptions, Placement,
-                           is_int, check_int, check_quantize)
+                           check_int, check_slots)
 from decode.engine.memory import available_memory, estimate_memory
 from decode.engine.pages import pool_size
 from decode.engine.programs import Static
@@ -38,8 +39,7 @@ from wedlm_jax.attention import table as attn_table
 from wedlm_jax.attention import cache as ca
 from wedlm_jax.attention import paged
 from wedlm_jax import grouped_matmul as grouped_lib
-from wedlm_jax.config import ConfigError, ModelConfig
-from wedlm_jax.tokenizer import mask_token_rule
+from wedlm_jax.config import ModelConfig
 
 ROW_ALIGN = 64
 
@@ -85,16 +85,14 @@ def make_plan(model_config: ModelConfig, engine: EngineOptions, placement: Place
     GPU, decode.checkpoint). `continuous`: the Decoder serves a continuous-batching door (the
     server, the batch job), whose default cache may differ (`paged.auto_page_size`)."""
     check_engine(model_config, engine)
-    quantize_group = check_quantize(model_config, placement)
+    quantize_group = placement.check_model(model_config)
     method = engine.method
     mask_id = mask_id_for(model_config, mask_token_id, method)
     check_int("top_logprobs", top_logprobs, 0, MAX_LOGPROBS)
     spec = StepSpec(method=method, window=1 if method == "ar" else engine.window,
                     refill=engine.refill, sampling=sampling, top_logprobs=int(top_logprobs))
     shards = 1 if mesh is None else int(mesh.shape.get("data", 1)) * int(mesh.shape.get("fsdp", 1))
-    if engine.slots % shards:
-        raise DecodeConfigError(f"slots {engine.slots} must be a multiple of the mesh's data x "
-                                f"fsdp size {shards}", "slots")
+    check_slots(engine.slots, shards)
     device = mesh.devices.flat[0] if mesh is not None else jax.local_devices()[0]
     rows = -(-(engine.capacity + spec.span) // ROW_ALIGN) * ROW_ALIGN
     grouped = grouped_lib.for_plan(device.platform, quantize_group,
@@ -158,31 +156,6 @@ def check_engine(config: ModelConfig, engine: EngineOptions) -> None:
             f"capacity {engine.capacity} exceeds the model's max_position_embeddings {max_pos}; "
             "positions past it were never trained (pass allow_long=True / --allow-long to decode "
             "there anyway)", "capacity")
-
-
-def mask_id_for(config: ModelConfig, given: int | None, method: str) -> int:
-    """The [MASK] id of a plan: the one given, else the rule training shares
-    (`wedlm_jax.tokenizer.mask_token_rule` without a tokenizer: the config's, or the released id
-    for a `wedlm` config with null; the doors that read a tokenizer resolve its mask token first);
-    AR decoding needs none (0, never read). Raises DecodeConfigError when a window method has none
-    or the id is outside the vocabulary."""
-    mask_id = given
-    if mask_id is None and method != "ar":
-        try:
-            mask_id, _ = mask_token_rule(config, None, "the model config", "mask_token_id=ID")
-        except ConfigError as e:
-            raise DecodeConfigError(str(e)) from None
-    if mask_id is None:
-        if method == "ar":
-            return 0
-        raise DecodeConfigError(
-            f"method {method!r} needs a mask token id: the checkpoint's config has no "
-            "mask_token_id and none was given (pass mask_token_id=... / --mask-token-id)",
-            "mask_token_id")
-    if not is_int(mask_id) or not 0 <= int(mask_id) < config.vocab_size:
-        raise DecodeConfigError(f"mask_token_id {mask_id!r} is outside the vocabulary "
-                                f"[0, {config.vocab_size})", "mask_token_id")
-    return int(mask_id)
 
 
 def cache_choice(config: ModelConfig, placement: Placement, spec: StepSpec, engine: EngineOptions,
