@@ -106,19 +106,23 @@ def check_arguments(args) -> None:
 def connect(address: str) -> None:
     """Join (or start, for `local`) the cluster; an unreachable address is one DecodeConfigError."""
     import ray
-    if ray.is_initialized():
-        return
-    if address == "local":
-        ray.init(address="local", include_dashboard=False, log_to_driver=True)
-        return
     host, _, port = address.rpartition(":")
-    if address not in ("auto",) and not address.startswith("ray://") and port.isdigit():
+    if address not in ("auto", "local") and not address.startswith("ray://") and port.isdigit():
         import socket
         try:
             socket.create_connection((host, int(port)), timeout=5).close()
         except OSError as e:
             raise DecodeConfigError(f"--ray {address}: cannot reach the cluster's head "
                                     f"({e.strerror or e})") from None
+    if ray.is_initialized():       # called from Python with Ray already up: that cluster
+        current = ray.get_runtime_context().gcs_address
+        if address not in ("auto", "local", current):
+            raise DecodeConfigError(f"--ray {address}: this process is already connected to the "
+                                    f"cluster at {current}")
+        return
+    if address == "local":
+        ray.init(address="local", include_dashboard=False, log_to_driver=True)
+        return
     try:
         ray.init(address=address, log_to_driver=True)
     except (ConnectionError, RuntimeError, ValueError) as e:
