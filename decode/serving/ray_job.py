@@ -15,7 +15,8 @@ part-P.parquet when OUT ends in `.parquet` (P: the block's first prompt's positi
 Each holds the records the single-process job writes (id, text, token_ids, finish_reason, ...)
 and appears whole or not at all (written beside it and renamed; an object store publishes an
 object whole). A rerun of the same command skips the ids already in OUT, so a killed driver loses
-only the blocks in flight.
+only the blocks in flight. On a cluster of several nodes, IN and OUT must be where every node sees
+them (a shared file system, or an object store): the read tasks and the replicas run anywhere.
 
 Replicas: Ray Data's actor pool (`map_batches` with an `ActorPoolStrategy` of N actors) hands each
 free actor the next block; an actor opens the checkpoint once and decodes its blocks through one
