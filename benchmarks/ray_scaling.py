@@ -6,7 +6,7 @@ machine, and how far the driver lets it scale.
 
 The held-out demo prompts (demo/model/eval.jsonl, cycled to --requests), greedy, no stop strings,
 each run with its budget --max-tokens; one local Ray cluster of this machine's cores, three jobs
-into fresh output folders: 1 replica on 1 core, 1 replica on 2 cores (XLA's threads), 2 replicas
+into fresh output folders: 1 replica on 1 core, 1 replica on 2 cores (XLA's own threads), 2 replicas
 on 1 core each, and 2 on 1 core each with blocks of 1 prompt. Each job's figures: tokens/s over the whole job (the replicas' start, checkpoint
 read and compile included) and once started (the tokens over the replicas' busy time), and the
 driver's CPU time per block (Ray Data's executor and the result rows: what the one driver spends

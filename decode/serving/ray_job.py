@@ -22,8 +22,8 @@ Replicas: Ray Data's actor pool (`map_batches` with an `ActorPoolStrategy` of N 
 free actor the next block; an actor opens the checkpoint once and decodes its blocks through one
 Decoder and continuous batcher. An actor whose process dies is restarted and its block retried
 (Ray Data's defaults: max_restarts=-1, max_task_retries=-1); the retry writes the same part file
-again, so no id is lost or written twice. CPU replicas divide the host's cores: each runs XLA with
---replica-cpus threads.
+again, so no id is lost or written twice. CPU replicas of one CPU each divide the host's cores (XLA's
+matmuls on one thread each).
 
 `ADDRESS`: a running cluster (`HOST:PORT` of its head, `auto`, or `ray://HOST:PORT`); `local` (or
 no value) starts a cluster on this machine for the job.
@@ -72,14 +72,16 @@ class Resources:
                     resources={"TPU": self.tpus} if self.tpus else None)
 
     def env(self) -> dict:
-        """A CPU replica's XLA runs --replica-cpus threads (the host's cores divided)."""
+        """A CPU replica's environment: on the CPU only, and with one CPU each, XLA's matmuls on
+        one thread (--xla_cpu_multi_thread_eigen=false), so N replicas of a host share its cores
+        instead of each spreading over all of them (XLA has no flag for N > 1 threads: a replica
+        of several CPUs runs XLA's own thread pool over the host)."""
         if self.gpus or self.tpus:
             return {}
-        threads = max(1, int(self.cpus))
-        own = ("--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" if threads == 1
-               else f"intra_op_parallelism_threads={threads}")
-        return {"XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {own}".strip(),
-                "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
+        env = {"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
+        if self.cpus <= 1:
+            env["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_cpu_multi_thread_eigen=false".strip()
+        return env
 
 
 # ----------------------------------------------------------------------------------- checks
