@@ -10,7 +10,8 @@ prompt, the ids, the text and the statistics, and the totals. `--stream` prints 
 committed (a host callback from the decode loop); the result is the same as without it.
 `--trace FILE.html|FILE.png` also runs the same steps one at a time (`decode.static.static_batch.trace_steps`)
 and draws each step's window (`decode.static.trace`): at most 4 prompts in HTML, 1 in PNG (matplotlib).
-`--input/--output` is the batch job (`decode.serving.batch_job`, also on several hosts); `--dry-run
+`--input/--output` is the batch job (`decode.serving.batch_job`, also on several hosts; with
+`--ray [ADDRESS|local] --replicas N`, replicas on a Ray cluster: `decode.serving.ray_job`); `--dry-run
 --topology T` compiles the door's programs for a TPU topology from config.json alone (`decode.compile.aot`).
 """
 
@@ -27,6 +28,7 @@ from decode.text import (ChatTemplateError, json_lines, load_tokenizer, split_st
                          stop_at_strings)
 from wedlm_jax.tokenizer import TextError
 from wedlm_jax import compile_cache, distributed
+from decode.serving import ray_job      # its arguments only: ray is imported when --ray runs
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -51,8 +53,15 @@ def _parser() -> argparse.ArgumentParser:
     Placement.add_arguments(p)
     Placement.add_dry_run_arguments(p, "wedlm-decode (--slots x --capacity, default capacity 2048)")
     distributed.add_arguments(p)     # --input on several hosts: each decodes its share of the lines
+    ray_job.add_arguments(p)         # --input on a Ray cluster: replicas take blocks as they free up
     compile_cache.add_arguments(p)
     return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """wedlm-decode's arguments, as the command line would give them (for calling from Python,
+    e.g. `decode.serving.ray_job.run_ray_job(parse_args([...]))`)."""
+    return _parser().parse_args(argv)
 
 
 PROMPT_KEYS = frozenset({"prompt", "text", "messages", "tools"})
@@ -216,6 +225,9 @@ def main(argv=None) -> int:
     if args.prompt is None and args.prompts_file is None and args.input is None:
         parser.error("one of the arguments --prompt --prompts-file --input is required")
     try:
+        if args.ray is not None:     # the replicas compile (each with --compile-cache), not this driver
+            stats = ray_job.run_ray_job(args)
+            return 1 if stats["errors"] else 0
         compile_cache.enable(args.compile_cache)
         if args.input is not None:
             from decode.serving.batch_job import run_job

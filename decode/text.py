@@ -117,16 +117,21 @@ def json_lines(path: str):
     a line that is not UTF-8 or not JSON raises DecodeConfigError naming it. A bad byte costs
     exactly its own line: the file is read as bytes and each line decoded on its own."""
     with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            where = f"{path}:{lineno}"
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DecodeConfigError(f"{where}: not UTF-8 ({e.reason} at byte {e.start + 1} of "
-                                        "the line)") from None
-            if not line.strip():
-                continue
-            try:
-                yield lineno, json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DecodeConfigError(f"{where}: not valid JSON ({e})") from None
+        yield from json_line_objects(f, path)
+
+
+def json_line_objects(lines, name: str):
+    """`json_lines` of an iterable of byte lines (an open file, a BytesIO), named `name`."""
+    for lineno, raw in enumerate(lines, 1):
+        where = f"{name}:{lineno}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DecodeConfigError(f"{where}: not UTF-8 ({e.reason} at byte {e.start + 1} of "
+                                    "the line)") from None
+        if not line.strip():
+            continue
+        try:
+            yield lineno, json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DecodeConfigError(f"{where}: not valid JSON ({e})") from None

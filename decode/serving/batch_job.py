@@ -60,19 +60,31 @@ class Item:
 
 # ----------------------------------------------------------------------------------- input
 
-def _id_key(value) -> str:
+def id_key(value) -> str:
     return json.dumps(value)
 
 
 def read_input(path: str, tokenizer, defaults: Sampling, base_stop_ids: list, base_stop_strings: list,
                chat: bool, capacity: int | None, vocab_size: int | None = None) -> list[Item]:
     """Parse and validate every line; raises DecodeConfigError naming `path:line` and the field."""
-    from decode.text import json_lines, split_stop_strings
+    from decode.text import json_lines
     if not os.path.isfile(path):
         raise DecodeConfigError(f"--input {path}: no such file")
+    items = check_records(((path, n, obj) for n, obj in json_lines(path)), tokenizer, defaults,
+                          base_stop_ids, base_stop_strings, chat, capacity, vocab_size)
+    if not items:
+        raise DecodeConfigError(f"--input {path}: no prompts (every line is blank)")
+    return items
+
+
+def check_records(records, tokenizer, defaults: Sampling, base_stop_ids: list, base_stop_strings: list,
+                  chat: bool, capacity: int | None, vocab_size: int | None = None) -> list[Item]:
+    """Validate (file, line, object) records, in order: the Items, or a DecodeConfigError naming
+    `file:line` and the field. An id may appear once across all the files."""
+    from decode.text import split_stop_strings
     items, seen = [], {}
-    for lineno, obj in json_lines(path):
-        where = f"{path}:{lineno}"
+    for name, lineno, obj in records:
+        where = f"{name}:{lineno}"
         if not isinstance(obj, dict):
             raise DecodeConfigError(f"{where}: expected a JSON object with 'prompt' or 'messages', "
                                     f"got {type(obj).__name__}")
@@ -82,9 +94,11 @@ def read_input(path: str, tokenizer, defaults: Sampling, base_stop_ids: list, ba
         rid = obj.get("id", lineno)
         if isinstance(rid, bool) or not isinstance(rid, (str, int)):
             raise DecodeConfigError(f"{where}: field 'id' must be a string or an int, got {rid!r}")
-        if _id_key(rid) in seen:
-            raise DecodeConfigError(f"{where}: field 'id' {rid!r} repeats line {seen[_id_key(rid)]}")
-        seen[_id_key(rid)] = lineno
+        if id_key(rid) in seen:
+            first = seen[id_key(rid)]
+            raise DecodeConfigError(f"{where}: field 'id' {rid!r} repeats "
+                                    + (f"line {first[1]}" if first[0] == name else f"{first[0]}:{first[1]}"))
+        seen[id_key(rid)] = (name, lineno)
         ids = _prompt_ids(obj, tokenizer, chat, where)
         if vocab_size is not None and max(ids) >= vocab_size:
             raise DecodeConfigError(f"{where}: field 'prompt' has token id {max(ids)} outside the "
@@ -116,8 +130,6 @@ def read_input(path: str, tokenizer, defaults: Sampling, base_stop_ids: list, ba
                                     f"capacity {capacity}")
         items.append(Item(id=rid, line=lineno, prompt_ids=ids, sampling=sampling,
                           stop_strings=tuple(dict.fromkeys(list(base_stop_strings) + stops))))
-    if not items:
-        raise DecodeConfigError(f"--input {path}: no prompts (every line is blank)")
     return items
 
 
@@ -189,7 +201,7 @@ def scan_output(path: str) -> tuple[set, int]:
             continue
         try:
             obj = json.loads(line)
-            done.add(_id_key(obj["id"]))
+            done.add(id_key(obj["id"]))
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
             raise DecodeConfigError(f"--output {path}:{lineno} is not a result line of this tool "
                                     "(a JSON object with 'id'); refusing to append to it") from None
@@ -264,7 +276,7 @@ def input_ids(path: str) -> list[str]:
                     obj = json.loads(raw)
                 except (json.JSONDecodeError, UnicodeDecodeError):
                     raise DecodeConfigError(f"--input {path}:{lineno}: not a JSON line") from None
-                out.append(_id_key(obj.get("id", lineno) if isinstance(obj, dict) else lineno))
+                out.append(id_key(obj.get("id", lineno) if isinstance(obj, dict) else lineno))
     return out
 
 
@@ -304,7 +316,7 @@ def run_job(args) -> int:
     check_output(output, args.input)
     mine = items[k::n]                    # this process's share (every process read every line)
     done, torn = scan_output(output)
-    todo = [it for it in mine if _id_key(it.id) not in done]
+    todo = [it for it in mine if id_key(it.id) not in done]
     skipped = len(mine) - len(todo)
     if torn:
         drop_torn_tail(output, torn)
@@ -319,24 +331,11 @@ def run_job(args) -> int:
     capacity = args.capacity or max(len(it.prompt_ids) + it.sampling.max_new_tokens for it in items)
 
     from decode.serving.batching import Batcher
-    from decode.engine.decoder import Decoder
-    from decode.engine.state import Request
-    from decode.engine.plan import door_plan
-    from wedlm_jax.model import layers_stacked
-    config, params, mesh = ckpt.load()
-    decoder = Decoder(params, door_plan(opts, config, capacity=capacity, mesh=mesh,
-                                        mask_token_id=ckpt.mask_token_id,
-                                        stacked_params=layers_stacked(params)))
-    requests = []
-    for it in todo:
-        try:
-            requests.append(decoder.check_request(Request(prompt=tuple(it.prompt_ids),
-                                                          **Sampling.pick(it.sampling))))
-        except DecodeConfigError as e:
-            raise DecodeConfigError(f"{args.input}:{it.line}: {e}") from None
+    decoder = build_decoder(ckpt, opts, capacity)
+    requests = engine_requests(decoder, todo, args.input)
     try:
         with open(output, "a", encoding="utf-8") as out:
-            stats = _decode_all(Batcher(decoder), todo, requests, tokenizer, out)
+            stats = decode_all(Batcher(decoder), todo, requests, tokenizer, lambda r: _append(out, r))
     except KeyboardInterrupt:       # every line written is whole (each is flushed as it finishes)
         kept = len(scan_output(output)[0])
         print(f"\nwedlm-decode: interrupted (Ctrl-C): {kept} result(s) kept in {output}; rerun "
@@ -350,13 +349,41 @@ def run_job(args) -> int:
     return 0
 
 
-def _decode_all(batcher, todo, requests, tokenizer, out) -> dict:
+def build_decoder(ckpt, opts: DoorOptions, capacity: int):
+    """The job's Decoder: the checkpoint's weights (read now) under the door's plan."""
+    from decode.engine.decoder import Decoder
+    from decode.engine.plan import door_plan
+    from wedlm_jax.model import layers_stacked
+    config, params, mesh = ckpt.load()
+    return Decoder(params, door_plan(opts, config, capacity=capacity, mesh=mesh,
+                                     mask_token_id=ckpt.mask_token_id,
+                                     stacked_params=layers_stacked(params)))
+
+
+def engine_requests(decoder, items: list, source: str) -> list:
+    """The engine's Request of each Item, checked against the decoder (a refusal names
+    `source:line`)."""
+    from decode.engine.state import Request
+    requests = []
+    for it in items:
+        try:
+            requests.append(decoder.check_request(Request(prompt=tuple(it.prompt_ids),
+                                                          **Sampling.pick(it.sampling))))
+        except DecodeConfigError as e:
+            raise DecodeConfigError(f"{source}:{it.line}: {e}") from None
+    return requests
+
+
+def decode_all(batcher, todo, requests, tokenizer, write, progress: bool = True) -> dict:
+    """Submit every request, step the batcher until all have finished and hand each result record
+    to `write` as it finishes; returns the counts (requests, tokens, steps, n_fwd, errors, wall_s)."""
     from tqdm import tqdm
 
     from decode.text import TextStream, stop_at_strings
     live = {}   # request id -> (item, TextStream of its completion)
     stats = dict(requests=0, tokens=0, steps=0, n_fwd=0, tokens_counted=0, wall_s=0.0, errors=0)
-    bar = tqdm(total=len(todo), unit="req", desc="wedlm-decode", file=sys.stderr, dynamic_ncols=True)
+    bar = tqdm(total=len(todo), unit="req", desc="wedlm-decode", file=sys.stderr, dynamic_ncols=True,
+               disable=not progress)
 
     def on_tokens(rid, new):
         item, text = live[rid]
@@ -368,9 +395,9 @@ def _decode_all(batcher, todo, requests, tokenizer, out) -> dict:
     def on_finish(fin):
         item, text = live.pop(fin.request_id)
         if fin.finish == "error":       # this request alone; the job goes on
-            _append(out, dict(id=item.id, text="", token_ids=[], finish_reason="error",
-                              error=fin.error, prompt_tokens=len(item.prompt_ids),
-                              completion_tokens=0, steps=fin.steps, n_fwd=fin.n_fwd))
+            write(dict(id=item.id, text="", token_ids=[], finish_reason="error",
+                       error=fin.error, prompt_tokens=len(item.prompt_ids),
+                       completion_tokens=0, steps=fin.steps, n_fwd=fin.n_fwd))
             stats["errors"] += 1
             bar.update(1)
             return
@@ -378,9 +405,9 @@ def _decode_all(batcher, todo, requests, tokenizer, out) -> dict:
         finish = "stop" if stopped else fin.finish
         if finish == "cancelled":
             raise RuntimeError(f"request {item.id!r} was cancelled without a stop string")
-        _append(out, dict(id=item.id, text=text, token_ids=ids, finish_reason=finish,
-                          prompt_tokens=len(item.prompt_ids), completion_tokens=len(ids),
-                          cached_tokens=fin.cached_tokens, steps=fin.steps, n_fwd=fin.n_fwd))
+        write(dict(id=item.id, text=text, token_ids=ids, finish_reason=finish,
+                   prompt_tokens=len(item.prompt_ids), completion_tokens=len(ids),
+                   cached_tokens=fin.cached_tokens, steps=fin.steps, n_fwd=fin.n_fwd))
         stats["requests"] += 1
         stats["tokens"] += len(ids)
         if fin.steps:   # a slot cancelled at a stop string may come back without its counts

@@ -1,0 +1,108 @@
+"""The Slurm launch (train/launch/slurm_task.sh, what train/launch/slurm.sbatch runs under srun):
+two local processes with the variables srun sets (SLURM_JOB_ID, SLURM_STEP_NODELIST, SLURM_NTASKS,
+SLURM_PROCID, SLURM_LOCALID) and no jax.distributed flags find each other through jax's Slurm
+detection (`distributed=true`) and train a mesh data=2 over both to the per-step losses of one
+process on one device. The submit script runs the dry run first and calls sbatch only when the
+step fits."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from tests import xla
+from tests.synthetic import train_data as fixtures
+from tests.synthetic.train_data import compilation_cache_dir
+from train import main as main_lib
+from train.config import load_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCH = os.path.join(ROOT, "train", "launch")
+KEYS = ("loss", "mlm_loss", "ar_loss", "grad_norm", "masked_count", "tokens")
+SLURM_PORT_BASE = 65535 - 2 ** 12 + 1      # jax's Slurm port: this + SLURM_JOB_ID % 4096
+
+
+def _free_slurm_port() -> int:
+    for port in range(SLURM_PORT_BASE + 1000, 65535):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in jax's Slurm range")
+
+
+def _wedlm_train(tmp_path) -> str:
+    """A wedlm-train on PATH for the scripts: this checkout's, under this interpreter."""
+    path = tmp_path / "wedlm-train"
+    path.write_text(f"#!/bin/sh\nexec {sys.executable} -m train.main \"$@\"\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_two_slurm_tasks_match_one_process(tmp_path):
+    paths = fixtures.make_tiny_setup(str(tmp_path), num_docs=24)
+    cfg = fixtures.tiny_config_dict(paths, **{"steps": 2, "mesh.data": 2, "checkpoint.every": 2})
+    config = fixtures.write_config(str(tmp_path / "cfg.yaml"), cfg)
+    ck = str(tmp_path / "multi")
+    port = _free_slurm_port()
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=compilation_cache_dir(),
+               XLA_FLAGS=xla.flags(1), PYTHONPATH=ROOT, CONFIG=config,
+               WEDLM_TRAIN=_wedlm_train(tmp_path), SLURM_JOB_ID=str(port - SLURM_PORT_BASE),
+               SLURM_STEP_NODELIST="127.0.0.1", SLURM_JOB_NODELIST="127.0.0.1", SLURM_NTASKS="2",
+               SLURM_STEP_NUM_NODES="1", SLURM_NNODES="1",
+               JAX_COORDINATOR_BIND_ADDRESS=f"127.0.0.1:{port}")
+    for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+        env.pop(k, None)
+    procs = []
+    for rank in range(2):
+        log = open(tmp_path / f"task{rank}.log", "w")
+        procs.append(subprocess.Popen(
+            ["bash", os.path.join(LAUNCH, "slurm_task.sh"), f"checkpoint.dir={ck}"], cwd=ROOT,
+            env=dict(env, SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank)), stdout=log,
+            stderr=subprocess.STDOUT))
+    deadline = time.time() + 300
+    try:
+        while time.time() < deadline and any(p.poll() is None for p in procs):
+            time.sleep(0.5)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGKILL)
+                p.wait(timeout=30)
+    logs = [open(tmp_path / f"task{i}.log").read() for i in range(2)]
+    assert [p.returncode for p in procs] == [0, 0], "\n\n".join(log[-3000:] for log in logs)
+    multi = [json.loads(line) for line in open(os.path.join(ck, "metrics.jsonl"))]
+    assert [r["step"] for r in multi] == [1, 2]
+    one = main_lib.run(load_config(config, ["mesh.data=1", f"checkpoint.dir={tmp_path / 'one'}"]),
+                       progress=False)
+    ref = np.array([[r[k] for k in KEYS] for r in one["records"]])
+    got = np.array([[r[k] for k in KEYS] for r in multi])
+    np.testing.assert_allclose(got, ref, rtol=1e-5)
+    assert ref[0, 0] != ref[1, 0]
+
+
+def test_submit_runs_the_dry_run_and_submits_only_what_fits(tmp_path):
+    paths = fixtures.make_tiny_setup(str(tmp_path), num_docs=8)
+    config = fixtures.write_config(str(tmp_path / "cfg.yaml"), fixtures.tiny_config_dict(
+        paths, **{"mesh.data": 2}))
+    calls = tmp_path / "sbatch.calls"
+    sbatch = tmp_path / "sbatch"
+    sbatch.write_text(f"#!/bin/sh\necho \"CONFIG=$CONFIG $*\" >> {calls}\n")
+    sbatch.chmod(0o755)
+    env = dict(os.environ, PYTHONPATH=ROOT, CONFIG=config, WEDLM_TRAIN=_wedlm_train(tmp_path),
+               SBATCH=str(sbatch), DRY_RUN="--devices 2", JAX_PLATFORMS="cpu")
+    script = os.path.join(LAUNCH, "submit_slurm.sh")
+    no = subprocess.run(["bash", script, "steps=3"], cwd=ROOT, env=dict(env, DEVICE_MEMORY="0.000001"),
+                        capture_output=True, text=True, timeout=300)
+    assert no.returncode == 1 and "nothing submitted" in no.stderr and not calls.exists(), no.stderr[-2000:]
+    yes = subprocess.run(["bash", script, "steps=3"], cwd=ROOT, env=dict(env, DEVICE_MEMORY="80"),
+                         capture_output=True, text=True, timeout=300)
+    assert yes.returncode == 0, yes.stderr[-2000:]
+    assert calls.read_text() == f"CONFIG={config} --export=ALL {LAUNCH}/slurm.sbatch steps=3\n"
