@@ -91,7 +91,7 @@ def test_counters_and_histograms_equal_what_was_served(server):
     chat = c.post("/v1/chat/completions", headers=AUTH, json=dict(
         model="tiny", messages=[{"role": "user", "content": "hello there"}], max_tokens=5))
     served.append(chat.json())
-    usage, stats, reason = stream_completion(c, prompt="the cat sat on the mat", max_tokens=7)
+    usage, stats, reason = stream_completion(c, prompt="the cat sat on the mat", max_tokens=40)
     answers = [(a["usage"], a["wedlm"], a["choices"][0]["finish_reason"]) for a in served]
     answers.append((usage, stats, reason))
     after = scrape(c)
@@ -107,9 +107,11 @@ def test_counters_and_histograms_equal_what_was_served(server):
     assert delta(after, before, "vllm:prefix_cache_queries_total") == prompt
     assert delta(after, before, "vllm:prefix_cache_hits_total") == cached
     for name in ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
-                 "vllm:time_per_output_token_seconds", "wedlm:tokens_per_forward", "wedlm:p_cache",
-                 "wedlm:forwards_per_request", "vllm:request_prompt_tokens"):
+                 "wedlm:tokens_per_forward", "wedlm:p_cache", "wedlm:forwards_per_request",
+                 "vllm:request_prompt_tokens"):
         assert delta(after, before, name + "_count") == n, name
+    # per output token: the requests whose tokens came in more than one chunk (the streamed one's did)
+    assert 1 <= delta(after, before, "vllm:time_per_output_token_seconds_count") <= n
     assert delta(after, before, "vllm:request_prompt_tokens_sum") == prompt
     assert delta(after, before, "vllm:request_generation_tokens_sum") == out
     # WeDLM's histograms against the answers' own counts (steps: forwards; n_fwd: token slots)

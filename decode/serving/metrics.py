@@ -13,7 +13,8 @@ vLLM's names where the meaning is the same, so its dashboards work (labelled `mo
     vllm:num_preemptions_total    requests sent back to the queue to free pages
     vllm:request_success_total{finished_reason}   stop | length | abort (cancelled) | error
     vllm:time_to_first_token_seconds, vllm:e2e_request_latency_seconds,
-    vllm:time_per_output_token_seconds (per request: first to last token / (tokens - 1)),
+    vllm:time_per_output_token_seconds (per request: its first to its last ids handed out / the
+                                  tokens after the first chunk; none when one chunk held them all),
     vllm:request_prompt_tokens, vllm:request_generation_tokens       histograms
 
 and WeDLM's own (labelled `method`):
@@ -65,6 +66,7 @@ class Track:
     first: float | None = None      # when its first ids were handed out
     last: float = 0.0               # when its latest ids were
     n_out: int = 0                  # ids handed out so far
+    n_first: int = 0                # ids in its first chunk
 
 
 class ServerMetrics:
@@ -99,8 +101,8 @@ class ServerMetrics:
         self.model_name = model_name
         self.ttft = h("vllm:time_to_first_token_seconds", "Submit to first tokens", LATENCY_BUCKETS).labels(model_name)
         self.e2e = h("vllm:e2e_request_latency_seconds", "Submit to finish", LATENCY_BUCKETS).labels(model_name)
-        self.tpot = h("vllm:time_per_output_token_seconds", "First to last token / (tokens - 1), "
-                      "per request", TOKEN_TIME_BUCKETS).labels(model_name)
+        self.tpot = h("vllm:time_per_output_token_seconds", "First to last chunk / tokens after the "
+                      "first chunk, per request", TOKEN_TIME_BUCKETS).labels(model_name)
         self.request_prompt = h("vllm:request_prompt_tokens", "Prompt tokens per request",
                                 COUNT_BUCKETS).labels(model_name)
         self.request_generation = h("vllm:request_generation_tokens", "Generated tokens per request",
@@ -145,7 +147,7 @@ class ServerMetrics:
         def call(rid, new):
             now = time.perf_counter()
             if track.first is None:
-                track.first = now
+                track.first, track.n_first = now, len(new)
                 self.prompt_tokens.inc(track.n_prompt)
                 self.ttft.observe(now - track.submitted)
             track.last = now
@@ -165,8 +167,8 @@ class ServerMetrics:
         self.e2e.observe(e2e)
         self.request_prompt.observe(track.n_prompt)
         self.request_generation.observe(n)
-        if track.n_out > 1:
-            self.tpot.observe((track.last - track.first) / (track.n_out - 1))
+        if track.n_out > track.n_first:
+            self.tpot.observe((track.last - track.first) / (track.n_out - track.n_first))
         if track.first is not None and self.prefix_cache:
             self.prefix_queries.inc(track.n_prompt)
             self.prefix_hits.inc(fin.cached_tokens)
