@@ -1,8 +1,9 @@
 """The OpenAI-compatible application of wedlm-serve (`build_app`): the HTTP routes over a started
 `decode.serving.worker.Engine`, their key check and body limits, and the small endpoints (models, the
 tokenizer's, health). The completion endpoints are `decode/serving/completions.py`, the protocol (parsing,
-errors) `decode/serving/protocol.py`, the metrics `decode/serving/metrics.py`, the command that builds the engine and serves this app
-`decode/serving/serve.py` (its docstring has the design).
+errors) `decode/serving/protocol.py`, the metrics (GET /metrics) `decode/serving/metrics.py`, the
+command that builds the engine and serves this app `decode/serving/serve.py` (its docstring has the
+design).
 
 The handlers run on uvicorn's event loop and never touch the device: they parse (tokenizing off
 the loop), submit to the engine thread, and read the tokens it hands over.

@@ -4,8 +4,9 @@
                                   --window 16 --api-key KEY]
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions (the checkpoint's chat template),
-GET /v1/models, GET /health, GET /metrics (Prometheus: decode/serving/metrics.py), and the tokenizer's: GET /tokenizer_info, POST /tokenize, POST
-/detokenize (vLLM's shapes; lm-eval's `tokenizer_backend=remote` uses them). Scoring: completions
+GET /v1/models, GET /health, GET /metrics (Prometheus: decode/serving/metrics.py), and the
+tokenizer's: GET /tokenizer_info, POST /tokenize, POST /detokenize (vLLM's shapes; lm-eval's
+`tokenizer_backend=remote` uses them). Scoring: completions
 take `echo` and `logprobs` (0-20), chat `logprobs: true` and `top_logprobs`; the log-probabilities
 are the AR reading's (decode/serving/scoring.py), computed on the engine thread, batched across requests. `stream: true` answers with server-sent events in the OpenAI chunk
 format ending with `data: [DONE]` (`stream_options: {"include_usage": true}` adds the usage chunk);
@@ -27,8 +28,9 @@ request cancelled; single-token stop strings also stop the slot on the device. A
 400 with an OpenAI error body naming the field before anything reaches the engine. With --api-key
 (or WEDLM_API_KEY) every /v1 request needs `Authorization: Bearer KEY` (401 otherwise); /health
 stays open for probes (and /metrics with --metrics-public). One INFO line per finished request
-(ids' counts and timings; the prompt's text only with --log-prompts). SIGTERM: stop accepting, let in-flight requests finish (cancel what is left
-after --shutdown-timeout seconds), stop the engine, exit 0.
+(token counts and timings; the prompt's text only with --log-prompts). SIGTERM: stop accepting,
+let in-flight requests finish (cancel what is left after --shutdown-timeout seconds), stop the
+engine, exit 0.
 """
 
 # no `from __future__ import annotations`: FastAPI reads the handlers' annotations as objects

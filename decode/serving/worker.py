@@ -1,7 +1,9 @@
 """The engine of wedlm-serve: ONE thread owns the device and calls `Batcher.step()` (one jitted
 chunk of steps); request handlers only submit, cancel and receive tokens through callbacks, which
 must be cheap and thread-safe. Admission is bounded (`Busy` beyond `max_pending`); a device
-failure answers everyone in flight and stops admitting; `drain` answers what is left at shutdown."""
+failure answers everyone in flight and stops admitting; `drain` answers what is left at shutdown.
+With `metrics` (decode.serving.metrics.ServerMetrics) every request is counted on this thread
+from what its callbacks carry."""
 
 import logging
 import threading
