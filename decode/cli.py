@@ -50,6 +50,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="draw each decoding step's window into this file (streaming, block, ar)")
     p.add_argument("--output", help="--input's results (JSONL, one line per request as it finishes; "
                                     "a rerun skips the ids already there)")
+    p.add_argument("--metrics-file", default=None, metavar="PATH",
+                   help="--input: write the job's counters and histograms here as JSON at the end "
+                        "(decode/serving/metrics.py's names; the summary line prints them too)")
     Placement.add_arguments(p)
     Placement.add_dry_run_arguments(p, "wedlm-decode (--slots x --capacity, default capacity 2048)")
     distributed.add_arguments(p)     # --input on several hosts: each decodes its share of the lines
@@ -232,8 +235,9 @@ def main(argv=None) -> int:
         if args.input is not None:
             from decode.serving.batch_job import run_job
             return run_job(args)
-        if args.output is not None:
-            raise DecodeConfigError("--output goes with --input (the batch job)")
+        for flag, given in (("--output", args.output), ("--metrics-file", args.metrics_file)):
+            if given is not None:
+                raise DecodeConfigError(f"{flag} goes with --input (the batch job)")
         if distributed.settings(args, "wedlm-decode") is not None:
             raise DecodeConfigError("several processes decode a file: --input (--prompt and "
                                     "--prompts-file run in one process)")

@@ -1,8 +1,9 @@
 """The OpenAI-compatible application of wedlm-serve (`build_app`): the HTTP routes over a started
 `decode.serving.worker.Engine`, their key check and body limits, and the small endpoints (models, the
 tokenizer's, health). The completion endpoints are `decode/serving/completions.py`, the protocol (parsing,
-errors) `decode/serving/protocol.py`, the command that builds the engine and serves this app
-`decode/serving/serve.py` (its docstring has the design).
+errors) `decode/serving/protocol.py`, the metrics (GET /metrics) `decode/serving/metrics.py`, the
+command that builds the engine and serves this app `decode/serving/serve.py` (its docstring has the
+design).
 
 The handlers run on uvicorn's event loop and never touch the device: they parse (tokenizing off
 the loop), submit to the engine thread, and read the tokens it hands over.
@@ -37,6 +38,7 @@ class ServerConfig:
     window: int = 0
     max_body_bytes: int = 8 << 20   # larger bodies are refused with 413 before they are read
     max_logprobs: int = 5           # alternatives a generated token carries (the Decoder's top_logprobs)
+    metrics_public: bool = False    # GET /metrics without the key (--metrics-public)
 
 
 def check_auth(http, cfg: ServerConfig) -> None:
@@ -108,7 +110,8 @@ def health_report(engine: Engine, cfg: ServerConfig) -> tuple[dict, int]:
 
 def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
     """The FastAPI application over a started `Engine`: its routes, each but /health checking
-    the key first (the completion endpoints' work: `decode.serving.completions.Completions`)."""
+    the key first (/metrics too unless `cfg.metrics_public`; served when the engine has metrics)
+    (the completion endpoints' work: `decode.serving.completions.Completions`)."""
     from fastapi import FastAPI, Request as HTTPRequest
     from fastapi.responses import JSONResponse
     from decode.serving.completions import Completions
@@ -156,6 +159,17 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
         check_auth(http, cfg)
         return {"object": "list", "data": [{"id": cfg.model_name, "object": "model", "created": created,
                                              "owned_by": "wedlm-jax", "max_model_len": cfg.capacity}]}
+
+    if engine.metrics is not None:
+        from fastapi.responses import Response
+        from decode.serving.metrics import CONTENT_TYPE
+
+        @app.get("/metrics")
+        async def metrics(http: HTTPRequest):
+            if not cfg.metrics_public:
+                check_auth(http, cfg)
+            body = await asyncio.to_thread(engine.metrics.exposition)   # off the loop
+            return Response(body, headers={"Content-Type": CONTENT_TYPE})
 
     @app.get("/health")
     async def health():

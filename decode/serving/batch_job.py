@@ -19,6 +19,11 @@ delete their lines to). A stop
 string ends the request (host-side: its text is cut before the string, its token_ids end with the
 token that completed it, finish_reason 'stop'), as in the OpenAI API.
 
+Counters: at the end the job prints wedlm-serve's metrics of the run on one line after its
+progress bar (decode/serving/metrics.py: vllm:prompt_tokens_total, vllm:generation_tokens_total,
+vllm:request_success_total, wedlm:tokens_per_forward, wedlm:p_cache, ...; needs prometheus-client,
+the serve extra), and with --metrics-file PATH writes them as JSON (several processes: PATH.part-K-of-N).
+
 Resuming: when the output file exists, the ids already in it are skipped, so rerunning the same
 command after a crash decodes only what was in flight or not yet started. A torn last line (a crash
 mid-write: no newline at the end) is dropped from the file first; any other unreadable line stops
@@ -301,6 +306,8 @@ def run_job(args) -> int:
             raise DecodeConfigError(f"{flag} does not apply to --input (results go to --output)")
     opts = DoorOptions.from_args(args)    # every option checked once, before anything loads
     placement = opts.placement
+    metrics_file = getattr(args, "metrics_file", None)
+    counting = job_metrics_available(metrics_file)
     k, n = distributed.initialize(args, "wedlm-decode")   # before anything touches a device
     if n > 1:   # this process decodes on its own devices: new arrays go there, not to process 0's
         import jax
@@ -314,6 +321,8 @@ def run_job(args) -> int:
                        list(args.stop), args.chat, args.capacity, model_config.vocab_size)
     output = args.output if n == 1 else part_path(args.output, k, n)
     check_output(output, args.input)
+    if metrics_file is not None and n > 1:
+        metrics_file = part_path(metrics_file, k, n)
     mine = items[k::n]                    # this process's share (every process read every line)
     done, torn = scan_output(output)
     todo = [it for it in mine if id_key(it.id) not in done]
@@ -333,15 +342,24 @@ def run_job(args) -> int:
     from decode.serving.batching import Batcher
     decoder = build_decoder(ckpt, opts, capacity)
     requests = engine_requests(decoder, todo, args.input)
+    batcher = Batcher(decoder)
+    metrics = None
+    if counting:
+        from decode.serving.metrics import ServerMetrics
+        metrics = ServerMetrics(batcher, os.path.basename(os.path.normpath(args.checkpoint)),
+                                args.method)
     try:
         with open(output, "a", encoding="utf-8") as out:
-            stats = decode_all(Batcher(decoder), todo, requests, tokenizer, lambda r: _append(out, r))
+            stats = decode_all(batcher, todo, requests, tokenizer, lambda r: _append(out, r),
+                               metrics=metrics)
     except KeyboardInterrupt:       # every line written is whole (each is flushed as it finishes)
         kept = len(scan_output(output)[0])
         print(f"\nwedlm-decode: interrupted (Ctrl-C): {kept} result(s) kept in {output}; rerun "
               "the same command to decode the rest", file=sys.stderr)
         return 130
     _summary(stats, args, skipped, output)
+    if metrics is not None:
+        _metrics_summary(metrics, metrics_file)
     if stats["errors"]:
         print(f"wedlm-decode: {stats['errors']} request(s) failed in the engine (finish_reason "
               f"'error' in {output}); the others were written", file=sys.stderr)
@@ -374,26 +392,56 @@ def engine_requests(decoder, items: list, source: str) -> list:
     return requests
 
 
-def decode_all(batcher, todo, requests, tokenizer, write, progress: bool = True) -> dict:
+def job_metrics_available(metrics_file: str | None) -> bool:
+    """Whether the job counts (decode.serving.metrics needs prometheus-client, the serve extra):
+    without it the job runs uncounted, unless --metrics-file asks for the counts (an error,
+    before anything loads). The file's folder is checked here too."""
+    try:
+        from decode.serving.metrics import check_metrics_file
+    except ImportError as e:
+        if metrics_file is not None:
+            raise DecodeConfigError(f"--metrics-file needs {e.name}: pip install -e '.[serve]'") from None
+        return False
+    if metrics_file is not None:
+        check_metrics_file(metrics_file)
+    return True
+
+
+def _metrics_summary(metrics, path: str | None) -> None:
+    """The job's counters on one line after its progress bar (and as JSON in `path`)."""
+    from decode.serving.metrics import summary_line, write_metrics_file
+    values = metrics.snapshot()
+    print(f"wedlm-decode: metrics: {summary_line(values)}", file=sys.stderr)
+    if path is not None:
+        write_metrics_file(path, values)
+        print(f"wedlm-decode: metrics -> {path}", file=sys.stderr)
+
+
+def decode_all(batcher, todo, requests, tokenizer, write, progress: bool = True,
+               metrics=None) -> dict:
     """Submit every request, step the batcher until all have finished and hand each result record
-    to `write` as it finishes; returns the counts (requests, tokens, steps, n_fwd, errors, wall_s)."""
+    to `write` as it finishes (counted in `metrics`, a ServerMetrics, when given); returns the counts
+    (requests, tokens, steps, n_fwd, errors, wall_s)."""
     from tqdm import tqdm
 
     from decode.text import TextStream, stop_at_strings
-    live = {}   # request id -> (item, TextStream of its completion)
+    live = {}   # request id -> (item, TextStream of its completion, its metrics' Track or None)
     stats = dict(requests=0, tokens=0, steps=0, n_fwd=0, tokens_counted=0, wall_s=0.0, errors=0)
     bar = tqdm(total=len(todo), unit="req", desc="wedlm-decode", file=sys.stderr, dynamic_ncols=True,
                disable=not progress)
 
     def on_tokens(rid, new):
-        item, text = live[rid]
+        item, text, _ = live[rid]
         if not text.stopped:
             text.add(new)
             if text.stopped:
                 batcher.cancel(rid)
 
     def on_finish(fin):
-        item, text = live.pop(fin.request_id)
+        item, text, track = live.pop(fin.request_id)
+        if track is not None:
+            stopped_here = fin.finish == "cancelled" and text.stopped
+            metrics.finished(track, fin, "stop" if stopped_here else None)
         if fin.finish == "error":       # this request alone; the job goes on
             write(dict(id=item.id, text="", token_ids=[], finish_reason="error",
                        error=fin.error, prompt_tokens=len(item.prompt_ids),
@@ -418,8 +466,10 @@ def decode_all(batcher, todo, requests, tokenizer, write, progress: bool = True)
         bar.set_postfix_str(f"{stats['tokens'] / max(time.perf_counter() - t0, 1e-9):.0f} tok/s")
 
     for item, req in zip(todo, requests):
-        rid = batcher.submit(req, on_tokens=on_tokens, on_finish=on_finish)
-        live[rid] = (item, TextStream(tokenizer, item.stop_strings))
+        track = metrics.track(req) if metrics is not None else None
+        counted = metrics.counting(track, on_tokens) if metrics is not None else on_tokens
+        rid = batcher.submit(req, on_tokens=counted, on_finish=on_finish)
+        live[rid] = (item, TextStream(tokenizer, item.stop_strings), track)
     t0 = time.perf_counter()
     try:
         while batcher.step():

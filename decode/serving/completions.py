@@ -160,7 +160,7 @@ class Completions:
                 if delta:
                     yield "text", delta
                 if text.stopped:
-                    self.engine.cancel(rid)
+                    self.engine.cancel(rid, reason="stop")
                     if not want_finish:
                         yield "done", ("stop", None)
                         return

@@ -4,8 +4,9 @@
                                   --window 16 --api-key KEY]
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions (the checkpoint's chat template),
-GET /v1/models, GET /health, and the tokenizer's: GET /tokenizer_info, POST /tokenize, POST
-/detokenize (vLLM's shapes; lm-eval's `tokenizer_backend=remote` uses them). Scoring: completions
+GET /v1/models, GET /health, GET /metrics (Prometheus: decode/serving/metrics.py), and the
+tokenizer's: GET /tokenizer_info, POST /tokenize, POST /detokenize (vLLM's shapes; lm-eval's
+`tokenizer_backend=remote` uses them). Scoring: completions
 take `echo` and `logprobs` (0-20), chat `logprobs: true` and `top_logprobs`; the log-probabilities
 are the AR reading's (decode/serving/scoring.py), computed on the engine thread, batched across requests. `stream: true` answers with server-sent events in the OpenAI chunk
 format ending with `data: [DONE]` (`stream_options: {"include_usage": true}` adds the usage chunk);
@@ -26,8 +27,10 @@ next step boundary). Stop strings are matched on the host: the text is cut befor
 request cancelled; single-token stop strings also stop the slot on the device. A bad request gets
 400 with an OpenAI error body naming the field before anything reaches the engine. With --api-key
 (or WEDLM_API_KEY) every /v1 request needs `Authorization: Bearer KEY` (401 otherwise); /health
-stays open for probes. SIGTERM: stop accepting, let in-flight requests finish (cancel what is left
-after --shutdown-timeout seconds), stop the engine, exit 0.
+stays open for probes (and /metrics with --metrics-public). One INFO line per finished request
+(token counts and timings; the prompt's text only with --log-prompts). SIGTERM: stop accepting,
+let in-flight requests finish (cancel what is left after --shutdown-timeout seconds), stop the
+engine, exit 0.
 """
 
 # no `from __future__ import annotations`: FastAPI reads the handlers' annotations as objects
@@ -76,6 +79,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-body-bytes", type=int, default=8 << 20,
                    help="largest request body accepted (413 beyond it; default 8 MiB)")
     p.add_argument("--log-level", default="info")
+    p.add_argument("--log-prompts", action="store_true",
+                   help="put each prompt's text in its finished-request log line (default: counts only)")
+    p.add_argument("--metrics-public", action="store_true",
+                   help="serve GET /metrics without the API key (for a scraper inside the network)")
     Placement.add_arguments(p)
     compile_cache.add_arguments(p)
     Placement.add_dry_run_arguments(p, "the server")
@@ -141,7 +148,8 @@ def load_decoder(args, opts: DoorOptions | None = None):
     cfg = ServerConfig(model_name=name, capacity=decoder.capacity, vocab_size=config.vocab_size,
                        default_stop_ids=stops, defaults=opts.sampling, api_key=api_key(args),
                        slots=args.slots, method=args.method, window=args.window,
-                       max_body_bytes=args.max_body_bytes, max_logprobs=args.max_logprobs)
+                       max_body_bytes=args.max_body_bytes, max_logprobs=args.max_logprobs,
+                       metrics_public=args.metrics_public)
     return decoder, tokenizer, cfg
 
 
@@ -178,11 +186,14 @@ def scorer_for(decoder):
 def build_server(args, opts: DoorOptions | None = None):
     """(engine, app, ServerConfig): load, compile, start the engine thread."""
     from decode.serving.batching import Batcher
+    from decode.serving.metrics import ServerMetrics
     decoder, tokenizer, cfg = load_decoder(args, opts)
     batcher = Batcher(decoder)
     log.info("compiled in %.1f s", warm_up(batcher, cfg.capacity, every_bucket=not args.lazy_compile))
+    metrics = ServerMetrics(batcher, cfg.model_name, args.method, log_prompts=args.log_prompts,
+                            tokenizer=tokenizer)
     engine = Engine(batcher, max_pending=args.slots + args.max_queue,
-                    scorer=scorer_for(decoder)).start()
+                    scorer=scorer_for(decoder), metrics=metrics).start()
     return engine, build_app(engine, tokenizer, cfg), cfg
 
 
@@ -197,6 +208,7 @@ def main(argv=None) -> int:
             from decode.compile.aot import dry_run_door
             return dry_run_door(args, "wedlm-serve")
         import fastapi  # noqa: F401  (the optional `serve` extra)
+        import prometheus_client  # noqa: F401  (the serve extra: GET /metrics)
         import uvicorn
         check_port(args.host, args.port)
         compile_cache.enable(args.compile_cache)

@@ -1,7 +1,9 @@
 """The engine of wedlm-serve: ONE thread owns the device and calls `Batcher.step()` (one jitted
 chunk of steps); request handlers only submit, cancel and receive tokens through callbacks, which
 must be cheap and thread-safe. Admission is bounded (`Busy` beyond `max_pending`); a device
-failure answers everyone in flight and stops admitting; `drain` answers what is left at shutdown."""
+failure answers everyone in flight and stops admitting; `drain` answers what is left at shutdown.
+With `metrics` (decode.serving.metrics.ServerMetrics) every request is counted on this thread
+from what its callbacks carry."""
 
 import logging
 import threading
@@ -32,8 +34,10 @@ class Engine:
     """The one thread that owns the device: admits requests (bounded), calls `Batcher.step()`,
     and hands tokens and finishes to the callbacks (which must be cheap and thread-safe)."""
 
-    def __init__(self, batcher, max_pending: int, scorer=None, score_batch: int = 64):
+    def __init__(self, batcher, max_pending: int, scorer=None, score_batch: int = 64,
+                 metrics=None):
         self.batcher = batcher
+        self.metrics = metrics           # decode.serving.metrics.ServerMetrics, or None
         self.max_pending = max_pending
         self.scorer = scorer             # scorer(sequences, top_n) -> per-sequence logprobs
         self.score_batch = score_batch   # sequences per scoring forward (jobs are batched)
@@ -43,6 +47,7 @@ class Engine:
         self._wake = threading.Event()
         self._live: dict = {}            # request id -> on_error(message, status)
         self._early: set = set()         # ids whose finish came before submit() registered them
+        self._reasons: dict = {}         # request id -> why it was cancelled (the metrics' reason)
         self._pending = 0
         self._accepting = True
         self._stop = False
@@ -72,9 +77,13 @@ class Engine:
             if self._pending >= self.max_pending:
                 raise Busy()
             self._pending += 1
+        track = self.metrics.track(request) if self.metrics is not None else None
+        if track is not None:
+            on_tokens = self.metrics.counting(track, on_tokens)
         try:
             rid = self.batcher.submit(request, on_tokens=_guarded(on_tokens),
-                                      on_finish=lambda fin: self._finished(fin, _guarded(on_finish)))
+                                      on_finish=lambda fin: self._finished(fin, _guarded(on_finish),
+                                                                           track))
         except BaseException:
             with self._lock:
                 self._pending -= 1
@@ -87,19 +96,25 @@ class Engine:
         self._wake.set()
         return rid
 
-    def cancel(self, rid: int) -> None:
+    def cancel(self, rid: int, reason: str = "abort") -> None:
+        """Stop request `rid`; `reason` is what its finish is counted as ('stop': a stop string)."""
         with self._lock:
             live = rid in self._live
+            if live:
+                self._reasons[rid] = reason
         if live:
             self.batcher.cancel(rid)
             self._wake.set()
 
-    def _finished(self, fin, on_finish):
+    def _finished(self, fin, on_finish, track=None):
         with self._lock:
             if self._live.pop(fin.request_id, None) is None:
                 self._early.add(fin.request_id)
             self._pending -= 1
             self.finished[fin.finish] = self.finished.get(fin.finish, 0) + 1
+            reason = self._reasons.pop(fin.request_id, None)
+        if track is not None:
+            _guarded(self.metrics.finished)(track, fin, reason)
         on_finish(fin)
 
     def score(self, sequences, top_n: int, on_done) -> None:
