@@ -203,6 +203,13 @@ class EngineOptions(Method):
                               "max_position_embeddings")
 
 
+def useful_window(window: int, method: str, longest_budget: int) -> int:
+    """The window a decoding is built with: W, but no wider than the longest budget
+    (max_new_tokens) it serves (slots past it are never committed), one more for `verified`
+    (its windows start at the pending token)."""
+    return max(1, min(window, longest_budget + (method == "verified")))
+
+
 def is_int(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 

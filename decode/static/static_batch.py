@@ -44,7 +44,7 @@ import jax
 import numpy as np
 
 from decode.config import (DecodeConfig, DecodeConfigError, EngineOptions, Method, Placement,
-                           Sampling, check_prompts)
+                           Sampling, check_prompts, useful_window)
 from decode.engine.decoder import Decoder
 from decode.engine.state import Request, pow2_at_least
 from decode.engine.programs import compiled_count
@@ -143,8 +143,7 @@ def static_decoder(params, model_config: ModelConfig, num_prompts: int, dc: Deco
     multiple = 1
     if mesh is not None:
         multiple = int(mesh.shape.get("data", 1)) * int(mesh.shape.get("fsdp", 1))
-    # verified windows start at the pending token (position P - 1): one slot more than the budget
-    window = max(1, min(dc.window, longest_budget + (dc.method == "verified")))
+    window = useful_window(dc.window, dc.method, longest_budget)
     engine = EngineOptions(**Method.pick(dc), slots=batch_bucket(num_prompts, multiple),
                            capacity=capacity_bucket(capacity), steps_per_call=STATIC_STEPS_PER_CALL,
                            allow_long=True).replace(window=window)
