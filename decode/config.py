@@ -32,6 +32,9 @@ MAX_STOP_IDS = 16  # stop ids travel as a fixed-size runtime array (padded with 
 INT32_MAX = 2**31 - 1   # integer settings travel as int32 on the device
 SEED_MAX = 2**32 - 1    # a request's seed is a uint32
 MAX_LOGPROBS = 20       # top alternatives per token (OpenAI's and vLLM's limit)
+# The widest window W: a forward holds up to 2W slots (refill 'before'), so a wider window only
+# adds masked slots to every forward: slower steps, no more tokens per forward.
+MAX_WINDOW = 256
 
 
 class DecodeConfigError(ValueError):
@@ -173,7 +176,8 @@ PREFILL_CHUNK = 512
 class Method(_Checked):
     """How the programs decode (compile time): docs/algorithm.md §3-4."""
     method: str = option("streaming", str, "the decoding method", choices=METHODS)
-    window: int = option(16, int, "W: undecided slots in the window (limited to the budget)", low=1)
+    window: int = option(16, int, f"W: undecided slots in the window (limited to the budget; at "
+                         f"most {MAX_WINDOW})", low=1, high=MAX_WINDOW)
     refill: str = option("before", str, "when the window's masks are refilled: 'before' is the "
                          "official engine's order (up to 2W slots a forward, up to W tokens a "
                          "forward), 'after' docs/algorithm.md's (W slots, up to W/2 tokens)",
