@@ -222,12 +222,12 @@ def main(argv=None) -> int:
     from wedlm_jax.failures import disk_full, out_of_memory
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.dry_run:
-        from decode.compile.aot import dry_run_door
-        return dry_run_door(args, "wedlm-decode")
-    if args.prompt is None and args.prompts_file is None and args.input is None:
+    if args.prompt is None and args.prompts_file is None and args.input is None and not args.dry_run:
         parser.error("one of the arguments --prompt --prompts-file --input is required")
     try:
+        if args.dry_run:
+            from decode.compile.aot import dry_run_door
+            return dry_run_door(args, "wedlm-decode")
         if args.ray is not None:     # the replicas compile (each with --compile-cache), not this driver
             stats = ray_job.run_ray_job(args)
             return 1 if stats["errors"] else 0
@@ -245,6 +245,10 @@ def main(argv=None) -> int:
     except (DecodeConfigError, ValueError, FileNotFoundError) as e:  # TraceError is a ValueError
         print(f"wedlm-decode: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:   # once decoding runs, Ctrl-C ends it with the output kept (below)
+        print("\nwedlm-decode: interrupted (Ctrl-C) while loading or compiling; nothing was "
+              "decoded", file=sys.stderr)
+        return 130
     except Exception as e:  # noqa: BLE001 - a full disk or memory is one line; anything else a bug
         oom = out_of_memory(e)
         if oom is not None:

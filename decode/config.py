@@ -34,6 +34,9 @@ SAMPLING_ORDERS = ("filter_first", "temper_first")   # decode.engine.sampling: f
 MAX_LOGPROBS = 20       # top alternatives per token (OpenAI's and vLLM's limit)
 SEED_MAX = 2**32 - 1    # a request's seed is a uint32
 DECODE_ONLY = ("wedlm-decode",)   # options wedlm-serve takes with each request only
+# The widest window W: a forward holds up to 2W slots (refill 'before'), so a wider window only
+# adds masked slots to every forward: slower steps, no more tokens per forward.
+MAX_WINDOW = 256
 
 
 # ------------------------------------------------------------------------------ the options
@@ -94,7 +97,8 @@ PREFILL_CHUNK = 512
 class Method(Checked):
     """How the programs decode (compile time): docs/algorithm.md §3-4."""
     method: str = option("streaming", str, "the decoding method", choices=METHODS)
-    window: int = option(16, int, "W: undecided slots in the window (limited to the budget)", low=1)
+    window: int = option(16, int, f"W: undecided slots in the window (limited to the budget; at "
+                         f"most {MAX_WINDOW})", low=1, high=MAX_WINDOW)
     refill: str = option("before", str, "when the window's masks are refilled: 'before' is the "
                          "official engine's order (up to 2W slots a forward, up to W tokens a "
                          "forward), 'after' docs/algorithm.md's (W slots, up to W/2 tokens)",
@@ -122,6 +126,13 @@ class EngineOptions(Method):
                                   "tokens)", low=1, optional=True)
     allow_long: bool = option(False, bool, "allow a capacity past the model's "
                               "max_position_embeddings")
+
+
+def useful_window(window: int, method: str, longest_budget: int) -> int:
+    """The window a decoding is built with: W, but no wider than the longest budget
+    (max_new_tokens) it serves (slots past it are never committed), one more for `verified`
+    (its windows start at the pending token)."""
+    return max(1, min(window, longest_budget + (method == "verified")))
 
 
 def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int, capacity: int | None) -> list[list[int]]:

@@ -237,6 +237,24 @@ def test_input_honours_refill_prefill_chunk_and_sampling_order(ckpt, tmp_path, c
     assert "bad.jsonl:1: field 'sampling_order'" in capsys.readouterr().err
 
 
+def test_a_job_of_short_answers_narrows_the_window_as_a_single_prompt_does(ckpt, tmp_path, capsys):
+    """Every line asks for 5 tokens, the default window is 16 and the capacity is sized to the
+    lines: the job decodes with the window cut to the budget, and each result equals the
+    single-prompt path's (which cuts it the same way)."""
+    path, config, params = ckpt
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "prompt": p, "max_tokens": 5}
+                                              for i, p in enumerate(["a", "one", "the cat"])])
+    out = tmp_path / "out.jsonl"
+    code = cli.main(["--checkpoint", path, "--input", src, "--output", str(out), "--no-default-stops"])
+    assert code == 0, capsys.readouterr().err
+    got = {r["id"]: r for r in map(json.loads, open(out))}
+    tok = load_tokenizer(path)
+    for i, text in enumerate(["a", "one", "the cat"]):
+        ids = tok.encode(text)
+        want = generate(params, config, [ids], DecodeConfig(max_new_tokens=5), capacity=len(ids) + 5)
+        assert got[i]["token_ids"] == want.tokens[0] and got[i]["finish_reason"] == "length"
+
+
 def test_ctrl_c_keeps_the_finished_results_and_says_how_many(ckpt, tmp_path, capsys, monkeypatch):
     """Ctrl-C in the batch job: the lines written so far are whole and counted, exit 130, and a
     rerun decodes only the rest."""

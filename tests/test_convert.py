@@ -273,6 +273,37 @@ def test_cli_end_to_end(hf_models, tmp_path):
     assert all(x.dtype == ml_dtypes.bfloat16 for x in jax.tree.leaves(p16))
 
 
+def test_cli_round_trip_keeps_the_config_and_the_bytes_and_follows_the_umask(hf_models, tmp_path):
+    """HF -> Orbax -> HF of an unmodified transformers checkpoint (one safetensors file): every
+    file byte-identical to the source (config.json with every field transformers wrote, the
+    safetensors file laid out as the safetensors library lays it out, the tokenizer files); the
+    folders made with the umask's mode, not mkdtemp's 0700. A config the conversion does change
+    (--dtype) keeps every other field."""
+    folder, _ = hf_models["qwen3"]
+    src = json.load(open(os.path.join(folder, "config.json")))
+    assert {"initializer_range", "layer_types", "sliding_window", "max_window_layers",
+            "use_sliding_window", "bos_token_id", "eos_token_id"} <= set(src)
+    orbax_dir, back = str(tmp_path / "orbax"), str(tmp_path / "back")
+    old = os.umask(0o022)
+    try:
+        assert convert.main(["hf-to-orbax", "--hf", folder, "--out", orbax_dir, "--no-progress"]) == 0
+        assert convert.main(["orbax-to-hf", "--orbax", orbax_dir, "--out", back, "--no-progress"]) == 0
+        os.umask(0o027)
+        b16 = str(tmp_path / "back16")
+        assert convert.main(["orbax-to-hf", "--orbax", orbax_dir, "--out", b16, "--dtype", "bf16",
+                             "--no-progress"]) == 0
+    finally:
+        os.umask(old)
+    assert os.stat(orbax_dir).st_mode & 0o777 == os.stat(back).st_mode & 0o777 == 0o755
+    assert os.stat(b16).st_mode & 0o777 == 0o750
+    assert sorted(os.listdir(back)) == sorted(os.listdir(folder))
+    for name in os.listdir(folder):
+        with open(os.path.join(folder, name), "rb") as a, open(os.path.join(back, name), "rb") as b:
+            assert a.read() == b.read(), name
+    got = json.load(open(os.path.join(b16, "config.json")))
+    assert got == dict(src, dtype="bfloat16") and list(got)[:len(src)] == list(src)
+
+
 def test_cli_user_error_is_one_line_exit_2(tmp_path):
     folder = tmp_path / "pickles"
     folder.mkdir()

@@ -128,13 +128,18 @@ def test_cli_bad_input(ckpt, capsys, tmp_path):
 # ------------------------------------------------------------------ bounds
 
 def test_decode_bounds_refused_or_limited_before_compiling(ckpt, capsys, tmp_path):
-    """A window far past the budget runs at the budget's width; a budget past the model's
-    positions, or past memory, is refused before anything compiles; a trace into a missing folder
-    is refused before decoding."""
+    """A window past the budget runs at the budget's width; one past MAX_WINDOW, a budget past
+    the model's positions, or past memory, is refused before anything compiles; a trace into a
+    missing folder is refused before decoding."""
+    from decode.config import MAX_WINDOW
     from decode.engine.programs import compiled_count
     from decode.static.static_batch import static_decoder
     path, config, params = ckpt
-    dc = DecodeConfig(window=100000, max_new_tokens=6, tau=2.0)
+    code, out, err = _cli(capsys, "--checkpoint", path, "--prompt", "one two", "--window", "100000")
+    assert code == 2 and f"window must be an int in [1, {MAX_WINDOW}], got 100000" in err, err
+    with pytest.raises(DecodeConfigError, match="window must be an int in"):
+        DecodeConfig(window=MAX_WINDOW + 1)
+    dc = DecodeConfig(window=MAX_WINDOW, max_new_tokens=6, tau=2.0)
     assert static_decoder(params, config, 1, dc, 10, 6).window == 6
     res = generate(params, config, [[3, 4, 5, 6]], dc)
     assert len(res.tokens[0]) == 6
@@ -206,11 +211,21 @@ def test_interrupt_inside_a_call_keeps_the_tokens_handed_out_before_it(ckpt, mon
                    capacity=256)
     first_chunk = calls[1].new_ids(0)
     assert res.interrupted and res.tokens[0] == first_chunk and 0 < len(first_chunk) < 200
+    # the forwards of the chunks before it are counted (AR: one token a forward), and the row's
+    # finish says it was cut
+    assert res.steps == res.rows[0].steps == len(first_chunk) > 0
+    assert res.rows[0].finish == "interrupted"
     calls.clear()
     code, out, err = _cli(capsys, "--checkpoint", path, "--prompt", "one two", "--method", "ar",
                           "--max-new-tokens", "100", "--no-default-stops")
     assert code == 130 and "interrupted" in err and "Array has been deleted" not in err, err
-    assert out.strip()
+    assert out.strip() and " 0 forwards" not in err, err
+    calls.clear()
+    code, out, err = _cli(capsys, "--checkpoint", path, "--prompt", "one two", "--method", "ar",
+                          "--max-new-tokens", "100", "--no-default-stops", "--json")
+    got = json.loads(out)
+    assert code == 130 and got["total"]["interrupted"] and got["total"]["steps"] > 0
+    assert got["results"][0]["finish"] == "interrupted"
 
 
 def test_persistent_compilation_cache_is_reused_by_the_next_run(ckpt, tmp_path):
@@ -244,3 +259,29 @@ def test_prompts_file_lines_are_named_and_unknown_keys_refused(ckpt, capsys, tmp
     f.write_text(json.dumps("fine") + "\n" + json.dumps(7) + "\n")
     code, _, err = _cli(capsys, "--checkpoint", ckpt[0], "--prompts-file", str(f))
     assert code == 2 and f"{f}:2: expected a string or an object" in err
+
+
+@pytest.mark.parametrize("door", ["prompt", "input", "serve"])
+def test_ctrl_c_while_loading_is_one_line_and_exit_130(ckpt, monkeypatch, capsys, tmp_path, door):
+    """Ctrl-C before decoding begins (here: while the weights load) ends wedlm-decode (a prompt,
+    a batch job) and wedlm-serve with one line and exit 130, no traceback."""
+    from decode.checkpoint import OpenCheckpoint
+    from decode.serving import serve
+
+    def ctrl_c(self):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(OpenCheckpoint, "load", ctrl_c)
+    path = ckpt[0]
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"prompt": "one two"}\n')
+    argv = {"prompt": ["--checkpoint", path, "--prompt", "one two"],
+            "input": ["--checkpoint", path, "--input", str(src), "--output", str(tmp_path / "o")],
+            "serve": ["--checkpoint", path, "--port", "0"]}[door]
+    try:
+        code = (serve.main if door == "serve" else cli.main)(argv)
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C while loading escaped (a KeyboardInterrupt traceback)")
+    err = capsys.readouterr().err.strip()
+    assert code == 130 and len(err.splitlines()) == 1, err
+    assert "interrupted (Ctrl-C) while loading or compiling" in err
+    assert not (tmp_path / "o").exists()

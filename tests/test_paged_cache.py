@@ -215,21 +215,27 @@ def test_layout_is_the_tpu_kernels_own():
 
 
 def test_the_platforms_page_size():
-    """No page size asked for: pages of 64 on TPU where the ragged kernel tiles the heads; for a
+    """No page size asked for: pages of 64 on TPU where the ragged kernel reads the heads; for a
     continuous-batching door pages of 64 on GPU (the Triton paged kernel) and of 16 on CPU; the
-    dense cache (0) for a static batch off TPU and where the TPU kernel cannot tile the heads."""
+    dense cache (0) for a static batch off TPU and where the TPU kernel cannot tile the heads or
+    read their head_dim (not a multiple of 128: the demo model's 64)."""
     auto = pa.auto_page_size
-    assert auto("tpu", 32, 8, jnp.bfloat16) == pa.TPU_PAGE_SIZE == 64
-    assert auto("tpu", 32, 8, jnp.bfloat16, tensor=8) == 64
-    assert auto("cpu", 32, 8, jnp.bfloat16) == 0
-    assert auto("cpu", 32, 8, jnp.bfloat16, continuous=True) == pa.CPU_CONTINUOUS_PAGE_SIZE == 16
-    assert auto("gpu", 32, 8, jnp.bfloat16, continuous=True) == pa.GPU_PAGE_SIZE == 64
-    assert auto("cuda", 6, 3, jnp.float32, continuous=True) == 64
-    assert auto("tpu", 32, 8, jnp.bfloat16, continuous=True) == 64
-    assert auto("gpu", 32, 8, jnp.bfloat16) == auto("cuda", 6, 3, jnp.float32) == 0
-    assert auto("tpu", 6, 3, jnp.float32) == 0          # 6 interleaved rows: the kernel cannot tile
-    with pytest.raises(ValueError):
-        pa.check_ragged(6, 3, jnp.float32)
+    assert auto("tpu", 32, 8, 128, jnp.bfloat16) == pa.TPU_PAGE_SIZE == 64
+    assert auto("tpu", 32, 8, 128, jnp.bfloat16, tensor=8) == 64
+    assert auto("cpu", 32, 8, 128, jnp.bfloat16) == 0
+    assert auto("cpu", 32, 8, 128, jnp.bfloat16, continuous=True) == pa.CPU_CONTINUOUS_PAGE_SIZE == 16
+    assert auto("gpu", 32, 8, 128, jnp.bfloat16, continuous=True) == pa.GPU_PAGE_SIZE == 64
+    assert auto("cuda", 6, 3, 64, jnp.float32, continuous=True) == 64
+    assert auto("tpu", 32, 8, 256, jnp.bfloat16, continuous=True) == 64
+    assert auto("gpu", 32, 8, 128, jnp.bfloat16) == auto("cuda", 6, 3, 64, jnp.float32) == 0
+    assert auto("tpu", 6, 3, 128, jnp.float32) == 0     # 6 interleaved rows: the kernel cannot tile
+    assert auto("tpu", 6, 2, 64, jnp.bfloat16) == 0     # head_dim 64: the kernel cannot read it
+    assert auto("tpu", 6, 2, 64, jnp.bfloat16, continuous=True) == 0
+    with pytest.raises(ValueError, match="cannot tile 3 KV heads"):
+        pa.check_ragged(6, 3, 128, jnp.float32)
+    with pytest.raises(ValueError, match="multiple of 128 values; this model's head_dim is 64"):
+        pa.check_ragged(6, 2, 64, jnp.bfloat16)
+    pa.check_ragged(6, 2, 128, jnp.bfloat16)
 
 
 def test_the_gather_tile_is_a_whole_number_of_pages():

@@ -41,6 +41,7 @@ class Gate:
         self.is_open = True
         self.sem = threading.Semaphore(0)
         self.steps = 0
+        self.delay = 0.0     # seconds each step takes on top of its own (a slower, busy device)
 
     def close(self):
         self.sem = threading.Semaphore(0)
@@ -55,6 +56,7 @@ class Gate:
             pass
         out = self.inner.step()
         self.steps += 1
+        time.sleep(self.delay)
         return out
 
     def submit(self, *a, **k):
@@ -431,6 +433,42 @@ def test_non_streaming_client_that_leaves_frees_its_slot(server):
         _freed_at_the_next_step(s, gate, before)
     finally:
         gate.open()
+    r = s["client"].completions.create(model="tiny", prompt="hello", max_tokens=5)
+    assert r.usage.completion_tokens == 5       # the server goes on
+
+
+def test_busy_request_of_a_client_that_leaves_is_cancelled_promptly(server):
+    """A non-streaming client hangs up while its request keeps producing tokens (the engine runs
+    freely, a little slower than the tiny model would, as a busy device does): the request is
+    cancelled and its slot freed within a second, long before it would have finished."""
+    s, gate = server, server["gate"]
+    before = _health(s)["finished"]
+    body = json.dumps({"model": "tiny", "prompt": [5, 6, 7], "max_tokens": CAPACITY - 3,
+                       "temperature": 0}).encode()
+    host, port = s["url"].removeprefix("http://").split(":")
+    gate.delay = 0.02           # <= 50 steps a second: tokens keep coming, far apart from 0.5 s
+    try:
+        client = socket.create_connection((host, int(port)), timeout=10)
+        client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                       b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        deadline = time.time() + 30
+        while _health(s)["active"] < 1 and time.time() < deadline:   # admitted (compiled)
+            time.sleep(0.02)
+        start = _health(s)["steps"]
+        while _health(s)["steps"] < start + 10 and time.time() < deadline:
+            time.sleep(0.02)
+        at_leave = _health(s)
+        assert at_leave["active"] == 1                      # decoding, 10 steps in
+        client.close()                                      # the client hangs up
+        deadline = time.time() + 1.0
+        while _health(s)["active"] and time.time() < deadline:
+            time.sleep(0.02)
+        after = _health(s)
+        assert after["active"] == 0 and after["pending"] == 0
+        assert after["finished"]["cancelled"] == before["cancelled"] + 1
+        assert after["finished"]["length"] == before["length"]   # cut, not finished
+    finally:
+        gate.delay = 0.0
     r = s["client"].completions.create(model="tiny", prompt="hello", max_tokens=5)
     assert r.usage.completion_tokens == 5       # the server goes on
 

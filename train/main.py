@@ -60,7 +60,7 @@ def parse_args(argv=None):
     d.add_argument("--topology", help="an accelerator topology jax can describe without the "
                                       "hardware, e.g. tpu:v5e:4x4 (needs libtpu)")
     d.add_argument("--json", dest="json_out", help="also write the figures as JSON here")
-    return p.parse_args(argv)
+    return p.parse_intermixed_args(argv)   # overrides may come before and after options
 
 
 def dry_run_main(args) -> int:

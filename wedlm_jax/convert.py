@@ -121,7 +121,8 @@ def _convert(args, needed: list) -> int:
                                                 allow_nonfinite=args.allow_nonfinite)
             needed[0] = params_nbytes(params)
             check_space(args.out, needed[0], "the converted checkpoint")
-            out = save_orbax(config, params, args.out, tokenizer_from=args.hf, force=args.force)
+            out = save_orbax(config, params, args.out, tokenizer_from=args.hf, force=args.force,
+                             config_from=args.hf)
         else:
             check_out_dir(os.path.abspath(args.out), args.force)
             quantize_checkpoint.check_exportable(args.orbax)
@@ -132,7 +133,7 @@ def _convert(args, needed: list) -> int:
             check_space(args.out, needed[0], "the converted checkpoint")
             out = save_hf_checkpoint(config, params, args.out, max_shard_size=args.max_shard_size,
                                      tokenizer_from=args.orbax, force=args.force,
-                                     progress=not args.no_progress)
+                                     progress=not args.no_progress, config_from=args.orbax)
     except (ConfigError, CheckpointError, DiskFullError, FileNotFoundError, PermissionError) as e:
         print(f"wedlm-convert: error: {e}", file=sys.stderr)
         return 2

@@ -181,6 +181,16 @@ def plan_shards(sizes: Sequence[int], max_shard_size: int) -> list[list[int]]:
     return shards
 
 
+# The order the `safetensors` library writes a file's tensors in (header and data alike): by dtype,
+# the larger of its Dtype enum first, then by name; a file written here is laid out as it would be.
+_DTYPE_RANK = {"F16": 7, "BF16": 8, "F32": 11, "F64": 12}
+
+
+def header_order(spec: tuple) -> tuple:
+    """The sort key of a (name, dtype name, shape) spec: `_DTYPE_RANK`'s order, then the name."""
+    return (-_DTYPE_RANK.get(spec[1], 0), spec[0])
+
+
 def write_file(file: str, specs: Iterable[tuple[str, str, tuple[int, ...]]],
                fetch: Callable[[str], np.ndarray], on_tensor: Callable[[int], None] | None = None,
                chunk_bytes: int = 16 * 2 ** 20) -> None:
@@ -188,7 +198,7 @@ def write_file(file: str, specs: Iterable[tuple[str, str, tuple[int, ...]]],
     each tensor's data comes from `fetch(name)`, one at a time, so only one is ever in memory.
     `fetch` may return any float array of the right shape (e.g. a transposed view): it is cast
     and made contiguous `chunk_bytes` at a time, so no second full-size copy is made."""
-    specs = list(specs)
+    specs = sorted(specs, key=header_order)
     header, offset = {"__metadata__": {"format": "pt"}}, 0
     for name, dtype, shape in specs:
         nbytes = math.prod(shape) * DTYPES[dtype].itemsize

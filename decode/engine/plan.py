@@ -168,7 +168,8 @@ def cache_choice(config: ModelConfig, placement: Placement, spec: StepSpec, engi
     page_size, num_pages = placement.page_size, placement.num_pages
     attention, kv_tile, dtype = placement.attention, placement.kv_tile, jnp.dtype(placement.dtype)
     if page_size is None and num_pages is None:
-        page_size = paged.auto_page_size(platform, config.num_heads, config.num_kv_heads, dtype,
+        page_size = paged.auto_page_size(platform, config.num_heads, config.num_kv_heads,
+                                         config.head_dim, dtype,
                                          tensor, continuous=continuous)
     if placement.kv_dtype == "int8":
         attention, page_size = int8_cache(attention, platform, page_size,
@@ -180,7 +181,8 @@ def cache_choice(config: ModelConfig, placement: Placement, spec: StepSpec, engi
                                                dtype.itemsize, device_smem)
             kv_tile = paged.gather_tile(platform, kv_tile, page_size)      # the gather path's
             if paged.implementation_for(platform) == paged.RAGGED:
-                paged.check_ragged(config.num_heads, config.num_kv_heads, dtype, tensor)
+                paged.check_ragged(config.num_heads, config.num_kv_heads, config.head_dim, dtype,
+                                   tensor)
         elif attn_table.BACKENDS[attention if attention != attn_table.AUTO else attn_backends.resolve(
                 attention, "cache", backend=platform, dtype=dtype)].smem_tile:
             # the Triton kernel's tile must fit the device's shared memory
@@ -188,8 +190,10 @@ def cache_choice(config: ModelConfig, placement: Placement, spec: StepSpec, engi
             kv_tile = ca.pallas_tile(min(kv_tile, rows), q_rows, config.head_dim, dtype.itemsize,
                                      device_smem)
     except ValueError as e:
-        where = f"--page-size on {platform}: " if page_size and paged.RAGGED in str(e) else ""
-        raise DecodeConfigError(f"{where}{e}") from None
+        if page_size and paged.RAGGED in str(e):
+            raise DecodeConfigError(f"--page-size on {platform}: {e}; use --page-size 0 (the "
+                                    "dense cache)", "page_size") from None
+        raise DecodeConfigError(str(e)) from None
     return dict(page_size=page_size, num_pages=num_pages, attention=attention, kv_tile=kv_tile)
 
 

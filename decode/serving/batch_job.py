@@ -7,7 +7,9 @@ chat: the checkpoint's chat template), an optional `id` (string or int; default:
 and optional per-line settings overriding the command line's: max_new_tokens (or max_tokens), tau,
 lam, temperature, top_k, top_p, stop (a string or a list of strings), seed. Blank lines are skipped.
 Every line is checked (JSON, fields, settings, prompt length against the capacity) before the
-checkpoint is read; a bad line is named by its line number and field.
+checkpoint is read; a bad line is named by its line number and field. As for a single prompt, the
+window is no wider than the longest max_new_tokens of the file (`decode.config.useful_window`): a
+job of short answers decodes with a narrower window and a capacity sized to its lines.
 
 Output: one JSON line per request, written (flushed and fsynced) as the request finishes, in finish
 order: id, text, token_ids, finish_reason ('stop' | 'length'), prompt_tokens, completion_tokens,
@@ -46,7 +48,7 @@ import os
 import sys
 import time
 
-from decode.config import DecodeConfigError, DoorOptions, Sampling
+from decode.config import DecodeConfigError, DoorOptions, Sampling, useful_window
 
 SETTINGS = tuple(k for k in Sampling.options() if k != "stop_token_ids")   # a line's own settings
 FIELDS = ("id", "prompt", "messages", "max_tokens", "stop") + SETTINGS
@@ -338,6 +340,9 @@ def run_job(args) -> int:
         return 0
     # from every line, not only those left: a rerun compiles the same programs and decodes alike
     capacity = args.capacity or max(len(it.prompt_ids) + it.sampling.max_new_tokens for it in items)
+    window = useful_window(opts.engine.window, opts.engine.method,
+                           max(it.sampling.max_new_tokens for it in items))
+    opts = dataclasses.replace(opts, engine=opts.engine.replace(window=window))
 
     from decode.serving.batching import Batcher
     decoder = build_decoder(ckpt, opts, capacity)

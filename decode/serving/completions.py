@@ -22,6 +22,8 @@ from decode.serving.protocol import (MAX_BATCH, APIError, Settings, bad, chat_lo
                              parse_settings)
 from decode.text import TextStream, split_stop_strings
 
+DISCONNECT_POLL_S = 0.25   # how often a non-streaming request looks whether its client is still there
+
 
 def usage(n_prompt: int, n_out: int, fin=None) -> dict:
     out = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
@@ -139,21 +141,28 @@ class Completions:
                                      generated tokens' log-probabilities) is awaited all the same
             ('failed', message)      the request failed in the engine (the server goes on)
             ('error', APIError)      the engine failed or is stopping
-            ('gone', None)           `http`'s client went away (polled every 0.5 s while waiting
-                                     when `http` is given; the request is cancelled)
+            ('gone', None)           `http`'s client went away (when `http` is given, polled
+                                     every DISCONNECT_POLL_S whether tokens arrive or not; the
+                                     request is cancelled)
 
         one of the last four ends it."""
+        poll_at = time.monotonic() + DISCONNECT_POLL_S
         while True:
             if http is None:
                 kind, val = await q.get()
             else:
                 try:
-                    kind, val = await asyncio.wait_for(q.get(), timeout=0.5)
+                    kind, val = await asyncio.wait_for(
+                        q.get(), timeout=max(poll_at - time.monotonic(), 0.0))
                 except asyncio.TimeoutError:
+                    kind = None
+                if time.monotonic() >= poll_at:   # a busy request is polled too, between tokens
+                    poll_at = time.monotonic() + DISCONNECT_POLL_S
                     if await http.is_disconnected():
                         self.engine.cancel(rid)
                         yield "gone", None
                         return
+                if kind is None:
                     continue
             if kind == "tokens":
                 delta = text.add(val)

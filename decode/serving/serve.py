@@ -224,6 +224,10 @@ def main(argv=None) -> int:
     except (DecodeConfigError, ValueError, FileNotFoundError) as e:
         print(f"wedlm-serve: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("\nwedlm-serve: interrupted (Ctrl-C) while loading or compiling; not serving",
+              file=sys.stderr)
+        return 130
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):   # SIGTERM / SIGINT: refuse new work at once

@@ -41,10 +41,11 @@ import time
 from typing import Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from decode.config import (DecodeConfig, DecodeConfigError, EngineOptions, Method, Placement,
-                           Sampling, check_prompts)
+                           Sampling, check_prompts, useful_window)
 from decode.engine.decoder import Decoder
 from decode.engine.state import Request, pow2_at_least
 from decode.engine.programs import compiled_count
@@ -74,7 +75,7 @@ class RowStats:
     n_fwd: int
     tokens_per_forward: float
     p_cache: float
-    finish: str  # 'stop' | 'length' (budget or capacity)
+    finish: str  # 'stop' | 'length' (budget or capacity) | 'interrupted' (Ctrl-C came first)
     accepted: int = 0   # method 'verified': drafts accepted (and emitted)
     rejected: int = 0   # method 'verified': drafts that failed verification
 
@@ -143,8 +144,7 @@ def static_decoder(params, model_config: ModelConfig, num_prompts: int, dc: Deco
     multiple = 1
     if mesh is not None:
         multiple = int(mesh.shape.get("data", 1)) * int(mesh.shape.get("fsdp", 1))
-    # verified windows start at the pending token (position P - 1): one slot more than the budget
-    window = max(1, min(dc.window, longest_budget + (dc.method == "verified")))
+    window = useful_window(dc.window, dc.method, longest_budget)
     engine = EngineOptions(**Method.pick(dc), slots=batch_bucket(num_prompts, multiple),
                            capacity=capacity_bucket(capacity), steps_per_call=STATIC_STEPS_PER_CALL,
                            allow_long=True).replace(window=window)
@@ -223,11 +223,13 @@ def generate(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]]
     max_chunks = (2 * (dc.max_new_tokens + 2 * decoder.window) + 8) // decoder.steps_per_call + 3
     t0 = time.perf_counter()
     done = np.asarray([r is None for r in requests])
+    counters = counter_copies(state)   # the last chunk's, should Ctrl-C take the donated state
     try:
         for _ in range(max_chunks):
             if done.all():
                 break
             state, res = decoder.generate(state)
+            counters = counter_copies(state)
             done = res.done[:len(requests)]
             iterations += res.steps
             for i in live:
@@ -243,22 +245,23 @@ def generate(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]]
     except KeyboardInterrupt:
         interrupted = True
     wall = time.perf_counter() - t0
-    host = row_counters(state, decoder.slots)
-    return _collect(tokens, host, requests, dc, wall, setup_s, iterations, tokenizer, interrupted,
-                    logprobs)
+    host = jax.device_get(counters)
+    return _collect(tokens, host, requests, dc, wall, setup_s, iterations, tokenizer,
+                    done if interrupted else None, logprobs)
 
 
-def row_counters(state, slots: int):
-    """(steps, n_fwd, accepted, rejected) per slot; zeros when Ctrl-C came while a call held the
-    donated state (its buffers are gone; the tokens handed out before it are kept)."""
-    fields = (state.steps, state.n_fwd, state.accepted, state.rejected)
-    if any(x.is_deleted() for x in fields):
-        return tuple(np.zeros((slots,), np.int32) for _ in fields)
-    return jax.device_get(fields)
+def counter_copies(state) -> tuple:
+    """Device copies of (steps, n_fwd, accepted, rejected) per slot, taken after a chunk (no host
+    round trip): what the result reports when Ctrl-C came while the next call held the donated
+    state (its buffers are gone; the tokens handed out before it are kept)."""
+    return tuple(jnp.copy(x) for x in (state.steps, state.n_fwd, state.accepted, state.rejected))
 
 
 def _collect(tokens, host, requests, dc: DecodeConfig, wall, compile_s, iterations, tokenizer,
-             interrupted, logprobs=None) -> DecodeResult:
+             done_when_interrupted, logprobs=None) -> DecodeResult:
+    """The result; `done_when_interrupted`: None, or (Ctrl-C) the rows done by then: the others'
+    finish is 'interrupted'."""
+    interrupted = done_when_interrupted is not None
     steps_a, nfwd_a, acc_a, rej_a = host
     rows = []
     stops = set(dc.stop_token_ids)
@@ -267,6 +270,8 @@ def _collect(tokens, host, requests, dc: DecodeConfig, wall, compile_s, iteratio
         steps = int(steps_a[r]) if live else 0
         nfwd = int(nfwd_a[r]) if live else 0
         finish = "stop" if ids and ids[-1] in stops else "length"
+        if interrupted and live and not done_when_interrupted[r]:
+            finish = "interrupted"
         rows.append(RowStats(steps=steps, n_gen=len(ids), n_fwd=nfwd,
                              tokens_per_forward=_ratio(len(ids), steps),
                              p_cache=_ratio(len(ids), nfwd), finish=finish,

@@ -124,18 +124,18 @@ CPU_CONTINUOUS_PAGE_SIZE = 16
 GPU_GATHER_ROWS = 1024
 
 
-def auto_page_size(platform: str | None, num_heads: int, kv_heads: int, dtype, tensor: int = 1,
-                   *, continuous: bool = False) -> int:
+def auto_page_size(platform: str | None, num_heads: int, kv_heads: int, head_dim: int, dtype,
+                   tensor: int = 1, *, continuous: bool = False) -> int:
     """The page size of the cache a Decoder builds when none is asked for: TPU_PAGE_SIZE on TPU
-    where the ragged kernel tiles the heads (slots over data x fsdp or not: a pool per shard);
-    for a `continuous`-batching door GPU_PAGE_SIZE on GPU and CPU_CONTINUOUS_PAGE_SIZE on CPU;
+    where the ragged kernel reads the heads (`check_ragged`; slots over data x fsdp or not: a
+    pool per shard); for a `continuous`-batching door GPU_PAGE_SIZE on GPU and CPU_CONTINUOUS_PAGE_SIZE on CPU;
     else 0 (the dense cache)."""
     if platform in ("gpu", "cuda", "rocm"):
         return GPU_PAGE_SIZE if continuous else 0
     if implementation_for(platform) != RAGGED:
         return CPU_CONTINUOUS_PAGE_SIZE if continuous and platform == "cpu" else 0
     try:
-        check_ragged(num_heads, kv_heads, dtype, tensor)
+        check_ragged(num_heads, kv_heads, head_dim, dtype, tensor)
     except ValueError:
         return 0
     return TPU_PAGE_SIZE
@@ -149,12 +149,21 @@ def gather_tile(platform: str | None, kv_tile: int, page_size: int) -> int:
     return max(page_size, rows // page_size * page_size)
 
 
-def check_ragged(num_heads: int, kv_heads: int, dtype, tensor: int = 1) -> None:
-    """A ValueError naming the heads unless jax's TPU ragged paged attention kernel can tile them:
-    the K/V heads interleaved in the pool (2 x KVH) must fill the TPU's tiles (the kernel's own
-    rule, asked of the kernel before anything compiles); with heads over `tensor` devices, each
-    device's share."""
+# jax's TPU ragged paged attention kernel keeps each query row's running max and sum in rows of
+# 128 lanes and broadcasts them across head_dim by whole copies (an AssertionError inside the
+# kernel's tracing otherwise): it reads heads of a multiple of 128 values only.
+RAGGED_HEAD_DIM_MULTIPLE = 128
+
+
+def check_ragged(num_heads: int, kv_heads: int, head_dim: int, dtype, tensor: int = 1) -> None:
+    """A ValueError naming the heads unless jax's TPU ragged paged attention kernel can read them:
+    head_dim a multiple of RAGGED_HEAD_DIM_MULTIPLE, and the K/V heads interleaved in the pool
+    (2 x KVH) filling the TPU's tiles (the kernel's own rule, asked of the kernel before anything
+    compiles); with heads over `tensor` devices, each device's share."""
     from jax.experimental.pallas.ops.tpu.ragged_paged_attention.kernel import get_min_heads_per_blk
+    if head_dim % RAGGED_HEAD_DIM_MULTIPLE:
+        raise ValueError(f"the TPU ragged paged attention kernel reads heads of a multiple of "
+                         f"{RAGGED_HEAD_DIM_MULTIPLE} values; this model's head_dim is {head_dim}")
     try:
         get_min_heads_per_blk(num_heads // tensor, 2 * kv_heads // tensor, dtype, dtype)
     except (ValueError, AssertionError) as e:

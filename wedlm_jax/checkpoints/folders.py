@@ -19,6 +19,7 @@ import tempfile
 from typing import Iterator
 
 from wedlm_jax import safetensors_io as st
+from wedlm_jax.config import ConfigError, ModelConfig
 from wedlm_jax.safetensors_io import CheckpointError
 
 PARAMS_DIR = "params"   # an Orbax checkpoint's parameters: DIR/params/
@@ -28,6 +29,51 @@ def write_json(path: str, obj) -> None:
     with open(path, "w") as f:
         json.dump(obj, f, indent=2)
         f.write("\n")
+
+
+def carried_config(hf: dict, source: str | None) -> dict:
+    """The config.json a conversion writes: `source`'s (a folder's config.json, when there is one)
+    with every field kept, in its order, except those whose value the conversion's `hf` changes.
+    The fields of `hf` the source lacks come after, only where the model config read from the
+    source's fields would differ (an older spelling, e.g. top-level rope_theta beside
+    rope_parameters, is not added) and for the weights' `dtype` when the source names none."""
+    path = os.path.join(source, "config.json") if source else None
+    raw = {}
+    if path and os.path.isfile(path):
+        with open(path) as f:
+            raw = json.load(f)
+    out = dict(raw)
+    out.update({k: v for k, v in hf.items() if k in raw and raw[k] != v})
+    missing = {k: v for k, v in hf.items() if k not in raw}
+    try:
+        reads_same = bool(raw) and ModelConfig.from_hf_dict(out) == ModelConfig.from_hf_dict(hf)
+    except ConfigError:
+        reads_same = False
+    if reads_same:
+        missing = {k: v for k, v in missing.items()
+                   if k == "dtype" and "torch_dtype" not in raw}
+    out.update(missing)
+    return out
+
+
+def write_config(folder: str, hf: dict, source: str | None) -> None:
+    """`carried_config` into `folder`/config.json: the source's file byte for byte when the
+    conversion changes none of its fields."""
+    out = carried_config(hf, source)
+    path = os.path.join(source, "config.json") if source else None
+    if path and os.path.isfile(path):
+        with open(path) as f:
+            unchanged = json.load(f) == out      # then `out` holds the source's keys in its order
+        if unchanged:
+            shutil.copyfile(path, os.path.join(folder, "config.json"))
+            return
+    write_json(os.path.join(folder, "config.json"), out)
+
+
+def current_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def looks_like_checkpoint(folder: str) -> bool:
@@ -69,6 +115,7 @@ def atomic_output_dir(out_dir, force: bool = False, is_complete=looks_like_check
     tmp = tempfile.mkdtemp(prefix=f".{name}.partial-{_owner_tag()}-", dir=parent)
     try:
         yield tmp
+        os.chmod(tmp, 0o777 & ~current_umask())   # mkdtemp's 0700 would outlive the rename
         check_out_dir(out_dir, force, is_complete, what)
         if os.path.lexists(out_dir):
             old = tempfile.mkdtemp(prefix=f".{name}.old-{_owner_tag()}-", dir=parent)

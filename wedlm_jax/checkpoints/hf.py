@@ -15,7 +15,8 @@ import numpy as np
 
 from wedlm_jax import hf_mapping, model
 from wedlm_jax import safetensors_io as st
-from wedlm_jax.checkpoints.folders import atomic_output_dir, check_out_dir, write_json
+from wedlm_jax.checkpoints.folders import (atomic_output_dir, carried_config, check_out_dir,
+                                           write_config, write_json)
 from wedlm_jax.checkpoints.tensors import (LIST_LIMIT, check_params, copy_tokenizer,
                                            count_nonfinite, name_list, nonfinite_error, parse_dtype,
                                            parse_size, progress_bar, read_config,
@@ -118,10 +119,12 @@ def to_host(x) -> np.ndarray:
 
 def save_hf_checkpoint(config: ModelConfig, params, out_dir, *, dtype=None,
                        max_shard_size: int | str = "5GB", tokenizer_from=None, force: bool = False,
-                       progress: bool = True) -> str:
+                       progress: bool = True, config_from=None) -> str:
     """Write `params` as a Hugging Face checkpoint folder: safetensors (sharded with
-    `model.safetensors.index.json` above `max_shard_size`), `config.json`, tokenizer files from
-    `tokenizer_from`. Arrays are gathered to the host one tensor at a time. Returns out_dir."""
+    `model.safetensors.index.json` above `max_shard_size`), `config.json` (carrying every field of
+    `config_from`'s config.json that this one does not change: `folders.carried_config`),
+    tokenizer files from `tokenizer_from`. Arrays are gathered to the host one tensor at a time.
+    Returns out_dir."""
     target = parse_dtype(dtype)
     limit = parse_size(max_shard_size)
     check_params(config, params)
@@ -155,7 +158,9 @@ def save_hf_checkpoint(config: ModelConfig, params, out_dir, *, dtype=None,
         copy_tokenizer(tokenizer_from, tmp)
         hf = config.to_hf_dict()
         hf["dtype"] = "bfloat16" if specs[0][1] == "BF16" else "float32"
-        write_json(os.path.join(tmp, "config.json"), hf)
+        if "torch_dtype" in carried_config({}, config_from):   # the older name, kept in step
+            hf["torch_dtype"] = hf["dtype"]
+        write_config(tmp, hf, config_from)
     return os.path.abspath(os.fspath(out_dir))
 
 

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from wedlm_jax import hf_mapping, model
-from wedlm_jax.checkpoints.folders import PARAMS_DIR, atomic_output_dir, write_json
+from wedlm_jax.checkpoints.folders import PARAMS_DIR, atomic_output_dir, write_config
 from wedlm_jax.checkpoints.tensors import (check_params, copy_tokenizer, nonfinite_error,
                                            parse_dtype, read_config, release_host_memory, settle,
                                            target_shardings)
@@ -32,9 +32,11 @@ def checkpointer():
     return ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_compression=False))
 
 
-def save_orbax(config: ModelConfig, params, out_dir, tokenizer_from=None, force: bool = False) -> str:
+def save_orbax(config: ModelConfig, params, out_dir, tokenizer_from=None, force: bool = False,
+               config_from=None) -> str:
     """Write `DIR/config.json`, `DIR/params/` (Orbax PyTree checkpoint) and the tokenizer files,
-    atomically."""
+    atomically; the config carries every field of `config_from`'s config.json that `config` does
+    not change (`folders.carried_config`)."""
     ocp = _orbax()
     check_params(config, params)
     with atomic_output_dir(out_dir, force) as tmp:
@@ -42,7 +44,7 @@ def save_orbax(config: ModelConfig, params, out_dir, tokenizer_from=None, force:
         ckptr.save(os.path.join(tmp, PARAMS_DIR), args=ocp.args.PyTreeSave(params))
         ckptr.close()
         copy_tokenizer(tokenizer_from, tmp)
-        write_json(os.path.join(tmp, "config.json"), config.to_hf_dict())
+        write_config(tmp, config.to_hf_dict(), config_from)
     return os.path.abspath(os.fspath(out_dir))
 
 
