@@ -55,6 +55,7 @@ FORWARD_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 # the Batcher's finishes in vLLM's words (a request cancelled at a stop string is named 'stop'
 # by whoever cancelled it)
 REASONS = {"stop": "stop", "length": "length", "cancelled": "abort", "error": "error"}
+GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 
 
 @dataclasses.dataclass
@@ -82,10 +83,11 @@ class ServerMetrics:
 
         def gauge(name, doc, read):
             Gauge(name, doc, m, registry=r).labels(model_name).set_function(read)
-        gauge("vllm:num_requests_running", "Requests in a slot", lambda: batcher.num_active)
-        gauge("vllm:num_requests_waiting", "Requests waiting for a slot", lambda: batcher.num_waiting)
-        gauge("vllm:kv_cache_usage_perc", "KV-cache in use, 0 to 1 (paged: pages held by live "
-              "requests; dense: live slots)", self.cache_usage)
+        running, waiting, usage = GAUGES
+        gauge(running, "Requests in a slot", lambda: batcher.num_active)
+        gauge(waiting, "Requests waiting for a slot", lambda: batcher.num_waiting)
+        gauge(usage, "KV-cache in use, 0 to 1 (paged: pages held by live requests; dense: live "
+              "slots)", self.cache_usage)
         c = lambda name, doc, labels=m: Counter(name, doc, labels, registry=r)  # noqa: E731
         h = lambda name, doc, buckets, labels=m: Histogram(name, doc, labels, registry=r,  # noqa: E731
                                                            buckets=buckets)
@@ -238,9 +240,12 @@ def snapshot(registry) -> dict:
 
 
 def summary_line(values: dict) -> str:
-    """A snapshot in one line: counters and gauges as name=value, histograms as name mean (count)."""
+    """A snapshot in one line: counters as name=value, histograms as name mean (count); the gauges
+    (what is running now) left out."""
     parts = []
     for name, v in values.items():
+        if name in GAUGES:
+            continue
         if isinstance(v, dict) and "buckets" in v:
             parts.append(f"{name} mean {v['mean']:.3g} (n={v['count']:g})")
         elif isinstance(v, dict):
