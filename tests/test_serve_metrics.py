@@ -204,7 +204,8 @@ def test_gauges_read_the_batcher(server):
     assert 0 < v["vllm:kv_cache_usage_perc"] <= 1
     batcher.run_until_idle()
     v = values()
-    assert (v["vllm:num_requests_running"], v["vllm:num_requests_waiting"], v["vllm:kv_cache_usage_perc"]) == (0, 0, 0)
+    assert (v["vllm:num_requests_running"], v["vllm:num_requests_waiting"],
+            v["vllm:kv_cache_usage_perc"]) == (0, 0, 0)
 
 
 def test_registries_are_per_server_and_the_hook_counts(server):

@@ -41,7 +41,8 @@ import os
 import time
 
 from decode.config import DecodeConfigError
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
+                               generate_latest)
 
 log = logging.getLogger("wedlm-serve")
 
@@ -97,20 +98,23 @@ class ServerMetrics:
                                 "cache").labels(model_name)
         self.prefix_hits = c("vllm:prefix_cache_hits", "Prompt tokens reused from the prefix "
                              "cache").labels(model_name)
-        self.preemptions = c("vllm:num_preemptions", "Requests preempted to free pages").labels(model_name)
+        self.preemptions = c("vllm:num_preemptions", "Requests preempted to free pages").labels(
+            model_name)
         self.success = c("vllm:request_success", "Requests finished, by reason",
                          ["model_name", "finished_reason"])
         self.model_name = model_name
-        self.ttft = h("vllm:time_to_first_token_seconds", "Submit to first tokens", LATENCY_BUCKETS).labels(model_name)
-        self.e2e = h("vllm:e2e_request_latency_seconds", "Submit to finish", LATENCY_BUCKETS).labels(model_name)
+        self.ttft = h("vllm:time_to_first_token_seconds", "Submit to first tokens",
+                      LATENCY_BUCKETS).labels(model_name)
+        self.e2e = h("vllm:e2e_request_latency_seconds", "Submit to finish",
+                     LATENCY_BUCKETS).labels(model_name)
         self.tpot = h("vllm:time_per_output_token_seconds", "First to last chunk / tokens after the "
                       "first chunk, per request", TOKEN_TIME_BUCKETS).labels(model_name)
         self.request_prompt = h("vllm:request_prompt_tokens", "Prompt tokens per request",
                                 COUNT_BUCKETS).labels(model_name)
         self.request_generation = h("vllm:request_generation_tokens", "Generated tokens per request",
                                     COUNT_BUCKETS).labels(model_name)
-        self.tokens_per_forward = h("wedlm:tokens_per_forward", "Generated tokens / forwards, per request",
-                                    PER_FORWARD_BUCKETS, w).labels(method)
+        self.tokens_per_forward = h("wedlm:tokens_per_forward", "Generated tokens / forwards, per "
+                                    "request", PER_FORWARD_BUCKETS, w).labels(method)
         self.p_cache = h("wedlm:p_cache", "Generated tokens / token slots processed, per request",
                          P_CACHE_BUCKETS, w).labels(method)
         self.forwards = h("wedlm:forwards_per_request", "Forwards while the request was live",
