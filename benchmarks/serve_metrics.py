@@ -8,13 +8,12 @@ One `wedlm-serve` subprocess (benchmarks.serve's, the demo model, streaming W 8,
 capacity 512, the CPU's default pages). Each round runs two windows of closed-loop load
 (`--clients` streaming clients, `--requests` each, over the demo's held-out prompts), one plain
 and one with a scraper fetching /metrics every `--interval` seconds, their order alternating by
-round; tokens/s per window, the medians of each kind, overhead = 1 - median(scraped) /
-median(plain), and the paired figure 1 - median over rounds of (scraped / plain), each round's two
-windows adjacent in time (on a shared machine, the figure a drift in load disturbs least). The last scrape is parsed with
-prometheus_client's parser, and the generation counter's growth over the run is printed beside
-the completion tokens the clients were served. The server process's CPU seconds per 1,000 tokens
-(Linux /proc; all its threads) are compared the same way: on a machine other processes load, a
-steadier measure of the work the scrapes add than the wall clock's tokens/s.
+round. Reported: tokens/s per window, the medians of each kind, overhead = 1 - median(scraped) /
+median(plain), the paired figure 1 - median over rounds of (scraped / plain), and the server
+process's CPU seconds per 1,000 tokens by kind (Linux /proc, all its threads; on a machine other
+processes load, steadier than the wall clock). The last scrape is parsed with prometheus_client's
+parser, and the generation counter's growth over the run is printed beside the completion tokens
+the clients were served.
 
 Also, timed in this process without a device: the recording cost per request
 (`ServerMetrics.counting` and `finished` on a request of 64 tokens in 8 chunks) and one
@@ -108,7 +107,8 @@ def host_costs(reps: int = 2000) -> tuple[float, float]:
 
 def main(argv=None) -> int:
     from demo.eval import DEMO_MODEL
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.serve_metrics", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.serve_metrics",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=DEMO_MODEL)
     ap.add_argument("--rounds", type=int, default=16)
     ap.add_argument("--clients", type=int, default=8)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import time
 
 import pytest
 
@@ -140,7 +141,10 @@ def test_stop_string_is_counted_as_stop(server):
     assert len(stop) == 3
     before = scrape(c)
     a = completion(c, prompt="hello world", max_tokens=64, stop=[stop])
-    after = scrape(c)
+    # the answer leaves at the stop string; its cancelled slot ends at the engine's next step
+    deadline = time.time() + 30
+    while (after := scrape(c))[("vllm:num_requests_running", ())] and time.time() < deadline:
+        time.sleep(0.05)
     assert a["choices"][0]["finish_reason"] == "stop"
     assert delta(after, before, "vllm:request_success_total", finished_reason="stop") == 1
     assert delta(after, before, "vllm:request_success_total", finished_reason="abort") == 0
@@ -183,6 +187,27 @@ def test_one_log_line_per_request_without_the_prompt(server, caplog):
     assert len(lines) == 1 and repr(secret) in lines[0]
 
 
+def test_gauges_read_the_batcher(server):
+    """Running, waiting and KV-cache usage follow a Batcher's slots, queue and page pool."""
+    from decode.engine.state import Request
+    from decode.serving.batching import Batcher
+    batcher = Batcher(server["engine"].batcher.decoder)      # the server's Decoder, idle meanwhile
+    values = ServerMetrics(batcher, "tiny", "streaming").snapshot
+    for i in range(3):
+        batcher.submit(Request(prompt=(5 + i, 6, 7, 8, 9), max_new_tokens=40))
+    v = values()
+    assert (v["vllm:num_requests_running"], v["vllm:num_requests_waiting"]) == (0, 3)
+    assert v["vllm:kv_cache_usage_perc"] == 0
+    batcher.step()
+    v = values()
+    assert (v["vllm:num_requests_running"], v["vllm:num_requests_waiting"]) == (2, 1)   # 2 slots
+    assert 0 < v["vllm:kv_cache_usage_perc"] <= 1
+    batcher.run_until_idle()
+    v = values()
+    assert (v["vllm:num_requests_running"], v["vllm:num_requests_waiting"],
+            v["vllm:kv_cache_usage_perc"]) == (0, 0, 0)
+
+
 def test_registries_are_per_server_and_the_hook_counts(server):
     """A second ServerMetrics in the process neither collides with nor shares the first's values."""
     first = server["engine"].metrics
@@ -204,6 +229,7 @@ def test_batch_job_writes_the_counters(ckpt, tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 0, err
     assert "wedlm-decode: metrics: " in err and "vllm:generation_tokens_total=" in err
+    assert "vllm:num_requests_running" not in err       # the summary line leaves the gauges out
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     m = json.loads(mf.read_text())
     assert m["vllm:request_success_total"] == {"length": len(prompts)}

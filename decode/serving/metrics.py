@@ -41,7 +41,8 @@ import os
 import time
 
 from decode.config import DecodeConfigError
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
+                               generate_latest)
 
 log = logging.getLogger("wedlm-serve")
 
@@ -55,6 +56,7 @@ FORWARD_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 # the Batcher's finishes in vLLM's words (a request cancelled at a stop string is named 'stop'
 # by whoever cancelled it)
 REASONS = {"stop": "stop", "length": "length", "cancelled": "abort", "error": "error"}
+GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 
 
 @dataclasses.dataclass
@@ -82,10 +84,11 @@ class ServerMetrics:
 
         def gauge(name, doc, read):
             Gauge(name, doc, m, registry=r).labels(model_name).set_function(read)
-        gauge("vllm:num_requests_running", "Requests in a slot", lambda: batcher.num_active)
-        gauge("vllm:num_requests_waiting", "Requests waiting for a slot", lambda: batcher.num_waiting)
-        gauge("vllm:kv_cache_usage_perc", "KV-cache in use, 0 to 1 (paged: pages held by live "
-              "requests; dense: live slots)", self.cache_usage)
+        running, waiting, usage = GAUGES
+        gauge(running, "Requests in a slot", lambda: batcher.num_active)
+        gauge(waiting, "Requests waiting for a slot", lambda: batcher.num_waiting)
+        gauge(usage, "KV-cache in use, 0 to 1 (paged: pages held by live requests; dense: live "
+              "slots)", self.cache_usage)
         c = lambda name, doc, labels=m: Counter(name, doc, labels, registry=r)  # noqa: E731
         h = lambda name, doc, buckets, labels=m: Histogram(name, doc, labels, registry=r,  # noqa: E731
                                                            buckets=buckets)
@@ -95,20 +98,23 @@ class ServerMetrics:
                                 "cache").labels(model_name)
         self.prefix_hits = c("vllm:prefix_cache_hits", "Prompt tokens reused from the prefix "
                              "cache").labels(model_name)
-        self.preemptions = c("vllm:num_preemptions", "Requests preempted to free pages").labels(model_name)
+        self.preemptions = c("vllm:num_preemptions", "Requests preempted to free pages").labels(
+            model_name)
         self.success = c("vllm:request_success", "Requests finished, by reason",
                          ["model_name", "finished_reason"])
         self.model_name = model_name
-        self.ttft = h("vllm:time_to_first_token_seconds", "Submit to first tokens", LATENCY_BUCKETS).labels(model_name)
-        self.e2e = h("vllm:e2e_request_latency_seconds", "Submit to finish", LATENCY_BUCKETS).labels(model_name)
+        self.ttft = h("vllm:time_to_first_token_seconds", "Submit to first tokens",
+                      LATENCY_BUCKETS).labels(model_name)
+        self.e2e = h("vllm:e2e_request_latency_seconds", "Submit to finish",
+                     LATENCY_BUCKETS).labels(model_name)
         self.tpot = h("vllm:time_per_output_token_seconds", "First to last chunk / tokens after the "
                       "first chunk, per request", TOKEN_TIME_BUCKETS).labels(model_name)
         self.request_prompt = h("vllm:request_prompt_tokens", "Prompt tokens per request",
                                 COUNT_BUCKETS).labels(model_name)
         self.request_generation = h("vllm:request_generation_tokens", "Generated tokens per request",
                                     COUNT_BUCKETS).labels(model_name)
-        self.tokens_per_forward = h("wedlm:tokens_per_forward", "Generated tokens / forwards, per request",
-                                    PER_FORWARD_BUCKETS, w).labels(method)
+        self.tokens_per_forward = h("wedlm:tokens_per_forward", "Generated tokens / forwards, per "
+                                    "request", PER_FORWARD_BUCKETS, w).labels(method)
         self.p_cache = h("wedlm:p_cache", "Generated tokens / token slots processed, per request",
                          P_CACHE_BUCKETS, w).labels(method)
         self.forwards = h("wedlm:forwards_per_request", "Forwards while the request was live",
@@ -238,9 +244,12 @@ def snapshot(registry) -> dict:
 
 
 def summary_line(values: dict) -> str:
-    """A snapshot in one line: counters and gauges as name=value, histograms as name mean (count)."""
+    """A snapshot in one line: counters as name=value, histograms as name mean (count); the gauges
+    (what is running now) left out."""
     parts = []
     for name, v in values.items():
+        if name in GAUGES:
+            continue
         if isinstance(v, dict) and "buckets" in v:
             parts.append(f"{name} mean {v['mean']:.3g} (n={v['count']:g})")
         elif isinstance(v, dict):
