@@ -209,7 +209,7 @@ def test_a_bad_value_gets_the_same_words_at_every_door(ckpt, tmp_path, capsys, n
 def test_engine_options_refused_at_start_at_every_door(ckpt, tmp_path, capsys):
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps({"prompt": "hi"}) + "\n")
-    for flag, value, words in (("--window", "0", "window must be an int in [1, 2147483647], got 0"),
+    for flag, value, words in (("--window", "0", "window must be an int in [1, 256], got 0"),
                                ("--refill", "sideways", "refill 'sideways' is unknown; allowed: before, after"),
                                ("--slots", "0", "slots must be an int in [1, 2147483647], got 0"),
                                ("--prefill-chunk", "-3", "prefill_chunk must be an int in [1, 2147483647], got -3")):
@@ -226,9 +226,9 @@ def test_decoder_checks_with_the_same_definitions():
     """The library door (Decoder, Request, DecodeConfig) refuses with the doors' words."""
     for make, words in ((lambda: Sampling(tau=-1), BAD[0][2]),
                         (lambda: Sampling(top_k=2**40), BAD[3][2]),
-                        (lambda: EngineOptions(window=0), "window must be an int in [1, 2147483647], got 0")):
+                        (lambda: EngineOptions(window=0), "window must be an int in [1, 256], got 0")):
         with pytest.raises(DecodeConfigError) as e:
             make()
         assert str(e.value) == words
-    with pytest.raises(DecodeConfigError, match=r"window must be an int in \[1, 2147483647\], got 0"):
+    with pytest.raises(DecodeConfigError, match=r"window must be an int in \[1, 256\], got 0"):
         plans.decoder({}, None, window=0)
