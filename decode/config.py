@@ -210,7 +210,8 @@ class Placement(Checked):
     page_size: int | None = option(
         None, int, "a paged KV cache shared by the slots, pages of this many rows, with "
         "prompt-prefix reuse (--input and wedlm-serve); 0: each slot reserves its capacity; "
-        "default: pages of 64 on TPU (the ragged kernel moves fewer bytes per step); for "
+        "default: pages of 64 on TPU (the ragged kernel moves fewer bytes per step; it reads "
+        "head_dim multiples of 128 only, other models take 0 there); for "
         "wedlm-serve and --input pages of 64 on GPU (the Triton paged kernel) and of 16 on CPU "
         "(live-slot steps, prefix reuse); each slot its capacity for a static batch off TPU",
         low=0, optional=True)

@@ -113,7 +113,7 @@ def test_stop_strings(ckpt):
 
 def test_cli_bad_input(ckpt, capsys, tmp_path):
     path, _, _ = ckpt
-    for argv, words in [(["--window", "0"], "window must be an int in [1, 2147483647], got 0"),
+    for argv, words in [(["--window", "0"], "window must be an int in [1, 256], got 0"),
                         (["--method", "beam"], "method 'beam' is unknown; allowed: streaming, block, ar"),
                         (["--top-p", "0"], "top_p must be in (0, 1]"),
                         (["--stop", ""], "stop string '' tokenizes to nothing")]:

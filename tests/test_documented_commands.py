@@ -148,10 +148,10 @@ def dry_runs() -> list[str]:
     """The training dry runs the docs show (their optional options left out), each once."""
     out = []
     for _, command in documented():
-        if "--dry-run" in command and "train" in command.split()[2 if command.startswith("python") else 0]:
-            bare = re.sub(r"\s\[[^\[\]]*\]", "", command)
-            if bare not in out:
-                out.append(bare)
+        bare = re.sub(r"\s\[[^\[\]]*\]", "", command)
+        tool, argv = argv_of(bare)
+        if tool == "train" and "--dry-run" in argv and bare not in out:
+            out.append(bare)
     return out
 
 

@@ -90,6 +90,7 @@ def test_a_diverging_run_stops_at_the_step_and_saves_nothing_past_it(setup, tmp_
     line = r.stderr.strip().splitlines()[-1]
     bad = int(line.split("step ")[1].split(":")[0])
     assert line.startswith(f"wedlm-train: error: step {bad}: the loss is ") and "nonfinite_skips" in line
+    assert "free space" not in line and line.endswith("; rerun with that changed to resume"), line
     rows = [json.loads(x) for x in open(ck / "metrics.jsonl")]
     saved = ckpt.complete_steps(str(ck))
     assert all(s < bad for s in saved), (saved, bad)
@@ -110,6 +111,8 @@ def test_nonfinite_skips_leave_the_weights_and_then_stop(setup, tmp_path):
     ("nonfinite_skips=-1", "nonfinite_skips must be >= 0"),
 ])
 def test_absurd_numbers_are_refused_before_the_model_loads(setup, override, words):
+    """... blamed on the override that set them, not on the YAML file."""
     r = _train(["--config", setup["config"], override], timeout=120)
     err = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(err) == 1 and words in err[0], r.stderr[-2000:]
+    assert err[0].startswith(f"wedlm-train: error: override {override!r}: "), err[0]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 import typing
 from typing import Any, Mapping, Sequence
 
@@ -281,7 +282,27 @@ def load_config(path: str | None, overrides: Sequence[str] = ()) -> TrainConfig:
         key = item.split("=", 1)[0].strip()
         _check_key(key, f"override {item!r}")
         _check_override_value(item)
-    return config_from_dict(parse_overrides(raw, overrides), where)
+    try:
+        return config_from_dict(parse_overrides(raw, overrides), where)
+    except TrainConfigError as e:
+        blamed = blamed_overrides(str(e)[len(where) + 2:], raw, overrides, where)
+        if not blamed:
+            raise
+        raise TrainConfigError(f"override {', '.join(map(repr, blamed))}: "
+                               f"{str(e)[len(where) + 2:]}") from None
+
+
+def blamed_overrides(message: str, raw: dict, overrides: Sequence[str], where: str) -> list[str]:
+    """The overrides a validation error of the overridden config is about: those whose key the
+    message names, when the file alone is valid (else the file is to blame: [])."""
+    if not overrides or not message:
+        return []
+    try:
+        config_from_dict(raw, where)
+    except TrainConfigError:
+        return []
+    keys = [(item, item.split("=", 1)[0].strip()) for item in overrides]
+    return [item for item, key in keys if re.search(rf"(?<![\w.]){re.escape(key)}(?!\w)", message)]
 
 
 def config_from_dict(raw: Mapping, where: str = "<dict>") -> TrainConfig:

@@ -385,17 +385,18 @@ def export_hf(mc, params, out_dir, tokenizer_dir, primary: bool, force: bool = F
         log.info("exported Hugging Face checkpoint to %s", out_dir)
 
 
-def kept_line(cfg) -> str:
-    """What a run that stops early leaves behind, in words."""
+def kept_line(cfg, then: str) -> str:
+    """What a run that stops early leaves behind, in words; `then`: how to go on ("free space and
+    rerun the same command", ...), to start again or to resume."""
     directory = cfg.checkpoint.dir if cfg is not None else None
     if not directory or "://" in directory:
         return "nothing was checkpointed"
     from train.checkpoint import complete_steps
     steps = complete_steps(directory)
     if not steps:
-        return f"no complete checkpoint in {directory}; free space and rerun to start again"
+        return f"no complete checkpoint in {directory}; {then} to start again"
     return (f"kept the complete checkpoint of step {steps[0]} in {directory} (an unfinished one "
-            "is never resumed from); free space and rerun the same command to resume")
+            f"is never resumed from); {then} to resume")
 
 
 def main(argv=None) -> int:
@@ -424,17 +425,19 @@ def main(argv=None) -> int:
         print(f"wedlm-train: error: {e}", file=sys.stderr)
         return 2
     except NonFiniteError as e:
-        print(f"wedlm-train: error: {e}; {kept_line(cfg)}", file=sys.stderr)
+        print(f"wedlm-train: error: {e}; {kept_line(cfg, 'rerun with that changed')}",
+              file=sys.stderr)
         return 1
     except Exception as e:  # noqa: BLE001 - a full disk or memory is one line; anything else a bug
         full, oom = disk_full(e), out_of_memory(e)
         if full is not None:
-            print(f"wedlm-train: error: disk full: {full}; {kept_line(cfg)}", file=sys.stderr)
+            then = kept_line(cfg, "free space and rerun the same command")
+            print(f"wedlm-train: error: disk full: {full}; {then}", file=sys.stderr)
         elif oom is not None:
             print(f"wedlm-train: error: out of device memory: {oom}; lower data.global_batch_size "
                   "(or raise optimizer.grad_accum) or data.seq_len, or set remat: full and "
                   f"loss_chunk (`--dry-run --device-memory G` checks a config first); "
-                  f"{kept_line(cfg)}", file=sys.stderr)
+                  f"{kept_line(cfg, 'rerun with one of these')}", file=sys.stderr)
         else:
             raise
         return 1

@@ -8,6 +8,15 @@
 The reading and writing is `wedlm_jax.checkpoints`'s; the command checks the output folder, its
 free space and the tokenizer before reading any weights, cleans up and exits with one line on
 SIGINT / SIGTERM and on a full disk.
+
+Round trip: config.json carries every field of the source's (through the Orbax folder's),
+changed only where the conversion changes a value (`dtype` with --dtype); unchanged, it is the
+source's file byte for byte. Each safetensors file is laid out as the `safetensors` library lays
+it out (tensors by dtype, then by name), so HF -> Orbax -> HF of an unmodified single-file
+checkpoint gives every file back byte for byte (tests/test_convert.py). Where it cannot: a
+sharded checkpoint is cut again by --max-shard-size in this project's tensor order (its shard
+files and model.safetensors.index.json differ from the source's, the tensors do not), and files
+other than the weights, config.json and `checkpoints.tensors.TOKENIZER_FILES` are not carried.
 """
 
 from __future__ import annotations

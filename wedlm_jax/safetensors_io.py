@@ -194,8 +194,8 @@ def header_order(spec: tuple) -> tuple:
 def write_file(file: str, specs: Iterable[tuple[str, str, tuple[int, ...]]],
                fetch: Callable[[str], np.ndarray], on_tensor: Callable[[int], None] | None = None,
                chunk_bytes: int = 16 * 2 ** 20) -> None:
-    """Write a safetensors file whose header is built from `specs` ((name, dtype name, shape));
-    each tensor's data comes from `fetch(name)`, one at a time, so only one is ever in memory.
+    """Write a safetensors file whose header is built from `specs` ((name, dtype name, shape)),
+    laid out in `header_order` (the safetensors library's); each tensor's data comes from `fetch(name)`, one at a time, so only one is ever in memory.
     `fetch` may return any float array of the right shape (e.g. a transposed view): it is cast
     and made contiguous `chunk_bytes` at a time, so no second full-size copy is made."""
     specs = sorted(specs, key=header_order)

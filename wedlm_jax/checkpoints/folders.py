@@ -31,17 +31,22 @@ def write_json(path: str, obj) -> None:
         f.write("\n")
 
 
+def source_config(source: str | None) -> dict:
+    """The fields of `source`'s config.json ({} without a source or a config.json)."""
+    path = os.path.join(source, "config.json") if source else None
+    if not path or not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
 def carried_config(hf: dict, source: str | None) -> dict:
     """The config.json a conversion writes: `source`'s (a folder's config.json, when there is one)
     with every field kept, in its order, except those whose value the conversion's `hf` changes.
     The fields of `hf` the source lacks come after, only where the model config read from the
     source's fields would differ (an older spelling, e.g. top-level rope_theta beside
     rope_parameters, is not added) and for the weights' `dtype` when the source names none."""
-    path = os.path.join(source, "config.json") if source else None
-    raw = {}
-    if path and os.path.isfile(path):
-        with open(path) as f:
-            raw = json.load(f)
+    raw = source_config(source)
     out = dict(raw)
     out.update({k: v for k, v in hf.items() if k in raw and raw[k] != v})
     missing = {k: v for k, v in hf.items() if k not in raw}
@@ -60,13 +65,9 @@ def write_config(folder: str, hf: dict, source: str | None) -> None:
     """`carried_config` into `folder`/config.json: the source's file byte for byte when the
     conversion changes none of its fields."""
     out = carried_config(hf, source)
-    path = os.path.join(source, "config.json") if source else None
-    if path and os.path.isfile(path):
-        with open(path) as f:
-            unchanged = json.load(f) == out      # then `out` holds the source's keys in its order
-        if unchanged:
-            shutil.copyfile(path, os.path.join(folder, "config.json"))
-            return
+    if out and out == source_config(source):    # then `out` holds the source's keys in its order
+        shutil.copyfile(os.path.join(source, "config.json"), os.path.join(folder, "config.json"))
+        return
     write_json(os.path.join(folder, "config.json"), out)
 
 

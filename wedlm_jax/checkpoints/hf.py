@@ -15,7 +15,7 @@ import numpy as np
 
 from wedlm_jax import hf_mapping, model
 from wedlm_jax import safetensors_io as st
-from wedlm_jax.checkpoints.folders import (atomic_output_dir, carried_config, check_out_dir,
+from wedlm_jax.checkpoints.folders import (atomic_output_dir, check_out_dir, source_config,
                                            write_config, write_json)
 from wedlm_jax.checkpoints.tensors import (LIST_LIMIT, check_params, copy_tokenizer,
                                            count_nonfinite, name_list, nonfinite_error, parse_dtype,
@@ -158,7 +158,7 @@ def save_hf_checkpoint(config: ModelConfig, params, out_dir, *, dtype=None,
         copy_tokenizer(tokenizer_from, tmp)
         hf = config.to_hf_dict()
         hf["dtype"] = "bfloat16" if specs[0][1] == "BF16" else "float32"
-        if "torch_dtype" in carried_config({}, config_from):   # the older name, kept in step
+        if "torch_dtype" in source_config(config_from):   # the older name, kept in step
             hf["torch_dtype"] = hf["dtype"]
         write_config(tmp, hf, config_from)
     return os.path.abspath(os.fspath(out_dir))
