@@ -77,6 +77,12 @@ def argv_of(command: str) -> tuple[str | None, list[str]]:
     command = re.sub(r"(?<=\s)\[((?:--|-)[^\[\]]*)\]", r"\1", command)     # [--flag value]
     command = re.sub(r"\s\[[^\[\]=]*=[^\[\]]*\.\.\.\]", "", command)       # [key=value ...]
     words = shlex.split(command)
+    env = {}
+    while "=" in words[0] and not words[0].startswith("-"):     # VAR=value before the command
+        key, value = words.pop(0).split("=", 1)
+        env[key] = value
+    if words[0].endswith(".sh"):                    # a launch script: it runs wedlm-train on CONFIG
+        return "train", ["--config", launch_script(words[0], env, command), *words[1:]]
     if words[0] == "gcloud":                        # the command it runs on every worker
         words = shlex.split(words[words.index("--command") + 1].split("&&", 1)[1])
     if words[0] == "srun":
@@ -89,6 +95,17 @@ def argv_of(command: str) -> tuple[str | None, list[str]]:
     tool = TOOLS.get(os.path.basename(words[0]))
     assert tool is not None, f"a documented command of an unknown tool: {command}"
     return tool, [PLACEHOLDERS.get(w, w) for w in words[1:]]
+
+
+def launch_script(path: str, env: dict, command: str) -> str:
+    """The config a documented launch script (train/launch/) is given, the script checked: in
+    the repository, executable, valid bash, and reading the CONFIG the command sets."""
+    script = os.path.join(ROOT, path)
+    assert os.path.isfile(script) and os.access(script, os.X_OK), f"not an executable script: {command}"
+    proc = subprocess.run(["bash", "-n", script], capture_output=True, text=True)
+    assert proc.returncode == 0, (command, proc.stderr)
+    assert "CONFIG" in env and "$CONFIG" in open(script).read(), command
+    return env["CONFIG"]
 
 
 def parsed(parser: argparse.ArgumentParser, argv: list[str], command: str):
