@@ -51,6 +51,8 @@ def add_arguments(parser) -> None:
     g.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs each replica takes")
     g.add_argument("--replica-gpus", type=float, default=0.0, help="GPUs each replica takes")
     g.add_argument("--replica-tpus", type=float, default=0.0, help="TPU chips each replica takes")
+    g.add_argument("--lazy-compile", action="store_true", help="replicas compile prompt buckets on "
+                   "first use instead of at start (a faster start; the first blocks carry the compiles)")
 
 
 @dataclasses.dataclass(frozen=True)
