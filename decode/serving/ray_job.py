@@ -25,6 +25,9 @@ Decoder and continuous batcher. An actor whose process dies is restarted and its
 again, so no id is lost or written twice. CPU replicas of one CPU each divide the host's cores (XLA's
 matmuls on one thread each).
 
+From Python: `run_ray_job(decode.cli.parse_args([...the same flags...]))` returns the job's counts
+(with Ray already initialised in the process, that cluster is used).
+
 `ADDRESS`: a running cluster (`HOST:PORT` of its head, `auto`, or `ray://HOST:PORT`); `local` (or
 no value) starts a cluster on this machine for the job.
 """
