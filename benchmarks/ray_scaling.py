@@ -2,14 +2,15 @@
 machine, and how far the driver lets it scale.
 
     python -m benchmarks.ray_scaling [--requests 64] [--max-tokens 32] [--block-size 8]
-        [--slots 8] [--out benchmarks/results/ray_scaling.json]
+        [--slots 8] [--rounds 1] [--out benchmarks/results/ray_scaling.json]
 
 The held-out demo prompts (demo/model/eval.jsonl, cycled to --requests), greedy, no stop strings,
-each run with its budget --max-tokens; one local Ray cluster of this machine's cores, three jobs
-into fresh output folders: 1 replica on 1 core, 1 replica on 2 cores (XLA's own threads), 2 replicas
-on 1 core each, and 2 on 1 core each with blocks of 1 prompt. Each job's figures: tokens/s over the whole job (the replicas' start, checkpoint
-read and compile included) and once started (the tokens over the replicas' busy time), and the
-driver's CPU time per block (Ray Data's executor and the result rows: what the one driver spends
+each run with its budget --max-tokens; one local Ray cluster of this machine's cores, four jobs
+into fresh output folders, --rounds times in turn (medians): 1 replica on 1 core, 1 replica on 2
+cores (XLA's own threads), 2 replicas on 1 core each, and 2 on 1 core each with blocks of 1
+prompt. Each job's figures: tokens/s over the whole job (the replicas' start, checkpoint read and
+compile included) and once started (the tokens over the replicas' busy time), and the driver's CPU
+time per block (Ray Data's executor and the result rows: what the one driver spends
 on every block whatever the cluster's size).
 
 Where scaling stops: the driver's CPU time, fitted over the jobs as idle x wall + per_block x
@@ -53,6 +54,13 @@ def one_job(prompts: str, out: str, replicas: int, cpus: int, a, block_size: int
     return dict(replicas=replicas, cpus_each=cpus, block_size=block_size, **stats)
 
 
+def median_run(runs: list) -> dict:
+    """One kind of job over the rounds: the median of each figure."""
+    import statistics
+    keys = ("wall_s", "tokens_per_s", "decode_tokens_per_s", "driver_s_per_block")
+    return dict(runs[0], rounds=len(runs), **{k: statistics.median(r[k] for r in runs) for k in keys})
+
+
 def driver_cost(runs: list) -> tuple[float, float]:
     """(CPU s per wall s, CPU s per block) of the driver: a least-squares fit of every job's
     driver CPU time to idle * wall + per_block * blocks (Ray Data's executor polls while it waits;
@@ -82,6 +90,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--block-size", type=int, default=8)
     p.add_argument("--slots", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=1, help="the four jobs this many times, in turn "
+                   "(medians reported)")
     p.add_argument("--out", default=None, help="also write the figures here (JSON)")
     a = p.parse_args(argv)
     import ray
@@ -91,13 +101,15 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             prompts = os.path.join(tmp, "prompts.jsonl")
             write_prompts(prompts, a.requests, a.max_tokens)
-            runs = [one_job(prompts, os.path.join(tmp, f"out{i}"), r, c, a, bs)
-                    for i, (r, c, bs) in enumerate([(1, 1, a.block_size), (1, 2, a.block_size),
-                                                    (2, 1, a.block_size), (2, 1, 1)])]
+            kinds = [(1, 1, a.block_size), (1, 2, a.block_size), (2, 1, a.block_size), (2, 1, 1)]
+            runs = [one_job(prompts, os.path.join(tmp, f"out{rnd}-{i}"), r, c, a, bs)
+                    for rnd in range(a.rounds) for i, (r, c, bs) in enumerate(kinds)]
     finally:
         ray.shutdown()
-    bound = scaling_bound(runs, runs[2], a.block_size, a.max_tokens)
-    for r in runs:
+    medians = [median_run([r for r in runs if (r["replicas"], r["cpus_each"], r["block_size"]) == k])
+               for k in kinds]
+    bound = scaling_bound(runs, medians[2], a.block_size, a.max_tokens)
+    for r in medians:
         print(f"{r['replicas']} replica(s) x {r['cpus_each']} core(s), blocks of {r['block_size']}: "
               f"{r['tokens']} tokens, "
               f"{r['tokens_per_s']:.1f} tokens/s over the job ({r['wall_s']:.1f} s, start included), "
@@ -112,7 +124,7 @@ def main(argv=None) -> int:
         with open(a.out, "w") as f:
             json.dump(dict(machine=f"{os.cpu_count()}-core {platform.machine()} CPU",
                            date=time.strftime("%Y-%m-%d"), settings=vars(a), runs=runs,
-                           bound=bound), f, indent=1)
+                           medians=medians, bound=bound), f, indent=1)
     return 0
 
 

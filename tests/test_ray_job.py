@@ -28,7 +28,7 @@ from decode.serving import ray_job  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = os.path.join(ROOT, "demo", "model")
 N = 12
-SMALL = ["--slots", "4", "--window", "4", "--capacity", "64", "--block-size", "2"]
+SMALL = ["--slots", "4", "--window", "4", "--capacity", "64", "--block-size", "2", "--lazy-compile"]
 
 
 def prompts():
@@ -114,7 +114,7 @@ def test_bad_input_refused_in_one_line_before_any_replica(cluster, files, tmp_pa
         assert cli.main(argv) == 2, message
         err = capsys.readouterr().err.strip().splitlines()
         assert message in err[-1] and err[-1].startswith("wedlm-decode: error:"), (message, err[-1:])
-        assert time.perf_counter() - t0 < 30           # refused before any replica started
+        assert time.perf_counter() - t0 < 60           # refused before any replica started
     assert not replica_pids()
     assert not glob.glob(str(tmp_path / "o*" / "part-*"))
     args = cli.parse_args(["--checkpoint", str(tmp_path / "nowhere"), "--input", files["jsonl"],

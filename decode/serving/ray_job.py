@@ -25,6 +25,9 @@ Decoder and continuous batcher. An actor whose process dies is restarted and its
 again, so no id is lost or written twice. CPU replicas of one CPU each divide the host's cores (XLA's
 matmuls on one thread each).
 
+From Python: `run_ray_job(decode.cli.parse_args([...the same flags...]))` returns the job's counts
+(with Ray already initialised in the process, that cluster is used).
+
 `ADDRESS`: a running cluster (`HOST:PORT` of its head, `auto`, or `ray://HOST:PORT`); `local` (or
 no value) starts a cluster on this machine for the job.
 """
@@ -51,6 +54,8 @@ def add_arguments(parser) -> None:
     g.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs each replica takes")
     g.add_argument("--replica-gpus", type=float, default=0.0, help="GPUs each replica takes")
     g.add_argument("--replica-tpus", type=float, default=0.0, help="TPU chips each replica takes")
+    g.add_argument("--lazy-compile", action="store_true", help="replicas compile prompt buckets on "
+                   "first use instead of at start (a faster start; the first blocks carry the compiles)")
 
 
 @dataclasses.dataclass(frozen=True)

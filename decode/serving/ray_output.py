@@ -147,6 +147,7 @@ class Replica:
         from decode.checkpoint import OpenCheckpoint
         from decode.serving.batch_job import build_decoder
         from decode.serving.batching import Batcher
+        from decode.serving.serve import warm_up      # the server's (fastapi is imported later)
         opts = DoorOptions.from_args(args)
         ckpt = OpenCheckpoint.open(args.checkpoint, opts.placement, method=args.method,
                                    mask_token_id=args.mask_token_id,
@@ -154,6 +155,7 @@ class Replica:
         self.tokenizer = ckpt.tokenizer
         self.decoder = build_decoder(ckpt, opts, capacity)
         self.batcher = Batcher(self.decoder)
+        warm_up(self.batcher, capacity, every_bucket=not args.lazy_compile)   # not in the blocks' time
         self.out = PartFolder.at(url)
 
     def __call__(self, batch: dict) -> dict:
