@@ -24,6 +24,7 @@ class Request(Sampling):
     construction; `Decoder.check_request` checks them against the Decoder: vocabulary, capacity)."""
     prompt: tuple
     top_logprobs: int = 0           # alternatives wanted per generated token (<= the Decoder's)
+    automaton: Any = None           # a compiled constraint (decode.constraints.automaton), or None
 
 
 def pow2_at_least(x: int, floor: int = 1) -> int:
@@ -108,6 +109,8 @@ class DecodeState:
               verified read them from the step's own forward and leave these as they are).
     q:        [B, S, V] f32 or None: verified sampling's draft distributions (logical order).
     settings: Settings.
+    guide:    decode.engine.guide.Guide or None: the slots' constraint automata (docs/algorithm.md
+              §7); None when no request of the state has had one (no constraint code compiled).
     """
     cache: KVCache
     tok: jax.Array
@@ -122,6 +125,7 @@ class DecodeState:
     lps: TokenLogProbs
     settings: Settings
     q: Any = None
+    guide: Any = None
 
     @property
     def n(self) -> jax.Array:

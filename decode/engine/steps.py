@@ -35,6 +35,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from decode.engine import guide as guides
 from decode.engine.sampling import choose_tokens, logit_stats, row_keys, token_logprobs
 from decode.engine.state import DecodeState, TokenLogProbs, keep_if_done
 
@@ -171,10 +172,12 @@ def window_step(forward, params, st: DecodeState, spec: StepSpec, mask_id):
     """Streaming (Algorithm 1) or block decoding: reorder, forward, commit the leading filled
     run, fill, slide."""
     s = st.settings
+    st, states = guides.recheck(st)                 # a constraint: commit its accepted run only
     idx, filled, c, wlen = window_span(st, spec)
     active = idx < wlen[:, None]
     logits, layers, inv, phys_tok, phys_pos = forward_window(forward, params, st, filled, active,
                                                              mask_id)
+    logits = guides.mask_head(logits, st, states, filled, inv)
     stats = logit_stats(logits)
     ent = jnp.take_along_axis(stats.entropy, inv, axis=1)
     chosen = choose_tokens(logits, row_keys(s.seed, st.steps), s, spec.sampling, stats.greedy)
@@ -190,6 +193,7 @@ def window_step(forward, params, st: DecodeState, spec: StepSpec, mask_id):
     n_new = st.n + k_emit
     new = advance(st, layers=layers, tok=tok, filled=filled2, n_new=n_new,
                   finished=stopped | (n_new >= st.end), k_emit=k_emit, wlen=wlen, lps=lps)
+    new = guides.committed(new, st, states, c)
     aux = dict(tokens=phys_tok, positions=phys_pos, logits=logits, n=st.n, live=~st.done,
                wlen=wlen, commit=k_emit, filled_after=filled | sel)
     return new, emitted, emitted_lps, jnp.where(st.done, 0, k_emit), aux
@@ -199,6 +203,7 @@ def ar_step(forward, params, st: DecodeState, spec: StepSpec, mask_id):
     """Cached next-token decoding: feed the pending token (slot 0, position n), choose the next."""
     s = st.settings
     logits, layers = forward(params, st.tok[:, :1], st.n[:, None], st.cache.layers, st.n)
+    logits = guides.mask_rows(logits, st)
     stats = logit_stats(logits)
     nxt = choose_tokens(logits, row_keys(s.seed, st.steps), s, spec.sampling, stats.greedy)
     lps = TokenLogProbs(*token_logprobs(logits, nxt, spec.top_logprobs, s.want_top, stats.lse))
@@ -207,6 +212,7 @@ def ar_step(forward, params, st: DecodeState, spec: StepSpec, mask_id):
     n_new = st.n + 1
     new = advance(st, layers=layers, tok=nxt, filled=st.filled, n_new=n_new,
                   finished=stopped | (n_new + 1 >= st.end), k_emit=k_emit, wlen=one)
+    new = guides.advanced(new, st, None, None, nxt[:, 0])
     aux = dict(tokens=st.tok[:, :1], positions=st.n[:, None], logits=logits, n=st.n,
                live=~st.done, wlen=one, commit=one)
     return new, nxt, lps, jnp.where(st.done, 0, k_emit), aux

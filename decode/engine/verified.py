@@ -57,6 +57,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from decode.engine import guide as guides
 from decode.engine.sampling import filter_logits, logit_stats, row_keys, token_logprobs
 from decode.engine.state import DecodeState, TokenLogProbs
 from decode.engine.steps import (StepSpec, advance, emit_until_stop, fill_select, forward_window, slide,
@@ -108,6 +109,7 @@ def verified_step(forward, params, st: DecodeState, spec: StepSpec, mask_id):
     active = idx < wlen[:, None]
     logits, layers, inv, phys_tok, phys_pos = forward_window(forward, params, st, filled, active,
                                                              mask_id)
+    logits, states = guides.mask_run(logits, st, c)   # a constraint: the constrained AR reading
     keys = jax.vmap(lambda k: jax.random.split(k, 3))(row_keys(s.seed, st.steps))
     k_draft, k_acc, k_res = keys[:, 0], keys[:, 1], keys[:, 2]
     sampled_rows = s.temperature > 0
@@ -156,6 +158,7 @@ def verified_step(forward, params, st: DecodeState, spec: StepSpec, mask_id):
         extra["q"] = jnp.where(filled2[..., None], q3, 0.0)
     new = advance(st, layers=layers, tok=tok, filled=filled2, n_new=n_new,
                   finished=stopped | (n_new + 1 >= st.end), k_emit=k_emit, wlen=wlen, **extra)
+    new = guides.advanced(new, st, states, a - 1, pend)
     aux = dict(tokens=phys_tok, positions=phys_pos, logits=logits, n=st.n, live=~st.done,
                wlen=wlen, commit=a, emitted=k_emit, lead=c, reject=reject, pending=pend,
                filled_after=filled2, tok_after=tok)
