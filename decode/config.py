@@ -17,8 +17,10 @@ Names follow docs/algorithm.md §3 and the paper: `window` (W), `tau` (entropy t
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from typing import Sequence
+
+from decode.options import (DOORS, INT32_MAX, MAX_STOP_IDS, Checked, DecodeConfigError,  # noqa: F401
+                            OnDevice, add_option_arguments, check_int, check_value, is_int, option)
 
 from wedlm_jax.dtypes import DtypeError, dtype_name
 from wedlm_jax import quantize as quantize_lib
@@ -28,136 +30,54 @@ from wedlm_jax.sharding import MESH_AXES
 METHODS = ("streaming", "block", "ar", "verified")
 REFILLS = ("before", "after")               # decode.engine.steps: when the window's masks are refilled
 SAMPLING_ORDERS = ("filter_first", "temper_first")   # decode.engine.sampling: filter vs temperature
-MAX_STOP_IDS = 16  # stop ids travel as a fixed-size runtime array (padded with -1): no recompile per set
-INT32_MAX = 2**31 - 1   # integer settings travel as int32 on the device
-SEED_MAX = 2**32 - 1    # a request's seed is a uint32
 MAX_LOGPROBS = 20       # top alternatives per token (OpenAI's and vLLM's limit)
-
-
-class DecodeConfigError(ValueError):
-    """A decoding setting or input that the engine cannot honour; `field` is the setting at fault
-    (as the door that checked it calls it) when one is."""
-
-    def __init__(self, message: str, field: str | None = None):
-        super().__init__(message)
-        self.field = field
+SEED_MAX = 2**32 - 1    # a request's seed is a uint32
+DECODE_ONLY = ("wedlm-decode",)   # options wedlm-serve takes with each request only
 
 
 # ------------------------------------------------------------------------------ the options
 #
 # Every decoding option is defined once, as a field of one of the options types below, with its
-# default, kind, bounds and help (`option`). The same definition checks the value (`check_value`,
-# on construction of every options type) and makes the doors' command-line flags
-# (`add_option_arguments`); the server and the batch job read a request's values into the same
-# types. Two kinds of options:
+# default, kind, bounds, help, doors, wire name and device form (`option`, decode/options.py).
+# Two kinds of options:
 #   compile time   Method (method, W, refill, prefill chunk) + EngineOptions (slots, steps per
 #                  call, capacity, ...) + Placement (dtype, mesh, attention backend, KV tile,
 #                  pages): what the Decoder's programs are built for;
 #   per request    Sampling (tau, lambda, temperature, top-k, top-p, sampling order, max new
-#                  tokens, stop ids, seed): runtime values, one set per request.
+#                  tokens, stop ids, seed): runtime values, one set per request, on the device
+#                  as the decode state's `Settings` (decode/engine/state.py).
 
 
-def option(default, kind, help: str, *, low=None, high=None, low_open: bool = False,
-           choices: tuple = (), optional: bool = False):
-    """One option's definition: `kind` is int, float, str (one of `choices`), bool or 'ids' (stop
-    token ids); numbers lie in [low, high] ((low, high] with low_open; ints default high int32);
-    `optional`: None is allowed (the door decides)."""
-    return dataclasses.field(default=default, metadata=dict(
-        kind=kind, help=help, low=low, high=high, low_open=low_open, choices=tuple(choices),
-        optional=optional))
-
-
-def check_value(name: str, value, meta):
-    """`value` checked against an option's definition and normalised (NumPy scalars to Python
-    numbers, stop ids to a tuple without repeats); a DecodeConfigError naming `name` otherwise."""
-    kind = meta["kind"]
-    if value is None and meta["optional"]:
-        return None
-    if kind == "ids":
-        return _stop_ids(name, value)
-    if kind is str:
-        if value not in meta["choices"]:
-            raise DecodeConfigError(f"{name} {value!r} is unknown; allowed: {', '.join(meta['choices'])}",
-                                    name)
-        return value
-    if kind is bool:
-        if not isinstance(value, bool):
-            raise DecodeConfigError(f"{name} must be true or false, got {value!r}", name)
-        return value
-    low, high = meta["low"], meta["high"]
-    if kind is int:
-        check_int(name, value, low, INT32_MAX if high is None else high)
-        return int(value)
-    ok = _is_number(value) and float(value) != float("inf")
-    if ok:
-        v = float(value)
-        ok = (v > low if meta["low_open"] else v >= low) and (high is None or v <= high)
-    if not ok:
-        if high is None:
-            raise DecodeConfigError(f"{name} must be a finite number >= {low:g}, got {_shown(value)}",
-                                    name)
-        raise DecodeConfigError(f"{name} must be in {'(' if meta['low_open'] else '['}{low:g}, {high:g}], "
-                                f"got {_shown(value)}", name)
-    return float(value)
-
-
-def _stop_ids(name: str, value) -> tuple:
-    stops = (value,) if is_int(value) else value
-    if isinstance(stops, (str, bytes)) or not hasattr(stops, "__iter__"):
-        raise DecodeConfigError(f"{name} must be a list of token ids, got {value!r}", name)
-    stops = tuple(stops)
-    for s in stops:
-        if not is_int(s) or not 0 <= s <= INT32_MAX:
-            raise DecodeConfigError(f"{name} must be ints in [0, {INT32_MAX}], got {s!r}", name)
-    stops = tuple(dict.fromkeys(int(s) for s in stops))
-    if len(stops) > MAX_STOP_IDS:
-        raise DecodeConfigError(f"{name}: at most {MAX_STOP_IDS}, got {len(stops)}", name)
-    return stops
-
-
-class _Checked:
-    """Checks (and normalises) every field defined with `option` on construction."""
-
-    def __post_init__(self):
-        for f in dataclasses.fields(self):
-            if "kind" in f.metadata:
-                object.__setattr__(self, f.name, check_value(f.name, getattr(self, f.name), f.metadata))
-
-    def replace(self, **kw):
-        return dataclasses.replace(self, **kw)
-
-    @classmethod
-    def options(cls) -> dict:
-        """{name: its definition} of the options this type holds."""
-        return {f.name: f for f in dataclasses.fields(cls) if "kind" in f.metadata}
-
-    @classmethod
-    def pick(cls, source) -> dict:
-        """The values of this type's options found in `source` (an object's attributes, e.g. an
-        argparse namespace or another options type, or a mapping)."""
-        get = source.get if isinstance(source, dict) else lambda k, d: getattr(source, k, d)
-        missing = object()
-        return {k: v for k in cls.options() if (v := get(k, missing)) is not missing}
+def _stop_row(ids) -> list:
+    return list(ids) + [-1] * (MAX_STOP_IDS - len(ids))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Sampling(_Checked):
+class Sampling(Checked):
     """A request's sampling settings (runtime values: changing them never recompiles).
     docs/algorithm.md §3 (tau, lambda) and §5 (the sampling of a committed token)."""
     tau: float = option(0.4, float, "commit every window slot whose adjusted entropy is below tau",
-                        low=0.0)
+                        low=0.0, wire=True, device=OnDevice("float32"))
     lam: float = option(0.02, float, "lambda: the distance penalty added to a slot's entropy per "
-                                     "position it lies past the first undecided one", low=0.0)
-    temperature: float = option(0.0, float, "0: greedy; > 0: sample the committed tokens", low=0.0)
-    top_k: int = option(0, int, "sample among the k likeliest (0: all)", low=0)
+                                     "position it lies past the first undecided one", low=0.0,
+                        wire=True, device=OnDevice("float32"))
+    temperature: float = option(0.0, float, "0: greedy; > 0: sample the committed tokens", low=0.0,
+                                doors=DECODE_ONLY, wire=True, device=OnDevice("float32"))
+    top_k: int = option(0, int, "sample among the k likeliest (0: all)", low=0, doors=DECODE_ONLY,
+                        wire=True, device=OnDevice("int32"))
     top_p: float = option(1.0, float, "nucleus mass in (0, 1] (1: all)", low=0.0, high=1.0,
-                          low_open=True)
+                          low_open=True, doors=DECODE_ONLY, wire=True, device=OnDevice("float32"))
     sampling_order: str = option("filter_first", str, "filter_first is the official engine's "
                                  "(top-k, top-p, then temperature), temper_first transformers'",
-                                 choices=SAMPLING_ORDERS)
+                                 choices=SAMPLING_ORDERS, wire=True,
+                                 device=OnDevice("bool", "temper_first",
+                                                 encode=lambda v: v == "temper_first"))
     max_new_tokens: int = option(256, int, "tokens to generate per request", low=1)
-    seed: int = option(0, int, "sampling seed, in [0, 2**32)", low=0, high=SEED_MAX)
-    stop_token_ids: tuple = option((), "ids", f"token ids that end a request (at most {MAX_STOP_IDS})")
+    stop_token_ids: tuple = option((), "ids", f"token ids that end a request (at most {MAX_STOP_IDS})",
+                                   doors=(), device=OnDevice("int32", "stop_ids", MAX_STOP_IDS,
+                                                             encode=_stop_row))
+    seed: int = option(0, int, "sampling seed, in [0, 2**32)", low=0, high=SEED_MAX,
+                       doors=DECODE_ONLY, wire=True, device=OnDevice("uint32"))
 
     @property
     def greedy(self) -> bool:
@@ -170,7 +90,7 @@ class Sampling(_Checked):
 PREFILL_CHUNK = 512
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Method(_Checked):
+class Method(Checked):
     """How the programs decode (compile time): docs/algorithm.md §3-4."""
     method: str = option("streaming", str, "the decoding method", choices=METHODS)
     window: int = option(16, int, "W: undecided slots in the window (limited to the budget)", low=1)
@@ -201,32 +121,6 @@ class EngineOptions(Method):
                                   "tokens)", low=1, optional=True)
     allow_long: bool = option(False, bool, "allow a capacity past the model's "
                               "max_position_embeddings")
-
-
-def is_int(x) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
-def _shown(value) -> str:
-    """A value as the doors quote it: numbers alike whether they came as text (argparse: -1.0) or
-    JSON (-1); anything else by repr."""
-    if is_int(value):
-        return str(int(value))
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return f"{float(value):g}"
-    return repr(value)
-
-
-def _is_number(x) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool) and x == x  # rejects NaN
-
-
-def check_int(name, value, low, high=INT32_MAX):
-    """A DecodeConfigError naming `name` unless `value` is an int in [low, high] (int32 by
-    default: integer settings travel as int32 on the device)."""
-    if not is_int(value) or not low <= value <= high:
-        raise DecodeConfigError(f"{name} must be an int in [{low}, {high}], got "
-                                f"{_shown(value) if is_int(value) else repr(value)}", name)
 
 
 def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int, capacity: int | None) -> list[list[int]]:
@@ -269,52 +163,73 @@ def parse_mesh(text: str) -> tuple[int, int, int]:
     return tuple(sizes[a] for a in MESH_AXES)
 
 
-@dataclasses.dataclass(frozen=True)
-class Placement:
+def _mesh(name: str, value) -> tuple:
+    """A mesh given as text ('data=2,tensor=4', the flag) or as (data, fsdp, tensor)."""
+    if isinstance(value, str):
+        return parse_mesh(value)
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 3:
+        raise DecodeConfigError(f"mesh must be (data, fsdp, tensor), got {value!r}", name)
+    for axis, n in zip(MESH_AXES, value):
+        check_int(f"mesh {axis}", n, 1)
+    return tuple(int(n) for n in value)
+
+
+def _dtype(name: str, value) -> str:
+    try:
+        return dtype_name(value)
+    except DtypeError as e:
+        raise DecodeConfigError(str(e), name) from None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Placement(Checked):
     """Where and how the weights and the cache live, the same at every door (wedlm-decode, the
     batch job, wedlm-serve): compute/storage dtype, the ('data', 'fsdp', 'tensor') mesh (slots
-    over data x fsdp, heads over tensor), the cache-attention backend and its KV tile."""
-    dtype: str = "float32"
-    mesh: tuple = (1, 1, 1)
-    attention: str = "auto"
-    kv_tile: int = 256
-    page_size: int | None = None    # a paged KV cache of pages of this many rows (None: the
-                                    # platform's choice, attention.paged.auto_page_size; 0: dense)
-    num_pages: int | None = None    # the paged cache's pages per layer (None: slots x per sequence)
-    weight_layout: str = "auto"     # decode/engine/layouts.py: compiler | default | auto (compiler on TPU)
-    quantize: str = "none"          # weight-only: none | int8 | int4 (wedlm_jax/quantize.py)
-    quantize_group: int | None = None   # its group size (None: the scheme's; 0: per channel)
-    kv_dtype: str = "auto"          # the KV cache: auto (the dtype) | int8 (wedlm_jax/attention/kv_quant.py)
+    over data x fsdp, heads over tensor), the cache-attention backend and its KV tile, the pages,
+    the weights' layout and quantization, the KV cache's storage. Each a flag of the same name."""
+    dtype: str = option("float32", _dtype, "weights, activations and KV cache: float32 or bfloat16 "
+                                           "(f32, bf16)")
+    mesh: tuple = option((1, 1, 1), _mesh, "devices as AXIS=N over data, fsdp, tensor (e.g. "
+                         "tensor=4: heads over 4 devices; data=2: slots over 2); (1, 1, 1): one device")
+    attention: str = option("auto", str, "cache-attention backend; auto: on GPU the Triton kernel "
+                            "reading the cache in place (pallas, the live rows split over the "
+                            "card's cores), on TPU and CPU the tiled XLA path",
+                            choices=CACHE_ATTENTION)
+    kv_tile: int = option(256, int, "KV cache rows per attention tile (tiled, pallas)", low=1)
+    page_size: int | None = option(
+        None, int, "a paged KV cache shared by the slots, pages of this many rows, with "
+        "prompt-prefix reuse (--input and wedlm-serve); 0: each slot reserves its capacity; "
+        "default: pages of 64 on TPU (the ragged kernel moves fewer bytes per step); for "
+        "wedlm-serve and --input pages of 64 on GPU (the Triton paged kernel) and of 16 on CPU "
+        "(live-slot steps, prefix reuse); each slot its capacity for a static batch off TPU",
+        low=0, optional=True)
+    num_pages: int | None = option(None, int, "the paged cache's pages (default: slots x pages of "
+                                   "one sequence at the capacity)", low=1, optional=True)
+    weight_layout: str = option(
+        "auto", str, "compiler: the weights in the layouts the compiled decode step picks (no "
+        "relayout copies inside each step); default: row-major as loaded; auto: compiler on TPU, "
+        "default elsewhere (decode/engine/layouts.py)", choices=WEIGHT_LAYOUTS, flag_choices=True)
+    quantize: str = option(
+        "none", str, "weight-only quantization of the projections: int8 (a scale per output "
+        "channel) or int4 (a scale per --quantize-group inputs); the embedding and LM head int8 "
+        "under both (a scale per token)", choices=quantize_lib.SCHEMES, flag_choices=True)
+    quantize_group: int | None = option(
+        None, int, "the group size along each projection's input (default: int4 "
+        f"{quantize_lib.DEFAULT_GROUP['int4']}, int8 per channel; 0: per channel)", low=0,
+        optional=True)
+    kv_dtype: str = option(
+        "auto", str, "the KV cache: auto (in --dtype) or int8 (a float32 scale per token and head "
+        "beside its int8 row; read by the XLA attention paths: --attention tiled or dense, the "
+        "paged gather path)", choices=KV_DTYPES, flag_choices=True)
 
     def __post_init__(self):
-        try:
-            object.__setattr__(self, "dtype", dtype_name(self.dtype))
-        except DtypeError as e:
-            raise DecodeConfigError(str(e), "dtype") from None
-        if len(self.mesh) != 3:
-            raise DecodeConfigError(f"mesh must be (data, fsdp, tensor), got {self.mesh!r}")
-        for name, n in zip(MESH_AXES, self.mesh):
-            check_int(f"mesh {name}", n, 1)
-        if self.attention not in CACHE_ATTENTION:
-            raise DecodeConfigError(f"attention {self.attention!r} is unknown; allowed: "
-                                    f"{', '.join(CACHE_ATTENTION)}")
-        check_int("kv_tile", self.kv_tile, 1)
-        if self.page_size is not None:
-            check_int("page_size", self.page_size, 0)
-        if self.num_pages is not None:
-            if not self.page_size:
-                raise DecodeConfigError("--num-pages needs --page-size (a paged cache)")
-            check_int("num_pages", self.num_pages, 1)
-        if self.weight_layout not in WEIGHT_LAYOUTS:
-            raise DecodeConfigError(f"weight_layout {self.weight_layout!r} is unknown; allowed: "
-                                    f"{', '.join(WEIGHT_LAYOUTS)}", "weight_layout")
-        try:
+        try:   # the scheme and its group together, with the scheme's words
             quantize_lib.resolve_group(self.quantize, self.quantize_group)
         except quantize_lib.QuantizeError as e:
             raise DecodeConfigError(str(e), e.field) from None
-        if self.kv_dtype not in KV_DTYPES:
-            raise DecodeConfigError(f"kv_dtype {self.kv_dtype!r} is unknown; allowed: "
-                                    f"{', '.join(KV_DTYPES)}", "kv_dtype")
+        super().__post_init__()
+        if self.num_pages is not None and not self.page_size:
+            raise DecodeConfigError("--num-pages needs --page-size (a paged cache)", "num_pages")
 
     @property
     def devices_needed(self) -> int:
@@ -347,48 +262,11 @@ class Placement:
                                     f"{config.num_heads} heads / {config.num_kv_heads} KV heads")
         check_quantize(config, self)
 
-    @staticmethod
-    def add_arguments(parser) -> None:
-        d = Placement()
+    @classmethod
+    def add_arguments(cls, parser) -> None:
         g = parser.add_argument_group("placement (the same for wedlm-decode, the batch job and "
                                       "wedlm-serve)")
-        g.add_argument("--dtype", default=d.dtype, help="weights, activations and KV cache: "
-                                                        "float32 or bfloat16 (f32, bf16)")
-        g.add_argument("--mesh", default="", help="devices as AXIS=N over data, fsdp, tensor "
-                                                  "(e.g. tensor=4: heads over 4 devices; data=2: "
-                                                  "slots over 2); default one device")
-        g.add_argument("--attention", default=d.attention,
-                       help=f"cache-attention backend: one of {', '.join(CACHE_ATTENTION)}; "
-                            "auto: on GPU the Triton kernel reading the cache in place (pallas, "
-                            "the live rows split over the card's cores), on TPU and CPU the "
-                            "tiled XLA path")
-        g.add_argument("--kv-tile", type=int, default=d.kv_tile,
-                       help="KV cache rows per attention tile (tiled, pallas)")
-        g.add_argument("--page-size", type=int, default=None,
-                       help="a paged KV cache shared by the slots, pages of this many rows, with "
-                            "prompt-prefix reuse (--input and wedlm-serve); 0: each slot reserves "
-                            "its capacity; default: pages of 64 on TPU (the ragged kernel moves "
-                            "fewer bytes per step); for wedlm-serve and --input pages of 64 on GPU "
-                            "(the Triton paged kernel) and of 16 on CPU (live-slot steps, prefix "
-                            "reuse); each slot its capacity for a static batch off TPU")
-        g.add_argument("--num-pages", type=int, default=None,
-                       help="the paged cache's pages (default: slots x pages of one sequence at "
-                            "the capacity)")
-        g.add_argument("--weight-layout", default=d.weight_layout, choices=WEIGHT_LAYOUTS,
-                       help="compiler: the weights in the layouts the compiled decode step picks "
-                            "(no relayout copies inside each step); default: row-major as loaded; "
-                            "auto: compiler on TPU, default elsewhere")
-        g.add_argument("--quantize", default=d.quantize, choices=quantize_lib.SCHEMES,
-                       help="weight-only quantization of the projections: int8 (a scale per "
-                            "output channel) or int4 (a scale per --quantize-group inputs); "
-                            "the embedding and LM head int8 under both (a scale per token)")
-        g.add_argument("--quantize-group", type=int, default=None,
-                       help="the group size along each projection's input (default: int4 "
-                            f"{quantize_lib.DEFAULT_GROUP['int4']}, int8 per channel)")
-        g.add_argument("--kv-dtype", default=d.kv_dtype, choices=KV_DTYPES,
-                       help="the KV cache: auto (in --dtype) or int8 (a float32 scale per token "
-                            "and head beside its int8 row; read by the XLA attention paths: "
-                            "--attention tiled or dense, the paged gather path)")
+        add_option_arguments(g, cls, cls.options())
 
     @staticmethod
     def add_dry_run_arguments(parser, who: str) -> None:
@@ -406,13 +284,7 @@ class Placement:
 
     @classmethod
     def from_args(cls, args) -> "Placement":
-        return cls(dtype=args.dtype, mesh=parse_mesh(args.mesh), attention=args.attention,
-                   kv_tile=args.kv_tile, page_size=getattr(args, "page_size", None),
-                   num_pages=getattr(args, "num_pages", None),
-                   weight_layout=getattr(args, "weight_layout", "auto"),
-                   quantize=getattr(args, "quantize", "none"),
-                   quantize_group=getattr(args, "quantize_group", None),
-                   kv_dtype=getattr(args, "kv_dtype", "auto"))
+        return cls(**cls.pick(args))
 
 
 def check_quantize(config, placement: Placement) -> int:
@@ -426,32 +298,11 @@ def check_quantize(config, placement: Placement) -> int:
 
 # ------------------------------------------------------------------------- the doors' options
 
-DOORS = ("wedlm-decode", "wedlm-serve")
 SERVE_CAPACITY = 2048     # wedlm-serve's default capacity (wedlm-decode sizes it from its prompts)
-ENGINE_FLAGS = ("method", "window", "refill", "slots", "steps_per_call", "capacity", "prefill_chunk",
-                "allow_long")
+ENGINE_FLAGS = tuple(EngineOptions.options())
 # the per-request settings a door takes on its command line (on the server, every request's
 # defaults; the server takes the others with each request, the batch job also per line)
-SAMPLING_FLAGS = {"wedlm-decode": ("tau", "lam", "sampling_order", "max_new_tokens", "temperature",
-                                   "top_k", "top_p", "seed"),
-                  "wedlm-serve": ("tau", "lam", "sampling_order", "max_new_tokens")}
-
-
-def add_option_arguments(group, cls, names, *, flags=None, defaults=None, notes=None) -> None:
-    """One flag per option of `cls` in `names`: `--name-with-dashes` (or flags[name]), its default
-    (the type's, or defaults[name]) and its help (its definition's, + notes[name]), all from the
-    option's one definition."""
-    base, defs = cls(), cls.options()
-    for name in names:
-        m = defs[name].metadata
-        flag = (flags or {}).get(name, "--" + name.replace("_", "-"))
-        text = m["help"] + (f" (one of {', '.join(m['choices'])})" if m["choices"] else "") \
-            + (notes or {}).get(name, "")
-        if m["kind"] is bool:
-            group.add_argument(flag, dest=name, action="store_true", help=text)
-            continue
-        group.add_argument(flag, dest=name, type=m["kind"] if m["kind"] in (int, float) else str,
-                           default=(defaults or {}).get(name, getattr(base, name)), help=text)
+SAMPLING_FLAGS = {door: Sampling.flag_names(door) for door in DOORS}
 
 
 def add_decoding_arguments(parser, door: str) -> None:

@@ -18,12 +18,12 @@ import pytest
 
 from tests import plans
 from decode.engine import sampling
-from decode.config import DecodeConfig, DecodeConfigError, Placement
+from decode.config import DecodeConfig, DecodeConfigError, Placement, Sampling
 from decode.config import DecodeConfig as _DecodeConfig
 from decode.engine.decoder import Decoder
 from decode.engine.state import Request
 from decode.engine.programs import compiled_count
-from decode.engine.state import Settings
+from decode.engine.state import Settings, settings_rows
 from decode.static.static_batch import generate, trace_steps
 from tests.decode_reference import FullForward, reference_generate
 from wedlm_jax.config import ModelConfig
@@ -219,19 +219,25 @@ def test_sampling_reproducible_and_top_k_one_is_greedy(params):
     assert a.tokens != greedy.tokens
 
 
+def _rows(temperature, top_k, top_p, temper_first):
+    """One row's device Settings from its Sampling options."""
+    return settings_rows([Sampling(temperature=temperature, top_k=top_k, top_p=top_p,
+                                   sampling_order="temper_first" if temper_first else "filter_first")])
+
+
 def test_filter_logits_top_k_top_p():
     logits = np.log(np.array([[0.5, 0.2, 0.15, 0.1, 0.05]], np.float32))
     for tf in (False, True):
-        k2 = np.asarray(sampling.filter_logits(logits, 1.0, 2, 1.0, tf))
+        k2 = np.asarray(sampling.filter_logits(logits, _rows(1.0, 2, 1.0, tf)))
         assert np.isfinite(k2[0, :2]).all() and np.isneginf(k2[0, 2:]).all()
-        p = np.asarray(sampling.filter_logits(logits, 1.0, 0, 0.8, tf))   # 0.5+0.2 < 0.8 <= 0.85
+        p = np.asarray(sampling.filter_logits(logits, _rows(1.0, 0, 0.8, tf)))   # 0.5+0.2 < 0.8 <= 0.85
         assert np.isfinite(p[0, :3]).all() and np.isneginf(p[0, 3:]).all()
-        off = np.asarray(sampling.filter_logits(logits, 2.0, 0, 1.0, tf))
+        off = np.asarray(sampling.filter_logits(logits, _rows(2.0, 0, 1.0, tf)))
         np.testing.assert_allclose(off, logits / 2.0, rtol=1e-6)
     # the orders differ once the temperature changes the nucleus: at T = 0.5 the tempered
     # distribution is (0.80, 0.13, ...), so top-p 0.8 keeps two tokens there, three untempered
-    first = np.asarray(sampling.filter_logits(logits, 0.5, 0, 0.8, False))
-    temper = np.asarray(sampling.filter_logits(logits, 0.5, 0, 0.8, True))
+    first = np.asarray(sampling.filter_logits(logits, _rows(0.5, 0, 0.8, False)))
+    temper = np.asarray(sampling.filter_logits(logits, _rows(0.5, 0, 0.8, True)))
     assert np.isfinite(first[0]).sum() == 3 and np.isfinite(temper[0]).sum() == 2
     np.testing.assert_allclose(first[0, :3], logits[0, :3] / 0.5, rtol=1e-6)
 

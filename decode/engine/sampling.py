@@ -74,22 +74,21 @@ def token_logprobs(logits: jnp.ndarray, tokens: jnp.ndarray, top_n: int, want=No
 
 
 def _per_row(value, like: jnp.ndarray) -> jnp.ndarray:
-    """A scalar or a [B] array of settings, shaped to broadcast against `like` ([B, ..., V])."""
+    """A [B] array of settings (or a scalar), shaped to broadcast against `like` ([B, ..., V])."""
     a = jnp.asarray(value)
     return a.reshape(a.shape + (1,) * (like.ndim - a.ndim)) if a.ndim else a
 
 
-def filter_logits(logits: jnp.ndarray, temperature, top_k, top_p,
-                  temper_first=False) -> jnp.ndarray:
-    """The sampling distribution's logits: removed tokens get -inf. `logits` [B, ..., V]; each
-    setting a scalar or one value per row [B]; top_k 0 and top_p 1 are off. `temper_first` picks
-    the order (see the module docstring)."""
+def filter_logits(logits: jnp.ndarray, settings) -> jnp.ndarray:
+    """The sampling distribution's logits: removed tokens get -inf. `logits` [B, ..., V];
+    `settings` the decode state's Settings (decode.engine.state: one value per row [B]; top_k 0
+    and top_p 1 are off; `temper_first` picks the order, see the module docstring)."""
     x = logits.astype(jnp.float32)
     v = x.shape[-1]
-    t = _per_row(jnp.maximum(jnp.asarray(temperature, jnp.float32), 1e-6), x)
-    k = _per_row(top_k, x)
-    p = _per_row(top_p, x)
-    tf = _per_row(temper_first, x)
+    t = _per_row(jnp.maximum(jnp.asarray(settings.temperature, jnp.float32), 1e-6), x)
+    k = _per_row(settings.top_k, x)
+    p = _per_row(settings.top_p, x)
+    tf = _per_row(settings.temper_first, x)
     x = jnp.where(tf, x / t, x)
     desc = -jnp.sort(-x, axis=-1)
     k = jnp.where(k > 0, jnp.minimum(k, v), v)
@@ -124,8 +123,7 @@ def choose_tokens(logits: jnp.ndarray, keys: jnp.ndarray, settings,
     sampled_rows = settings.temperature > 0
 
     def draw(_):
-        x = filter_logits(logits, settings.temperature, settings.top_k, settings.top_p,
-                          settings.temper_first)
+        x = filter_logits(logits, settings)
         d = jax.vmap(lambda k, l: jax.random.categorical(k, l, axis=-1))(keys, x)
         return jnp.where(sampled_rows[:, None], d.astype(jnp.int32), greedy)
 

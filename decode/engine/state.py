@@ -16,6 +16,7 @@ import numpy as np
 from flax import struct
 
 from decode.config import Sampling
+from decode.options import OnDevice, device_fields
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -23,7 +24,9 @@ class Request(Sampling):
     """One request: its prompt (token ids, at least one) and its Sampling settings (checked on
     construction; `Decoder.check_request` checks them against the Decoder: vocabulary, capacity)."""
     prompt: tuple
-    top_logprobs: int = 0           # alternatives wanted per generated token (<= the Decoder's)
+    # alternatives wanted per generated token (<= the Decoder's: Decoder.check_request)
+    top_logprobs: int = dataclasses.field(default=0, metadata=dict(
+        device=(OnDevice("bool", "want_top", encode=lambda v: v > 0),)))
     automaton: Any = None           # a compiled constraint (decode.constraints.automaton), or None
 
 
@@ -44,18 +47,46 @@ class KVCache:
     length: jax.Array
 
 
-@struct.dataclass
-class Settings:
-    """Per-request runtime settings, one value per slot (no recompile per request)."""
-    tau: jax.Array            # [B] f32 entropy threshold of the fill rule
-    lam: jax.Array            # [B] f32 distance penalty lambda
-    temperature: jax.Array    # [B] f32 (0: greedy)
-    top_k: jax.Array          # [B] i32 (0: off)
-    top_p: jax.Array          # [B] f32 (1: off)
-    temper_first: jax.Array   # [B] bool: sampling order (decode.engine.sampling)
-    stop_ids: jax.Array       # [B, MAX_STOP_IDS] i32, padded with -1
-    seed: jax.Array           # [B] u32 the request's seed
-    want_top: jax.Array       # [B] bool: the request wants top log-probability alternatives
+# ------------------------------------------------------------- the settings on the device
+#
+# A request's runtime settings travel to the decode loop as one value per slot: the fields of
+# Request (its Sampling options) defined with `device=OnDevice(...)` (decode/options.py), in
+# definition order. `OFF` holds a free slot's values (each option's default, encoded) and
+# `settings_rows` is the one constructor.
+
+DEVICE_FIELDS = device_fields(Request)        # [(option name, default, OnDevice)]
+
+
+def _encode(d: OnDevice, value):
+    return d.encode(value) if d.encode is not None else value
+
+
+OFF = {d.name or name: _encode(d, default) for name, default, d in DEVICE_FIELDS}
+
+
+def _settings_type():
+    doc = ("Per-request runtime settings, one value per slot (no recompile per request): "
+           + ", ".join(f"{d.name or n} [B{', %d' % d.width if d.width else ''}] {d.dtype}"
+                       for n, _, d in DEVICE_FIELDS) + " (decode.options.OnDevice).")
+    names = {d.name or n: jax.Array for n, _, d in DEVICE_FIELDS}
+    return struct.dataclass(type("Settings", (), {"__annotations__": names, "__doc__": doc,
+                                                  "__module__": __name__}))
+
+
+Settings = _settings_type()
+
+
+def settings_rows(requests) -> Settings:
+    """The Settings of NumPy arrays for len(requests) slots: row i holds requests[i]'s values
+    (a Request, or any Sampling: options it lacks are off), a free slot's (OFF) where it is None."""
+    b, out = len(requests), {}
+    for name, _, d in DEVICE_FIELDS:
+        key = d.name or name
+        a = np.empty((b, d.width) if d.width else (b,), np.dtype(d.dtype))
+        for i, r in enumerate(requests):
+            a[i] = OFF[key] if r is None or not hasattr(r, name) else _encode(d, getattr(r, name))
+        out[key] = a
+    return Settings(**out)
 
 
 @struct.dataclass
@@ -154,15 +185,9 @@ def keep_if_done(done: jax.Array, new, old):
 
 def free_rows(static, mask_id: int) -> DecodeState:
     """Every slot of a Decoder of `static` free, as NumPy arrays, without cache layers."""
-    from decode.config import MAX_STOP_IDS
     b, s = static.slots, static.span
     zeros = np.zeros((b,), np.int32)
-    settings = Settings(
-        tau=np.zeros((b,), np.float32), lam=np.zeros((b,), np.float32),
-        temperature=np.zeros((b,), np.float32), top_k=zeros.copy(),
-        top_p=np.ones((b,), np.float32), temper_first=np.zeros((b,), bool),
-        stop_ids=np.full((b, MAX_STOP_IDS), -1, np.int32), seed=np.zeros((b,), np.uint32),
-        want_top=np.zeros((b,), bool))
+    settings = settings_rows([None] * b)
     return DecodeState(
         cache=KVCache(layers=None, length=zeros.copy()),
         tok=np.full((b, s), mask_id, np.int32), filled=np.zeros((b, s), bool),
@@ -177,7 +202,6 @@ def request_row(static, r, mask_id: int, capacity: int):
     of NumPy arrays without cache layers) of a checked Request `r`. Streaming / block prefill
     the whole prompt and start with a window of masks; AR / verified hold the last prompt token
     as the pending one."""
-    from decode.config import MAX_STOP_IDS
     method = static.spec.method
     plen = len(r.prompt)
     end = min(plen + r.max_new_tokens, capacity)
@@ -191,15 +215,8 @@ def request_row(static, r, mask_id: int, capacity: int):
     else:
         n0 = plen
         done = n0 >= end
-    stops = np.full((1, MAX_STOP_IDS), -1, np.int32)
-    stops[0, :len(r.stop_token_ids)] = r.stop_token_ids
     one = lambda v, dt: np.asarray([v], dt)
-    settings = Settings(
-        tau=one(r.tau, np.float32), lam=one(r.lam, np.float32),
-        temperature=one(r.temperature, np.float32), top_k=one(r.top_k, np.int32),
-        top_p=one(r.top_p, np.float32), temper_first=one(r.sampling_order == "temper_first", bool),
-        stop_ids=stops, seed=one(r.seed % (1 << 32), np.uint32),
-        want_top=one(r.top_logprobs > 0, bool))
+    settings = settings_rows([r])
     zero = one(0, np.int32)
     row = DecodeState(
         cache=KVCache(layers=None, length=one(n0, np.int32)), tok=tok, filled=filled,

@@ -119,7 +119,7 @@ def verified_step(forward, params, st: DecodeState, spec: StepSpec, mask_id):
     q_new = st.q
     if st.q is not None:
         def sampled(_):
-            filt = filter_logits(logits, s.temperature, s.top_k, s.top_p, s.temper_first)
+            filt = filter_logits(logits, s)
             probs = jax.nn.softmax(filt, axis=-1)
             a_s, pend_s = _verify_sampled(probs, st.tok, st.q, c, idx, k_acc, k_res)
             drawn = jax.vmap(lambda k, l: jax.random.categorical(k, l, axis=-1))(k_draft, filt)

@@ -50,7 +50,7 @@ class Settings:
 
 
 # the Sampling options a request body may set under their own names (max_tokens: parse_settings)
-WIRE = ("tau", "lam", "temperature", "top_k", "top_p", "seed", "sampling_order")
+WIRE = Sampling.wire_names()
 
 
 def _number(body, name, default, low=None, high=None, low_open=False):
