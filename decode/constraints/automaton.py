@@ -79,9 +79,10 @@ def _mix(x: np.ndarray) -> np.ndarray:
 
 # outlines-core (0.2.14) leaves out a token's transition from an accepting state into a state
 # that is not accepting (`a|a b` has no " " after "a"). So the Index is built for R + END, END a
-# character no output needs (a noncharacter, with a token of its own): no state of R accepts
-# there. R's accepting states are those with an END transition; END and the states inside it
-# (the END character written byte by byte) are then removed.
+# character with a token of its own (a noncharacter): a state after R + END is final, so the
+# transitions of R are all there. R's accepting states are those whose END transition reaches
+# a final state (END may also be content of R, inside a JSON string say: that transition stays
+# in R); the END transitions are then removed.
 END_CHAR = "\uffff"
 END_REGEX = r"\x{FFFF}"
 
@@ -97,7 +98,7 @@ def build_index(regex: str, vocab: dict, vocab_size: int):
 
 
 def _flat(index):
-    """(state of each transition, token, next state, number of states) with states renumbered
+    """(state of each transition, token, next state, final [N] bool) with states renumbered
     0.. (the initial state first)."""
     raw = index.get_transitions()
     init = index.get_initial_state()
@@ -109,15 +110,18 @@ def _flat(index):
         src.append(np.full(len(d), num[s], np.int64))
         tok.append(np.fromiter(d.keys(), np.int64, len(d)))
         dst.append(np.fromiter((num[v] for v in d.values()), np.int64, len(d)))
-    return np.concatenate(src), np.concatenate(tok), np.concatenate(dst), len(names)
+    final = np.zeros(len(names), bool)
+    final[[num[f] for f in index.get_final_states()]] = True
+    return np.concatenate(src), np.concatenate(tok), np.concatenate(dst), final
 
 
-def _prune(src, tok, dst, n, vocab_size):
+def _prune(src, tok, dst, final, vocab_size):
     """The transitions of R alone (END's removed), the accepting states, and the states kept
     (reachable from the initial state, each with a way on or accepting), renumbered."""
+    n = len(final)
     is_end = tok == vocab_size
     accept = np.zeros(n, bool)
-    accept[src[is_end]] = True
+    accept[src[is_end & final[dst]]] = True
     keep = (~is_end) & (tok < vocab_size)
     src, tok, dst = src[keep], tok[keep], dst[keep]
     live = accept.copy()                   # states from which an accepting state is reached
