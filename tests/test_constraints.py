@@ -190,18 +190,18 @@ def reference_loop(params, config, prompt, auto, stops, max_new):
 
 def test_verified_equals_the_constrained_reference_loop(demo):
     config, params, tok, _, _ = demo
-    items, prompts, autos = records(demo, 2)
+    items, prompts, autos = records(demo, 1)
     stops = stop_ids(tok, config, REGIMES["records"])
-    ref = [reference_loop(params, config, p, a, stops, 96) for p, a in zip(prompts, autos)]
+    ref = [reference_loop(params, config, p, a, stops, 64) for p, a in zip(prompts, autos)]
     for method, window in (("verified", 8), ("ar", 1)):
-        dc = DecodeConfig(method=method, window=window, max_new_tokens=96, stop_token_ids=stops)
+        dc = DecodeConfig(method=method, window=window, max_new_tokens=64, stop_token_ids=stops)
         got = generate(params, config, prompts, dc, automata=autos).tokens
         assert [list(g) for g in got] == ref, method
 
 
 @pytest.mark.parametrize("method, window, refill", [
     ("streaming", 8, "before"), ("streaming", 16, "after"), ("block", 8, "after"),
-    ("block", 16, "before"), ("verified", 8, "after"), ("verified", 16, "before"), ("ar", 1, "after")])
+    ("verified", 8, "after"), ("verified", 16, "before"), ("ar", 1, "after")])
 def test_records_outputs_parse_and_validate(demo, method, window, refill):
     config, params, tok, _, _ = demo
     items, prompts, autos = records(demo)
@@ -227,7 +227,7 @@ def test_constraints_the_model_would_break_are_kept(demo):
         s["properties"]["city"] = {"enum": ["Atlantis"]}
         schemas.append(s)
     autos = [compile_constraint(Constraint.json_schema(s), vocab, size) for s in schemas]
-    dc = DecodeConfig(method="streaming", window=16, max_new_tokens=96, stop_token_ids=stops)
+    dc = DecodeConfig(method="streaming", window=16, max_new_tokens=64, stop_token_ids=stops)
     res = generate(params, config, [tok.encode(it["prompt"]) for it in items], dc, automata=autos)
     free = generate(params, config, [tok.encode(it["prompt"]) for it in items], dc)
     for it, s, text, free_text in zip(items, schemas, texts(tok, res.tokens, stops),
@@ -271,12 +271,13 @@ def test_mixed_batch_leaves_other_slots_alone(demo):
     assert t[2] in ("Alice", "Bob")
 
 
-@pytest.mark.parametrize("page_size", [0, 16])
-def test_continuous_batching_with_constraints(demo, page_size):
-    """The Batcher (dense insert, paged admission): constrained and free requests arriving
-    together; every constrained output validates, the free one equals its static decode."""
+def test_continuous_batching_with_constraints(demo):
+    """The Batcher (paged admission, two slots): constrained and free requests queued together
+    (a slot goes from one constraint to none to another); every constrained output validates,
+    the free one equals its static decode."""
     config, params, tok, _, _ = demo
-    items, prompts, autos = records(demo, 3)
+    page_size = 16
+    items, prompts, autos = records(demo, 2)
     stops = stop_ids(tok, config, REGIMES["records"])
     kw = dict(page_size=page_size, num_pages=64) if page_size else {}
     dec = plans.decoder(params, config, method="streaming", window=8, slots=2, capacity=512,
@@ -294,4 +295,4 @@ def test_continuous_batching_with_constraints(demo, page_size):
         check_lines(tok.decode([t for t in out[i].tokens if t not in stops]),
                     row_schema(columns(it)))
     dc = DecodeConfig(method="streaming", window=8, max_new_tokens=160, stop_token_ids=stops)
-    assert list(out[3].tokens) == list(generate(params, config, [prompts[0]], dc).tokens[0])
+    assert list(out[2].tokens) == list(generate(params, config, [prompts[0]], dc).tokens[0])
