@@ -232,3 +232,17 @@ def compile_constraint(constraint: Constraint, vocab: dict, vocab_size: int,
                                 f"above the limit of {max_bytes}", field)
     _CACHE.put(key, auto)
     return auto
+
+
+_VOCABS: dict = {}
+
+
+def for_tokenizer(constraint: Constraint, tokenizer) -> Automaton:
+    """`compile_constraint` over a tokenizer's vocabulary (read once per tokenizer)."""
+    from decode.constraints.vocab import vocabulary_bytes
+    key = id(tokenizer)
+    if key not in _VOCABS:
+        vocab, size = vocabulary_bytes(tokenizer)
+        _VOCABS[key] = (tokenizer, vocab, size, vocabulary_key(vocab, size))
+    _, vocab, size, vkey = _VOCABS[key]
+    return compile_constraint(constraint, vocab, size, vkey)

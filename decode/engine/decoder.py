@@ -206,6 +206,10 @@ class Decoder:
             raise DecodeConfigError(f"the constraint's automaton is over {len(r.automaton.klass)} "
                                     f"tokens, more than the model's vocabulary {vocab}",
                                     "constraint")
+        if r.automaton is not None and not r.stop_token_ids:
+            raise DecodeConfigError("a constrained request needs a stop token id (the model's eos: "
+                                    "its output ends there once the constraint is met)",
+                                    "stop_token_ids")
         return dataclasses.replace(r, prompt=tuple(int(t) for t in prompt))
 
     def prompt_bucket(self, prompt_len: int) -> int:

@@ -15,6 +15,7 @@ import uuid
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from decode.config import MAX_LOGPROBS, MAX_STOP_IDS, DecodeConfigError, Sampling
+from decode.constraints.automaton import for_tokenizer as automaton_for
 from decode.engine.state import Request
 from decode.serving.worker import Busy
 from decode.serving.protocol import (MAX_BATCH, APIError, Settings, bad, chat_logprobs_object, field_of,
@@ -51,7 +52,7 @@ class Completions:
     # ------------------------------------------------------------------------------- the routes
 
     async def completions(self, http, body: dict):
-        s = parse_settings(body, self.cfg.defaults, scoring=True)
+        s = await self.compiled(parse_settings(body, self.cfg.defaults, scoring=True))
         prompts = await asyncio.to_thread(parse_prompts, body, self.tokenizer, self.cfg.vocab_size,
                                           MAX_BATCH, self.cfg.capacity)               # off the loop
         if len(prompts) == 1 and s.logprobs is None and not s.echo:
@@ -62,13 +63,24 @@ class Completions:
         return await self.scored_choices(http, prompts, s)
 
     async def chat_completions(self, http, body: dict):
-        s = parse_settings(body, self.cfg.defaults, ("max_tokens", "max_completion_tokens"),
-                           chat=True)
+        s = await self.compiled(parse_settings(body, self.cfg.defaults,
+                                               ("max_tokens", "max_completion_tokens"), chat=True))
         ids = await asyncio.to_thread(parse_messages, body, self.tokenizer, True, False,
                                       self.cfg.capacity)                              # off the loop
         return await self.run(http, ids, s, chat=True, param="messages")
 
     # ------------------------------------------------------------------ a request to the engine
+
+    async def compiled(self, s: Settings) -> Settings:
+        """`s` with its constraint compiled for the tokenizer (off the loop; cached by the
+        constraint's hash), before any admission; a constraint that cannot be is a 400."""
+        if s.constraint is None:
+            return s
+        try:
+            auto = await asyncio.to_thread(automaton_for, s.constraint, self.tokenizer)
+        except DecodeConfigError as e:
+            raise bad(e.field, str(e)) from None
+        return dataclasses.replace(s, automaton=auto)
 
     def make_request(self, ids: list, s: Settings, param: str) -> Request:
         """OpenAI's / vLLM's lengths: a prompt that leaves no room, or a named max_tokens that does
@@ -102,7 +114,8 @@ class Completions:
                               f"defaults, at most {MAX_STOP_IDS}")
         try:
             return Request(prompt=tuple(ids), **Sampling.pick(s.sampling.replace(
-                max_new_tokens=s.max_tokens, stop_token_ids=stop_ids)), top_logprobs=s.logprobs or 0)
+                max_new_tokens=s.max_tokens, stop_token_ids=stop_ids)), top_logprobs=s.logprobs or 0,
+                automaton=s.automaton)
         except DecodeConfigError as e:
             raise bad(field_of(e, param), str(e)) from None
 

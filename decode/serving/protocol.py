@@ -5,8 +5,10 @@ here touches the engine, so a bad request is a 400 naming the field before any d
 
 import dataclasses
 import secrets
+from typing import Any
 
 from decode.config import MAX_LOGPROBS, MAX_STOP_IDS, DecodeConfigError, Sampling  # noqa: F401 (the bounds)
+from decode.constraints.spec import from_fields as constraint_fields
 from wedlm_jax.tokenizer import TextError, check_text
 
 MAX_STOP_STRINGS = 8
@@ -47,6 +49,8 @@ class Settings:
     max_tokens_given: bool = False   # the client named max_tokens (else the server's default)
     logprobs: int | None = None      # completions: the top alternatives per token (0: the token's own)
     echo: bool = False               # completions: the prompt is part of the answer (and scored)
+    constraint: Any = None           # decode.constraints.spec.Constraint: what the output matches
+    automaton: Any = None            # the constraint compiled for the server's tokenizer
 
 
 # the Sampling options a request body may set under their own names (max_tokens: parse_settings)
@@ -126,6 +130,10 @@ def parse_settings(body: dict, defaults: Sampling, max_tokens_names=("max_tokens
     for name in unsupported:
         if body.get(name) not in (None, False, {}, []):
             raise bad(name, f"'{name}' is not supported by this server", "unsupported_value")
+    try:       # response_format, structured_outputs, guided_json / guided_regex / guided_choice
+        constraint = constraint_fields(body)
+    except DecodeConfigError as e:
+        raise bad(e.field, str(e)) from None
     echo = _bool(body, "echo") if scoring else False
     if not scoring and _bool(body, "echo"):
         raise bad("echo", "'echo' is not supported by this endpoint", "unsupported_value")
@@ -173,7 +181,8 @@ def parse_settings(body: dict, defaults: Sampling, max_tokens_names=("max_tokens
     return Settings(sampling=sampling, max_tokens=sampling.max_new_tokens if "max_new_tokens" in given
                     or not max_given else 0, stop=stop, stream=_bool(body, "stream"),
                     include_usage=bool(opts and _bool(opts, "include_usage")),
-                    max_tokens_given=max_given, logprobs=logprobs, echo=echo)
+                    max_tokens_given=max_given, logprobs=logprobs, echo=echo,
+                    constraint=constraint)
 
 
 CHARS_PER_TOKEN_BOUND = 16   # a text this many times longer than the context is checked by a prefix
