@@ -44,7 +44,9 @@ import time
 from decode.config import DecodeConfigError, DoorOptions, Sampling
 
 SETTINGS = tuple(k for k in Sampling.options() if k != "stop_token_ids")   # a line's own settings
-FIELDS = ("id", "prompt", "messages", "max_tokens", "stop") + SETTINGS
+CONSTRAINT_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex",
+                     "guided_choice")      # decode.constraints.spec.from_fields reads them
+FIELDS = ("id", "prompt", "messages", "max_tokens", "stop") + SETTINGS + CONSTRAINT_FIELDS
 
 
 @dataclasses.dataclass
@@ -56,6 +58,7 @@ class Item:
     sampling: Sampling      # the command line's, overridden by the line's; stop ids: the
                             # default stops + single-token stop strings (the device stops there)
     stop_strings: tuple     # every stop string of the line (checked on the host, text cut before it)
+    automaton: object = None  # the line's constraint, compiled (decode.constraints.automaton)
 
 
 # ----------------------------------------------------------------------------------- input
@@ -115,10 +118,22 @@ def read_input(path: str, tokenizer, defaults: Sampling, base_stop_ids: list, ba
             raise DecodeConfigError(f"{where}: field 'prompt' has {len(ids)} tokens, longer than the "
                                     f"capacity {capacity}")
         items.append(Item(id=rid, line=lineno, prompt_ids=ids, sampling=sampling,
-                          stop_strings=tuple(dict.fromkeys(list(base_stop_strings) + stops))))
+                          stop_strings=tuple(dict.fromkeys(list(base_stop_strings) + stops)),
+                          automaton=_automaton(obj, tokenizer, where)))
     if not items:
         raise DecodeConfigError(f"--input {path}: no prompts (every line is blank)")
     return items
+
+
+def _automaton(obj: dict, tokenizer, where: str):
+    """The line's constraint compiled for the tokenizer (None: none); errors name the field."""
+    from decode.constraints.automaton import for_tokenizer
+    from decode.constraints.spec import from_fields
+    try:
+        constraint = from_fields(obj)
+        return None if constraint is None else for_tokenizer(constraint, tokenizer)
+    except DecodeConfigError as e:        # its message names the field
+        raise DecodeConfigError(f"{where}: {e}", e.field) from None
 
 
 def _prompt_ids(obj: dict, tokenizer, chat: bool, where: str) -> list:
@@ -331,7 +346,8 @@ def run_job(args) -> int:
     for it in todo:
         try:
             requests.append(decoder.check_request(Request(prompt=tuple(it.prompt_ids),
-                                                          **Sampling.pick(it.sampling))))
+                                                          **Sampling.pick(it.sampling),
+                                                          automaton=it.automaton)))
         except DecodeConfigError as e:
             raise DecodeConfigError(f"{args.input}:{it.line}: {e}") from None
     try:
