@@ -296,3 +296,35 @@ def test_continuous_batching_with_constraints(demo):
                     row_schema(columns(it)))
     dc = DecodeConfig(method="streaming", window=8, max_new_tokens=160, stop_token_ids=stops)
     assert list(out[2].tokens) == list(generate(params, config, [prompts[0]], dc).tokens[0])
+
+
+# ------------------------------------------------------------------ the command line and batch job
+
+def test_cli_and_batch_job_constraints(demo, tmp_path, capsys):
+    """wedlm-decode --json-schema FILE decodes to a valid object; a bad flag or a bad batch line
+    is one line naming the flag or FILE:LINE and the field, exit 2, before the weights load."""
+    from decode.cli import main
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    prompt = "Table:\nname | age\nBob | 33\nJSON lines:\n"
+    assert main(["--checkpoint", DEMO_MODEL, "--prompt", prompt, "--json-schema", str(path),
+                 "--max-new-tokens", "32", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    row = out["results"][0] if "results" in out else out
+    jsonschema.validate(json.loads(row["text"]), schema)
+    for flags, words in [(["--regex", "(bad"], "--regex: cannot compile"),
+                         (["--json-schema", str(tmp_path / "none.json")], "--json-schema"),
+                         (["--regex", "a", "--choice", "b"], "give one constraint")]:
+        assert main(["--checkpoint", DEMO_MODEL, "--prompt", "x", *flags]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and words in err, err
+    bad = tmp_path / "in.jsonl"
+    bad.write_text(json.dumps({"prompt": "x"}) + "\n" + json.dumps(
+        {"prompt": "y", "structured_outputs": {"choice": []}}) + "\n")
+    assert main(["--checkpoint", DEMO_MODEL, "--input", str(bad), "--output",
+                 str(tmp_path / "out.jsonl")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{bad}:2:" in err and "structured_outputs.choice" in err, err
+    assert not (tmp_path / "out.jsonl").exists()
