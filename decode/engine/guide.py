@@ -11,9 +11,10 @@ What each method does with it (the steps call these; with no Guide in the state 
 their inputs and the programs hold no constraint code):
 
   streaming / block  `recheck` before the forward: walk the window's leading filled run from the
-                     committed state; the first slot the automaton rejects goes back to [MASK]
-                     (the slots after it stay filled), so the step commits only the accepted
-                     run. `mask_head`: the first [MASK] after that run (its state is known) is
+                     committed state; the first slot the automaton rejects and every slot after
+                     it go back to [MASK] (they were filled beside a token that cannot stand,
+                     often the same text one position off: kept, each would be rejected in
+                     turn, one a step), so the step commits only the accepted run. `mask_head`: the first [MASK] after that run (its state is known) is
                      read from the allowed tokens only, so a filled head is always accepted.
   ar                 `mask_rows`: the step's distribution restricted to the allowed tokens.
   verified           `mask_run`: the AR reading at each slot of the leading run restricted by the
@@ -84,8 +85,8 @@ def _leading(x):
 
 
 def recheck(st):
-    """(state with the first rejected slot of the leading filled run back at [MASK], the states
-    along the window [B, S+1]); (st, None) without a Guide."""
+    """(state with the first rejected slot of the leading filled run and the slots after it back
+    at [MASK], the states along the window [B, S+1]); (st, None) without a Guide."""
     g = st.guide
     if g is None:
         return st, None
@@ -94,7 +95,7 @@ def recheck(st):
     run = _leading(st.filled)
     idx = jnp.arange(st.tok.shape[1])[None, :]
     first_bad = _leading(ok | ~st.filled)            # first slot not ok among the filled ones
-    reject = (idx == first_bad[:, None]) & (first_bad < run)[:, None]
+    reject = (idx >= first_bad[:, None]) & (first_bad < run)[:, None]
     return st.replace(filled=st.filled & ~reject), states
 
 
