@@ -15,56 +15,13 @@ import random
 import time
 
 METHODS = ("streaming", "verified", "block", "ar")
-TYPES = {"name": "string", "city": "string", "color": "string", "age": "integer",
-         "id": "integer", "score": "integer"}
-
-
-def row_schema(item) -> dict:
-    cols = item["prompt"].split("\n")[1].split(" | ")
-    return {"type": "object", "properties": {c: {"type": TYPES[c]} for c in cols},
-            "required": cols, "additionalProperties": False}
-
-
-def lines_regex(schema) -> str:
-    from decode.constraints.spec import Constraint
-    row = Constraint.json_schema(schema).to_regex()
-    return f"{row}(\\n{row}){{0,4}}"
-
-
-def valid(text: str, schema) -> bool:
-    import jsonschema
-    try:
-        for line in text.split("\n"):
-            jsonschema.validate(json.loads(line), schema)
-        return True
-    except (ValueError, jsonschema.ValidationError):
-        return False
 
 
 def run_method(params, config, tok, items, method, autos, settings):
     from decode.config import DecodeConfig
-    from decode.static.static_batch import generate
-    from demo.eval import REGIMES, cut, stop_ids
-    regime = REGIMES["records"]
-    stops = stop_ids(tok, config, regime)
-    dc = DecodeConfig(method=method, max_new_tokens=192, stop_token_ids=stops, **settings)
-    out = dict(valid=0, exact=0, tokens=0, steps=0, wall_s=0.0)
-    for i, it in enumerate(items):
-        kw = dict(automata=[autos[i]]) if autos else {}
-        prompt = [tok.encode(it["prompt"])]
-        generate(params, config, prompt, dc, **kw)                       # compile
-        res = generate(params, config, prompt, dc, **kw)
-        text, _ = cut(tok.decode(res.tokens[0]), regime.stop_strings)
-        out["valid"] += valid(text.strip(), row_schema(it))
-        out["exact"] += text.strip() == it["answer"].strip()
-        out["tokens"] += res.n_gen
-        out["steps"] += res.steps
-        out["wall_s"] += res.wall_s
-    n = len(items)
-    return dict(valid_pct=100 * out["valid"] / n, exact_pct=100 * out["exact"] / n,
-                tokens_per_forward=out["tokens"] / out["steps"], wall_s=out["wall_s"],
-                step_ms=1e3 * out["wall_s"] / out["steps"], tokens=out["tokens"],
-                forwards=out["steps"])
+    from demo.structured import decode_records
+    return decode_records(params, config, tok, items,
+                          DecodeConfig(method=method, max_new_tokens=192, **settings), autos)
 
 
 def synthetic_vocab(size: int, seed: int = 0) -> dict:
@@ -114,16 +71,12 @@ def main(argv=None) -> int:
     ap.add_argument("--items", type=int, default=8)
     ap.add_argument("--out", default="benchmarks/results/constraints.json")
     args = ap.parse_args(argv)
-    from decode.constraints.automaton import compile_constraint
-    from decode.constraints.spec import Constraint
-    from decode.constraints.vocab import vocabulary_bytes
     from demo.eval import DEMO_MODEL, eval_items, load_model
     from demo.run import LAM, TAU, WINDOW
+    from demo.structured import records_automata
     config, params, tok = load_model(DEMO_MODEL)
-    vocab, size = vocabulary_bytes(tok)
     items = eval_items(DEMO_MODEL, "records", args.items)
-    autos = [compile_constraint(Constraint.regex(lines_regex(row_schema(it))), vocab, size)
-             for it in items]
+    autos = records_automata(tok, items)
     settings = dict(window=WINDOW, tau=TAU, lam=LAM)
     runs = {}
     for m in METHODS:
