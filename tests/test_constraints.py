@@ -328,3 +328,29 @@ def test_cli_and_batch_job_constraints(demo, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert f"{bad}:2:" in err and "structured_outputs.choice" in err, err
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_preempted_constrained_requests_go_on_from_their_state(demo):
+    """A pool too small for three growing records answers preempts one: readmitted with its
+    prompt and emitted tokens, its automaton goes on from the state those tokens reached, so
+    verified decoding gives the same tokens as with pages to spare, and every output validates."""
+    config, params, tok, _, _ = demo
+    items, prompts, autos = records(demo, 3)
+    stops = stop_ids(tok, config, REGIMES["records"])
+    reqs = [Request(prompt=tuple(p), max_new_tokens=160, stop_token_ids=stops, automaton=a)
+            for p, a in zip(prompts, autos)]
+    outs = []
+    for pages in (96, 24):
+        dec = plans.decoder(params, config, method="verified", window=8, slots=3, capacity=256,
+                            steps_per_call=4, sampling=False, page_size=16, num_pages=pages)
+        b, done = Batcher(dec), {}
+        ids = {b.submit(r, on_finish=lambda f: done.__setitem__(f.request_id, f)): i
+               for i, r in enumerate(reqs)}
+        b.run_until_idle()
+        outs.append(({ids[k]: v for k, v in done.items()}, b.preemptions))
+    (roomy, none), (small, preempted) = outs
+    assert none == 0 and preempted > 0
+    for i, it in enumerate(items):
+        assert small[i].tokens == roomy[i].tokens
+        check_lines(tok.decode([t for t in small[i].tokens if t not in stops]),
+                    row_schema(columns(it)))

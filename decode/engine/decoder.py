@@ -230,7 +230,7 @@ class Decoder:
     def _host_row(self, r: Request, guide_bucket=None):
         prompt, n0, row = request_row(self.static, r, self.mask_id, self.capacity)
         row = guides.attach(row, r.automaton, r.stop_token_ids, self.model_config.vocab_size,
-                            guide_bucket)
+                            guide_bucket, r.automaton_state)
         return prompt, n0, row
 
     def prefill(self, request: Request) -> Prefix:

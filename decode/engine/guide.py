@@ -163,9 +163,9 @@ def free_guide(b: int, vocab: int, bucket) -> Guide:
                  klass=np.zeros((b, vocab), np.int32), trans=np.zeros((b, n, c), np.int32))
 
 
-def request_guide(automaton, stop_ids, vocab: int, bucket) -> Guide:
+def request_guide(automaton, stop_ids, vocab: int, bucket, start: int = 0) -> Guide:
     """A request's row (batch 1, NumPy): its tables padded to `bucket`, its stop tokens allowed
-    in accepting states only, the initial state."""
+    in accepting states only, the state `start` (0: the initial state)."""
     n, c = bucket
     g = free_guide(1, vocab, bucket)
     klass = automaton.with_stops(stop_ids)
@@ -173,6 +173,7 @@ def request_guide(automaton, stop_ids, vocab: int, bucket) -> Guide:
     g.trans[0] = -1
     g.trans[0, :automaton.num_states, :automaton.num_classes] = automaton.trans
     g.on[0] = True
+    g.state[0] = start
     return g
 
 
@@ -200,12 +201,12 @@ def join_buckets(*buckets):
     return max(b[0] for b in given), max(b[1] for b in given)
 
 
-def attach(row, automaton, stop_ids, vocab: int, bucket=None):
+def attach(row, automaton, stop_ids, vocab: int, bucket=None, start: int = 0):
     """A request's first row (batch 1) with its Guide row (unchanged without an automaton)."""
     if automaton is None:
         return row if bucket is None else row.replace(guide=free_guide(1, vocab, bucket))
     return row.replace(guide=request_guide(automaton, stop_ids, vocab,
-                                           join_buckets(bucket, bucket_of(automaton))))
+                                           join_buckets(bucket, bucket_of(automaton)), start))
 
 
 def conform(state, row, vocab: int):

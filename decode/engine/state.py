@@ -28,6 +28,7 @@ class Request(Sampling):
     top_logprobs: int = dataclasses.field(default=0, metadata=dict(
         device=(OnDevice("bool", "want_top", encode=lambda v: v > 0),)))
     automaton: Any = None           # a compiled constraint (decode.constraints.automaton), or None
+    automaton_state: int = 0        # its state after the tokens already emitted (a readmission)
 
 
 def pow2_at_least(x: int, floor: int = 1) -> int:
