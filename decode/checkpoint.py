@@ -17,41 +17,51 @@ import dataclasses
 import os
 import sys
 
-from decode.config import DecodeConfigError, Placement
+from decode.config import DecodeConfigError, Placement, is_int
 from decode.text import TextTokenizer, load_tokenizer
-from wedlm_jax.config import ModelConfig
+from wedlm_jax.config import ConfigError, ModelConfig
 from wedlm_jax.tokenizer import mask_token_rule
 
 
-def resolve_mask_token_id(folder: str, config: ModelConfig, tokenizer: TextTokenizer | None,
-                          method: str, given: int | None, announce=None) -> int | None:
-    """The [MASK] id to decode with: `given` (--mask-token-id, checked against the vocabulary),
-    else the shared rule (`wedlm_jax.tokenizer.mask_token_rule`: the config's, the released
-    checkpoints' for a `wedlm` config with null — `announce`d once —, the tokenizer's). AR needs
-    none."""
+def mask_id_for(config: ModelConfig, given: int | None, method: str, *, tokenizer=None,
+                source: str = "the model config", name: str = "mask_token_id",
+                announce=None) -> int:
+    """The [MASK] id to decode with, the one rule of every door and of the plan: `given` (the
+    option `name`, checked against the vocabulary), else the rule training shares
+    (`wedlm_jax.tokenizer.mask_token_rule`: the config's, the released checkpoints' for a `wedlm`
+    config with null — `announce`d once —, the `tokenizer`'s); AR decoding reads none (0).
+    DecodeConfigError naming mask_token_id when a window method finds none or the id lies
+    outside the vocabulary."""
     if given is not None:
-        if not 0 <= given < config.vocab_size:
-            raise DecodeConfigError(f"--mask-token-id {given} is outside the vocabulary "
-                                    f"[0, {config.vocab_size})")
-        return given
+        if not is_int(given) or not 0 <= int(given) < config.vocab_size:
+            raise DecodeConfigError(f"{name} {given!r} is outside the vocabulary "
+                                    f"[0, {config.vocab_size})", "mask_token_id")
+        return int(given)
     if method == "ar":
-        return None
-    path = os.path.join(folder, "config.json")
-    mask, origin = mask_token_rule(config, tokenizer, path)
+        return 0
+    try:
+        mask, origin = mask_token_rule(config, tokenizer, source, "mask_token_id=ID / --mask-token-id ID")
+    except ConfigError as e:
+        raise DecodeConfigError(str(e), "mask_token_id") from None
+    if mask is None:
+        raise DecodeConfigError(
+            f"method {method!r} needs a mask token id: {source} has no mask_token_id"
+            f"{'' if tokenizer is None else ', the tokenizer no mask token'} and none was given "
+            "(pass mask_token_id=... / --mask-token-id)", "mask_token_id")
     if origin == "released" and announce is not None:
-        announce(f"{path} has mask_token_id null: decoding with [MASK] id {mask}, as the official "
+        announce(f"{source} has mask_token_id null: decoding with [MASK] id {mask}, as the official "
                  f"WeDLM engine does (--mask-token-id overrides)")
     return mask
 
 
-def check_quantized_folder(folder: str, config: ModelConfig, placement: Placement) -> None:
+def check_quantized_folder(folder: str, placement: Placement, group: int) -> None:
     """A folder written quantized (`wedlm-convert hf-to-orbax --quantize`) decodes under its own
-    scheme: DecodeConfigError (field quantize) naming both when the placement asks for another."""
-    from decode.config import check_quantize
+    scheme: DecodeConfigError (field quantize) naming both when the placement asks for another
+    (`group`: the placement's group size, `Placement.check_model`)."""
     from wedlm_jax.quantize import QuantizeError
-    from wedlm_jax.quantize_checkpoint import check_matches
+    from wedlm_jax.checkpoints.quantized import check_matches
     try:
-        check_matches(folder, placement.quantize, check_quantize(config, placement))
+        check_matches(folder, placement.quantize, group)
     except QuantizeError as e:
         raise DecodeConfigError(str(e), e.field) from None
 
@@ -66,7 +76,7 @@ class OpenCheckpoint:
     folder: str
     config: ModelConfig            # config.json
     tokenizer: TextTokenizer
-    mask_token_id: int | None      # what the Decoder gets (None: the config's own)
+    mask_token_id: int             # what the Decoder gets (mask_id_for; AR: 0, never read)
     default_stop_ids: tuple        # eos and friends (decode.text); () with default_stops=False
     placement: Placement
 
@@ -82,9 +92,10 @@ class OpenCheckpoint:
         placement = placement or Placement()
         tokenizer = tokenizer or load_tokenizer(folder)
         config = read_config(folder)
-        placement.check_model(config)
-        check_quantized_folder(folder, config, placement)
-        mask = resolve_mask_token_id(folder, config, tokenizer, method, mask_token_id, _stderr(prog))
+        check_quantized_folder(folder, placement, placement.check_model(config))
+        mask = mask_id_for(config, mask_token_id, method, tokenizer=tokenizer,
+                           source=os.path.join(folder, "config.json"), name="--mask-token-id",
+                           announce=_stderr(prog))
         stops = tuple(tokenizer.default_stop_ids(config.eos_token_id)) if default_stops else ()
         return cls(folder, config, tokenizer, mask, stops, placement)
 
@@ -94,7 +105,7 @@ class OpenCheckpoint:
         take them (`decode.engine.layouts.layers_stacked`); the config carries the [MASK] id decided
         here, so `generate(params, config, ...)` and a Decoder need no other argument for it.
         With the placement's `quantize`, the projections come quantized (wedlm_jax.quantize), the
-        float copy dropped; a quantized folder's as stored (wedlm_jax.quantize_checkpoint)."""
+        float copy dropped; a quantized folder's as stored (wedlm_jax.checkpoints.quantized)."""
         import jax
 
         from decode.engine.layouts import layers_stacked
@@ -106,13 +117,12 @@ class OpenCheckpoint:
         platform = (mesh.devices.flat[0] if mesh is not None else jax.local_devices()[0]).platform
         kernel = grouped_matmul.for_plan(
             platform, resolve_group(self.placement.quantize, self.placement.quantize_group),
-            1 if mesh is None else mesh.devices.size) == "pallas"
+            1 if mesh is None else mesh.devices.size) == grouped_matmul.PALLAS
         # the layers as the decode programs take them (one tree each on GPU, and on TPU for a
         # grouped kernel), loaded that way
         config, params = load_checkpoint(self.folder, mesh=mesh, dtype=self.placement.dtype,
                                          stacked_layers=layers_stacked(platform, kernel), **quiet)
-        if self.mask_token_id is not None:
-            config = config.replace(mask_token_id=self.mask_token_id)
+        config = config.replace(mask_token_id=self.mask_token_id)
         if not is_quantized(params):
             params = quantize_params(params, self.placement.quantize,
                                      self.placement.quantize_group, free=True)

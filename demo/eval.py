@@ -112,8 +112,6 @@ def load_model(folder: str = DEMO_MODEL, check: bool = True):
         check_model(folder)
     ckpt = OpenCheckpoint.open(folder)
     config, params, _ = ckpt.load()
-    if config.mask_token_id is None and ckpt.mask_token_id is not None:
-        config = config.replace(mask_token_id=ckpt.mask_token_id)
     return config, params, ckpt.tokenizer
 
 

@@ -245,5 +245,5 @@ def test_every_door_takes_the_mesh_dtype_and_attention(tmp_path):
         "wedlm-decode: error: --mesh 'model=2': expected comma-separated AXIS=N with AXIS one of "
         "data, fsdp, tensor and N >= 1 (e.g. data=2,tensor=4)",
         "wedlm-decode: error: dtype 'fp8' is unknown; allowed: float32, bfloat16 (f32, fp32, bf16)",
-        "wedlm-decode: error: attention 'flash' is unknown; allowed: auto, tiled, dense, pallas, cudnn"]
+        "wedlm-decode: error: attention 'flash' is unknown; allowed: auto, tiled, dense, cudnn, pallas"]
     assert r["bad_job"] == "wedlm-decode: error: --slots 3 must be a multiple of the mesh's data x fsdp = 2"

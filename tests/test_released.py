@@ -155,7 +155,7 @@ def test_one_mask_rule_for_training_and_decoding():
     """`mask_token_rule`, in order: the config's id, the released id for a `wedlm` config with
     null, the tokenizer's mask token inside the vocabulary, else none; training and the decoding
     door read it through the same function."""
-    from decode.checkpoint import resolve_mask_token_id as decode_mask
+    from decode.checkpoint import mask_id_for as decode_mask
     from train.data import DataError, resolve_mask_token_id as train_mask
     from wedlm_jax.tokenizer import load_tokenizer as load_tok, mask_token_rule
     demo = os.path.join(os.path.dirname(__file__), "..", "demo", "model")
@@ -170,6 +170,6 @@ def test_one_mask_rule_for_training_and_decoding():
     for config in (qwen3, released, qwen3.replace(mask_token_id=5)):
         want = mask_token_rule(config, tok)[0]
         assert train_mask(config, tok) == want
-        assert decode_mask(demo, config, tok, "streaming", None) == want
+        assert decode_mask(config, None, "streaming", tokenizer=tok) == want
     with pytest.raises(DataError, match="outside the model vocabulary"):
         train_mask(qwen3.replace(vocab_size=2, tie_word_embeddings=True), tok)

@@ -32,7 +32,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-CHOICES = ("xla", "pallas")    # how a model reads grouped kernels: dequantized, or a kernel here
+XLA, PALLAS = "xla", "pallas"
+CHOICES = (XLA, PALLAS)    # how a model reads grouped kernels: dequantized, or a kernel here
 KERNELS = ("triton", "mosaic")
 
 BLOCK_N = 64          # triton: output columns per program
@@ -100,8 +101,8 @@ def for_plan(platform: str, group: int, devices: int) -> str:
     """The grouped matmul a decoding plan takes: a kernel on one GPU or TPU for grouped weights;
     XLA's dequantized matmul elsewhere (no grouping, a CPU, or weights split over a mesh, which
     a custom call would gather whole)."""
-    return ("pallas" if group and devices == 1 and platform in ("gpu", "cuda", "rocm", "tpu")
-            else "xla")
+    return (PALLAS if group and devices == 1 and platform in ("gpu", "cuda", "rocm", "tpu")
+            else XLA)
 
 
 def _pow2_at_least(n: int) -> int:

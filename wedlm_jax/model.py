@@ -343,7 +343,7 @@ def attention_input(c: ModelConfig, shape, attention: str, *, dtype, tile: int, 
         ctx = attn_backends.make_context(impl, cache_len=cache_len, batch=b, tile=kv_tile,
                                          interpret=interpret)
     elif structure is not None:
-        if impl == "dense":
+        if impl == attn_backends.DENSE:
             mask = masking.structure_mask(tiled_lib.as_structure(structure, b))
         else:
             ctx = attn_backends.make_context(
@@ -351,7 +351,7 @@ def attention_input(c: ModelConfig, shape, attention: str, *, dtype, tile: int, 
                 tile=tile, template="dual" if objective == "dual" else "causal",
                 block_size=block_size, interpret=interpret)
     elif mask is None:
-        if impl == "dense":
+        if impl == attn_backends.DENSE:
             mask = attn_lib.segment_mask(segment_ids, b, s)
         else:
             st = tiled_lib.causal_structure(segment_ids, b, s)

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from decode.engine import layouts
 from decode.config import PREFILL_CHUNK
 from wedlm_jax import model as model_lib
+from wedlm_jax.attention.table import TILED
 from wedlm_jax.compiled import figures  # noqa: F401 (memory, cost and kernels of a program)
 from wedlm_jax.failures import format_bytes
 
@@ -63,7 +64,7 @@ def step_floor(static, live_rows: int, tensor: int = 1, batch_shards: int = 1) -
 
 
 def make_decoder(config, devices, *, method="streaming", window=16, refill="before", slots=8,
-                 capacity=4096, dtype="bfloat16", attention="tiled", kv_tile=256,
+                 capacity=4096, dtype="bfloat16", attention=TILED, kv_tile=256,
                  prefill_chunk=PREFILL_CHUNK, mesh_shape=None, scan_unroll: int = 1,
                  page_size: int | None = None, num_pages: int | None = None,
                  weight_layout: str = "auto", compiler_options: dict | None = None,
@@ -343,8 +344,7 @@ def dry_run_door(args, who: str) -> int:
             raise DecodeConfigError("--dry-run needs --topology (e.g. v5e:2x4)")
         config = read_config(args.checkpoint)
         placement = Placement.from_args(args)
-        placement.check_model(config)
-        check_quantized_folder(args.checkpoint, config, placement)   # a quantized folder's scheme
+        check_quantized_folder(args.checkpoint, placement, placement.check_model(config))
         text, fits = dry_run(config, args.topology, placement, method=args.method,
                              window=args.window, refill=args.refill, slots=args.slots,
                              capacity=args.capacity or DRY_RUN_CAPACITY,

@@ -13,6 +13,8 @@ import time
 
 import numpy as np
 
+from wedlm_jax.attention.table import TILED
+
 
 def ceiling(window: int, refill: str, seconds: dict) -> float:
     """The most a window method can gain over AR in tokens/s: W tokens per forward (the cap, with
@@ -29,7 +31,7 @@ def forward_slots(window: int, refill: str) -> int:
 
 
 def forward_seconds(config, params, windows, prefix=128, capacity=512, kv_tile=256, repeats=50,
-            inner=16, *, batch=1, attention="tiled", dtype=None, interpret=False) -> dict:
+            inner=16, *, batch=1, attention=TILED, dtype=None, interpret=False) -> dict:
     """Median seconds of one cache-mode forward of W slots on `prefix` committed tokens, for each W
     in `windows`, timed as the decode loop runs it: `inner` forwards in one jitted `fori_loop` that
     carries the (donated) cache and consumes the logits, so neither the per-call dispatch nor a copy

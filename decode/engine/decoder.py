@@ -198,6 +198,9 @@ class Decoder:
                                     f"(the Decoder's top_logprobs), got {r.top_logprobs!r}", "top_logprobs")
         if r.temperature > 0 and not self.sampling:
             raise DecodeConfigError("temperature > 0 needs a Decoder built with sampling=True")
+        if r.logit_bias and r.logit_bias[-1][0] >= vocab:     # (id, bias) pairs by id: Sampling
+            raise DecodeConfigError(f"logit_bias: token id {r.logit_bias[-1][0]} is outside the "
+                                    f"vocabulary [0, {vocab})", "logit_bias")
         if not all(s < vocab for s in r.stop_token_ids):     # ids, normalised by Sampling
             bad = next(s for s in r.stop_token_ids if s >= vocab)
             raise DecodeConfigError(f"stop_token_ids: {bad!r} is outside the vocabulary [0, {vocab})",

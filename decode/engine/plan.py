@@ -25,20 +25,21 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from decode.checkpoint import mask_id_for  # noqa: F401 (the one [MASK] rule)
 from decode.engine import layouts
 from decode.config import (MAX_LOGPROBS, DecodeConfigError, DoorOptions, EngineOptions, Placement,
-                           is_int, check_int, check_quantize)
+                           check_int, check_slots)
 from decode.engine.memory import available_memory, estimate_memory
 from decode.engine.pages import pool_size
 from decode.engine.programs import Static
 from decode.engine.steps import StepSpec
 from wedlm_jax.failures import format_bytes
 from wedlm_jax.attention import backends as attn_backends
+from wedlm_jax.attention import table as attn_table
 from wedlm_jax.attention import cache as ca
 from wedlm_jax.attention import paged
 from wedlm_jax import grouped_matmul as grouped_lib
-from wedlm_jax.config import ConfigError, ModelConfig
-from wedlm_jax.tokenizer import mask_token_rule
+from wedlm_jax.config import ModelConfig
 
 ROW_ALIGN = 64
 
@@ -84,16 +85,14 @@ def make_plan(model_config: ModelConfig, engine: EngineOptions, placement: Place
     GPU, decode.checkpoint). `continuous`: the Decoder serves a continuous-batching door (the
     server, the batch job), whose default cache may differ (`paged.auto_page_size`)."""
     check_engine(model_config, engine)
-    quantize_group = check_quantize(model_config, placement)
+    quantize_group = placement.check_model(model_config)
     method = engine.method
     mask_id = mask_id_for(model_config, mask_token_id, method)
     check_int("top_logprobs", top_logprobs, 0, MAX_LOGPROBS)
     spec = StepSpec(method=method, window=1 if method == "ar" else engine.window,
                     refill=engine.refill, sampling=sampling, top_logprobs=int(top_logprobs))
     shards = 1 if mesh is None else int(mesh.shape.get("data", 1)) * int(mesh.shape.get("fsdp", 1))
-    if engine.slots % shards:
-        raise DecodeConfigError(f"slots {engine.slots} must be a multiple of the mesh's data x "
-                                f"fsdp size {shards}", "slots")
+    check_slots(engine.slots, shards)
     device = mesh.devices.flat[0] if mesh is not None else jax.local_devices()[0]
     rows = -(-(engine.capacity + spec.span) // ROW_ALIGN) * ROW_ALIGN
     grouped = grouped_lib.for_plan(device.platform, quantize_group,
@@ -112,7 +111,7 @@ def make_plan(model_config: ModelConfig, engine: EngineOptions, placement: Place
         platform=None if mesh is None else device.platform,
         page_size=cache["page_size"], num_pages=cache["num_pages"],
         page_shards=shards if cache["page_size"] else 1,
-        stacked_layers=layouts.layers_stacked(device.platform, grouped == "pallas") and stacked_params,
+        stacked_layers=layouts.layers_stacked(device.platform, grouped == grouped_lib.PALLAS) and stacked_params,
         quantize=placement.quantize, quantize_group=quantize_group, kv_dtype=placement.kv_dtype,
         grouped_matmul=grouped)
     memory = estimate_memory(static)
@@ -159,31 +158,6 @@ def check_engine(config: ModelConfig, engine: EngineOptions) -> None:
             "there anyway)", "capacity")
 
 
-def mask_id_for(config: ModelConfig, given: int | None, method: str) -> int:
-    """The [MASK] id of a plan: the one given, else the rule training shares
-    (`wedlm_jax.tokenizer.mask_token_rule` without a tokenizer: the config's, or the released id
-    for a `wedlm` config with null; the doors that read a tokenizer resolve its mask token first);
-    AR decoding needs none (0, never read). Raises DecodeConfigError when a window method has none
-    or the id is outside the vocabulary."""
-    mask_id = given
-    if mask_id is None and method != "ar":
-        try:
-            mask_id, _ = mask_token_rule(config, None, "the model config", "mask_token_id=ID")
-        except ConfigError as e:
-            raise DecodeConfigError(str(e)) from None
-    if mask_id is None:
-        if method == "ar":
-            return 0
-        raise DecodeConfigError(
-            f"method {method!r} needs a mask token id: the checkpoint's config has no "
-            "mask_token_id and none was given (pass mask_token_id=... / --mask-token-id)",
-            "mask_token_id")
-    if not is_int(mask_id) or not 0 <= int(mask_id) < config.vocab_size:
-        raise DecodeConfigError(f"mask_token_id {mask_id!r} is outside the vocabulary "
-                                f"[0, {config.vocab_size})", "mask_token_id")
-    return int(mask_id)
-
-
 def cache_choice(config: ModelConfig, placement: Placement, spec: StepSpec, engine: EngineOptions,
                  rows: int, shards: int, device, tensor: int, continuous: bool = False) -> dict:
     """{page_size, num_pages, attention, kv_tile}: the cache and the kernel reading it. No page
@@ -205,16 +179,16 @@ def cache_choice(config: ModelConfig, placement: Placement, spec: StepSpec, engi
             attention = paged.choose_attention(attention, platform, page_size, config.head_dim,
                                                dtype.itemsize, device_smem)
             kv_tile = paged.gather_tile(platform, kv_tile, page_size)      # the gather path's
-            if paged.implementation_for(platform) == "ragged":
+            if paged.implementation_for(platform) == paged.RAGGED:
                 paged.check_ragged(config.num_heads, config.num_kv_heads, dtype, tensor)
-        elif attention == "pallas" or (attention == "auto" and attn_backends.resolve(
-                "auto", "cache", backend=platform, dtype=dtype) == "pallas"):
+        elif attn_table.BACKENDS[attention if attention != attn_table.AUTO else attn_backends.resolve(
+                attention, "cache", backend=platform, dtype=dtype)].smem_tile:
             # the Triton kernel's tile must fit the device's shared memory
             q_rows = max(spec.span, engine.prefill_chunk) * (config.num_heads // config.num_kv_heads)
             kv_tile = ca.pallas_tile(min(kv_tile, rows), q_rows, config.head_dim, dtype.itemsize,
                                      device_smem)
     except ValueError as e:
-        where = f"--page-size on {platform}: " if page_size and "ragged" in str(e) else ""
+        where = f"--page-size on {platform}: " if page_size and paged.RAGGED in str(e) else ""
         raise DecodeConfigError(f"{where}{e}") from None
     return dict(page_size=page_size, num_pages=num_pages, attention=attention, kv_tile=kv_tile)
 
@@ -228,17 +202,16 @@ def int8_cache(attention: str, platform: str, page_size: int, auto_pages: bool) 
     what to use."""
     if page_size and auto_pages and platform in ("gpu", "cuda", "rocm"):
         page_size = 0
-    if page_size and paged.implementation_for(platform) == "ragged":
+    if page_size and paged.implementation_for(platform) == paged.RAGGED:
         if not auto_pages:
             raise DecodeConfigError("--kv-dtype int8 is not read by the TPU ragged paged attention "
                                     "kernel; use --page-size 0 (the dense cache, tiled attention)",
                                     "kv_dtype")
         page_size = 0
-    if attention in ("pallas", "cudnn"):
-        kernel = {"pallas": "Pallas (Triton) cache kernels", "cudnn": "cuDNN attention"}[attention]
-        raise DecodeConfigError(f"--kv-dtype int8 is not read by the {kernel}; use --attention "
-                                f"tiled or auto", "kv_dtype")
-    return ("tiled" if attention == "auto" else attention), page_size
+    try:
+        return attn_table.for_int8_cache(attention), page_size
+    except ValueError as e:
+        raise DecodeConfigError(str(e), "kv_dtype") from None
 
 
 def check_memory(memory: dict, limit: int | None, static: Static) -> None:

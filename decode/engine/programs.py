@@ -36,6 +36,7 @@ from decode.engine.steps import StepSpec, ar_step, window_step
 from decode.engine.verified import verified_step
 from wedlm_jax import model as model_lib
 from wedlm_jax.attention import kv_quant, paged
+from wedlm_jax.attention.table import TILED
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.sharding import is_axes
 
@@ -52,7 +53,7 @@ class Static:
     kv_tile: int
     prefill_chunk: int
     keep_q: bool               # verified with sampling carries the drafts' distributions
-    attention: str = "tiled"   # the cache-attention backend (wedlm_jax.attention.backends)
+    attention: str = TILED     # the cache-attention backend (wedlm_jax.attention.table)
     mesh: Any = None           # a hashable key of the mesh (or None)
     scan_unroll: int = 1       # layers per iteration of the layer scan (decode.compile.aot's cost counts)
     platform: str | None = None  # the mesh's platform the attention is resolved for (None: jax's)

@@ -4,8 +4,9 @@
 
 Input: one JSON object per line with `prompt` (a string or a list of token ids) or `messages` (a
 chat: the checkpoint's chat template), an optional `id` (string or int; default: the line number)
-and optional per-line settings overriding the command line's: max_new_tokens (or max_tokens), tau,
-lam, temperature, top_k, top_p, stop (a string or a list of strings), seed. Blank lines are skipped.
+and optional per-line settings overriding the command line's: max_new_tokens (or max_tokens), stop
+(a string or a list of strings) and every Sampling option by name (tau, lam, temperature, top_k,
+top_p, min_p, the penalties, logit_bias, seed, sampling_order). Blank lines are skipped.
 Every line is checked (JSON, fields, settings, prompt length against the capacity) before the
 checkpoint is read; a bad line is named by its line number and field.
 

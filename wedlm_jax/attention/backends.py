@@ -48,26 +48,12 @@ import numpy as np
 from wedlm_jax.attention import cache as ca
 from wedlm_jax.attention import flash as fa
 from wedlm_jax.attention import tiled as ta
+from wedlm_jax.attention.table import (AUTO, BACKENDS, CUDNN, DENSE, IMPLEMENTATIONS,  # noqa: F401
+                                       LAYOUTS, PALLAS, SPLASH, TILED)
 from wedlm_jax import sharding
 from wedlm_jax.config import ConfigError
 
-IMPLEMENTATIONS = ("dense", "tiled", "splash", "cudnn", "pallas", "auto")
-LAYOUTS = ("causal", "structure", "cache", "mask")
 SPLASH_BLOCK = 128
-
-# implementation -> (platforms it runs on, None = any; layouts it handles)
-SUPPORT = {
-    "dense": (None, LAYOUTS),
-    "tiled": (None, ("causal", "structure", "cache")),
-    "splash": (("tpu",), ("causal", "structure")),
-    "cudnn": (("gpu",), ("causal", "cache")),
-    "pallas": (("gpu",), ("causal", "structure", "cache")),
-}
-_KERNEL_NAMES = {
-    "splash": "the Pallas TPU splash-attention kernel",
-    "cudnn": "cuDNN flash attention via jax.nn.dot_product_attention",
-    "pallas": "the Pallas (Triton) kernels (training structures, cache decoding)",
-}
 _PLATFORM_NAMES = {"tpu": "TPU", "gpu": "GPU (CUDA)"}
 
 
@@ -91,12 +77,13 @@ def _half(dtype) -> bool:
 
 
 def _runs(name: str, layout: str, platform: str, dtype, interpret: bool) -> bool:
-    platforms, layouts = SUPPORT[name]
-    if layout not in layouts:
+    b = BACKENDS[name]
+    if layout not in b.layouts:
         return False
-    if platforms is not None and platform not in platforms and not interpret:
+    if b.platforms is not None and platform not in b.platforms and not interpret:
         return False
-    return not (name == "cudnn" and dtype is not None and not _half(dtype) and not interpret)
+    return (b.dtypes is None or dtype is None or interpret
+            or jnp.dtype(dtype).name in b.dtypes)
 
 
 def available(layout: str, *, backend: str | None = None, dtype=None,
@@ -107,7 +94,7 @@ def available(layout: str, *, backend: str | None = None, dtype=None,
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}; got {layout!r}")
     platform = _platform(backend)
-    return [n for n in SUPPORT if _runs(n, layout, platform, dtype, interpret)]
+    return [n for n in BACKENDS if _runs(n, layout, platform, dtype, interpret)]
 
 
 def resolve(name: str, layout: str, *, backend: str | None = None, dtype=None,
@@ -119,37 +106,37 @@ def resolve(name: str, layout: str, *, backend: str | None = None, dtype=None,
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}; got {layout!r}")
     platform = _platform(backend)
-    if name == "auto":
+    if name == AUTO:
         if layout == "mask":
-            return "dense"
+            return DENSE
         if platform == "tpu" and layout in ("causal", "structure"):
-            return "splash"
+            return SPLASH
         if platform == "gpu" and layout == "causal" and _half(dtype):
-            return "cudnn"
+            return CUDNN
         if platform == "gpu" and layout in ("causal", "structure"):
-            return "pallas"
+            return PALLAS
         if platform == "gpu" and layout == "cache":
             # XLA:GPU keeps a cache-sized copy around the tiled path's reads (H100 compile of the
             # 8B step: 4.70 GiB of temporaries at capacity 4096, 1.33 at 1024); the Pallas kernel
             # reads the cache in place (0.44 GiB): BENCHMARKS.md
-            return "pallas"
-        return "tiled"
+            return PALLAS
+        return TILED
     if _runs(name, layout, platform, dtype, interpret):
         return name
     here = ", ".join(available(layout, backend=platform, dtype=dtype, interpret=interpret))
-    platforms, layouts = SUPPORT[name]
+    platforms, layouts = BACKENDS[name].platforms, BACKENDS[name].layouts
     if layout == "mask":
         raise AttentionUnavailable(
             f"attention={name!r} needs a structure (segment ids, a training arrangement or cache "
             f"lengths), not an explicit dense mask; use attention='dense' for explicit masks")
     if platforms is not None and platform not in platforms:
         raise AttentionUnavailable(
-            f"attention={name!r} ({_KERNEL_NAMES[name]}) needs the "
+            f"attention={name!r} ({BACKENDS[name].title}) needs the "
             f"{' or '.join(_PLATFORM_NAMES[p] for p in platforms)} backend; this process runs on "
             f"the {platform!r} backend, where {layout!r} attention can use: {here}")
     if layout not in layouts:
-        what = {"splash": "training layouts (causal, structure)",
-                "cudnn": "plain causal / segment-causal and cache layouts"}.get(
+        what = {SPLASH: "training layouts (causal, structure)",
+                CUDNN: "plain causal / segment-causal and cache layouts"}.get(
             name, ", ".join(layouts))
         raise AttentionUnavailable(
             f"attention={name!r} handles {what} only, not {layout!r}; {layout!r} attention on "
@@ -341,15 +328,15 @@ def make_context(impl: str, *, q_struct=None, k_struct=None, segment_ids=None, b
         return AttentionContext(None, None, None, None, impl, tile=ca.check_tile(tile),
                                 cache_len=jnp.asarray(cache_len, jnp.int32), interpret=interpret)
     plan = None
-    if impl == "pallas":
+    if impl == PALLAS:
         plan = fa.flash_plan(q_struct, k_struct, tile, batch)
-    elif impl == "tiled":
+    elif impl == TILED:
         q_struct, k_struct = ta.as_structure(q_struct, batch), ta.as_structure(k_struct, batch)
         plan = ta.tile_plan(q_struct, k_struct, tile, tile)
-    elif impl == "splash":
+    elif impl == SPLASH:
         q_struct = ta.as_structure(q_struct, batch)
         k_struct = None
-    elif impl == "cudnn":
+    elif impl == CUDNN:
         q_struct = k_struct = None
     else:
         raise ValueError(f"no attention context for implementation {impl!r}")
@@ -363,16 +350,16 @@ def apply(ctx: AttentionContext, q, k, v, scale: float, layer=None):
     if ctx.cache_len is not None:
         return ca.attend_cache(ctx.impl, q, k, v, ctx.cache_len, scale, tile=ctx.tile,
                                interpret=ctx.interpret, layer=layer)
-    if ctx.impl == "tiled":
+    if ctx.impl == TILED:
         return ta.tiled_attention(q, k, v, ctx.q_struct, ctx.k_struct, scale, plan=ctx.plan)
-    if ctx.impl == "pallas":
+    if ctx.impl == PALLAS:
         return fa.flash_attention(q, k, v, None, None, scale, plan=ctx.plan,
                                   interpret=ctx.interpret)
-    if ctx.impl == "splash":
+    if ctx.impl == SPLASH:
         return splash_attention(q, k, v, ctx.q_struct, scale, layout=ctx.template,
                                 block_size=ctx.block_size, tile=ctx.tile,
                                 interpret=ctx.interpret)
-    if ctx.impl == "cudnn":
+    if ctx.impl == CUDNN:
         return cudnn_attention(q, k, v, ctx.segment_ids, scale,
                                implementation="xla" if ctx.interpret else "cudnn")
     raise ValueError(f"unknown attention implementation {ctx.impl!r}")

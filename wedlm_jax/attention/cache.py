@@ -35,8 +35,8 @@ import numpy as np
 
 from wedlm_jax.attention import kv_quant
 from wedlm_jax.attention.core import NEG_SCORE, attend, cache_last_key, cache_mask
-
-IMPLEMENTATIONS = ("dense", "tiled", "pallas", "cudnn")
+from wedlm_jax.attention.table import BACKENDS, CUDNN, DENSE, PALLAS, TILED
+from wedlm_jax.attention.table import CACHE_IMPLEMENTATIONS as IMPLEMENTATIONS
 
 
 def _check(q, k, v, cache_len):
@@ -425,22 +425,22 @@ def attend_cache(impl: str, q, k, v, cache_len, scale: float, *, tile: int = 256
     int: the layers unrolled, as the Decoder runs them on GPU), whose blocks read the stacked
     cache where it lies. An int8 cache (`kv_quant`) is read by "tiled" (a tile dequantized at a
     time) and "dense" (the layer dequantized); the kernels refuse it."""
-    if kv_quant.is_quantized(k) and impl in ("pallas", "cudnn"):
-        raise kv_quant.refuse(f"{impl} cache attention kernel", "attention 'tiled'")
-    if impl == "tiled":
+    if kv_quant.is_quantized(k) and impl in BACKENDS and not BACKENDS[impl].kv_int8:
+        raise kv_quant.refuse(f"{impl} cache attention kernel", f"attention '{TILED}'")
+    if impl == TILED:
         return attend_cache_tiles(q, k, v, cache_len, scale, tile, layer)
-    if impl == "pallas" and _static_int(layer):   # the kernel's blocks index the stacked cache
+    if impl == PALLAS and _static_int(layer):   # the kernel's blocks index the stacked cache
         return attend_cache_pallas(q, k, v, cache_len, scale, tile, interpret=interpret,
                                    layer=int(layer))
     if layer is not None:
         k = jax.lax.dynamic_index_in_dim(k, layer, 0, keepdims=False)
         v = jax.lax.dynamic_index_in_dim(v, layer, 0, keepdims=False)
-    if impl == "dense":
+    if impl == DENSE:
         k, v = kv_quant.from_cache(k, q.dtype), kv_quant.from_cache(v, q.dtype)
         return attend_cache_dense(q, k, v, cache_len, scale)
-    if impl == "pallas":
+    if impl == PALLAS:
         return attend_cache_pallas(q, k, v, cache_len, scale, tile, interpret=interpret)
-    if impl == "cudnn":
+    if impl == CUDNN:
         return attend_cache_cudnn(q, k, v, cache_len, scale,
                                   implementation="xla" if interpret else "cudnn")
     raise ValueError(f"cache-mode attention must be one of {', '.join(IMPLEMENTATIONS)}; "

@@ -52,16 +52,18 @@ from flax import struct
 from wedlm_jax.attention import cache as ca
 from wedlm_jax.attention import kv_quant
 from wedlm_jax.attention.core import cache_last_key
+from wedlm_jax.attention.table import AUTO, PALLAS, TILED
 
 UNMAPPED = -1
-IMPLEMENTATIONS = ("gather", "ragged", "triton")
+GATHER, RAGGED, TRITON = "gather", "ragged", "triton"     # the paged implementations
+IMPLEMENTATIONS = (GATHER, RAGGED, TRITON)
 
 
 @struct.dataclass
 class PagedContext:
     """What every layer's attention gets in paged cache mode (built once per forward)."""
     cache_len: jax.Array                                          # [B] int32
-    impl: str = struct.field(pytree_node=False, default="gather")  # gather | ragged | triton
+    impl: str = struct.field(pytree_node=False, default=GATHER)  # gather | ragged | triton
     pages_per_tile: int = struct.field(pytree_node=False, default=4)
     interpret: bool = struct.field(pytree_node=False, default=False)  # triton: CPU-checkable
 
@@ -89,13 +91,13 @@ def is_paged(kv_cache) -> bool:
     return isinstance(kv_cache, dict) and "pool" in kv_cache
 
 
-def implementation_for(platform: str | None, attention: str = "tiled") -> str:
+def implementation_for(platform: str | None, attention: str = TILED) -> str:
     """The TPU kernel on TPU; elsewhere the Triton kernel when `attention` asks for the Pallas
     kernel ("pallas": the Decoder asks for it on GPU where `triton_fits`), else the XLA gather
     path."""
     if platform == "tpu":
-        return "ragged"
-    return "triton" if attention == "pallas" else "gather"
+        return RAGGED
+    return TRITON if attention == PALLAS else GATHER
 
 
 # The page size a Decoder takes on TPU when none is asked for: there the paged cache with jax's
@@ -133,7 +135,7 @@ def auto_page_size(platform: str | None, num_heads: int, kv_heads: int, dtype, t
     else 0 (the dense cache)."""
     if platform in ("gpu", "cuda", "rocm"):
         return GPU_PAGE_SIZE if continuous else 0
-    if implementation_for(platform) != "ragged":
+    if implementation_for(platform) != RAGGED:
         return CPU_CONTINUOUS_PAGE_SIZE if continuous and platform == "cpu" else 0
     try:
         check_ragged(num_heads, kv_heads, dtype, tensor)
@@ -318,16 +320,16 @@ def choose_attention(attention: str, platform: str | None, page_size: int, head_
     Triton paged kernel) when asked for, or with "auto" on GPU, where `triton_fits`; "tiled" (the
     XLA gather path) otherwise; a ValueError when "pallas" is asked for and cannot run. TPU: the
     ragged kernel, whatever is asked."""
-    if implementation_for(platform) == "ragged":
+    if implementation_for(platform) == RAGGED:
         return attention
     fits = triton_fits(page_size, head_dim, itemsize, smem)
-    if attention == "pallas" and (platform != "gpu" or not fits):
+    if attention == PALLAS and (platform != "gpu" or not fits):
         raise ValueError(
             f"attention 'pallas' with a paged cache is the Triton paged kernel: it needs a GPU and "
             f"power-of-two pages of 16+ rows whose K/V and query block fit the device's shared "
             f"memory (page_size {page_size}, head_dim {head_dim}, {itemsize}-byte items, {smem} "
             f"bytes, on {platform}); use attention 'tiled' (the XLA gather path) or 'auto'")
-    return "pallas" if platform == "gpu" and attention in ("auto", "pallas") and fits else "tiled"
+    return PALLAS if platform == "gpu" and attention in (AUTO, PALLAS) and fits else TILED
 
 
 def attend_pages_triton(q, pool, page_table, cache_len, scale: float, first_page=0,
@@ -369,14 +371,14 @@ def attend_pages(impl: str, q, pool, page_table, cache_len, scale: float, *, pag
                  first_page=0, interpret: bool = False, **kernel_args):
     """Run paged implementation `impl` (one of IMPLEMENTATIONS) over the layer whose pages start
     at `first_page` of the pool. An int8 pool (`kv_quant`) is read by "gather" alone."""
-    if kv_quant.is_quantized(pool) and impl != "gather":
-        kernel = "TPU ragged paged attention kernel" if impl == "ragged" else "Triton paged kernel"
+    if kv_quant.is_quantized(pool) and impl != GATHER:
+        kernel = "TPU ragged paged attention kernel" if impl == RAGGED else "Triton paged kernel"
         raise kv_quant.refuse(kernel, "the dense cache (page_size 0) or attention 'tiled' off TPU")
-    if impl == "gather":
+    if impl == GATHER:
         return attend_pages_gather(q, pool, page_table, cache_len, scale, pages_per_tile, first_page)
-    if impl == "ragged":
+    if impl == RAGGED:
         return attend_pages_ragged(q, pool, page_table, cache_len, scale, first_page, **kernel_args)
-    if impl == "triton":
+    if impl == TRITON:
         return attend_pages_triton(q, pool, page_table, cache_len, scale, first_page, interpret)
     raise ValueError(f"paged attention must be one of {', '.join(IMPLEMENTATIONS)}; got {impl!r}")
 
@@ -451,7 +453,7 @@ def layer_step(q, k, v, cache: dict, cache_len, layer, num_layers: int, *, impl:
 
     mesh = jax.sharding.get_abstract_mesh()
     shards, tensor = _mesh_split(mesh, h, kvh)
-    if not shards and (impl == "gather" or tensor is None):   # a kernel is not partitioned
+    if not shards and (impl == GATHER or tensor is None):   # a kernel is not partitioned
         out, pool = run(q, k, v, pool, table, cache_len, layer, pool.shape[0] // num_layers)
         return out, {"pool": pool, "table": table}
 
