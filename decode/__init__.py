@@ -1,9 +1,36 @@
-"""Decoding: streaming parallel decoding (WeDLM Algorithm 1) with the block and AR baselines, as one
-jitted while_loop over a preallocated KV cache (`decode.static.static_batch`); a no-cache reference
-(`tests.decode_reference`); text and the `wedlm-decode` CLI (`decode.text`, `decode.cli`)."""
+"""Decoding: streaming parallel decoding (WeDLM Algorithm 1) with the block, AR and verified
+methods, as jitted while_loops over a preallocated KV cache; text and the `wedlm-decode` CLI.
 
-from decode.config import METHODS, DecodeConfig, DecodeConfigError, EngineOptions, Sampling
-from decode.static.static_batch import DecodeResult, RowStats, generate
+The user's surface, one import (each name loaded when first used, so `import decode` itself
+loads no engine):
 
-__all__ = ["METHODS", "DecodeConfig", "DecodeConfigError", "DecodeResult", "EngineOptions", "RowStats",
-           "Sampling", "generate"]
+    from decode import (OpenCheckpoint, Placement, EngineOptions, Sampling, DecodeConfig,
+                        Request, make_plan, Decoder, Batcher, generate)
+"""
+
+import importlib
+
+_SURFACE = {
+    "METHODS": "decode.config", "DecodeConfig": "decode.config",
+    "DecodeConfigError": "decode.config", "EngineOptions": "decode.config",
+    "Placement": "decode.config", "Sampling": "decode.config",
+    "OpenCheckpoint": "decode.checkpoint",
+    "Request": "decode.engine.state", "make_plan": "decode.engine.plan",
+    "Decoder": "decode.engine.decoder", "Batcher": "decode.serving.batching",
+    "generate": "decode.static.static_batch", "DecodeResult": "decode.static.static_batch",
+    "RowStats": "decode.static.static_batch",
+}
+
+__all__ = sorted(_SURFACE)
+
+
+def __getattr__(name: str):
+    if name not in _SURFACE:
+        raise AttributeError(f"module 'decode' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_SURFACE[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_SURFACE))

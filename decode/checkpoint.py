@@ -59,7 +59,7 @@ def check_quantized_folder(folder: str, placement: Placement, group: int) -> Non
     scheme: DecodeConfigError (field quantize) naming both when the placement asks for another
     (`group`: the placement's group size, `Placement.check_model`)."""
     from wedlm_jax.quantize import QuantizeError
-    from wedlm_jax.quantize_checkpoint import check_matches
+    from wedlm_jax.checkpoints.quantized import check_matches
     try:
         check_matches(folder, placement.quantize, group)
     except QuantizeError as e:
@@ -105,7 +105,7 @@ class OpenCheckpoint:
         take them (`decode.engine.layouts.layers_stacked`); the config carries the [MASK] id decided
         here, so `generate(params, config, ...)` and a Decoder need no other argument for it.
         With the placement's `quantize`, the projections come quantized (wedlm_jax.quantize), the
-        float copy dropped; a quantized folder's as stored (wedlm_jax.quantize_checkpoint)."""
+        float copy dropped; a quantized folder's as stored (wedlm_jax.checkpoints.quantized)."""
         import jax
 
         from decode.engine.layouts import layers_stacked

@@ -45,6 +45,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--stop-id", type=int, action="append", default=[], help="stop token id (repeatable)")
     p.add_argument("--json", action="store_true", help="print ids, text and statistics as JSON")
+    con = p.add_argument_group("structured output (one of; --input lines carry their own "
+                               "response_format / structured_outputs / guided_* fields)")
+    con.add_argument("--json-schema", metavar="FILE", help="the output is JSON matching this schema")
+    con.add_argument("--json-object", action="store_true", help="the output is a JSON object")
+    con.add_argument("--regex", help="the output matches this regular expression")
+    con.add_argument("--choice", action="append", help="the output is one of these strings "
+                     "(repeatable)")
     p.add_argument("--stream", action="store_true", help="print text as it is committed")
     p.add_argument("--trace", default=None, metavar="FILE.html|FILE.png",
                    help="draw each decoding step's window into this file (streaming, block, ar)")
@@ -108,6 +115,32 @@ def _read_prompts(args, tokenizer) -> list[tuple[str, list[int]]]:
     return out
 
 
+def constraint_of(args):
+    """The constraint the flags ask for (decode.constraints.spec), or None."""
+    from decode.constraints.spec import Constraint
+    given = [f for f in ("json_schema", "json_object", "regex", "choice") if getattr(args, f)]
+    if len(given) > 1:
+        raise DecodeConfigError(f"--{given[0].replace('_', '-')} and --{given[1].replace('_', '-')}: "
+                                "give one constraint")
+    if given and args.input is not None:
+        raise DecodeConfigError(f"--{given[0].replace('_', '-')} goes with --prompt / --prompts-file; "
+                                "--input lines carry their own response_format or guided_* field")
+    if args.json_schema:
+        try:
+            with open(args.json_schema, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise DecodeConfigError(f"--json-schema {args.json_schema}: {e.strerror}") from None
+        return Constraint.json_schema(text, f"--json-schema {args.json_schema}")
+    if args.json_object:
+        return Constraint.json_object("--json-object")
+    if args.regex is not None:
+        return Constraint.regex(args.regex, "--regex")
+    if args.choice:
+        return Constraint.choice(args.choice, "--choice")
+    return None
+
+
 def run(args) -> dict:
     from decode.static.static_batch import generate
 
@@ -128,6 +161,10 @@ def run(args) -> dict:
         except DecodeConfigError as e:
             raise DecodeConfigError(f"--stop: {e}") from None
         read["prompts"] = _read_prompts(args, tokenizer)
+        constraint = constraint_of(args)
+        if constraint is not None:
+            from decode.constraints.automaton import for_tokenizer
+            read["automaton"] = for_tokenizer(constraint, tokenizer)
         if args.trace is not None:
             from decode.static.trace import check_request
             check_request(args.trace, args.method, len(read["prompts"]))
@@ -163,7 +200,8 @@ def run(args) -> dict:
 
     res = generate(params, config, [ids for _, ids in prompts], dc, capacity=args.capacity,
                    mask_token_id=ckpt.mask_token_id, on_commit=on_commit,
-                   allow_long=args.allow_long, mesh=mesh, placement=placement)
+                   allow_long=args.allow_long, mesh=mesh, placement=placement,
+                   automata=([read["automaton"]] * len(prompts) if "automaton" in read else None))
     if args.stream:
         sys.stderr.write("\n")
     rows = []
@@ -232,6 +270,7 @@ def main(argv=None) -> int:
             stats = ray_job.run_ray_job(args)
             return 1 if stats["errors"] else 0
         compile_cache.enable(args.compile_cache)
+        constraint_of(args)             # a bad constraint flag: one line, before any loading
         if args.input is not None:
             from decode.serving.batch_job import run_job
             return run_job(args)

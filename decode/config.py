@@ -17,10 +17,13 @@ Names follow docs/algorithm.md §3 and the paper: `window` (W), `tau` (entropy t
 from __future__ import annotations
 
 import dataclasses
+import json
+import numbers
 from typing import Sequence
 
 from decode.options import (DOORS, INT32_MAX, MAX_STOP_IDS, Checked, DecodeConfigError,  # noqa: F401
-                            OnDevice, add_option_arguments, check_int, check_value, is_int, option)
+                            OnDevice, add_option_arguments, check_float, check_int, check_value,
+                            is_int, option)
 
 from wedlm_jax.dtypes import DtypeError, dtype_name
 from wedlm_jax import quantize as quantize_lib
@@ -56,6 +59,43 @@ def _stop_row(ids) -> list:
     return list(ids) + [-1] * (MAX_STOP_IDS - len(ids))
 
 
+MAX_LOGIT_BIAS = 300    # logit_bias entries per request (OpenAI's limit): a fixed-size device row
+LOGIT_BIAS_MAX = 100.0  # a bias lies in [-100, 100] (OpenAI's range)
+
+
+def _logit_bias(name: str, value) -> tuple:
+    """{token id: bias} (JSON's string keys, a JSON text from the command line, or (id, bias)
+    pairs) -> ((id, bias), ...) by id; ids are checked against the vocabulary by the Decoder."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise DecodeConfigError(f"{name} must be a JSON object of token id: bias, got "
+                                    f"{value!r}", name) from None
+    pairs = value.items() if isinstance(value, dict) else value
+    if isinstance(pairs, (bytes, numbers.Number)) or not hasattr(pairs, "__iter__"):
+        raise DecodeConfigError(f"{name} must map token ids to biases, got {value!r}", name)
+    out = {}
+    for pair in pairs:
+        key, bias = pair if isinstance(pair, (tuple, list)) and len(pair) == 2 else (pair, None)
+        tid = int(key) if isinstance(key, str) and key.strip().isdigit() else key
+        if not is_int(tid) or not 0 <= tid <= INT32_MAX:
+            raise DecodeConfigError(f"{name}: key {key!r} is not a token id", name)
+        try:
+            out[int(tid)] = check_float(f"{name}[{tid}]", bias, -LOGIT_BIAS_MAX, LOGIT_BIAS_MAX)
+        except DecodeConfigError as e:
+            raise DecodeConfigError(str(e), name) from None
+    if len(out) > MAX_LOGIT_BIAS:
+        raise DecodeConfigError(f"{name}: at most {MAX_LOGIT_BIAS} entries, got {len(out)}", name)
+    return tuple(sorted(out.items()))
+
+
+def _bias_row(pairs, at: int) -> list:
+    """Field `at` (0: ids, padded with -1; 1: biases, padded with 0) of a logit_bias, one row."""
+    pad = (-1, 0.0)[at]
+    return [p[at] for p in pairs] + [pad] * (MAX_LOGIT_BIAS - len(pairs))
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Sampling(Checked):
     """A request's sampling settings (runtime values: changing them never recompiles).
@@ -76,6 +116,25 @@ class Sampling(Checked):
                                  choices=SAMPLING_ORDERS, wire=True,
                                  device=OnDevice("bool", "temper_first",
                                                  encode=lambda v: v == "temper_first"))
+    min_p: float = option(0.0, float, "keep the tokens at least min_p x as likely as the likeliest "
+                          "(in the domain of top-p; 0: off)", low=0.0, high=1.0,
+                          doors=DECODE_ONLY, wire=True, device=OnDevice("float32"))
+    presence_penalty: float = option(0.0, float, "subtracted from the logit of every token the "
+                                     "request generated already", low=-2.0, high=2.0,
+                                     doors=DECODE_ONLY, wire=True, device=OnDevice("float32"))
+    frequency_penalty: float = option(0.0, float, "subtracted from a token's logit once per time "
+                                      "the request generated it", low=-2.0, high=2.0,
+                                      doors=DECODE_ONLY, wire=True, device=OnDevice("float32"))
+    repetition_penalty: float = option(1.0, float, "a generated token's positive logit divided by "
+                                       "it, a negative one multiplied (1: off)", low=0.0,
+                                       low_open=True, doors=DECODE_ONLY, wire=True,
+                                       device=OnDevice("float32"))
+    logit_bias: tuple = option((), _logit_bias, f"{{token id: bias in [-100, 100]}} added to the "
+                               f"logits (at most {MAX_LOGIT_BIAS})", doors=(), wire=True,
+                               device=(OnDevice("int32", "bias_ids", MAX_LOGIT_BIAS,
+                                                encode=lambda v: _bias_row(v, 0)),
+                                       OnDevice("float32", "bias_values", MAX_LOGIT_BIAS,
+                                                encode=lambda v: _bias_row(v, 1))))
     max_new_tokens: int = option(256, int, "tokens to generate per request", low=1)
     stop_token_ids: tuple = option((), "ids", f"token ids that end a request (at most {MAX_STOP_IDS})",
                                    doors=(), device=OnDevice("int32", "stop_ids", MAX_STOP_IDS,

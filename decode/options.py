@@ -97,8 +97,8 @@ def check_float(name: str, value, low, high=None, low_open: bool = False) -> flo
         ok = (v > low if low_open else v >= low) and (high is None or v <= high)
     if not ok:
         if high is None:
-            raise DecodeConfigError(f"{name} must be a finite number >= {low:g}, got {shown(value)}",
-                                    name)
+            raise DecodeConfigError(f"{name} must be a finite number {'>' if low_open else '>='} "
+                                    f"{low:g}, got {shown(value)}", name)
         raise DecodeConfigError(f"{name} must be in {'(' if low_open else '['}{low:g}, {high:g}], "
                                 f"got {shown(value)}", name)
     return float(value)

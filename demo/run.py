@@ -89,6 +89,10 @@ def main(argv=None) -> int:
         r = next(t for t in table if t[0] == kind and t[1] == "streaming")
         print(f"  {kind:<9} streaming {r[7]:.2f}x AR = {100 * r[7] / ceil:.0f}% of the ceiling; "
               f"{r[4]:.2f} tokens per forward = {100 * r[4] / args.window:.0f}% of the cap {args.window}")
+    from demo.structured import print_records_with_schema
+    print_records_with_schema(params, config, tok, eval_items(args.model, "records", args.items),
+                              DecodeConfig(window=args.window, tau=args.tau, lam=args.lam,
+                                           max_new_tokens=192))
     print("\ntok/fwd = tokens per forward; p_cache = tokens emitted / token slots computed; "
           "vs AR = this method's tokens/s over AR's (the wall-clock ratio for equal output).\nBENCHMARKS.md has the sweeps: "
           "python -m benchmarks.demo_experiments all")

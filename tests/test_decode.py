@@ -23,7 +23,7 @@ from decode.config import DecodeConfig as _DecodeConfig
 from decode.engine.decoder import Decoder
 from decode.engine.state import Request
 from decode.engine.programs import compiled_count
-from decode.engine.state import Settings, settings_rows
+from decode.engine.state import settings_rows
 from decode.static.static_batch import generate, trace_steps
 from tests.decode_reference import FullForward, reference_generate
 from wedlm_jax.config import ModelConfig
@@ -364,12 +364,7 @@ def test_sampler_frequencies_follow_temperature_top_k_top_p(order):
         return q / q.sum()
 
     for t, k, p in [(0.7, 0, 1.0), (1.0, 3, 1.0), (1.0, 0, 0.8), (0.5, 0, 0.8)]:
-        st = Settings(tau=np.zeros(rows, np.float32), lam=np.zeros(rows, np.float32),
-                      temperature=np.full((rows,), t, np.float32),
-                      top_k=np.full((rows,), k, np.int32), top_p=np.full((rows,), p, np.float32),
-                      temper_first=np.full((rows,), order == "temper_first"),
-                      stop_ids=np.full((rows, 1), -1, np.int32), seed=np.zeros(rows, np.uint32),
-                      want_top=np.zeros(rows, bool))
+        st = settings_rows([Sampling(temperature=t, top_k=k, top_p=p, sampling_order=order)] * rows)
         draws = np.asarray(jax.jit(sampling.choose_tokens)(batch, keys, st))[:, 0]
         want = exact(t, k, p)
         counts = np.bincount(draws, minlength=5)

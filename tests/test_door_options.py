@@ -22,7 +22,8 @@ from tests.tiny_checkpoint import make_checkpoint
 ENGINE = dict(method="block", window=4, refill="after", capacity=64, prefill_chunk=8, allow_long=True)
 BATCHING = dict(slots=2, steps_per_call=3)                  # --input and wedlm-serve only
 SAMPLING = dict(tau=0.7, lam=0.05, sampling_order="temper_first", max_new_tokens=5,
-                temperature=0.5, top_k=3, top_p=0.9, seed=7)
+                temperature=0.5, top_k=3, top_p=0.9, seed=7, min_p=0.05, presence_penalty=0.5,
+                frequency_penalty=-0.25, repetition_penalty=1.1)
 PLACEMENT = dict(dtype="bfloat16", attention="dense", kv_tile=16, weight_layout="compiler",
                  quantize="int8", quantize_group=0, kv_dtype="int8")
 PAGES = dict(page_size=8, num_pages=40)                     # --input and wedlm-serve only
@@ -77,7 +78,8 @@ def test_every_option_is_defined_once_with_a_valid_default_and_help():
             assert f.metadata["help"], name
             assert base.replace(**{name: getattr(base, name)}) == base
     assert set(ENGINE_FLAGS) == set(EngineOptions.options())
-    assert set(SAMPLING_FLAGS["wedlm-decode"]) == set(Sampling.options()) - {"stop_token_ids"}
+    assert set(SAMPLING_FLAGS["wedlm-decode"]) == set(Sampling.options()) - {"stop_token_ids",
+                                                                              "logit_bias"}
     for door, parser in (("wedlm-decode", cli._parser()), ("wedlm-serve", serve._parser())):
         text = parser.format_help()
         for name in ENGINE_FLAGS + SAMPLING_FLAGS[door]:
@@ -175,7 +177,11 @@ BAD = [("tau", -1, "tau must be a finite number >= 0, got -1"),
        ("seed", 2**33, f"seed must be an int in [0, {2**32 - 1}], got {2**33}"),
        ("sampling_order", "sideways", "sampling_order 'sideways' is unknown; allowed: filter_first, "
                                       "temper_first"),
-       ("max_new_tokens", 0, f"max_new_tokens must be an int in [1, {2**31 - 1}], got 0")]
+       ("max_new_tokens", 0, f"max_new_tokens must be an int in [1, {2**31 - 1}], got 0"),
+       ("min_p", 1.5, "min_p must be in [0, 1], got 1.5"),
+       ("presence_penalty", 3, "presence_penalty must be in [-2, 2], got 3"),
+       ("frequency_penalty", -2.5, "frequency_penalty must be in [-2, 2], got -2.5"),
+       ("repetition_penalty", 0, "repetition_penalty must be a finite number > 0, got 0")]
 
 
 @pytest.mark.parametrize("name,value,words", BAD, ids=[b[0] for b in BAD])

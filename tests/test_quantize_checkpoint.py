@@ -1,4 +1,4 @@
-"""Quantized Orbax checkpoints (wedlm_jax/quantize_checkpoint.py, `wedlm-convert hf-to-orbax
+"""Quantized Orbax checkpoints (wedlm_jax/checkpoints/quantized.py, `wedlm-convert hf-to-orbax
 --quantize`): the weights and the greedy tokens of a converted folder are those of quantizing at
 load, the doors refuse a folder quantized otherwise than the plan says, a damaged scale tensor is
 named at load, and a quantized folder is not exported back to Hugging Face."""
@@ -21,7 +21,7 @@ from decode.static.static_batch import generate
 from tests.tiny_checkpoint import make_checkpoint
 from wedlm_jax import convert
 from wedlm_jax import quantize as q
-from wedlm_jax import quantize_checkpoint as qc
+from wedlm_jax.checkpoints import quantized as qc
 from wedlm_jax.checkpoints import CheckpointError, load_checkpoint
 
 SCHEMES = (("int8", None), ("int4", 8))      # the tiny model's head_dim is 8: int4 groups of 8

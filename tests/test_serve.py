@@ -490,8 +490,45 @@ BAD = [
     ({"model": "tiny", "prompt": "hi", "stop": ["a", "b", "c", "d", "e", "f", "g", "h", "i"]}, "stop"),
     ({"model": "tiny", "prompt": "hi", "stop": 3}, "stop"),
     ({"model": "tiny", "prompt": "hi", "stream": "yes"}, "stream"),
-    ({"model": "tiny", "prompt": "hi", "n": 2}, "n"),
+    ({"model": "tiny", "prompt": "hi", "n": SLOTS + 1}, "n"),
+    ({"model": "tiny", "prompt": "hi", "n": 2, "stream": True}, "n"),
+    ({"model": "tiny", "prompt": "hi", "presence_penalty": 2.5}, "presence_penalty"),
+    ({"model": "tiny", "prompt": "hi", "frequency_penalty": "x"}, "frequency_penalty"),
+    ({"model": "tiny", "prompt": "hi", "repetition_penalty": 0}, "repetition_penalty"),
+    ({"model": "tiny", "prompt": "hi", "min_p": -0.1}, "min_p"),
+    ({"model": "tiny", "prompt": "hi", "logit_bias": {"1": 500}}, "logit_bias"),
+    ({"model": "tiny", "prompt": "hi", "logit_bias": {"99999": 1}}, "logit_bias"),
+    ({"model": "tiny", "prompt": "hi", "logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"),
 ]
+
+
+def test_penalties_logit_bias_min_p_and_n_through_the_openai_client(server):
+    """The OpenAI sampling fields reach the Decoder: each answer equals the request decoded
+    alone with the same settings; `n` choices are the request with seeds seed, seed + 1, ..."""
+    s, tok, c = server, server["tokenizer"], server["client"]
+    ids = tok.encode("count with me: one, two")
+    extra = dict(presence_penalty=1.5, frequency_penalty=2.0, logit_bias={"5": 9.0, "6": -4.0})
+    r = c.completions.create(model="tiny", prompt="count with me: one, two", max_tokens=12,
+                             extra_body={"repetition_penalty": 4.0, "min_p": 0.1}, **extra)
+    want = decoded_alone(s, ids, 12, repetition_penalty=4.0, min_p=0.1, **extra)
+    assert r.choices[0].text == tok.decode(want)
+    assert want != decoded_alone(s, ids, 12)                       # the settings bite
+    msgs = [{"role": "user", "content": "hello there"}]
+    r = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=8, n=3, temperature=0.9,
+                                  seed=4, extra_body={"min_p": 0.05})
+    chat_ids = tok.encode(tok.apply_chat_template(msgs))
+    assert [ch.index for ch in r.choices] == [0, 1, 2]
+    for k, ch in enumerate(r.choices):
+        assert ch.message.content == tok.decode(decoded_alone(s, chat_ids, 8, temperature=0.9,
+                                                              seed=4 + k, min_p=0.05))
+    assert r.usage.completion_tokens == 24
+    r = c.completions.create(model="tiny", prompt=["one", "two"], max_tokens=4, n=2, seed=1,
+                             temperature=0.8)
+    assert [ch.index for ch in r.choices] == [0, 1, 2, 3]
+    for i, text in enumerate(["one", "two"]):
+        for k in range(2):
+            want = decoded_alone(s, tok.encode(text), 4, temperature=0.8, seed=1 + k)
+            assert r.choices[2 * i + k].text == tok.decode(want)
 
 
 def test_bad_requests_get_400_naming_the_field(server):

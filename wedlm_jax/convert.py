@@ -1,7 +1,7 @@
 """`wedlm-convert`: Hugging Face safetensors folders <-> this project's Orbax folders.
 
     wedlm-convert hf-to-orbax --hf DIR --out DIR [--dtype bf16|f32] [--allow-extra] [--force]
-                  [--quantize int8|int4 [--quantize-group N]]   (wedlm_jax.quantize_checkpoint)
+                  [--quantize int8|int4 [--quantize-group N]]   (wedlm_jax.checkpoints.quantized)
     wedlm-convert orbax-to-hf --orbax DIR --out DIR [--dtype bf16|f32] [--max-shard-size 5GB] [--force]
     (both: [--allow-nonfinite] to convert weights holding NaN/Inf)
 
@@ -26,7 +26,7 @@ import os
 import signal
 import sys
 
-from wedlm_jax import quantize_checkpoint
+from wedlm_jax.checkpoints import quantized
 from wedlm_jax.checkpoints import (CheckpointError, load_checkpoint, load_hf_checkpoint,
                                    load_orbax, save_hf_checkpoint, save_orbax)
 from wedlm_jax.checkpoints.folders import check_out_dir, remove_dead_partials
@@ -50,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--allow-extra", action="store_true",
                    help="skip tensors the model does not use instead of failing")
     a.add_argument("--quantize", default="none", choices=("none", "int8", "int4"),
-                   help="write the weights quantized (wedlm_jax.quantize_checkpoint): the "
+                   help="write the weights quantized (wedlm_jax.checkpoints.quantized): the "
                         "projections int8 (a scale per output channel) or int4 (a scale per "
                         "--quantize-group inputs), the embedding and LM head int8")
     a.add_argument("--quantize-group", type=int, default=None,
@@ -118,7 +118,7 @@ def _convert(args, needed: list) -> int:
         tokenizer_note = check_tokenizer(src)
         if args.command == "hf-to-orbax" and args.quantize != "none":
             check_out_dir(os.path.abspath(args.out), args.force)
-            out = quantize_checkpoint.convert_folder(
+            out = quantized.convert_folder(
                 args.hf, args.out, args.quantize, args.quantize_group, dtype=args.dtype,
                 allow_extra=args.allow_extra, allow_nonfinite=args.allow_nonfinite,
                 force=args.force, progress=not args.no_progress, needed=needed)
@@ -134,7 +134,7 @@ def _convert(args, needed: list) -> int:
                              config_from=args.hf)
         else:
             check_out_dir(os.path.abspath(args.out), args.force)
-            quantize_checkpoint.check_exportable(args.orbax)
+            quantized.check_exportable(args.orbax)
             parse_size(args.max_shard_size)
             config, params = load_orbax(args.orbax, dtype=args.dtype,
                                         allow_nonfinite=args.allow_nonfinite)

@@ -44,6 +44,7 @@ import numpy as np
 from jax.experimental.layout import Format, Layout
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from decode.engine import guide as guides
 from decode.engine import layouts
 from decode.engine import programs
 from decode.config import DecodeConfigError, is_int
@@ -197,9 +198,20 @@ class Decoder:
                                     f"(the Decoder's top_logprobs), got {r.top_logprobs!r}", "top_logprobs")
         if r.temperature > 0 and not self.sampling:
             raise DecodeConfigError("temperature > 0 needs a Decoder built with sampling=True")
+        if r.logit_bias and r.logit_bias[-1][0] >= vocab:     # (id, bias) pairs by id: Sampling
+            raise DecodeConfigError(f"logit_bias: token id {r.logit_bias[-1][0]} is outside the "
+                                    f"vocabulary [0, {vocab})", "logit_bias")
         if not all(s < vocab for s in r.stop_token_ids):     # ids, normalised by Sampling
             bad = next(s for s in r.stop_token_ids if s >= vocab)
             raise DecodeConfigError(f"stop_token_ids: {bad!r} is outside the vocabulary [0, {vocab})",
+                                    "stop_token_ids")
+        if r.automaton is not None and len(r.automaton.klass) > vocab:
+            raise DecodeConfigError(f"the constraint's automaton is over {len(r.automaton.klass)} "
+                                    f"tokens, more than the model's vocabulary {vocab}",
+                                    "constraint")
+        if r.automaton is not None and not r.stop_token_ids:
+            raise DecodeConfigError("a constrained request needs a stop token id (the model's eos: "
+                                    "its output ends there once the constraint is met)",
                                     "stop_token_ids")
         return dataclasses.replace(r, prompt=tuple(int(t) for t in prompt))
 
@@ -218,8 +230,11 @@ class Decoder:
             return jax.tree.map(jnp.asarray, state)
         return self._place(state, self._state_shardings(state))
 
-    def _host_row(self, r: Request):
-        return request_row(self.static, r, self.mask_id, self.capacity)
+    def _host_row(self, r: Request, guide_bucket=None):
+        prompt, n0, row = request_row(self.static, r, self.mask_id, self.capacity)
+        row = guides.attach(row, r.automaton, r.stop_token_ids, self.model_config.vocab_size,
+                            guide_bucket, r.automaton_state)
+        return prompt, n0, row
 
     def prefill(self, request: Request) -> Prefix:
         """Validate and prefill one request (batch 1): its prompt K/V and first window."""
@@ -239,6 +254,11 @@ class Decoder:
         if len(requests) > self.slots:
             raise DecodeConfigError(f"{len(requests)} requests do not fit {self.slots} slots")
         host = jax.tree.map(np.array, self._host_free())
+        bucket = guides.join_buckets(*[guides.bucket_of(r.automaton) for r in requests
+                                       if r is not None and r.automaton is not None])
+        if bucket is not None:      # a constraint: every slot gets a Guide row of one bucket
+            host = host.replace(guide=guides.free_guide(self.slots, self.model_config.vocab_size,
+                                                        bucket))
         longest = max([len(r.prompt) for r in requests if r is not None] + [prompt_bucket or 1])
         pb = self.prompt_bucket(longest)
         tokens = np.zeros((self.slots, pb), np.int32)
@@ -246,7 +266,7 @@ class Decoder:
         for i, r in enumerate(requests):
             if r is None:
                 continue
-            prompt, plen[i], row = self._host_row(self.check_request(r))
+            prompt, plen[i], row = self._host_row(self.check_request(r), bucket)
             tokens[i, :len(prompt)] = prompt
             for dst, src in zip(jax.tree.leaves(host), jax.tree.leaves(row)):
                 dst[i] = src[0]
@@ -272,7 +292,9 @@ class Decoder:
         self._check_slot(slot)
         if self.paged:
             raise DecodeConfigError("a paged cache admits requests with prefill_into_slot")
-        return self._call(programs.insert, self.static, state, prefix, jnp.int32(slot))
+        state, row = guides.conform(state, prefix.row, self.model_config.vocab_size)
+        return self._call(programs.insert, self.static, state, prefix.replace(row=row),
+                          jnp.int32(slot))
 
     def prefill_into_slot(self, state: DecodeState, request: Request, slot: int, pages,
                           start: int = 0) -> DecodeState:
@@ -299,8 +321,10 @@ class Decoder:
         tokens[0, :len(suffix)] = suffix
         table = np.full((per_seq,), paged.UNMAPPED, np.int32)
         table[:len(pages)] = pages
+        state, row = guides.conform(state, jax.tree.map(jnp.asarray, row),
+                                    self.model_config.vocab_size)
         return self._call(programs.prefill_slot, self.static, self.params, state,
-                          jax.tree.map(jnp.asarray, row), jnp.int32(slot), jnp.asarray(table),
+                          row, jnp.int32(slot), jnp.asarray(table),
                           jnp.asarray(tokens), jnp.int32(start), jnp.int32(n0),
                           jnp.int32(self.mask_id))
 

@@ -99,8 +99,45 @@ def filter_logits(logits: jnp.ndarray, settings) -> jnp.ndarray:
     before = jnp.cumsum(prob, axis=-1) - prob          # mass strictly before each sorted token
     keep = (before < p) & in_k
     thresh = jnp.min(jnp.where(keep, desc, jnp.inf), axis=-1, keepdims=True)
-    x = jnp.where((x < kth) | (x < thresh), -jnp.inf, x)
+    # min-p: a token's probability at least min_p x the likeliest one's, in the same domain
+    min_p = jnp.log(_per_row(settings.min_p, x).astype(jnp.float32))          # 0: -inf, off
+    x = jnp.where((x < kth) | (x < thresh) | (x - desc[..., :1] < min_p), -jnp.inf, x)
     return jnp.where(tf, x, x / t)
+
+
+def penalty_rows(settings) -> jnp.ndarray:
+    """[B] bool: the rows whose logits a logit bias or a penalty changes."""
+    return (jnp.any(settings.bias_ids >= 0, axis=-1) | (settings.presence_penalty != 0)
+            | (settings.frequency_penalty != 0) | (settings.repetition_penalty != 1))
+
+
+def seen_counts(counts: jnp.ndarray, tok: jnp.ndarray, before: jnp.ndarray) -> jnp.ndarray:
+    """[B, S, V] int32: per slot of a forward, how often each token was generated before it:
+    the row's committed counts [B, V] plus the window's tokens `tok` [B, W] that slot reads
+    (`before` [B, S, W] bool: slot s reads window token w)."""
+    v = counts.shape[-1]
+    window = jnp.einsum("bsw,bwv->bsv", before.astype(jnp.int32),
+                        jax.nn.one_hot(tok, v, dtype=jnp.int32))
+    return counts[:, None, :] + window
+
+
+def adjust_logits(logits: jnp.ndarray, settings, seen: jnp.ndarray) -> jnp.ndarray:
+    """The logits a request chooses from: the model's [B, S, V] with its `logit_bias` added and
+    its repetition, frequency and presence penalties applied over `seen` [B, S, V] (the tokens
+    generated before each slot, `seen_counts`), as vLLM and OpenAI define them: a seen token's
+    positive logit divided by the repetition penalty, a negative one multiplied; then
+    - frequency x count - presence x [count > 0]. Every setting off leaves the logits unchanged."""
+    x = logits.astype(jnp.float32)
+    b, v = x.shape[0], x.shape[-1]
+    ids = jnp.where(settings.bias_ids < 0, v, settings.bias_ids)            # padding: dropped
+    bias = jnp.zeros((b, v), jnp.float32).at[jnp.arange(b)[:, None], ids].add(
+        settings.bias_values, mode="drop")
+    x = x + bias.reshape((b,) + (1,) * (x.ndim - 2) + (v,))
+    r = _per_row(settings.repetition_penalty, x)
+    seen_f = seen.astype(jnp.float32)
+    x = jnp.where(seen > 0, jnp.where(x > 0, x / r, x * r), x)
+    return (x - _per_row(settings.frequency_penalty, x) * seen_f
+            - _per_row(settings.presence_penalty, x) * (seen > 0))
 
 
 def row_keys(seed: jnp.ndarray, steps: jnp.ndarray) -> jnp.ndarray:
@@ -109,21 +146,38 @@ def row_keys(seed: jnp.ndarray, steps: jnp.ndarray) -> jnp.ndarray:
     return jax.vmap(lambda s, n: jax.random.fold_in(jax.random.key(s), n))(seed, steps)
 
 
+def adjusted_greedy(logits: jnp.ndarray, settings, seen, greedy: jnp.ndarray) -> jnp.ndarray:
+    """The argmax of the adjusted logits (`adjust_logits`) for the rows a bias or a penalty
+    changes, `greedy` (the model's argmax) for the others; `seen`: () -> the [B, S, V] counts
+    (`seen_counts`), built only when some row needs them (`lax.cond`)."""
+    rows = penalty_rows(settings)
+
+    def adjusted(_):
+        g = jnp.argmax(adjust_logits(logits, settings, seen()), axis=-1).astype(jnp.int32)
+        return jnp.where(rows.reshape(rows.shape + (1,) * (g.ndim - 1)), g, greedy)
+
+    return jax.lax.cond(jnp.any(rows), adjusted, lambda _: greedy, None)
+
+
 def choose_tokens(logits: jnp.ndarray, keys: jnp.ndarray, settings,
-                  sampling: bool = True, greedy=None) -> jnp.ndarray:
+                  sampling: bool = True, greedy=None, seen=None) -> jnp.ndarray:
     """logits [B, S, V] -> token ids [B, S]: the argmax for greedy rows (temperature 0), a draw
-    from the filtered distribution for the others. The sampling work runs only when some row
-    samples (`lax.cond`), so an all-greedy batch pays for the argmax alone; with `sampling`
-    False (a static flag: no request may sample) the program holds the argmax only. `greedy`:
-    the argmax when already known (`logit_stats`)."""
+    from the filtered distribution for the others, both of the logits adjusted by the rows'
+    logit bias and penalties (`seen`: () -> the counts `seen_counts`; None: no adjustment). The
+    sampling work runs only when some row samples (`lax.cond`), so an all-greedy batch pays for
+    the argmax alone; with `sampling` False (a static flag: no request may sample) the program
+    holds the argmax only. `greedy`: the model's argmax when already known (`logit_stats`)."""
     if greedy is None:
         greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    if seen is not None:
+        greedy = adjusted_greedy(logits, settings, seen, greedy)
     if not sampling:
         return greedy
     sampled_rows = settings.temperature > 0
 
     def draw(_):
-        x = filter_logits(logits, settings)
+        x = filter_logits(logits if seen is None else adjust_logits(logits, settings, seen()),
+                          settings)
         d = jax.vmap(lambda k, l: jax.random.categorical(k, l, axis=-1))(keys, x)
         return jnp.where(sampled_rows[:, None], d.astype(jnp.int32), greedy)
 

@@ -27,6 +27,8 @@ class Request(Sampling):
     # alternatives wanted per generated token (<= the Decoder's: Decoder.check_request)
     top_logprobs: int = dataclasses.field(default=0, metadata=dict(
         device=(OnDevice("bool", "want_top", encode=lambda v: v > 0),)))
+    automaton: Any = None           # a compiled constraint (decode.constraints.automaton), or None
+    automaton_state: int = 0        # its state after the tokens already emitted (a readmission)
 
 
 def pow2_at_least(x: int, floor: int = 1) -> int:
@@ -138,7 +140,11 @@ class DecodeState:
     lps:      TokenLogProbs [B, S, ..] of the window's filled slots (streaming and block; AR and
               verified read them from the step's own forward and leave these as they are).
     q:        [B, S, V] f32 or None: verified sampling's draft distributions (logical order).
+    seen:     [B, V] i32 how often the row generated each token (emitted; its logit bias and
+              penalties read it, decode.engine.sampling.adjust_logits).
     settings: Settings.
+    guide:    decode.engine.guide.Guide or None: the slots' constraint automata (docs/algorithm.md
+              §7); None when no request of the state has had one (no constraint code compiled).
     """
     cache: KVCache
     tok: jax.Array
@@ -151,8 +157,10 @@ class DecodeState:
     accepted: jax.Array
     rejected: jax.Array
     lps: TokenLogProbs
+    seen: jax.Array
     settings: Settings
     q: Any = None
+    guide: Any = None
 
     @property
     def n(self) -> jax.Array:
@@ -190,6 +198,7 @@ def free_rows(static, mask_id: int) -> DecodeState:
         end=zeros.copy(), done=np.ones((b,), bool), steps=zeros.copy(), n_fwd=zeros.copy(),
         count=zeros.copy(), accepted=zeros.copy(), rejected=zeros.copy(),
         lps=TokenLogProbs.zeros(b, s, static.spec.top_logprobs), settings=settings,
+        seen=np.zeros((b, static.config.vocab_size), np.int32),
         q=(np.zeros((b, s, static.config.vocab_size), np.float32) if static.keep_q else None))
 
 
@@ -218,7 +227,7 @@ def request_row(static, r, mask_id: int, capacity: int):
         cache=KVCache(layers=None, length=one(n0, np.int32)), tok=tok, filled=filled,
         end=one(end, np.int32), done=one(done, bool), steps=zero, n_fwd=zero, count=zero,
         accepted=zero, rejected=zero, lps=TokenLogProbs.zeros(1, s, static.spec.top_logprobs),
-        settings=settings,
+        settings=settings, seen=np.zeros((1, static.config.vocab_size), np.int32),
         q=(np.zeros((1, s, static.config.vocab_size), np.float32) if static.keep_q else None))
     return r.prompt, n0, row
 

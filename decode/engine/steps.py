@@ -35,7 +35,9 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from decode.engine.sampling import choose_tokens, logit_stats, row_keys, token_logprobs
+from decode.engine import guide as guides
+from decode.engine.sampling import (choose_tokens, logit_stats, row_keys, seen_counts,
+                                    token_logprobs)
 from decode.engine.state import DecodeState, TokenLogProbs, keep_if_done
 
 from decode.config import REFILLS  # noqa: E402  (defined once, in decode.config)
@@ -154,6 +156,24 @@ def advance(st: DecodeState, *, layers, tok, filled, n_new, finished, k_emit, wl
         **kept)
 
 
+def add_seen(seen, tokens, k):
+    """The generated-token counts `seen` [B, V] plus the first k[b] of each row's `tokens` [B, E]
+    (the tokens a step emits)."""
+    take = (jnp.arange(tokens.shape[1])[None, :] < k[:, None]).astype(jnp.int32)
+    rows = jnp.broadcast_to(jnp.arange(seen.shape[0])[:, None], tokens.shape)
+    return seen.at[rows, tokens].add(take)
+
+
+def reads_before(filled, phys_pos, n, first: int = 0, inclusive: bool = False):
+    """[B, S, S] bool: physical slot p of a forward reads window token i (logical) as generated
+    before it: filled, from `first` on, and before p's own logical slot (through it with
+    `inclusive`: the AR reading at slot j predicts slot j + 1)."""
+    order = (phys_pos - n[:, None])[:, :, None]                 # p's logical slot
+    i = jnp.arange(filled.shape[1])[None, None, :]
+    upto = (i <= order) if inclusive else (i < order)
+    return filled[:, None, :] & (i >= first) & upto
+
+
 def forward_window(forward: Callable, params, st: DecodeState, filled, active, mask_id):
     """Reorder and run the forward on the cache at rows n.. . Returns (logits [B, S, V] in
     physical order, new cache layers, inv, fed tokens, positions)."""
@@ -171,13 +191,17 @@ def window_step(forward, params, st: DecodeState, spec: StepSpec, mask_id):
     """Streaming (Algorithm 1) or block decoding: reorder, forward, commit the leading filled
     run, fill, slide."""
     s = st.settings
+    st, states = guides.recheck(st)                 # a constraint: commit its accepted run only
     idx, filled, c, wlen = window_span(st, spec)
     active = idx < wlen[:, None]
     logits, layers, inv, phys_tok, phys_pos = forward_window(forward, params, st, filled, active,
                                                              mask_id)
+    logits = guides.mask_head(logits, st, states, filled, inv)
     stats = logit_stats(logits)
     ent = jnp.take_along_axis(stats.entropy, inv, axis=1)
-    chosen = choose_tokens(logits, row_keys(s.seed, st.steps), s, spec.sampling, stats.greedy)
+    seen = lambda: seen_counts(st.seen, st.tok, reads_before(filled, phys_pos, st.n))
+    chosen = choose_tokens(logits, row_keys(s.seed, st.steps), s, spec.sampling, stats.greedy,
+                           seen)
     cand = jnp.take_along_axis(chosen, inv, axis=1)
     cand_lps = TokenLogProbs(*token_logprobs(logits, chosen, spec.top_logprobs, s.want_top,
                                              stats.lse)).take(inv)
@@ -189,7 +213,9 @@ def window_step(forward, params, st: DecodeState, spec: StepSpec, mask_id):
     lps = cand_lps.where(sel, st.lps).take(slide_source(spec.span, c)[0])
     n_new = st.n + k_emit
     new = advance(st, layers=layers, tok=tok, filled=filled2, n_new=n_new,
-                  finished=stopped | (n_new >= st.end), k_emit=k_emit, wlen=wlen, lps=lps)
+                  finished=stopped | (n_new >= st.end), k_emit=k_emit, wlen=wlen, lps=lps,
+                  seen=add_seen(st.seen, emitted, k_emit))
+    new = guides.committed(new, st, states, c)
     aux = dict(tokens=phys_tok, positions=phys_pos, logits=logits, n=st.n, live=~st.done,
                wlen=wlen, commit=k_emit, filled_after=filled | sel)
     return new, emitted, emitted_lps, jnp.where(st.done, 0, k_emit), aux
@@ -199,14 +225,18 @@ def ar_step(forward, params, st: DecodeState, spec: StepSpec, mask_id):
     """Cached next-token decoding: feed the pending token (slot 0, position n), choose the next."""
     s = st.settings
     logits, layers = forward(params, st.tok[:, :1], st.n[:, None], st.cache.layers, st.n)
+    logits = guides.mask_rows(logits, st)
     stats = logit_stats(logits)
-    nxt = choose_tokens(logits, row_keys(s.seed, st.steps), s, spec.sampling, stats.greedy)
+    nxt = choose_tokens(logits, row_keys(s.seed, st.steps), s, spec.sampling, stats.greedy,
+                        lambda: st.seen[:, None, :])
     lps = TokenLogProbs(*token_logprobs(logits, nxt, spec.top_logprobs, s.want_top, stats.lse))
     one = jnp.ones_like(st.n)
     k_emit, stopped = emit_until_stop(nxt, one, s.stop_ids)
     n_new = st.n + 1
     new = advance(st, layers=layers, tok=nxt, filled=st.filled, n_new=n_new,
-                  finished=stopped | (n_new + 1 >= st.end), k_emit=k_emit, wlen=one)
+                  finished=stopped | (n_new + 1 >= st.end), k_emit=k_emit, wlen=one,
+                  seen=add_seen(st.seen, nxt, k_emit))
+    new = guides.advanced(new, st, None, None, nxt[:, 0])
     aux = dict(tokens=st.tok[:, :1], positions=st.n[:, None], logits=logits, n=st.n,
                live=~st.done, wlen=one, commit=one)
     return new, nxt, lps, jnp.where(st.done, 0, k_emit), aux

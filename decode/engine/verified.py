@@ -57,10 +57,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from decode.engine.sampling import filter_logits, logit_stats, row_keys, token_logprobs
+from decode.engine import guide as guides
+from decode.engine.sampling import (adjust_logits, adjusted_greedy, filter_logits, logit_stats,
+                                    row_keys, seen_counts, token_logprobs)
 from decode.engine.state import DecodeState, TokenLogProbs
-from decode.engine.steps import (StepSpec, advance, emit_until_stop, fill_select, forward_window, slide,
-                          window_span)
+from decode.engine.steps import (StepSpec, add_seen, advance, emit_until_stop, fill_select,
+                                 forward_window, reads_before, slide, window_span)
 
 
 def _take_slot(x, j):
@@ -108,16 +110,20 @@ def verified_step(forward, params, st: DecodeState, spec: StepSpec, mask_id):
     active = idx < wlen[:, None]
     logits, layers, inv, phys_tok, phys_pos = forward_window(forward, params, st, filled, active,
                                                              mask_id)
+    logits, states = guides.mask_run(logits, st, c)   # a constraint: the constrained AR reading
     keys = jax.vmap(lambda k: jax.random.split(k, 3))(row_keys(s.seed, st.steps))
     k_draft, k_acc, k_res = keys[:, 0], keys[:, 1], keys[:, 2]
     sampled_rows = s.temperature > 0
     stats = logit_stats(logits)
-    a, pend = _verify_greedy(stats.greedy, st.tok, c, idx)
-    drafts = jnp.take_along_axis(stats.greedy, inv, axis=1)
+    # the AR reading at slot j has read the drafts 1..j beyond what the row generated before
+    seen = lambda: seen_counts(st.seen, st.tok, reads_before(filled, phys_pos, st.n, 1, True))
+    greedy = adjusted_greedy(logits, s, seen, stats.greedy)
+    a, pend = _verify_greedy(greedy, st.tok, c, idx)
+    drafts = jnp.take_along_axis(greedy, inv, axis=1)
     q_new = st.q
     if st.q is not None:
         def sampled(_):
-            filt = filter_logits(logits, s)
+            filt = filter_logits(adjust_logits(logits, s, seen()), s)
             probs = jax.nn.softmax(filt, axis=-1)
             a_s, pend_s = _verify_sampled(probs, st.tok, st.q, c, idx, k_acc, k_res)
             drawn = jax.vmap(lambda k, l: jax.random.categorical(k, l, axis=-1))(k_draft, filt)
@@ -149,13 +155,15 @@ def verified_step(forward, params, st: DecodeState, spec: StepSpec, mask_id):
     filled2 = filled2 | (idx == 0)
     n_new = st.n + a
     extra = dict(accepted=st.accepted + jnp.minimum(a - 1, k_emit),
-                 rejected=st.rejected + reject.astype(jnp.int32))
+                 rejected=st.rejected + reject.astype(jnp.int32),
+                 seen=add_seen(st.seen, emitted, k_emit))
     if st.q is not None:
         src = jnp.minimum(idx + a[:, None], w - 1)                   # the slide of `slide`
         q3 = jnp.take_along_axis(q_logical, src[..., None], axis=1)
         extra["q"] = jnp.where(filled2[..., None], q3, 0.0)
     new = advance(st, layers=layers, tok=tok, filled=filled2, n_new=n_new,
                   finished=stopped | (n_new + 1 >= st.end), k_emit=k_emit, wlen=wlen, **extra)
+    new = guides.advanced(new, st, states, a - 1, pend)
     aux = dict(tokens=phys_tok, positions=phys_pos, logits=logits, n=st.n, live=~st.done,
                wlen=wlen, commit=a, emitted=k_emit, lead=c, reject=reject, pending=pend,
                filled_after=filled2, tok_after=tok)

@@ -4,8 +4,9 @@
 
 Input: one JSON object per line with `prompt` (a string or a list of token ids) or `messages` (a
 chat: the checkpoint's chat template), an optional `id` (string or int; default: the line number)
-and optional per-line settings overriding the command line's: max_new_tokens (or max_tokens), tau,
-lam, temperature, top_k, top_p, stop (a string or a list of strings), seed. Blank lines are skipped.
+and optional per-line settings overriding the command line's: max_new_tokens (or max_tokens), stop
+(a string or a list of strings) and every Sampling option by name (tau, lam, temperature, top_k,
+top_p, min_p, the penalties, logit_bias, seed, sampling_order). Blank lines are skipped.
 Every line is checked (JSON, fields, settings, prompt length against the capacity) before the
 checkpoint is read; a bad line is named by its line number and field. As for a single prompt, the
 window is no wider than the longest max_new_tokens of the file (`decode.config.useful_window`): a
@@ -51,7 +52,9 @@ import time
 from decode.config import DecodeConfigError, DoorOptions, Sampling, useful_window
 
 SETTINGS = tuple(k for k in Sampling.options() if k != "stop_token_ids")   # a line's own settings
-FIELDS = ("id", "prompt", "messages", "max_tokens", "stop") + SETTINGS
+CONSTRAINT_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex",
+                     "guided_choice")      # decode.constraints.spec.from_fields reads them
+FIELDS = ("id", "prompt", "messages", "max_tokens", "stop") + SETTINGS + CONSTRAINT_FIELDS
 
 
 @dataclasses.dataclass
@@ -63,6 +66,7 @@ class Item:
     sampling: Sampling      # the command line's, overridden by the line's; stop ids: the
                             # default stops + single-token stop strings (the device stops there)
     stop_strings: tuple     # every stop string of the line (checked on the host, text cut before it)
+    automaton: object = None  # the line's constraint, compiled (decode.constraints.automaton)
 
 
 # ----------------------------------------------------------------------------------- input
@@ -136,8 +140,20 @@ def check_records(records, tokenizer, defaults: Sampling, base_stop_ids: list, b
             raise DecodeConfigError(f"{where}: field 'prompt' has {len(ids)} tokens, longer than the "
                                     f"capacity {capacity}")
         items.append(Item(id=rid, line=lineno, prompt_ids=ids, sampling=sampling,
-                          stop_strings=tuple(dict.fromkeys(list(base_stop_strings) + stops))))
+                          stop_strings=tuple(dict.fromkeys(list(base_stop_strings) + stops)),
+                          automaton=_automaton(obj, tokenizer, where)))
     return items
+
+
+def _automaton(obj: dict, tokenizer, where: str):
+    """The line's constraint compiled for the tokenizer (None: none); errors name the field."""
+    from decode.constraints.automaton import for_tokenizer
+    from decode.constraints.spec import from_fields
+    try:
+        constraint = from_fields(obj)
+        return None if constraint is None else for_tokenizer(constraint, tokenizer)
+    except DecodeConfigError as e:        # its message names the field
+        raise DecodeConfigError(f"{where}: {e}", e.field) from None
 
 
 def _prompt_ids(obj: dict, tokenizer, chat: bool, where: str) -> list:
@@ -391,7 +407,8 @@ def engine_requests(decoder, items: list, source: str) -> list:
     for it in items:
         try:
             requests.append(decoder.check_request(Request(prompt=tuple(it.prompt_ids),
-                                                          **Sampling.pick(it.sampling))))
+                                                          **Sampling.pick(it.sampling),
+                                                          automaton=it.automaton)))
         except DecodeConfigError as e:
             raise DecodeConfigError(f"{source}:{it.line}: {e}") from None
     return requests

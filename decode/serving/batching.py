@@ -403,8 +403,12 @@ class Batcher:
         live.pages = []
         live.before = tuple(a + int(c[slot]) for a, c in zip(live.before, counts))
         new = tuple(live.tokens[live.base:])      # emitted since this admission
+        state = live.request.automaton_state       # a constraint goes on from where it was
+        for t in new if live.request.automaton is not None else ():
+            state = live.request.automaton.next_state(state, int(t))
         live.request = dataclasses.replace(live.request, prompt=tuple(live.request.prompt) + new,
-                                           max_new_tokens=live.request.max_new_tokens - len(new))
+                                           max_new_tokens=live.request.max_new_tokens - len(new),
+                                           automaton_state=state)
         with self._lock:
             self._waiting.appendleft(live)
         live.preempted += 1

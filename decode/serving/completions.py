@@ -15,6 +15,7 @@ import uuid
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from decode.config import MAX_LOGPROBS, MAX_STOP_IDS, DecodeConfigError, Sampling
+from decode.constraints.automaton import for_tokenizer as automaton_for
 from decode.engine.state import Request
 from decode.serving.worker import Busy
 from decode.serving.protocol import (MAX_BATCH, APIError, Settings, bad, chat_logprobs_object, field_of,
@@ -38,6 +39,13 @@ def stats(fin, n_out: int):
     return {"steps": fin.steps, "n_fwd": fin.n_fwd, "p_cache": n_out / fin.n_fwd if fin.n_fwd else 0.0}
 
 
+def seeded(s: Settings, k: int) -> Settings:
+    """Choice k of a request's `n`: its own seed stream (the request's seed + k)."""
+    if k == 0:
+        return s
+    return dataclasses.replace(s, sampling=s.sampling.replace(seed=(s.sampling.seed + k) % (1 << 32)))
+
+
 def sse(obj) -> str:
     """One server-sent event carrying `obj` as JSON."""
     return "data: " + json.dumps(obj) + "\n\n"
@@ -52,11 +60,17 @@ class Completions:
 
     # ------------------------------------------------------------------------------- the routes
 
+    def check_n(self, s: Settings) -> None:
+        """`n` choices run at once, one slot each: at most the server's slots."""
+        if self.cfg.slots and s.n > self.cfg.slots:
+            raise bad("n", f"'n' is at most this server's {self.cfg.slots} slots, got {s.n}")
+
     async def completions(self, http, body: dict):
-        s = parse_settings(body, self.cfg.defaults, scoring=True)
+        s = await self.compiled(parse_settings(body, self.cfg.defaults, scoring=True))
+        self.check_n(s)
         prompts = await asyncio.to_thread(parse_prompts, body, self.tokenizer, self.cfg.vocab_size,
                                           MAX_BATCH, self.cfg.capacity)               # off the loop
-        if len(prompts) == 1 and s.logprobs is None and not s.echo:
+        if len(prompts) == 1 and s.logprobs is None and not s.echo and s.n == 1:
             return await self.run(http, prompts[0], s, chat=False, param="prompt")
         if s.stream:
             raise bad("stream", "'stream': true takes one prompt without 'logprobs' or 'echo'",
@@ -64,13 +78,25 @@ class Completions:
         return await self.scored_choices(http, prompts, s)
 
     async def chat_completions(self, http, body: dict):
-        s = parse_settings(body, self.cfg.defaults, ("max_tokens", "max_completion_tokens"),
-                           chat=True)
+        s = await self.compiled(parse_settings(body, self.cfg.defaults,
+                                               ("max_tokens", "max_completion_tokens"), chat=True))
+        self.check_n(s)
         ids = await asyncio.to_thread(parse_messages, body, self.tokenizer, True, False,
                                       self.cfg.capacity)                              # off the loop
         return await self.run(http, ids, s, chat=True, param="messages")
 
     # ------------------------------------------------------------------ a request to the engine
+
+    async def compiled(self, s: Settings) -> Settings:
+        """`s` with its constraint compiled for the tokenizer (off the loop; cached by the
+        constraint's hash), before any admission; a constraint that cannot be is a 400."""
+        if s.constraint is None:
+            return s
+        try:
+            auto = await asyncio.to_thread(automaton_for, s.constraint, self.tokenizer)
+        except DecodeConfigError as e:
+            raise bad(e.field, str(e)) from None
+        return dataclasses.replace(s, automaton=auto)
 
     def make_request(self, ids: list, s: Settings, param: str) -> Request:
         """OpenAI's / vLLM's lengths: a prompt that leaves no room, or a named max_tokens that does
@@ -104,7 +130,8 @@ class Completions:
                               f"defaults, at most {MAX_STOP_IDS}")
         try:
             return Request(prompt=tuple(ids), **Sampling.pick(s.sampling.replace(
-                max_new_tokens=s.max_tokens, stop_token_ids=stop_ids)), top_logprobs=s.logprobs or 0)
+                max_new_tokens=s.max_tokens, stop_token_ids=stop_ids)), top_logprobs=s.logprobs or 0,
+                automaton=s.automaton)
         except DecodeConfigError as e:
             raise bad(field_of(e, param), str(e)) from None
 
@@ -250,38 +277,51 @@ class Completions:
     # ------------------------------------------------------------------------------ the answers
 
     async def run(self, http, ids: list, s: Settings, chat: bool, param: str):
-        """One prompt, generated: streamed, or answered whole with its choice."""
-        request = self.make_request(ids, s, param)
-        rid, q = self.submit(request, param)
-        text = TextStream(self.tokenizer, s.stop)
+        """One prompt, generated: streamed, or answered whole with its `n` choices."""
         head = dict(id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex, created=int(time.time()),
                     model=self.cfg.model_name)
         if s.stream:
+            rid, q = self.submit(self.make_request(ids, s, param), param)
+            text = TextStream(self.tokenizer, s.stop)
             return StreamingResponse(self.stream(rid, q, text, head, s, chat, len(ids)),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        text, reason, fin = await self.collect(http, rid, q, text, want_finish=s.logprobs is not None)
-        if reason is None:
+        requests = [self.make_request(ids, seeded(s, k), param) for k in range(s.n)]
+        results = await asyncio.gather(*(self.one_choice(http, k, ids, r, s, chat, param)
+                                         for k, r in enumerate(requests)))
+        if any(r is None for r in results):
             return JSONResponse({}, status_code=499)
+        n_out, fin = sum(r[1] for r in results), results[0][2]
+        return JSONResponse(dict(head, object="chat.completion" if chat else "text_completion",
+                                 choices=[r[0] for r in results], usage=usage(len(ids), n_out, fin),
+                                 wedlm=stats(fin, results[0][1])))
+
+    async def one_choice(self, http, k: int, ids: list, request: Request, s: Settings, chat: bool,
+                         param: str):
+        """-> (choice k, its completion tokens, Finished) of one prompt; None when the client
+        went away."""
+        rid, q = self.submit(request, param)
+        text, reason, fin = await self.collect(http, rid, q, TextStream(self.tokenizer, s.stop),
+                                               want_finish=s.logprobs is not None)
+        if reason is None:
+            return None
         n_out = text.n_used
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text.sent},
+        choice = ({"index": k, "message": {"role": "assistant", "content": text.sent},
                    "logprobs": None, "finish_reason": reason} if chat else
-                  {"index": 0, "text": text.sent, "logprobs": None, "finish_reason": reason})
+                  {"index": k, "text": text.sent, "logprobs": None, "finish_reason": reason})
         if chat and s.logprobs is not None:
             seq = list(ids) + list(text.ids[:n_out])
             scored = await self.sequence_scores(ids, fin, n_out, s.logprobs, echo=False)
             choice["logprobs"] = await asyncio.to_thread(chat_logprobs_object, self.tokenizer, seq,
                                                           scored, len(ids), s.logprobs)
-        return JSONResponse(dict(head, object="chat.completion" if chat else "text_completion",
-                                 choices=[choice], usage=usage(len(ids), n_out, fin),
-                                 wedlm=stats(fin, n_out)))
+        return choice, n_out, fin
 
     async def scored_choices(self, http, prompts: list, s: Settings):
         """/v1/completions with `echo`, `logprobs` or several prompts: one choice per prompt (each
         generated as its own request through the engine; the prompt scored by the AR reading
         when echoed, the completion's log-probabilities as its decoding carried them)."""
-        results = await asyncio.gather(*(self.scored_choice(http, i, ids, s)
-                                         for i, ids in enumerate(prompts)))
+        results = await asyncio.gather(*(self.scored_choice(http, i * s.n + k, ids, seeded(s, k))
+                                         for i, ids in enumerate(prompts) for k in range(s.n)))
         if any(r is None for r in results):
             return JSONResponse({}, status_code=499)
         n_prompt, n_out = sum(r[1] for r in results), sum(r[2] for r in results)

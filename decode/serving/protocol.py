@@ -5,8 +5,10 @@ here touches the engine, so a bad request is a 400 naming the field before any d
 
 import dataclasses
 import secrets
+from typing import Any
 
 from decode.config import MAX_LOGPROBS, MAX_STOP_IDS, DecodeConfigError, Sampling  # noqa: F401 (the bounds)
+from decode.constraints.spec import from_fields as constraint_fields
 from wedlm_jax.tokenizer import TextError, check_text
 
 MAX_STOP_STRINGS = 8
@@ -47,6 +49,9 @@ class Settings:
     max_tokens_given: bool = False   # the client named max_tokens (else the server's default)
     logprobs: int | None = None      # completions: the top alternatives per token (0: the token's own)
     echo: bool = False               # completions: the prompt is part of the answer (and scored)
+    n: int = 1                       # choices per prompt, each its own request and seed stream
+    constraint: Any = None           # decode.constraints.spec.Constraint: what the output matches
+    automaton: Any = None            # the constraint compiled for the server's tokenizer
 
 
 # the Sampling options a request body may set under their own names (max_tokens: parse_settings)
@@ -115,17 +120,21 @@ def parse_settings(body: dict, defaults: Sampling, max_tokens_names=("max_tokens
     (0..MAX_LOGPROBS) and `echo` (with `max_tokens: 0`, the prompt is scored and nothing
     generated). `chat`: the chat endpoint, which takes `logprobs: true` and `top_logprobs`
     (0..MAX_LOGPROBS) for the generated tokens."""
-    for name, allowed in (("n", 1), ("best_of", 1)):
-        if body.get(name) is not None and _int(body, name, 1, 1) != allowed:
-            raise bad(name, f"'{name}' must be {allowed} (one choice per request)", "unsupported_value")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if _number(body, name, 0.0) != 0.0:
-            raise bad(name, f"'{name}' is not supported (must be 0)", "unsupported_value")
-    unsupported = ("logit_bias", "suffix", "tools", "functions")
+    n = _int(body, "n", 1, 1)
+    if body.get("best_of") is not None and _int(body, "best_of", n, 1) != n:
+        raise bad("best_of", "'best_of' must equal 'n' (every choice is returned)", "unsupported_value")
+    if n > 1 and _bool(body, "stream"):
+        raise bad("n", "'n' > 1 with 'stream': true is not supported (ask without streaming)",
+                  "unsupported_value")
+    unsupported = ("suffix", "tools", "functions")
     unsupported += () if chat else ("top_logprobs",) if scoring else ("top_logprobs", "logprobs")
     for name in unsupported:
         if body.get(name) not in (None, False, {}, []):
             raise bad(name, f"'{name}' is not supported by this server", "unsupported_value")
+    try:       # response_format, structured_outputs, guided_json / guided_regex / guided_choice
+        constraint = constraint_fields(body)
+    except DecodeConfigError as e:
+        raise bad(e.field, str(e)) from None
     echo = _bool(body, "echo") if scoring else False
     if not scoring and _bool(body, "echo"):
         raise bad("echo", "'echo' is not supported by this endpoint", "unsupported_value")
@@ -173,7 +182,8 @@ def parse_settings(body: dict, defaults: Sampling, max_tokens_names=("max_tokens
     return Settings(sampling=sampling, max_tokens=sampling.max_new_tokens if "max_new_tokens" in given
                     or not max_given else 0, stop=stop, stream=_bool(body, "stream"),
                     include_usage=bool(opts and _bool(opts, "include_usage")),
-                    max_tokens_given=max_given, logprobs=logprobs, echo=echo)
+                    max_tokens_given=max_given, logprobs=logprobs, echo=echo, n=n,
+                    constraint=constraint)
 
 
 CHARS_PER_TOKEN_BOUND = 16   # a text this many times longer than the context is checked by a prefix

@@ -11,9 +11,12 @@ take `echo` and `logprobs` (0-20), chat `logprobs: true` and `top_logprobs`; the
 are the AR reading's (decode/serving/scoring.py), computed on the engine thread, batched across requests. `stream: true` answers with server-sent events in the OpenAI chunk
 format ending with `data: [DONE]` (`stream_options: {"include_usage": true}` adds the usage chunk);
 other answers carry `usage`. Request settings: max_tokens (chat: or max_completion_tokens),
-temperature, top_p, top_k, seed, stop (a string or up to MAX_STOP_STRINGS strings) and WeDLM's
-`tau` and `lam`; method, window, slots and capacity are the server's. Answers also carry a `wedlm`
-object (steps, n_fwd, p_cache).
+stop (a string or up to MAX_STOP_STRINGS strings), `n` (up to the slots, each choice its own
+request with the seed + its index; not with `stream`) and every Sampling option a request sets
+by name (protocol.WIRE: temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty,
+repetition_penalty, logit_bias, seed, sampling_order and WeDLM's `tau` and `lam`), applied on the
+device inside the decode loop; method, window, slots and capacity are the server's. Answers also
+carry a `wedlm` object (steps, n_fwd, p_cache).
 
 Layout: `decode/serving/protocol.py` parses request bodies and words the errors (no device work),
 `decode/serving/worker.py` is the thread that owns the device, `decode/serving/app.py` the HTTP handlers, this

@@ -185,7 +185,8 @@ def generate(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]]
              decode_config: DecodeConfig, *, capacity: int | None = None, mesh=None,
              mask_token_id: int | None = None, placement: Placement = Placement(),
              tokenizer=None, on_commit: Callable | None = None, allow_long: bool = False,
-             decoder: Decoder | None = None, prompt_bucket: int | None = None) -> DecodeResult:
+             decoder: Decoder | None = None, prompt_bucket: int | None = None,
+             automata: Sequence | None = None) -> DecodeResult:
     """Decode every prompt (token-id lists) as one static batch on a Decoder; see the module
     docstring.
 
@@ -199,11 +200,17 @@ def generate(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]]
     batch, its weights quantized by the placement's `quantize`. Ctrl-C stops within one chunk of
     steps: the result holds what was decoded, with `interrupted` set. prompt_bucket: pad the
     prompts to at least this many tokens (one prefill program across batches of different
-    prompt lengths; the tokens do not change).
+    prompt lengths; the tokens do not change). automata: per prompt a compiled constraint
+    (decode.constraints.automaton.Automaton) or None: its output matches the constraint.
     """
     dc = decode_config
     decoder, prompts, requests = _setup(params, model_config, prompts, dc, capacity, mesh,
                                         mask_token_id, placement, allow_long, decoder)
+    if automata is not None:
+        if len(automata) != len(prompts):
+            raise DecodeConfigError(f"automata: {len(automata)} given for {len(prompts)} prompts")
+        requests = [r if r is None else decoder.check_request(
+            dataclasses.replace(r, automaton=a)) for r, a in zip(requests, automata)]
     if len(prompts) > decoder.slots:
         raise DecodeConfigError(f"{len(prompts)} prompts do not fit the decoder's {decoder.slots} slots")
     t_setup, programs = time.perf_counter(), compiled_count()

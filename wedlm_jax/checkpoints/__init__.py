@@ -18,6 +18,7 @@ import os
 
 from wedlm_jax.checkpoints.folders import PARAMS_DIR
 from wedlm_jax.checkpoints.hf import load_hf_checkpoint, save_hf_checkpoint
+from wedlm_jax.checkpoints import quantized
 from wedlm_jax.checkpoints.orbax import load_orbax, save_orbax
 from wedlm_jax.checkpoints.tensors import read_config
 from wedlm_jax.config import ModelConfig
@@ -40,12 +41,11 @@ def checkpoint_kind(path) -> str:
 def load_checkpoint(path, mesh=None, dtype=None, **kw) -> tuple[ModelConfig, dict]:
     """Load an Orbax folder (config.json + params/) or a Hugging Face safetensors folder
     (`stacked_layers=False`: the layers one tree each, as GPU decoding holds them); a quantized
-    Orbax folder (`wedlm_jax.quantize_checkpoint`) with its kernels quantized as stored."""
-    from wedlm_jax import quantize_checkpoint
-    if quantize_checkpoint.read_scheme(path) is not None:
-        return quantize_checkpoint.load(path, mesh=mesh, dtype=dtype,
-                                        allow_nonfinite=kw.get("allow_nonfinite", False),
-                                        stacked_layers=kw.get("stacked_layers", True))
+    Orbax folder (`wedlm_jax.checkpoints.quantized`) with its kernels quantized as stored."""
+    if quantized.read_scheme(path) is not None:
+        return quantized.load(path, mesh=mesh, dtype=dtype,
+                              allow_nonfinite=kw.get("allow_nonfinite", False),
+                              stacked_layers=kw.get("stacked_layers", True))
     if checkpoint_kind(path) == "orbax":
         return load_orbax(path, mesh=mesh, dtype=dtype,
                           allow_nonfinite=kw.get("allow_nonfinite", False),

@@ -1,0 +1,105 @@
+"""Structured outputs on the demo model (BENCHMARKS.md "Constrained decoding"): the records
+regime decoded with a JSON-lines schema of each table's columns beside the same prompts
+unconstrained, per method at `make demo`'s settings (W 8, tau 0.6, lambda 0.02, greedy, one prompt
+per call); then the constraint compiler's build time and table bytes on the demo vocabulary and
+on a synthetic 151,936-token byte-level vocabulary (Qwen3's size) with a 10-field schema.
+
+    python -m benchmarks.constraints [--items 8] [--out benchmarks/results/constraints.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+METHODS = ("streaming", "verified", "block", "ar")
+
+
+def run_method(params, config, tok, items, method, autos, settings):
+    from decode.config import DecodeConfig
+    from demo.structured import decode_records
+    return decode_records(params, config, tok, items,
+                          DecodeConfig(method=method, max_new_tokens=192, **settings), autos)
+
+
+def synthetic_vocab(size: int, seed: int = 0) -> dict:
+    """A byte-level vocabulary of `size` entries: the 256 bytes, then distinct random pieces of
+    2-8 printable ASCII characters (some with a leading space), as BPE vocabularies hold."""
+    rng = random.Random(seed)
+    vocab = {bytes([b]): [b] for b in range(256)}
+    chars = [chr(c) for c in range(33, 127)]
+    while len(vocab) < size:
+        piece = "".join(rng.choice(chars) for _ in range(rng.randint(2, 8)))
+        piece = (" " + piece) if rng.random() < 0.4 else piece
+        vocab.setdefault(piece.encode(), [len(vocab)])
+    return vocab
+
+
+TEN_FIELDS = {"type": "object", "properties": {
+    "id": {"type": "integer"}, "name": {"type": "string"}, "email": {"type": "string"},
+    "age": {"type": "integer", "minimum": 0}, "score": {"type": "number"},
+    "active": {"type": "boolean"}, "city": {"enum": ["Paris", "Oslo", "Lima", "Tokyo"]},
+    "tags": {"type": "array", "items": {"type": "string"}}, "note": {"type": ["string", "null"]},
+    "created": {"type": "string", "format": "date"}},
+    "required": ["id", "name", "email", "age", "score", "active", "city", "tags", "note", "created"],
+    "additionalProperties": False}
+
+
+def table_sizes(tok) -> list[dict]:
+    from decode.constraints.automaton import compile_constraint
+    from decode.constraints.spec import Constraint
+    from decode.constraints.vocab import vocabulary_bytes
+    from decode.engine.guide import bucket_of
+    demo_vocab, demo_size = vocabulary_bytes(tok)
+    big = synthetic_vocab(151_936)
+    rows = []
+    for name, vocab, size in (("demo (512)", demo_vocab, demo_size),
+                              ("synthetic byte-level (151,936)", big, 151_936)):
+        t0 = time.perf_counter()
+        a = compile_constraint(Constraint.json_schema(TEN_FIELDS), vocab, size)
+        n, c = bucket_of(a)
+        rows.append(dict(vocabulary=name, build_s=time.perf_counter() - t0, states=a.num_states,
+                         classes=a.num_classes, table_bytes=a.nbytes,
+                         device_bytes_per_slot=4 * (size + n * c)))
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.constraints")
+    ap.add_argument("--items", type=int, default=8)
+    ap.add_argument("--out", default="benchmarks/results/constraints.json")
+    args = ap.parse_args(argv)
+    from demo.eval import DEMO_MODEL, eval_items, load_model
+    from demo.run import LAM, TAU, WINDOW
+    from demo.structured import records_automata
+    config, params, tok = load_model(DEMO_MODEL)
+    items = eval_items(DEMO_MODEL, "records", args.items)
+    autos = records_automata(tok, items)
+    settings = dict(window=WINDOW, tau=TAU, lam=LAM)
+    runs = {}
+    for m in METHODS:
+        runs[m] = {"free": run_method(params, config, tok, items, m, None, settings),
+                   "schema": run_method(params, config, tok, items, m, autos, settings)}
+    result = dict(settings=settings, items=len(items), runs=runs, tables=table_sizes(tok))
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"records, {len(items)} held-out prompts, W={WINDOW} tau={TAU} lambda={LAM}, greedy, batch 1")
+    print("| method | output | valid % | exact % | tokens/forward | step ms | wall s |")
+    print("|---|---|---|---|---|---|---|")
+    for m, r in runs.items():
+        for k in ("free", "schema"):
+            x = r[k]
+            print(f"| {m} | {k} | {x['valid_pct']:.0f} | {x['exact_pct']:.0f} | "
+                  f"{x['tokens_per_forward']:.2f} | {x['step_ms']:.1f} | {x['wall_s']:.2f} |")
+    print("\n| vocabulary | build s | states | token classes | table bytes | device bytes per slot |")
+    print("|---|---|---|---|---|---|")
+    for t in result["tables"]:
+        print(f"| {t['vocabulary']} | {t['build_s']:.2f} | {t['states']} | {t['classes']} | "
+              f"{t['table_bytes']:,} | {t['device_bytes_per_slot']:,} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
