@@ -2,13 +2,18 @@
 of the demo model. Greedy results equal the single-process job's, every id written once, with one
 replica's process killed mid-run (its block retried by a new one) and with the driver killed and
 the command rerun (the finished parts kept, not redone); Parquet in and out; bad input refused in
-one line before any replica starts."""
+one line before any replica starts.
+
+Ray's servers listen on every interface of the host whatever the node address, so these tests run
+in a network namespace of their own holding only the loopback device (`unshare --net`, as root):
+the module re-runs itself there, and its tests run only inside it."""
 
 from __future__ import annotations
 
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,6 +31,9 @@ from decode.config import DecodeConfigError  # noqa: E402
 from decode.serving import ray_job  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+INSIDE = "WEDLM_TEST_LOOPBACK_ONLY"      # set in the namespace where the Ray tests run
+inside_only = pytest.mark.skipif(os.environ.get(INSIDE) != "1",
+                                 reason="runs in its own network namespace (the test below)")
 MODEL = os.path.join(ROOT, "demo", "model")
 N = 12
 SMALL = ["--slots", "4", "--window", "4", "--capacity", "64", "--block-size", "2", "--lazy-compile"]
@@ -35,6 +43,17 @@ def prompts():
     words = "one two three four five the cat sat on the mat hello world".split()
     return [{"id": f"r{i}", "prompt": " ".join(words[i % 7: i % 7 + 2 + i % 5]), "max_tokens": 6 + i % 5}
             for i in range(N)]
+
+
+@pytest.mark.skipif(os.environ.get(INSIDE) == "1", reason="already inside")
+def test_ray_tests_pass_in_a_loopback_only_network_namespace():
+    """This module's tests, run by pytest in a fresh network namespace (only `lo`, up)."""
+    script = (f"ip link set lo up && exec {sys.executable} -m pytest -q -p no:cacheprovider "
+              f"-p no:xdist {os.path.abspath(__file__)}")
+    proc = subprocess.run(["unshare", "--net", "sh", "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, env=dict(os.environ, **{INSIDE: "1"}), timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert re.search(r"\b3 passed", proc.stdout) and "failed" not in proc.stdout, proc.stdout[-2000:]
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +115,7 @@ def replica_pids() -> list:
     return found
 
 
+@inside_only
 def test_bad_input_refused_in_one_line_before_any_replica(cluster, files, tmp_path, capsys):
     base = ["--checkpoint", MODEL, "--input", files["jsonl"], "--ray", cluster]
     bad = tmp_path / "bad.jsonl"
@@ -123,6 +143,7 @@ def test_bad_input_refused_in_one_line_before_any_replica(cluster, files, tmp_pa
         ray_job.probe_checkpoint(args, ray_job.Resources.from_args(args))
 
 
+@inside_only
 def test_two_replicas_one_killed_mid_run_equal_the_single_process_job(cluster, files, reference, tmp_path):
     out = tmp_path / "out"
     killed, running = [], []
@@ -150,6 +171,7 @@ def test_two_replicas_one_killed_mid_run_equal_the_single_process_job(cluster, f
     assert again["blocks"] == 0 and again["skipped"] == N
 
 
+@inside_only
 def test_driver_killed_then_rerun_finishes_without_redoing_parts_parquet(cluster, files, reference, tmp_path):
     out = str(tmp_path / "out.parquet")
     argv = ["--checkpoint", MODEL, "--input", files["parquet"], "--output", out, "--ray", cluster,
