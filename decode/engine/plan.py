@@ -111,7 +111,8 @@ def make_plan(model_config: ModelConfig, engine: EngineOptions, placement: Place
         platform=None if mesh is None else device.platform,
         page_size=cache["page_size"], num_pages=cache["num_pages"],
         page_shards=shards if cache["page_size"] else 1,
-        stacked_layers=layouts.layers_stacked(device.platform, grouped == grouped_lib.PALLAS) and stacked_params,
+        stacked_layers=(layouts.layers_stacked(device.platform, grouped == grouped_lib.PALLAS)
+                        and stacked_params),
         quantize=placement.quantize, quantize_group=quantize_group, kv_dtype=placement.kv_dtype,
         grouped_matmul=grouped)
     memory = estimate_memory(static)
@@ -183,8 +184,9 @@ def cache_choice(config: ModelConfig, placement: Placement, spec: StepSpec, engi
             if paged.implementation_for(platform) == paged.RAGGED:
                 paged.check_ragged(config.num_heads, config.num_kv_heads, config.head_dim, dtype,
                                    tensor)
-        elif attn_table.BACKENDS[attention if attention != attn_table.AUTO else attn_backends.resolve(
-                attention, "cache", backend=platform, dtype=dtype)].smem_tile:
+        elif attn_table.BACKENDS[attention if attention != attn_table.AUTO else
+                                 attn_backends.resolve(attention, "cache", backend=platform,
+                                                       dtype=dtype)].smem_tile:
             # the Triton kernel's tile must fit the device's shared memory
             q_rows = max(spec.span, engine.prefill_chunk) * (config.num_heads // config.num_kv_heads)
             kv_tile = ca.pallas_tile(min(kv_tile, rows), q_rows, config.head_dim, dtype.itemsize,

@@ -111,14 +111,28 @@ def penalty_rows(settings) -> jnp.ndarray:
             | (settings.frequency_penalty != 0) | (settings.repetition_penalty != 1))
 
 
+def bias_rows(settings, v: int) -> jnp.ndarray:
+    """[B, V] f32: each row's logit_bias as a dense row. The entries come sorted with the padding
+    (id -1) last, so a loop over as many entries as the longest bias in the batch builds it by
+    comparisons (no scatter: XLA's TPU cost model cannot price one)."""
+    vocab = jnp.arange(v, dtype=jnp.int32)[None, :]
+    ids, vals = jnp.asarray(settings.bias_ids), jnp.asarray(settings.bias_values)
+
+    def add(j, acc):
+        return acc + jnp.where(vocab == ids[:, j, None], vals[:, j, None], 0.0)
+
+    n = jnp.max(jnp.sum(ids >= 0, axis=-1))
+    return jax.lax.fori_loop(0, n, add, jnp.zeros((ids.shape[0], v), jnp.float32))
+
+
 def seen_counts(counts: jnp.ndarray, tok: jnp.ndarray, before: jnp.ndarray) -> jnp.ndarray:
     """[B, S, V] int32: per slot of a forward, how often each token was generated before it:
     the row's committed counts [B, V] plus the window's tokens `tok` [B, W] that slot reads
     (`before` [B, S, W] bool: slot s reads window token w)."""
     v = counts.shape[-1]
-    window = jnp.einsum("bsw,bwv->bsv", before.astype(jnp.int32),
-                        jax.nn.one_hot(tok, v, dtype=jnp.int32))
-    return counts[:, None, :] + window
+    window = jnp.einsum("bsw,bwv->bsv", before.astype(jnp.float32),
+                        jax.nn.one_hot(tok, v, dtype=jnp.float32))        # exact: at most W
+    return counts[:, None, :] + window.astype(jnp.int32)
 
 
 def adjust_logits(logits: jnp.ndarray, settings, seen: jnp.ndarray) -> jnp.ndarray:
@@ -129,10 +143,7 @@ def adjust_logits(logits: jnp.ndarray, settings, seen: jnp.ndarray) -> jnp.ndarr
     - frequency x count - presence x [count > 0]. Every setting off leaves the logits unchanged."""
     x = logits.astype(jnp.float32)
     b, v = x.shape[0], x.shape[-1]
-    ids = jnp.where(settings.bias_ids < 0, v, settings.bias_ids)            # padding: dropped
-    bias = jnp.zeros((b, v), jnp.float32).at[jnp.arange(b)[:, None], ids].add(
-        settings.bias_values, mode="drop")
-    x = x + bias.reshape((b,) + (1,) * (x.ndim - 2) + (v,))
+    x = x + bias_rows(settings, v).reshape((b,) + (1,) * (x.ndim - 2) + (v,))
     r = _per_row(settings.repetition_penalty, x)
     seen_f = seen.astype(jnp.float32)
     x = jnp.where(seen > 0, jnp.where(x > 0, x / r, x * r), x)

@@ -159,9 +159,10 @@ def advance(st: DecodeState, *, layers, tok, filled, n_new, finished, k_emit, wl
 def add_seen(seen, tokens, k):
     """The generated-token counts `seen` [B, V] plus the first k[b] of each row's `tokens` [B, E]
     (the tokens a step emits)."""
-    take = (jnp.arange(tokens.shape[1])[None, :] < k[:, None]).astype(jnp.int32)
-    rows = jnp.broadcast_to(jnp.arange(seen.shape[0])[:, None], tokens.shape)
-    return seen.at[rows, tokens].add(take)
+    vocab = jnp.arange(seen.shape[1], dtype=jnp.int32)[None, :]
+    for e in range(tokens.shape[1]):           # E comparisons fused into one pass (no scatter)
+        seen = seen + ((vocab == tokens[:, e, None]) & (e < k[:, None])).astype(jnp.int32)
+    return seen
 
 
 def reads_before(filled, phys_pos, n, first: int = 0, inclusive: bool = False):
