@@ -27,7 +27,7 @@ httpx = pytest.importorskip("httpx")
 from decode import cli  # noqa: E402
 from decode.config import DecodeConfigError, Sampling  # noqa: E402
 from decode.serving import serve  # noqa: E402
-from decode.serving.batch_job import read_input  # noqa: E402
+from decode.serving.job_input import read_input  # noqa: E402
 from decode.text import load_tokenizer  # noqa: E402
 from tests.tiny_checkpoint import make_checkpoint  # noqa: E402
 

@@ -130,7 +130,7 @@ def test_a_bad_byte_costs_exactly_its_line(tmp_path, tiny):
 
 
 def test_batch_job_names_a_non_utf8_line(tmp_path, tiny):
-    from decode.serving.batch_job import read_input
+    from decode.serving.job_input import read_input
     from decode.config import Sampling
     from decode.text import load_tokenizer
     tok = load_tokenizer(tiny[0])

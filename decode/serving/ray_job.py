@@ -202,7 +202,7 @@ def _parquet_rows(name: str, data: bytes):
 def make_blocks(items: list, done: set, block_size: int) -> list[dict]:
     """The rows Ray Data hands out: {block: part name, items: pickled [(file, Item)]} of the items
     whose ids are not in `done`, in input order, named by their first item's position."""
-    from decode.serving.batch_job import id_key
+    from decode.serving.job_input import id_key
     from decode.serving.ray_output import PART
     todo = [(pos, f, it) for pos, (f, it) in enumerate(items) if id_key(it.id) not in done]
     return [dict(block=f"{PART}{chunk[0][0]:09d}",
@@ -216,7 +216,7 @@ def run_ray_job(args) -> dict:
     """The `--input ... --ray` path of wedlm-decode: returns the job's counts (requests, tokens,
     errors, blocks, wall_s, tokens_per_s, driver_s_per_block, skipped)."""
     from decode.checkpoint import OpenCheckpoint
-    from decode.serving.batch_job import check_records, id_key
+    from decode.serving.job_input import check_records, id_key
     from decode.serving.ray_output import PartFolder
     from decode.text import split_stop_strings
 

@@ -76,7 +76,7 @@ class PartFolder:
 
     def done_ids(self) -> set:
         """The id keys in the finished parts (each part is whole: written beside and renamed)."""
-        from decode.serving.batch_job import id_key
+        from decode.serving.job_input import id_key
         done = set()
         for path in self.parts():
             try:

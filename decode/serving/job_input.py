@@ -1,0 +1,156 @@
+"""The batch job's input lines: each JSON line read and checked (fields, settings, prompt, a
+constraint compiled) into an Item before any checkpoint loads; a bad line named FILE:LINE and its
+field. Used by the single-process job (decode.serving.batch_job) and the Ray job's driver
+(decode.serving.ray_job)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+from decode.config import DecodeConfigError, Sampling
+
+SETTINGS = tuple(k for k in Sampling.options() if k != "stop_token_ids")   # a line's own settings
+CONSTRAINT_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex",
+                     "guided_choice")      # decode.constraints.spec.from_fields reads them
+FIELDS = ("id", "prompt", "messages", "max_tokens", "stop") + SETTINGS + CONSTRAINT_FIELDS
+
+
+@dataclasses.dataclass
+class Item:
+    """One validated input line."""
+    id: object
+    line: int
+    prompt_ids: list
+    sampling: Sampling      # the command line's, overridden by the line's; stop ids: the
+                            # default stops + single-token stop strings (the device stops there)
+    stop_strings: tuple     # every stop string of the line (checked on the host, text cut before it)
+    automaton: object = None  # the line's constraint, compiled (decode.constraints.automaton)
+
+
+# ----------------------------------------------------------------------------------- input
+
+def id_key(value) -> str:
+    return json.dumps(value)
+
+
+def read_input(path: str, tokenizer, defaults: Sampling, base_stop_ids: list, base_stop_strings: list,
+               chat: bool, capacity: int | None, vocab_size: int | None = None) -> list[Item]:
+    """Parse and validate every line; raises DecodeConfigError naming `path:line` and the field."""
+    from decode.text import json_lines
+    if not os.path.isfile(path):
+        raise DecodeConfigError(f"--input {path}: no such file")
+    items = check_records(((path, n, obj) for n, obj in json_lines(path)), tokenizer, defaults,
+                          base_stop_ids, base_stop_strings, chat, capacity, vocab_size)
+    if not items:
+        raise DecodeConfigError(f"--input {path}: no prompts (every line is blank)")
+    return items
+
+
+def check_records(records, tokenizer, defaults: Sampling, base_stop_ids: list, base_stop_strings: list,
+                  chat: bool, capacity: int | None, vocab_size: int | None = None) -> list[Item]:
+    """Validate (file, line, object) records, in order: the Items, or a DecodeConfigError naming
+    `file:line` and the field. An id may appear once across all the files."""
+    from decode.text import split_stop_strings
+    items, seen = [], {}
+    for name, lineno, obj in records:
+        where = f"{name}:{lineno}"
+        if not isinstance(obj, dict):
+            raise DecodeConfigError(f"{where}: expected a JSON object with 'prompt' or 'messages', "
+                                    f"got {type(obj).__name__}")
+        unknown = sorted(set(obj) - set(FIELDS))
+        if unknown:
+            raise DecodeConfigError(f"{where}: field {unknown[0]!r} is unknown; allowed: {', '.join(FIELDS)}")
+        rid = obj.get("id", lineno)
+        if isinstance(rid, bool) or not isinstance(rid, (str, int)):
+            raise DecodeConfigError(f"{where}: field 'id' must be a string or an int, got {rid!r}")
+        if id_key(rid) in seen:
+            first = seen[id_key(rid)]
+            raise DecodeConfigError(f"{where}: field 'id' {rid!r} repeats "
+                                    + (f"line {first[1]}" if first[0] == name else f"{first[0]}:{first[1]}"))
+        seen[id_key(rid)] = (name, lineno)
+        ids = _prompt_ids(obj, tokenizer, chat, where)
+        if vocab_size is not None and max(ids) >= vocab_size:
+            raise DecodeConfigError(f"{where}: field 'prompt' has token id {max(ids)} outside the "
+                                    f"vocabulary [0, {vocab_size})")
+        if "max_tokens" in obj and "max_new_tokens" in obj:
+            raise DecodeConfigError(f"{where}: give one of 'max_tokens' and 'max_new_tokens', not both")
+        given = {k: obj[k] for k in SETTINGS if k in obj}
+        if "max_tokens" in obj:
+            given["max_new_tokens"] = obj["max_tokens"]
+        stops = obj.get("stop", [])
+        if isinstance(stops, str):
+            stops = [stops]
+        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+            raise DecodeConfigError(f"{where}: field 'stop' must be a non-empty string or a list of them, "
+                                    f"got {obj.get('stop')!r}")
+        try:
+            one_token, _ = split_stop_strings(tokenizer, stops)
+        except DecodeConfigError as e:
+            raise DecodeConfigError(f"{where}: field 'stop': {e}") from None
+        try:
+            sampling = defaults.replace(**given, stop_token_ids=tuple(dict.fromkeys(
+                list(base_stop_ids) + one_token)))
+        except DecodeConfigError as e:
+            field = {"max_new_tokens": "max_tokens" if "max_tokens" in obj else "max_new_tokens",
+                     "stop_token_ids": "stop"}.get(e.field, e.field)
+            raise DecodeConfigError(f"{where}: field {field!r}: {e}") from None
+        if capacity is not None and len(ids) > capacity:
+            raise DecodeConfigError(f"{where}: field 'prompt' has {len(ids)} tokens, longer than the "
+                                    f"capacity {capacity}")
+        items.append(Item(id=rid, line=lineno, prompt_ids=ids, sampling=sampling,
+                          stop_strings=tuple(dict.fromkeys(list(base_stop_strings) + stops)),
+                          automaton=_automaton(obj, tokenizer, where)))
+    return items
+
+
+def _automaton(obj: dict, tokenizer, where: str):
+    """The line's constraint compiled for the tokenizer (None: none); errors name the field."""
+    from decode.constraints.automaton import for_tokenizer
+    from decode.constraints.spec import from_fields
+    try:
+        constraint = from_fields(obj)
+        return None if constraint is None else for_tokenizer(constraint, tokenizer)
+    except DecodeConfigError as e:        # its message names the field
+        raise DecodeConfigError(f"{where}: {e}", e.field) from None
+
+
+def _prompt_ids(obj: dict, tokenizer, chat: bool, where: str) -> list:
+    if ("prompt" in obj) == ("messages" in obj):
+        raise DecodeConfigError(f"{where}: give exactly one of the fields 'prompt' and 'messages'")
+    if "messages" in obj:
+        msgs = obj["messages"]
+        if (not isinstance(msgs, list) or not msgs
+                or not all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                           and isinstance(m.get("content"), str) for m in msgs)):
+            raise DecodeConfigError(f"{where}: field 'messages' must be a non-empty list of "
+                                    "{'role': str, 'content': str} objects")
+        ids = _encode(tokenizer, _render(tokenizer, msgs, where, "messages"), where, "messages")
+    else:
+        p = obj["prompt"]
+        if isinstance(p, str):
+            text = _render(tokenizer, [{"role": "user", "content": p}], where, "prompt") if chat else p
+            ids = _encode(tokenizer, text, where, "prompt")
+        elif isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in p):
+            ids = list(p)
+        else:
+            raise DecodeConfigError(f"{where}: field 'prompt' must be a string or a list of token ids, got {p!r}")
+    if not ids:
+        raise DecodeConfigError(f"{where}: field {'messages' if 'messages' in obj else 'prompt'!r} "
+                                "encodes to no tokens")
+    return ids
+
+
+def _encode(tokenizer, text: str, where: str, field: str) -> list:
+    try:
+        return tokenizer.encode(text)
+    except ValueError as e:      # wedlm_jax.tokenizer.TextError: not valid Unicode
+        raise DecodeConfigError(f"{where}: field {field!r}: {e}") from None
+
+
+def _render(tokenizer, messages, where, field) -> str:
+    try:
+        return tokenizer.apply_chat_template(messages)
+    except ValueError as e:   # no template, or it fails on these messages (ChatTemplateError)
+        raise DecodeConfigError(f"{where}: field {field!r}: {e}") from None
