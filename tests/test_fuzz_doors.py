@@ -14,8 +14,6 @@ import collections
 import json
 import logging
 import random
-import socket
-import threading
 import time
 
 import pytest
@@ -29,6 +27,7 @@ from decode.config import DecodeConfigError, Sampling  # noqa: E402
 from decode.serving import serve  # noqa: E402
 from decode.serving.job_input import read_input  # noqa: E402
 from decode.text import load_tokenizer  # noqa: E402
+from tests.live_server import serve_in_thread, tiny_engine  # noqa: E402
 from tests.tiny_checkpoint import make_checkpoint  # noqa: E402
 
 FUZZ_SERVER, FUZZ_LINES = 2000, 3000
@@ -119,24 +118,9 @@ def problems():
 
 def start_server(path):
     """(url, uvicorn server, thread, socket, engine): the real app on 127.0.0.1, in a thread."""
-    from decode.serving.batching import Batcher
-    args = serve._parser().parse_args(["--checkpoint", path, "--slots", "4", "--window", "4",
-                                       "--capacity", str(CAPACITY), "--max-queue", "16",
-                                       "--no-default-stops", "--model-name", "tiny",
-                                       "--max-body-bytes", "65536"])
-    decoder, tokenizer, cfg = serve.load_decoder(args)
-    batcher = Batcher(decoder)
-    serve.warm_up(batcher, CAPACITY, every_bucket=False)
-    engine = serve.Engine(batcher, max_pending=20, scorer=serve.scorer_for(decoder)).start()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    srv = uvicorn.Server(uvicorn.Config(serve.build_app(engine, tokenizer, cfg), log_level="error"))
-    thread = threading.Thread(target=srv.run, kwargs=dict(sockets=[sock]), daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not srv.started and time.time() < deadline:
-        time.sleep(0.02)
-    return f"http://127.0.0.1:{sock.getsockname()[1]}", srv, thread, sock, engine
+    engine, _, tokenizer, cfg = tiny_engine(path, CAPACITY)
+    url, srv, thread, sock = serve_in_thread(serve.build_app(engine, tokenizer, cfg), log_level="error")
+    return url, srv, thread, sock, engine
 
 
 def test_server_bodies_fuzz(ckpt, problems):

@@ -27,7 +27,7 @@ from decode.config import DecodeConfig  # noqa: E402
 from decode.serving.scoring import score  # noqa: E402
 from decode.static.static_batch import generate  # noqa: E402
 from decode.text import stop_at_strings  # noqa: E402
-from tests.test_serve import start_subprocess_server  # noqa: E402
+from tests.live_server import start_subprocess_server  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASKS = os.path.join(ROOT, "tests", "lm_eval_tasks")

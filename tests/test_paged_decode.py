@@ -172,7 +172,7 @@ def test_server_with_pages_reports_cached_tokens(tmp_path):
     httpx = pytest.importorskip("httpx")
     pytest.importorskip("fastapi")
     from decode.serving import serve
-    from tests.test_serve import serve_in_thread
+    from tests.live_server import serve_in_thread
     from tests.tiny_checkpoint import make_checkpoint
     path, _, _ = make_checkpoint(tmp_path)
     args = serve._parser().parse_args(["--checkpoint", path, "--slots", "2", "--window", "4",

@@ -10,8 +10,6 @@ import os
 import random
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -27,6 +25,7 @@ from decode.serving import serve  # noqa: E402
 from decode.config import DecodeConfig  # noqa: E402
 from decode.static.static_batch import generate  # noqa: E402
 from decode.text import load_tokenizer  # noqa: E402
+from tests.live_server import serve_in_thread, start_subprocess_server  # noqa: E402,F401
 from tests.tiny_checkpoint import make_checkpoint  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -72,45 +71,6 @@ class Gate:
     @property
     def num_waiting(self):
         return self.inner.num_waiting
-
-
-def serve_in_thread(app, log_level="warning"):
-    """(url, uvicorn server, thread, socket): `app` served on 127.0.0.1 from a thread, started."""
-    import uvicorn
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    srv = uvicorn.Server(uvicorn.Config(app, log_level=log_level))
-    thread = threading.Thread(target=srv.run, kwargs=dict(sockets=[sock]), daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not srv.started and time.time() < deadline:
-        time.sleep(0.02)
-    assert srv.started
-    return f"http://127.0.0.1:{sock.getsockname()[1]}", srv, thread, sock
-
-
-def start_subprocess_server(path, *args, env=None):
-    """(process, url): `python -m decode.serving.serve` on a free port, answering /health."""
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "decode.serving.serve", "--checkpoint", path,
-                             "--port", str(port), *args],
-                            cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu", **(env or {})),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            time.sleep(0.2)
-    return proc, url
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

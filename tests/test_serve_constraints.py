@@ -15,7 +15,7 @@ openai = pytest.importorskip("openai")
 
 from decode.serving import serve  # noqa: E402
 from demo.eval import DEMO_MODEL, eval_items  # noqa: E402
-from tests.test_serve import serve_in_thread  # noqa: E402  (the app on 127.0.0.1 in a thread)
+from tests.live_server import serve_in_thread  # noqa: E402  (the app on 127.0.0.1 in a thread)
 
 TYPES = {"name": "string", "city": "string", "color": "string", "age": "integer",
          "id": "integer", "score": "integer"}

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E
 from decode.serving import serve  # noqa: E402
 from decode.config import Sampling  # noqa: E402
 from decode.text import load_tokenizer  # noqa: E402
-from tests.test_serve import serve_in_thread  # noqa: E402
+from tests.live_server import serve_in_thread, tiny_engine  # noqa: E402
 from tests.tiny_checkpoint import make_checkpoint  # noqa: E402
 
 CAPACITY = 256
@@ -82,16 +82,7 @@ def _tokenizer(path):
 
 @pytest.fixture(scope="module")
 def live(ckpt):
-    from decode.serving.batching import Batcher
-    path = ckpt[0]
-    args = serve._parser().parse_args(["--checkpoint", path, "--slots", "4", "--window", "4",
-                                       "--capacity", str(CAPACITY), "--max-queue", "16",
-                                       "--no-default-stops", "--model-name", "tiny",
-                                       "--max-body-bytes", "65536"])
-    decoder, tokenizer, cfg = serve.load_decoder(args)
-    batcher = Batcher(decoder)
-    serve.warm_up(batcher, CAPACITY, every_bucket=False)
-    engine = serve.Engine(batcher, max_pending=4 + 16, scorer=serve.scorer_for(decoder)).start()
+    engine, batcher, tokenizer, cfg = tiny_engine(ckpt[0], CAPACITY)
     app = serve.build_app(engine, tokenizer, cfg)
     url, srv, thread, sock = serve_in_thread(app, log_level="error")
     with httpx.Client(base_url=url, timeout=60) as client:

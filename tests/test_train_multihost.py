@@ -5,16 +5,15 @@ both processes contribute to, and exports the final params (gathered to process 
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
 
 from train import checkpoint as ckpt
+from tests.processes import wait_all
 from tests.synthetic import train_data as fixtures
 from train import main as main_lib
 from train.config import load_config
@@ -48,15 +47,7 @@ def test_two_processes_match_one(tmp_path):
              f"checkpoint.export_hf={tmp_path / 'hf'}",
              "--coordinator-address", f"127.0.0.1:{port}", "--num-processes", "2",
              "--process-id", str(pid)], env=env, stdout=log, stderr=subprocess.STDOUT))
-    deadline = time.time() + 400
-    try:
-        while time.time() < deadline and any(p.poll() is None for p in procs):
-            time.sleep(0.5)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.kill(p.pid, signal.SIGKILL)
-                p.wait(timeout=30)
+    wait_all(procs, 400)
     logs = [open(tmp_path / f"proc{i}.log").read() for i in range(2)]
     assert [p.returncode for p in procs] == [0, 0], "\n\n".join(l[-3000:] for l in logs)
 

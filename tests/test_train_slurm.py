@@ -7,15 +7,14 @@ step fits."""
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
 
 import numpy as np
 
 from tests import xla
+from tests.processes import wait_all
 from tests.synthetic import train_data as fixtures
 from tests.synthetic.train_data import compilation_cache_dir
 from train import main as main_lib
@@ -67,15 +66,7 @@ def test_two_slurm_tasks_match_one_process(tmp_path):
             ["bash", os.path.join(LAUNCH, "slurm_task.sh"), f"checkpoint.dir={ck}"], cwd=ROOT,
             env=dict(env, SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank)), stdout=log,
             stderr=subprocess.STDOUT))
-    deadline = time.time() + 300
-    try:
-        while time.time() < deadline and any(p.poll() is None for p in procs):
-            time.sleep(0.5)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.kill(p.pid, signal.SIGKILL)
-                p.wait(timeout=30)
+    wait_all(procs, 300)
     logs = [open(tmp_path / f"task{i}.log").read() for i in range(2)]
     assert [p.returncode for p in procs] == [0, 0], "\n\n".join(log[-3000:] for log in logs)
     multi = [json.loads(line) for line in open(os.path.join(ck, "metrics.jsonl"))]
