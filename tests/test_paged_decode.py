@@ -396,3 +396,19 @@ def test_the_servers_warm_up_compiles_every_live_slot_bucket(params):
     b.submit(Request(prompt=tuple(range(1, 61)) + tuple(range(1, 11)), max_new_tokens=8))
     b.run_until_idle()
     assert compiled_count() == before
+
+
+def test_choices_of_one_prompt_submitted_together_share_its_full_pages(params):
+    """A request's n choices (the server submits them together, each its own seed) map the
+    prompt's full pages the first choice prefilled: each later one computes only the last,
+    partial page."""
+    dec = _decoder(params, "streaming", "before", page_size=PAGE)
+    b, out = Batcher(dec), {}
+    prompt = tuple(range(1, 1 + 3 * PAGE + 5))            # 3 full pages and 5 rows
+    for i in range(3):
+        b.submit(Request(prompt=prompt, max_new_tokens=6, tau=1.0, seed=i),
+                 on_finish=lambda f, i=i: out.__setitem__(i, f))
+    while b.num_active or b.num_waiting:
+        b.step()
+    assert [out[i].cached_tokens for i in range(3)] == [0, 3 * PAGE, 3 * PAGE]
+    b.pool.check()
