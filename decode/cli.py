@@ -21,6 +21,7 @@ import argparse
 import json
 import sys
 
+from decode.options import HelpFormatter
 from decode.config import (DecodeConfigError, DoorOptions, EngineOptions, Placement,
                            add_decoding_arguments)
 from decode.checkpoint import OpenCheckpoint
@@ -31,9 +32,15 @@ from wedlm_jax import compile_cache, distributed
 from decode.serving import ray_job      # its arguments only: ray is imported when --ray runs
 
 
+EPILOG = """a constrained prompt: --json-schema row.json | --json-object | --regex RE | --choice A --choice B
+a constrained line of an --input file (the server's fields: response_format, structured_outputs,
+guided_json / guided_regex / guided_choice):
+  {"id": 7, "prompt": "Table:\\n...JSON lines:\\n", "guided_json": {"type": "object", ...}}"""
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="wedlm-decode", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=HelpFormatter, epilog=EPILOG)
     p.add_argument("--checkpoint", required=True, help="Orbax or Hugging Face checkpoint folder")
     src = p.add_mutually_exclusive_group()   # one is required, except with --dry-run
     src.add_argument("--prompt", help="one text prompt")

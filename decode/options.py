@@ -17,6 +17,7 @@ device reads it (decode/engine/sampling.py).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import numbers
 from typing import Callable
@@ -164,6 +165,10 @@ def device_fields(cls) -> list:
         for d in f.metadata.get("device", ()):
             out.append((f.name, f.default, d))
     return out
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """The doors' --help: defaults shown, the epilog's lines kept as written."""
 
 
 def add_option_arguments(group, cls, names, *, flags=None, defaults=None, notes=None) -> None:

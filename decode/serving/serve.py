@@ -47,6 +47,7 @@ import threading
 import time
 
 from decode.serving.app import ServerConfig, build_app  # noqa: F401 (the app; re-exported)
+from decode.options import HelpFormatter
 from decode.config import (MAX_LOGPROBS, MAX_STOP_IDS, DecodeConfigError, DoorOptions, Placement,
                            add_decoding_arguments, check_int)
 from decode.serving.worker import Busy, Engine  # noqa: F401 (the engine thread; re-exported)
@@ -61,9 +62,17 @@ log = logging.getLogger("wedlm-serve")
 
 # ----------------------------------------------------------------------------------- main
 
+EPILOG = """structured output (the openai client; also on /v1/completions through extra_body):
+  client.chat.completions.create(model="m", messages=[...], response_format={"type":
+      "json_schema", "json_schema": {"name": "row", "schema": {"type": "object", ...}}})
+  vLLM's fields too: "structured_outputs": {"json" | "regex" | "choice": ...}, guided_json,
+  guided_regex, guided_choice; a bad schema or regex is a 400 naming the field.
+metrics: GET /metrics (Prometheus; behind --api-key unless --metrics-public)."""
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="wedlm-serve", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=HelpFormatter, epilog=EPILOG)
     p.add_argument("--checkpoint", required=True, help="Orbax or Hugging Face checkpoint folder")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port to listen on (default 8000)")
