@@ -32,13 +32,15 @@ def measure(config, dev, chip, method: str, page_size: int | None, layout: str,
             slots: int = 8) -> dict:
     from benchmarks.step_bytes import kernel_not_counted
     from decode.compile import aot
+    from decode.config import EngineOptions, Placement
     from wedlm_jax.compiled import figures
     t0 = time.time()
     dec, compiled = aot.generate_program(
-        config, [dev], method=method, window=window, refill=refill, slots=slots, capacity=4096,
-        dtype="bfloat16", scan_unroll=config.num_layers, page_size=page_size,
-        weight_layout="compiler" if layout == "auto" else "default",
-        compiler_options=compiler_options)
+        config, [dev], EngineOptions(method=method, window=window, refill=refill, slots=slots,
+                                     capacity=4096),
+        Placement(dtype="bfloat16", attention="tiled", page_size=page_size or 0,
+                  weight_layout="compiler" if layout == "auto" else "default"),
+        scan_unroll=config.num_layers, compiler_options=compiler_options)
     cost = figures(compiled).get("cost") or {}
     live = 2048
     extra = (kernel_not_counted(slots, dec.static.span, config, live, "bfloat16") if page_size

@@ -115,16 +115,19 @@ def decode_row(config, t: Target, prog: dict, capacity: int, live: int,
     or, with `page_size`, the paged cache on one chip (its attention resolved for the target:
     jax's ragged paged attention kernel on TPU)."""
     from decode.compile import aot
+    from decode.config import EngineOptions, Placement
     tensor = t.chips if config.num_kv_heads % t.chips == 0 and not page_size else 1
     mesh = (1, 1, tensor) if t.chips > 1 and tensor > 1 else None
     from wedlm_jax.attention import backends as attention_backends
     platform = t.devices[0].platform
     attention = "tiled" if platform == "tpu" else "auto"     # GPU: the Pallas (Triton) kernel
-    settings = dict(prog, capacity=capacity, dtype="bfloat16", attention=attention, kv_tile=256,
-                    mesh_shape=mesh, page_size=page_size, quantize=quantize,
-                    quantize_group=quantize_group)
+    engine = EngineOptions(**prog, capacity=capacity)
+    placement = Placement(dtype="bfloat16", attention=attention, kv_tile=256,
+                          mesh=mesh or (1, 1, 1), page_size=page_size or 0, quantize=quantize,
+                          quantize_group=quantize_group)
     devices = list(t.devices[:tensor]) if mesh else [t.devices[0]]
-    full = _verdict_or_raise(aot.compile_generate, config, devices, live_rows=live, **settings)
+    full = _verdict_or_raise(aot.compile_generate, config, devices, engine, placement,
+                             live_rows=live)
     row = dict(prog, kind="decode", chips_used=len(devices), capacity=capacity, live_rows=live,
                quantize=quantize, quantize_group=quantize_group,
                cache=f"paged {page_size}" if page_size else "dense",
@@ -132,8 +135,8 @@ def decode_row(config, t: Target, prog: dict, capacity: int, live: int,
                                                     dtype="bfloat16"))
     if "oom" in full:
         return dict(row, fits=False, oom=full["oom"])
-    cost = (hlo_cost(config, devices, settings, prog, live) if platform == "gpu"
-            else libtpu_cost(config, devices, settings, prog, live, row["attention"], mesh))
+    cost = (hlo_cost(config, devices, engine, placement, live) if platform == "gpu"
+            else libtpu_cost(config, devices, engine, placement, live, row["attention"]))
     step = roofline(cost, t)
     floor = full["floor"]["total"]
     return dict(row, memory=full["memory"], fits=full["memory"]["total"] <= t.hbm, cost=cost,
@@ -143,52 +146,50 @@ def decode_row(config, t: Target, prog: dict, capacity: int, live: int,
                 floor_s=floor / t.bandwidth, roofline_s=step)
 
 
-def libtpu_cost(config, devices, settings: dict, prog: dict, live: int, attention: str,
-                mesh) -> dict:
+def libtpu_cost(config, devices, engine, placement, live: int, attention: str) -> dict:
     """A decode step's cost from libtpu's cost analysis of the whole-depth program, plus what it
     does not count: the live K/V tiles past the first of the tiled XLA attention (a loop of
     runtime trip count), or the ragged kernel's pages, queries and output (a custom call), and
     the grouped matmul kernel's values, scales, inputs and outputs and its matmuls' flops
     (Mosaic calls)."""
     from decode.compile import aot
-    cost = aot.unrolled_cost(aot.compile_generate, config, devices, **settings)
+    cost = aot.unrolled_cost(aot.compile_generate, config, devices, engine, placement)
     if not cost:
         return cost
-    if not settings.get("page_size") and attention == "tiled":
-        tensor_used = mesh[2] if mesh else 1
-        cost["kv_not_counted"] = aot.kv_not_counted(prog["slots"], config, live,
-                                                    settings["kv_tile"], "bfloat16", tensor_used)
+    span = 1 if engine.method == "ar" else (2 if engine.refill == "before" else 1) * engine.window
+    if not placement.page_size and attention == "tiled":
+        cost["kv_not_counted"] = aot.kv_not_counted(engine.slots, config, live,
+                                                    placement.kv_tile, "bfloat16",
+                                                    placement.mesh[2])
     else:
-        span = 1 if prog["method"] == "ar" else (2 if prog["refill"] == "before" else 1) * prog["window"]
-        cost["kv_not_counted"] = kernel_not_counted(prog["slots"], span, config, live, "bfloat16")
+        cost["kv_not_counted"] = kernel_not_counted(engine.slots, span, config, live, "bfloat16")
     cost["bytes accessed"] += cost["kv_not_counted"]
     from wedlm_jax.quantize import resolve_group
-    group = resolve_group(settings.get("quantize", "none"), settings.get("quantize_group"))
+    group = resolve_group(placement.quantize, placement.quantize_group)
     if group and len(devices) == 1:                 # read by the Mosaic grouped matmul kernel
-        rows = prog["slots"] * (1 if prog["method"] == "ar" else
-                                (2 if prog["refill"] == "before" else 1) * prog["window"])
-        bits = 4 if settings["quantize"] == "int4" else 8
+        rows = engine.slots * span
+        bits = 4 if placement.quantize == "int4" else 8
         cost["grouped_not_counted"] = grouped_kernel_bytes(config, rows, group, bits,
-                                                           settings["dtype"])
+                                                           placement.dtype)
         cost["bytes accessed"] += cost["grouped_not_counted"]
         cost["grouped_flops_not_counted"] = grouped_kernel_bytes(config, rows, group, bits,
-                                                                 settings["dtype"], flops=True)
+                                                                 placement.dtype, flops=True)
         cost["flops"] += cost["grouped_flops_not_counted"]
     return cost
 
 
-def hlo_cost(config, devices, settings: dict, prog: dict, live: int = 2048) -> dict:
+def hlo_cost(config, devices, engine, placement, live: int = 2048) -> dict:
     """A decode step's cost where the compiler gives none (XLA:GPU): the whole-depth program's
     HBM traffic estimated from its instructions (`benchmarks.step_bytes.hbm_traffic`: operands and
     results of every top-level instruction, in-place updates as their update) plus the attention
     kernels' live K/V, queries and output (`benchmarks.step_bytes.kernel_not_counted`: their
     custom calls name whole buffers); flops analytic (2 x weights x rows, the matmuls). {"from": "hlo", ...}."""
     from decode.compile import aot
-    dec, compiled = aot.generate_program(config, devices, scan_unroll=config.num_layers, **settings)
-    st = dec.static
-    span = 1 if prog["method"] == "ar" else st.span
-    kernel = kernel_not_counted(prog["slots"], span, config, live, settings["dtype"])
-    rows = prog["slots"] * span
+    dec, compiled = aot.generate_program(config, devices, engine, placement,
+                                         scan_unroll=config.num_layers)
+    span = 1 if engine.method == "ar" else dec.static.span
+    kernel = kernel_not_counted(engine.slots, span, config, live, placement.dtype)
+    rows = engine.slots * span
     return {"bytes accessed": hbm_traffic(compiled.as_text()) + kernel, "kv_not_counted": kernel,
             "flops": 2.0 * config.num_params() * rows, "from": "hlo"}
 
@@ -198,12 +199,15 @@ def prefill_row(config, t: Target, prompt_len: int) -> dict:
     tensor = t.chips if config.num_kv_heads % t.chips == 0 else 1
     mesh = (1, 1, tensor) if t.chips > 1 and tensor > 1 else None
     devices = list(t.devices[:tensor]) if mesh else [t.devices[0]]
-    kw = dict(prompt_len=prompt_len, dtype="bfloat16", slots=1, mesh_shape=mesh)
-    full = _verdict_or_raise(aot.compile_prefill, config, devices, **kw)
+    from decode.config import Placement
+    placement = Placement(dtype="bfloat16", attention="tiled", page_size=0,
+                          mesh=mesh or (1, 1, 1))
+    kw = dict(prompt_len=prompt_len)
+    full = _verdict_or_raise(aot.compile_prefill, config, devices, None, placement, **kw)
     row = dict(kind="prefill", prompt_len=prompt_len, chips_used=len(devices))
     if "oom" in full:
         return dict(row, fits=False, oom=full["oom"])
-    cost = aot.unrolled_cost(aot.compile_prefill, config, devices, **kw)
+    cost = aot.unrolled_cost(aot.compile_prefill, config, devices, None, placement, **kw)
     step = roofline(cost, t)
     return dict(row, memory=full["memory"], fits=full["memory"]["total"] <= t.hbm, cost=cost,
                 roofline_s=step, tokens_per_s=prompt_len / step if step else None)

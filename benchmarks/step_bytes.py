@@ -255,16 +255,18 @@ def main(argv=None) -> int:
                     "Decoder's choice for the target, the Triton kernel on GPU)")
     args = ap.parse_args(argv)
     from decode.compile import aot
+    from decode.config import EngineOptions, Placement
     from wedlm_jax.compiled import figures
     from wedlm_jax.checkpoints import read_config
     config = read_config(ROOT_ARCH).replace(num_layers=args.layers)
     devs = aot.describe_target(args.topology)[0][:args.tensor]     # a TPU topology, or h100
     dec, compiled = aot.generate_program(
-        config, devs, method=args.method, window=args.window, refill=args.refill,
-        slots=args.slots, capacity=4096, dtype="bfloat16", scan_unroll=args.layers,
-        page_size=args.page_size, weight_layout=args.weight_layout, attention=args.attention,
-        quantize=args.quantize, quantize_group=args.quantize_group,
-        mesh_shape=(1, 1, args.tensor) if args.tensor > 1 else None)
+        config, devs, EngineOptions(method=args.method, window=args.window, refill=args.refill,
+                                    slots=args.slots, capacity=4096),
+        Placement(dtype="bfloat16", page_size=args.page_size or 0,
+                  weight_layout=args.weight_layout, attention=args.attention,
+                  quantize=args.quantize, quantize_group=args.quantize_group,
+                  mesh=(1, 1, args.tensor)), scan_unroll=args.layers)
     cost = figures(compiled).get("cost") or {}
     floor = aot.step_floor(dec.static, 2048, args.tensor)
     rows = instruction_bytes(compiled.as_text())

@@ -186,7 +186,7 @@ def run(args) -> dict:
                                tokenizer=tokenizer)
     prompts = read["prompts"]
     stop_ids, cut_strings = read["stops"]
-    config, params, mesh = ckpt.load()
+    config, params, _ = ckpt.load()
     stop_ids = list(dict.fromkeys(list(ckpt.default_stop_ids) + stop_ids + list(args.stop_id)))
     dc = base.replace(stop_token_ids=tuple(stop_ids))
 
@@ -207,7 +207,7 @@ def run(args) -> dict:
 
     res = generate(params, config, [ids for _, ids in prompts], dc, capacity=args.capacity,
                    mask_token_id=ckpt.mask_token_id, on_commit=on_commit,
-                   allow_long=args.allow_long, mesh=mesh, placement=placement,
+                   allow_long=args.allow_long, placement=placement,
                    automata=([read["automaton"]] * len(prompts) if "automaton" in read else None))
     if args.stream:
         sys.stderr.write("\n")

@@ -51,6 +51,7 @@ SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idlelib", "turt
 DEFAULT_MIX = {"counting": 0.40, "arith": 0.24, "lists": 0.12, "records": 0.16, "code": 0.08}
 GENERATED = ("counting", "arith", "lists", "records")
 EVAL_KINDS = ("counting", "arith", "lists", "records", "code")
+EVAL_SIZES = {"counting": 64, "arith": 64, "lists": 32, "records": 32, "code": 48}  # per kind
 
 
 class DemoDataError(ValueError):
@@ -216,10 +217,10 @@ def tokenizer_sample(train: list[dict], mb: float):
 
 def build(out: str, *, stdlib: str | None = None, force: bool = False, vocab_size: int = 512,
           heldout_percent: float = 5.0, train_mb: float = 12.0, mix: dict | None = None,
-          eval_count: int = 64, eval_arith: int = 64, eval_lists: int = 32, eval_records: int = 32,
-          eval_code: int = 48, seed: int = 0, workers: int = 1, tokenizer_mb: float = 12.0,
-          log=print) -> dict:
-    """Build the whole data folder (see the module docstring); returns the stats dict."""
+          eval_sizes: dict | None = None, seed: int = 0, workers: int = 1,
+          tokenizer_mb: float = 12.0, log=print) -> dict:
+    """Build the whole data folder (see the module docstring); returns the stats dict.
+    `eval_sizes`: held-out items per kind (EVAL_KINDS), over EVAL_SIZES."""
     t_start = time.perf_counter()
     out = os.path.abspath(out)
     mix = parse_mix(None) if mix is None else dict(mix)
@@ -227,8 +228,12 @@ def build(out: str, *, stdlib: str | None = None, force: bool = False, vocab_siz
     root = stdlib or stdlib_dir()
     want = {k: train_mb * 1e6 * mix.get(k, 0.0) for k in DEFAULT_MIX}
     train_files, held_files = split_code(root, heldout_percent, want["code"], log)
-    evals = tasks.heldout_items(HELDOUT_SEED, eval_count, eval_arith, eval_lists, eval_records)
-    evals += code_prompts(held_files, eval_code, seed)
+    n = dict(EVAL_SIZES, **(eval_sizes or {}))
+    if set(n) - set(EVAL_KINDS):
+        raise DemoDataError(f"eval_sizes: unknown kinds {sorted(set(n) - set(EVAL_KINDS))}; "
+                            f"allowed: {', '.join(EVAL_KINDS)}")
+    evals = tasks.heldout_items(HELDOUT_SEED, n["counting"], n["arith"], n["lists"], n["records"])
+    evals += code_prompts(held_files, n["code"], seed)
     skip = {e["prompt"] for e in evals}
     skip_headers = {e["prompt"].split("\n", 1)[0] for e in evals if e["kind"] == "counting"}
     train = [{"text": t, "kind": "code"} for _, t in train_files]
@@ -358,11 +363,9 @@ def main(argv=None) -> int:
     p.add_argument("--train-mb", type=float, default=12.0, help="training characters, in millions")
     p.add_argument("--mix", default=None,
                    help="shares, e.g. " + ",".join(f"{k}={v}" for k, v in DEFAULT_MIX.items()))
-    p.add_argument("--eval-count", type=int, default=64)
-    p.add_argument("--eval-arith", type=int, default=64)
-    p.add_argument("--eval-lists", type=int, default=32)
-    p.add_argument("--eval-records", type=int, default=32)
-    p.add_argument("--eval-code", type=int, default=48)
+    for kind, flag in zip(EVAL_KINDS, ("count", "arith", "lists", "records", "code")):
+        p.add_argument(f"--eval-{flag}", dest=f"eval_{kind}", type=int, default=EVAL_SIZES[kind],
+                       help=f"held-out {kind} items")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=1,
                    help="processes generating the tasks (the documents depend on this count)")
@@ -372,8 +375,7 @@ def main(argv=None) -> int:
     try:
         stats = build(a.out, stdlib=a.stdlib, force=a.force, vocab_size=a.vocab_size,
                       heldout_percent=a.heldout_percent, train_mb=a.train_mb, mix=parse_mix(a.mix),
-                      eval_count=a.eval_count, eval_arith=a.eval_arith, eval_lists=a.eval_lists,
-                      eval_records=a.eval_records, eval_code=a.eval_code, seed=a.seed,
+                      eval_sizes={k: getattr(a, f"eval_{k}") for k in EVAL_KINDS}, seed=a.seed,
                       workers=a.workers, tokenizer_mb=a.tokenizer_mb)
     except DemoDataError as e:
         print(f"demo_data: error: {e}", file=sys.stderr)

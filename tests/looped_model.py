@@ -15,9 +15,9 @@ def looped_apply(config, params, tokens, positions, *, dtype=jnp.float32, mask=N
                  segment_ids=None, kv_cache=None, cache_len=None, kv_tile=256):
     """Logits (and the new stacked cache in cache mode) of a layer-by-layer Python loop."""
     c = config
-    mask = model_lib.attention_input(c, tokens.shape, "dense", dtype=dtype, tile=128,
-                                     block_size=32, segment_ids=segment_ids, mask=mask,
-                                     kv_cache=kv_cache, cache_len=cache_len, kv_tile=kv_tile)
+    dense = model_lib.Transformer(c, dtype=dtype, attention="dense", kv_tile=kv_tile)
+    mask = model_lib.attention_input(dense, tokens.shape, segment_ids=segment_ids, mask=mask,
+                                     kv_cache=kv_cache, cache_len=cache_len)
     x = jnp.take(params["embedding"], tokens, axis=0).astype(dtype)
     inv_freq, scaling = rope_frequencies(c)
     cos, sin = rope_cos_sin(positions, inv_freq, scaling)

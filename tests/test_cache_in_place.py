@@ -9,6 +9,7 @@ import jax
 import pytest
 
 from decode.compile.aot import compile_generate
+from decode.config import EngineOptions, Placement
 from wedlm_jax.config import ModelConfig
 
 CONFIG = ModelConfig(model_type="qwen3", vocab_size=256, hidden_size=64, intermediate_size=128,
@@ -20,8 +21,10 @@ CONFIG = ModelConfig(model_type="qwen3", vocab_size=256, hidden_size=64, interme
                                            ("verified", "after")])
 def test_generate_holds_no_cache_sized_temporary(method, refill):
     cpu = jax.devices()[0]
-    fig = {cap: compile_generate(CONFIG, cpu, method=method, window=8, refill=refill, slots=4,
-                                 capacity=cap, dtype="float32", kv_tile=128)
+    fig = {cap: compile_generate(CONFIG, cpu, EngineOptions(method=method, window=8, refill=refill,
+                                                           slots=4, capacity=cap),
+                                 Placement(dtype="float32", attention="tiled", kv_tile=128,
+                                           page_size=0))
            for cap in (512, 4096)}
     cache_growth = fig[4096]["cache_bytes"] - fig[512]["cache_bytes"]
     temp_growth = fig[4096]["memory"]["temp"] - fig[512]["memory"]["temp"]

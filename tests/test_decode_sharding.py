@@ -32,7 +32,7 @@ SCRIPT = textwrap.dedent('''
         dc = DecodeConfig(method=method, window=4, tau=2.5, lam=0.05, max_new_tokens=12)
         one = generate(params, cfg, prompts, dc, capacity=40, placement=Placement(kv_tile=16))
         sharded = generate(params, cfg, prompts, dc, capacity=40,
-                           placement=Placement(kv_tile=16), mesh=mesh)
+                           placement=Placement(kv_tile=16, mesh=(2, 1, 2)))
         out[method] = dict(one=one.tokens, sharded=sharded.tokens, one_steps=one.steps,
                            sharded_steps=sharded.steps, tpf=one.tokens_per_forward)
     # continuous batching on the mesh: 6 requests through 2 slots (one per data shard), inserted

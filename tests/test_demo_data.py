@@ -60,7 +60,7 @@ def built(tmp_path_factory):
     root = _corpus(tmp_path_factory.mktemp("stdlib"))
     out = tmp_path_factory.mktemp("out") / "demo"
     stats = dd.build(str(out), stdlib=str(root), vocab_size=500, heldout_percent=20, train_mb=0.4,
-                     eval_count=12, eval_arith=12, eval_lists=6, eval_records=4, eval_code=5,
+                     eval_sizes=dict(counting=12, arith=12, lists=6, records=4, code=5),
                      log=lambda *a: None)
     return root, out, stats
 
@@ -250,8 +250,9 @@ def test_force_replaces(tmp_path, built):
     os.makedirs(out)
     (out / "old.txt").write_text("old")
     stats = dd.build(str(out), stdlib=str(root), force=True, vocab_size=400, train_mb=0.1,
-                     mix=dd.parse_mix("code=1,counting=0.5"), eval_count=2, eval_arith=0, eval_lists=0,
-                     eval_records=0, eval_code=1, log=lambda *a: None)
+                     mix=dd.parse_mix("code=1,counting=0.5"),
+                     eval_sizes=dict(counting=2, arith=0, lists=0, records=0, code=1),
+                     log=lambda *a: None)
     assert not (out / "old.txt").exists() and (out / "tokenizer" / "tokenizer.json").exists()
     assert stats["train"]["arith"]["documents"] == 0 and stats["train"]["counting"]["documents"] > 0
     assert not [p for p in os.listdir(tmp_path) if ".partial-" in p]

@@ -37,6 +37,7 @@ SCRIPT_IN_PLACE = textwrap.dedent("""
     import json
     import jax
     from decode.compile import aot
+    from decode.config import EngineOptions, Placement
     from wedlm_jax.attention import cache as ca
     from wedlm_jax.compiled import figures
     from wedlm_jax.config import ModelConfig
@@ -50,9 +51,10 @@ SCRIPT_IN_PLACE = textwrap.dedent("""
         ca._static_int = static_int if in_place else (lambda x: False)   # False: the layer's slice
         jax.clear_caches()                    # the programs are traced again under the patch
         for cap in (2048, 4096):          # both past 16 tiles: the same split count (auto_splits)
-            dec, compiled = aot.generate_program(config, [dev], method="streaming", window=16,
-                                                 slots=4, capacity=cap, dtype="bfloat16",
-                                                 attention="auto", page_size=0, prefill_chunk=16)
+            dec, compiled = aot.generate_program(
+                config, [dev], EngineOptions(method="streaming", window=16, slots=4, capacity=cap,
+                                             prefill_chunk=16),
+                Placement(dtype="bfloat16", attention="auto", page_size=0))
             f = figures(compiled)
             out[f"{in_place} {cap}"] = dict(temp=f["memory"]["temp"], attention=dec.static.attention,
                                             page_size=dec.static.page_size,
@@ -76,6 +78,7 @@ def test_the_triton_kernel_reads_the_cache_in_place_on_the_gpu():
 SCRIPT_PAGED = textwrap.dedent("""
     import json
     from decode.compile import aot
+    from decode.config import EngineOptions, Placement
     from wedlm_jax.config import ModelConfig
     from wedlm_jax.targets import describe_target
     config = ModelConfig(model_type="qwen3", vocab_size=512, hidden_size=256, intermediate_size=512,
@@ -83,19 +86,19 @@ SCRIPT_PAGED = textwrap.dedent("""
     dev = describe_target("h100")[0][0]
     out = {}
     for cap in (2048, 4096):              # both past 16 pages a row: the same splits
-        dec, compiled = aot.generate_program(config, [dev], method="streaming", window=16, slots=4,
-                                             capacity=cap, dtype="bfloat16", attention="auto",
-                                             page_size=64)
+        dec, compiled = aot.generate_program(
+            config, [dev], EngineOptions(method="streaming", window=16, slots=4, capacity=cap),
+            Placement(dtype="bfloat16", attention="auto", page_size=64))
         adm = aot.compile_admission(dec, 256)
         out[cap] = dict(temp=compiled.memory_analysis().temp_size_in_bytes,
                         attention=dec.static.attention,
                         kernel="wedlm_paged_attention" in compiled.as_text(),
                         admission_temp=adm["memory"]["temp"])
-    from decode.config import Placement
     for door, continuous in (("serve", True), ("static", False)):   # a door's dry run: its cache
-        text, fits = aot.dry_run(config, "h100", Placement(dtype="bfloat16"), method="ar",
-                                 window=1, refill="after", slots=4, capacity=512,
-                                 continuous=continuous)
+        text, fits = aot.dry_run(config, "h100", EngineOptions(method="ar", window=1,
+                                                               refill="after", slots=4,
+                                                               capacity=512),
+                                 Placement(dtype="bfloat16"), continuous=continuous)
         out[door] = dict(fits=fits, head=text.splitlines()[0])
     print("RESULT " + json.dumps(out))
 """)

@@ -322,6 +322,7 @@ import json
 from jax.experimental import topologies
 from benchmarks.step_bytes import hbm_traffic
 from decode.compile import aot
+from decode.config import EngineOptions, Placement
 from wedlm_jax.config import ModelConfig
 dev = topologies.get_topology_desc(platform="tpu", topology_name="v5p:1x1x1",
                                    chips_per_host_bounds=(1, 1, 1)).devices[0]
@@ -329,9 +330,10 @@ config = ModelConfig(model_type="qwen3", vocab_size=512, hidden_size=1024, inter
                      num_layers=2, num_heads=8, num_kv_heads=2, head_dim=128, qk_norm=True)
 out = {}
 for scheme, group in (("none", None), ("int8", None), ("int4", 0), ("int4", 64)):
-    dec, compiled = aot.generate_program(config, [dev], method="ar", slots=8, capacity=1024,
-                                         dtype="bfloat16", scan_unroll=config.num_layers,
-                                         attention="tiled", quantize=scheme, quantize_group=group)
+    dec, compiled = aot.generate_program(
+        config, [dev], EngineOptions(method="ar", slots=8, capacity=1024),
+        Placement(dtype="bfloat16", attention="tiled", page_size=0, quantize=scheme,
+                  quantize_group=group), scan_unroll=config.num_layers)
     text = compiled.as_text()
     out[f"{scheme} {group}"] = dict(bytes=hbm_traffic(text), stacked=dec.static.stacked_layers,
                                     kernels=sum("custom-call(" in l and "wedlm_grouped_matmul"

@@ -47,6 +47,7 @@ DECODE = textwrap.dedent("""
     import json, sys
     from jax.experimental import topologies
     from decode.compile.aot import compile_generate
+    from decode.config import EngineOptions, Placement
     from wedlm_jax.config import ModelConfig
     dev = topologies.get_topology_desc(platform="tpu", topology_name="v5p:1x1x1",
                                        chips_per_host_bounds=(1, 1, 1)).devices[0]
@@ -54,9 +55,12 @@ DECODE = textwrap.dedent("""
     out = []
     for method, refill in (("ar", "before"), ("streaming", "before"), ("streaming", "after"),
                            ("verified", "after")):
-        out.append([compile_generate(config, dev, method=method, window=8, refill=refill, slots=2,
-                                     capacity=cap, dtype="bfloat16", attention="tiled",
-                                     kv_tile=128, live_rows=256) for cap in (512, 4096)])
+        out.append([compile_generate(config, dev, EngineOptions(method=method, window=8,
+                                                                refill=refill, slots=2,
+                                                                capacity=cap),
+                                     Placement(dtype="bfloat16", attention="tiled", kv_tile=128,
+                                               page_size=0), live_rows=256)
+                    for cap in (512, 4096)])
     print(json.dumps(out))
 """)
 
@@ -65,14 +69,18 @@ PAGED = textwrap.dedent("""
     import json, sys
     from jax.experimental import topologies
     from decode.compile.aot import compile_generate
+    from decode.config import EngineOptions, Placement
     from wedlm_jax.config import ModelConfig
     dev = topologies.get_topology_desc(platform="tpu", topology_name="v5p:1x1x1",
                                        chips_per_host_bounds=(1, 1, 1)).devices[0]
     config = ModelConfig(**json.loads(sys.argv[1]))
     out = []
     for method, refill in (("ar", "before"), ("streaming", "before")):
-        out.append([compile_generate(config, dev, method=method, window=8, refill=refill, slots=2,
-                                     capacity=cap, dtype="bfloat16", page_size=64, live_rows=256)
+        out.append([compile_generate(config, dev, EngineOptions(method=method, window=8,
+                                                                refill=refill, slots=2,
+                                                                capacity=cap),
+                                     Placement(dtype="bfloat16", attention="tiled", page_size=64),
+                                     live_rows=256)
                     for cap in (512, 4096)])
     print(json.dumps(out))
 """)
@@ -82,13 +90,15 @@ LAYOUTS = textwrap.dedent("""
     import json, sys
     from jax.experimental import topologies
     from decode.compile.aot import compile_generate
+    from decode.config import EngineOptions, Placement
     from wedlm_jax.config import ModelConfig
     dev = topologies.get_topology_desc(platform="tpu", topology_name="v5p:1x1x1",
                                        chips_per_host_bounds=(1, 1, 1)).devices[0]
     config = ModelConfig(**json.loads(sys.argv[1]))
-    print(json.dumps({layout: compile_generate(config, dev, method="ar", slots=8, capacity=1024,
-                                               dtype="bfloat16", scan_unroll=config.num_layers,
-                                               weight_layout=layout, live_rows=512)
+    engine = EngineOptions(method="ar", slots=8, capacity=1024)
+    print(json.dumps({layout: compile_generate(config, dev, engine, Placement(
+                          dtype="bfloat16", attention="tiled", page_size=0, weight_layout=layout),
+                          scan_unroll=config.num_layers, live_rows=512)
                       for layout in ("auto", "default")}))
 """)
 
@@ -234,14 +244,16 @@ COSTED_DECODE = textwrap.dedent("""
     import json, sys
     from jax.experimental import topologies
     from decode.compile.aot import compile_generate
+    from decode.config import EngineOptions, Placement
     from wedlm_jax.compiled import estimate_options
     from wedlm_jax.config import ModelConfig
     dev = topologies.get_topology_desc(platform="tpu", topology_name="v5p:1x1x1",
                                        chips_per_host_bounds=(1, 1, 1)).devices[0]
     config = ModelConfig(**json.loads(sys.argv[1]))
-    kw = dict(method="streaming", window=8, refill="after", slots=2, capacity=512,
-              dtype="bfloat16", page_size=64, weight_layout="compiler")
-    out = {name: compile_generate(config, dev, compiler_options=options, **kw)
+    engine = EngineOptions(method="streaming", window=8, refill="after", slots=2, capacity=512)
+    placement = Placement(dtype="bfloat16", attention="tiled", page_size=64,
+                          weight_layout="compiler")
+    out = {name: compile_generate(config, dev, engine, placement, compiler_options=options)
            for name, options in (("plain", None), ("costed", estimate_options("tpu")))}
     print(json.dumps({k: dict(v["cost"], layout=v["weight_layout"],
                               options=v["compiler_options"]) for k, v in out.items()}))

@@ -259,12 +259,9 @@ class Transformer(nn.Module):
         if return_hidden and kv_cache is not None:
             raise ValueError("return_hidden is for training (no cache); cache mode returns logits")
         remat_policy(self.remat)
-        mask = attention_input(
-            c, tokens.shape, self.attention, dtype=self.dtype, tile=self.attention_tile,
-            block_size=self.attention_block_size, segment_ids=segment_ids, mask=mask,
-            kv_cache=kv_cache, cache_len=cache_len, kv_tile=self.kv_tile,
-            interpret=self.attention_interpret, structure=structure, objective=objective,
-            platform=self.platform)
+        mask = attention_input(self, tokens.shape, segment_ids=segment_ids, mask=mask,
+                               kv_cache=kv_cache, cache_len=cache_len, structure=structure,
+                               objective=objective)
 
         embedding = _param(self, "embedding", (c.vocab_size, c.hidden_size), ("vocab", "embed"),
                            dtype=self.param_dtype)
@@ -307,62 +304,76 @@ def head_logits(x, head, dtype):
     return _constrain(quantize.head_matmul(x, head, dtype), ("batch", "length", "vocab"))
 
 
-def attention_input(c: ModelConfig, shape, attention: str, *, dtype, tile: int, block_size: int,
-                    kv_tile: int = 256, interpret: bool = False, segment_ids=None, mask=None,
-                    kv_cache=None, cache_len=None, structure=None, objective: str = "dual",
-                    platform: str | None = None):
-    """What every layer's attention receives: a dense boolean mask [B, S, T] (dense path outside
-    cache mode) or an `AttentionContext` (tiled / splash / cudnn, and every cache-mode
-    implementation: built once per forward, shared by the layers). Checks that the entry point's
-    arguments are consistent."""
-    b, s = shape
+def attention_input(m: "Transformer", shape, *, segment_ids=None, mask=None, kv_cache=None,
+                    cache_len=None, structure=None, objective: str = "dual"):
+    """What every layer's attention receives for a forward of `shape` (B, S) by the Transformer
+    `m` (its attention kernel and tile settings): a dense boolean mask [B, S, T] (dense path
+    outside cache mode) or an `AttentionContext` (tiled / splash / cudnn, and every cache-mode
+    implementation: built once per forward, shared by the layers). One of three inputs: a
+    cache (`kv_cache`, `cache_len`), a training `structure`, or a sequence's `segment_ids` /
+    explicit `mask` (neither: causal); mixing them is an error."""
     if structure is not None and (mask is not None or segment_ids is not None
                                   or kv_cache is not None):
         raise ValueError("pass a structure alone (no mask, segment_ids or kv_cache)")
-    if kv_cache is not None and paged.is_paged(kv_cache):
-        if mask is not None or segment_ids is not None or cache_len is None:
-            raise ValueError("cache mode takes kv_cache and cache_len, and no mask/segment_ids")
-        paged.check_paged_cache(c.num_layers, c.num_kv_heads, c.head_dim, b, kv_cache)
-        page = kv_cache["pool"].shape[1]
-        return paged.PagedContext(jnp.asarray(cache_len, jnp.int32),
-                                  paged.implementation_for(platform or jax.default_backend(),
-                                                           attention),
-                                  max(1, kv_tile // page), interpret)
-    layout = ("structure" if structure is not None else "cache" if kv_cache is not None
-              else "mask" if mask is not None else "causal")
-    impl = attn_backends.resolve(attention, layout, backend=platform, dtype=dtype,
-                                 interpret=interpret)
-    ctx = None
     if kv_cache is not None:
         if mask is not None or segment_ids is not None or cache_len is None:
             raise ValueError("cache mode takes kv_cache and cache_len, and no mask/segment_ids")
-        check_kv_cache(c, kv_cache)
-        if s > kv_cache["k"].shape[2]:
-            raise ValueError(f"{s} new slots do not fit a cache of {kv_cache['k'].shape[2]} "
-                             f"rows")
-        ctx = attn_backends.make_context(impl, cache_len=cache_len, batch=b, tile=kv_tile,
-                                         interpret=interpret)
-    elif structure is not None:
-        if impl == attn_backends.DENSE:
-            mask = masking.structure_mask(tiled_lib.as_structure(structure, b))
-        else:
-            ctx = attn_backends.make_context(
-                impl, q_struct=structure, k_struct=structure, batch=b,
-                tile=tile, template="dual" if objective == "dual" else "causal",
-                block_size=block_size, interpret=interpret)
-    elif mask is None:
-        if impl == attn_backends.DENSE:
-            mask = attn_lib.segment_mask(segment_ids, b, s)
-        else:
-            st = tiled_lib.causal_structure(segment_ids, b, s)
-            ctx = attn_backends.make_context(impl, q_struct=st, k_struct=st,
-                                             segment_ids=segment_ids, batch=b,
-                                             tile=tile, interpret=interpret)
-    elif segment_ids is not None:
-        raise ValueError("pass either an explicit mask or segment_ids, not both")
-    if mask is not None and mask.ndim == 2:
-        mask = jnp.broadcast_to(mask[None], (b,) + mask.shape)
-    return mask if ctx is None else ctx
+        return _cache_input(m, shape, kv_cache, cache_len)
+    if structure is not None:
+        return _structure_input(m, shape, structure, objective)
+    return _sequence_input(m, shape, segment_ids, mask)
+
+
+def _resolved(m: "Transformer", layout: str) -> str:
+    return attn_backends.resolve(m.attention, layout, backend=m.platform, dtype=m.dtype,
+                                 interpret=m.attention_interpret)
+
+
+def _cache_input(m: "Transformer", shape, kv_cache, cache_len):
+    """Cache mode's context: the paged pool's, or the dense cache's (its rows checked)."""
+    c, (b, s) = m.config, shape
+    if paged.is_paged(kv_cache):
+        paged.check_paged_cache(c.num_layers, c.num_kv_heads, c.head_dim, b, kv_cache)
+        page = kv_cache["pool"].shape[1]
+        return paged.PagedContext(jnp.asarray(cache_len, jnp.int32),
+                                  paged.implementation_for(m.platform or jax.default_backend(),
+                                                           m.attention),
+                                  max(1, m.kv_tile // page), m.attention_interpret)
+    impl = _resolved(m, "cache")
+    check_kv_cache(c, kv_cache)
+    if s > kv_cache["k"].shape[2]:
+        raise ValueError(f"{s} new slots do not fit a cache of {kv_cache['k'].shape[2]} rows")
+    return attn_backends.make_context(impl, cache_len=cache_len, batch=b, tile=m.kv_tile,
+                                      interpret=m.attention_interpret)
+
+
+def _structure_input(m: "Transformer", shape, structure, objective: str):
+    """A training structure's mask (dense path) or tiled context (the dual-stream template)."""
+    b = shape[0]
+    impl = _resolved(m, "structure")
+    if impl == attn_backends.DENSE:
+        return masking.structure_mask(tiled_lib.as_structure(structure, b))
+    return attn_backends.make_context(
+        impl, q_struct=structure, k_struct=structure, batch=b, tile=m.attention_tile,
+        template="dual" if objective == "dual" else "causal",
+        block_size=m.attention_block_size, interpret=m.attention_interpret)
+
+
+def _sequence_input(m: "Transformer", shape, segment_ids, mask):
+    """A plain sequence's: an explicit mask [S, T] or [B, S, T], or causal within segments."""
+    b, s = shape
+    if mask is not None:
+        if segment_ids is not None:
+            raise ValueError("pass either an explicit mask or segment_ids, not both")
+        _resolved(m, "mask")
+        return jnp.broadcast_to(mask[None], (b,) + mask.shape) if mask.ndim == 2 else mask
+    impl = _resolved(m, "causal")
+    if impl == attn_backends.DENSE:
+        return attn_lib.segment_mask(segment_ids, b, s)
+    st = tiled_lib.causal_structure(segment_ids, b, s)
+    return attn_backends.make_context(impl, q_struct=st, k_struct=st, segment_ids=segment_ids,
+                                      batch=b, tile=m.attention_tile,
+                                      interpret=m.attention_interpret)
 
 
 def init_params(config: ModelConfig, rng: jax.Array, param_dtype=jnp.float32):

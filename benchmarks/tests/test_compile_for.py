@@ -47,14 +47,16 @@ def test_unrolled_cost_counts_every_layer():
     code = (
         "import json, jax\n"
         "from decode.compile import aot\n"
+        "from decode.config import EngineOptions, Placement\n"
         "from benchmarks.shapes import SMOKE_SHAPE, model_config\n"
         "c = model_config(dict(SMOKE_SHAPE, num_layers=3)).replace(max_position_embeddings=4096)\n"
         "cpu = jax.devices('cpu')[0]\n"
-        "kw = dict(method='ar', window=1, slots=2, capacity=256, dtype='float32', kv_tile=64)\n"
-        "raw = aot.compile_generate(c, cpu, **kw)\n"
-        "one = aot.compile_generate(c.replace(num_layers=1), cpu, **kw)\n"
-        "two = aot.compile_generate(c.replace(num_layers=2), cpu, scan_unroll=2, **kw)\n"
-        "full = aot.unrolled_cost(aot.compile_generate, c, cpu, **kw)\n"
+        "kw = (EngineOptions(method='ar', window=1, slots=2, capacity=256),\n"
+        "      Placement(dtype='float32', attention='tiled', kv_tile=64, page_size=0))\n"
+        "raw = aot.compile_generate(c, cpu, *kw)\n"
+        "one = aot.compile_generate(c.replace(num_layers=1), cpu, *kw)\n"
+        "two = aot.compile_generate(c.replace(num_layers=2), cpu, *kw, scan_unroll=2)\n"
+        "full = aot.unrolled_cost(aot.compile_generate, c, cpu, *kw)\n"
         "print(json.dumps([raw['cost']['flops'], one['cost']['flops'], two['cost']['flops'],\n"
         "                  full['flops']]))\n")
     env = dict(os.environ, JAX_PLATFORMS="cpu",

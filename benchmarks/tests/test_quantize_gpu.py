@@ -15,6 +15,7 @@ SCRIPT = textwrap.dedent("""
     import json
     from benchmarks.step_bytes import hbm_traffic
     from decode.compile import aot
+    from decode.config import EngineOptions, Placement
     from wedlm_jax.config import ModelConfig
     from wedlm_jax.targets import describe_target
     config = ModelConfig(model_type="qwen3", vocab_size=512, hidden_size=1024,
@@ -23,9 +24,10 @@ SCRIPT = textwrap.dedent("""
     dev = describe_target("h100")[0][0]
     out = {}
     for scheme, group in (("none", None), ("int8", None), ("int4", 0), ("int4", 64)):
-        dec, compiled = aot.generate_program(config, [dev], method="ar", window=1, slots=8,
-                                             capacity=128, dtype="bfloat16", attention="auto",
-                                             page_size=0, quantize=scheme, quantize_group=group)
+        dec, compiled = aot.generate_program(
+            config, [dev], EngineOptions(method="ar", window=1, slots=8, capacity=128),
+            Placement(dtype="bfloat16", attention="auto", page_size=0, quantize=scheme,
+                      quantize_group=group))
         text = compiled.as_text()
         out[f"{scheme} {group}"] = dict(bytes=hbm_traffic(text), layout=dec.weight_layout,
                                         kernels=text.count('name = \\"wedlm_grouped_matmul'))

@@ -138,6 +138,7 @@ GPU_LAYERS = textwrap.dedent("""
     import json
     from benchmarks.step_bytes import hbm_traffic
     from decode.compile import aot
+    from decode.config import EngineOptions, Placement
     from decode.engine import layouts
     from wedlm_jax.config import ModelConfig
     from wedlm_jax.targets import describe_target
@@ -147,9 +148,10 @@ GPU_LAYERS = textwrap.dedent("""
     out = {}
     for stacked in (True, False):
         layouts.layers_stacked = lambda platform, grouped_kernel=False, s=stacked: s
-        dec, compiled = aot.generate_program(config, [dev], method="ar", slots=4, capacity=256,
-                                             dtype="bfloat16", attention="auto", page_size=16,
-                                             scan_unroll=config.num_layers)   # every layer counted
+        dec, compiled = aot.generate_program(   # the layers unrolled: every layer counted
+            config, [dev], EngineOptions(method="ar", slots=4, capacity=256),
+            Placement(dtype="bfloat16", attention="auto", page_size=16),
+            scan_unroll=config.num_layers)
         out[str(stacked)] = dict(bytes=hbm_traffic(compiled.as_text()),
                                  flat="layer_0" in dec.params, platform=dev.platform)
     print("RESULT " + json.dumps(out))

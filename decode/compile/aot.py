@@ -1,13 +1,13 @@
 """The Decoder's programs compiled ahead of time from abstract shapes: no weights, no cache, no
 device of the target needed (forced CPU devices, or a TPU topology jax describes with libtpu).
 
-    compile_generate(config, devices, method=..., window=..., slots=..., capacity=..., dtype=...,
-                     mesh_shape=(data, fsdp, tensor), live_rows=...)
+    compile_generate(config, devices, EngineOptions(...), Placement(...), live_rows=...)
         -> dict: XLA memory_analysis (bytes per device) and cost_analysis (flops, bytes accessed,
            libtpu's optimal_seconds where the compiler gives it) of one `generate` call of one
            step, the cache's size, and the analytic floor of that step (`step_floor`)
-    compile_prefill(config, devices, prompt_len=..., ...)   the same for one prompt's prefill
-    unrolled_cost(compile_fn, config, **kw)                  cost figures of the whole network
+    compile_prefill(config, devices, engine, placement, prompt_len=...)
+                                                 the same for one prompt's prefill
+    unrolled_cost(compile_fn, config, *args, **kw)   cost figures of the whole network
 
 `cost_analysis` counts a loop body once: the `generate` call of k = 1 step is one pass of the
 decode loop's body, i.e. one decoding step, but its layer scan is counted once too, so its flops
@@ -24,9 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from decode.engine import layouts
-from decode.config import PREFILL_CHUNK
 from wedlm_jax import model as model_lib
-from wedlm_jax.attention.table import TILED
 from wedlm_jax.compiled import figures  # noqa: F401 (memory, cost and kernels of a program)
 from wedlm_jax.failures import format_bytes
 
@@ -48,7 +46,7 @@ def step_floor(static, live_rows: int, tensor: int = 1, batch_shards: int = 1) -
     with their scales."""
     from wedlm_jax import quantize
     from wedlm_jax.attention.kv_quant import row_bytes
-    c, item = static.config, jnp.dtype(static.dtype).itemsize
+    c = static.config
     not_read = 0 if c.tie_word_embeddings else max(c.vocab_size - static.slots * static.span, 0)
     shapes = quantize.quantize_params(model_lib.param_shapes(c, jnp.dtype(static.dtype)),
                                       static.quantize, static.quantize_group)
@@ -63,45 +61,34 @@ def step_floor(static, live_rows: int, tensor: int = 1, batch_shards: int = 1) -
                 total=weights + kv + new + logits)
 
 
-def make_decoder(config, devices, *, method="streaming", window=16, refill="before", slots=8,
-                 capacity=4096, dtype="bfloat16", attention=TILED, kv_tile=256,
-                 prefill_chunk=PREFILL_CHUNK, mesh_shape=None, scan_unroll: int = 1,
-                 page_size: int | None = None, num_pages: int | None = None,
-                 weight_layout: str = "auto", compiler_options: dict | None = None,
-                 quantize: str = "none", quantize_group: int | None = None,
-                 kv_dtype: str = "auto", continuous: bool = False):
-    """A Decoder over abstract weights (shapes only) for `devices` (one device, or a
-    ('data', 'fsdp', 'tensor') mesh of `mesh_shape` over the first devices); `scan_unroll`
-    layers per iteration of the layer scan; `page_size` a paged cache (heads over tensor; None:
-    the dense cache, the figures' baseline; "auto": the plan's choice for the platform);
-    `weight_layout` as the plan's (resolved for the devices' platform: with "compiler" its
-    `generate` is compiled here, with the weights' layouts left to the compiler, under
-    `compiler_options`); `quantize` / `quantize_group` the weights', `kv_dtype` the cache's
-    (Placement's); `continuous`: a continuous-batching door's plan (its "auto" cache)."""
-    from decode.config import EngineOptions, Placement
+def make_decoder(config, devices, engine, placement, *, scan_unroll: int = 1,
+                 compiler_options: dict | None = None, continuous: bool = False):
+    """A Decoder over abstract weights (shapes only) for `devices`, built as `engine`
+    (EngineOptions: the method, slots and capacity; its programs compiled for one step a call) and
+    `placement` (Placement: one device, or its ('data', 'fsdp', 'tensor') mesh over the first
+    devices; page_size None the plan's choice for the platform, 0 the dense cache; weight_layout
+    resolved for the devices' platform: with "compiler" its `generate` is compiled here, with the
+    weights' layouts left to the compiler, under `compiler_options`); `scan_unroll` layers per
+    iteration of the layer scan; `continuous`: a continuous-batching door's plan (its "auto"
+    cache)."""
     from decode.engine.decoder import Decoder
     from decode.engine.plan import make_plan
     from wedlm_jax.sharding import make_mesh
     devs = _device_list(devices)
     mesh = None
-    if mesh_shape is not None and math.prod(mesh_shape) > 1:
-        mesh = make_mesh(*mesh_shape, devices=devs[:math.prod(mesh_shape)])
+    if math.prod(placement.mesh) > 1:
+        mesh = make_mesh(*placement.mesh, devices=devs[:math.prod(placement.mesh)])
     elif devs[0].platform != jax.default_backend():
         mesh = make_mesh(1, 1, 1, devices=devs[:1])   # the plan sees the target's device
-    engine = EngineOptions(method=method, window=window, refill=refill, slots=slots,
-                           capacity=capacity, steps_per_call=1, prefill_chunk=prefill_chunk,
-                           allow_long=True)
-    placement = Placement(dtype=jnp.dtype(dtype).name, attention=attention, kv_tile=kv_tile,
-                          page_size=None if page_size == "auto" else (page_size or 0),
-                          num_pages=num_pages, weight_layout="default", quantize=quantize,
-                          quantize_group=quantize_group, kv_dtype=kv_dtype)
-    plan = make_plan(config, engine, placement, mesh=mesh, sampling=False,
-                     mask_token_id=config.vocab_size - 1, memory_limit_bytes=1 << 62,
-                     continuous=continuous)
+    engine = engine.replace(steps_per_call=1, allow_long=True)
+    plan = make_plan(config, engine, placement.replace(weight_layout="default"), mesh=mesh,
+                     sampling=False, mask_token_id=config.vocab_size - 1,
+                     memory_limit_bytes=1 << 62, continuous=continuous)
     if scan_unroll != 1:
         plan = plan.replace(scan_unroll=scan_unroll)
-    dec = Decoder(model_lib.param_shapes(config, jnp.dtype(dtype)), plan)
-    if layouts.resolve(weight_layout, devs[0].platform, quantize != "none") == "compiler":
+    dec = Decoder(model_lib.param_shapes(config, jnp.dtype(placement.dtype)), plan)
+    if layouts.resolve(placement.weight_layout, devs[0].platform,
+                       placement.quantize != "none") == "compiler":
         dec.use_compiler_layouts(compiler_options)
     return dec
 
@@ -113,11 +100,13 @@ def _shards(dec) -> tuple[int, int]:
     return int(shape.get("tensor", 1)), int(shape.get("data", 1)) * int(shape.get("fsdp", 1))
 
 
-def generate_program(config, devices, compiler_options: dict | None = None, **settings):
-    """(Decoder, compiled `generate` of k = 1) of a Decoder of these settings (`make_decoder`) for
-    the devices' platform, compiled with `compiler_options`; with the weights in the compiler's
-    layouts, the program that chose them (its `input_formats[0][0]`: the weights' formats)."""
-    dec = make_decoder(config, devices, compiler_options=compiler_options, **settings)
+def generate_program(config, devices, engine, placement, *, scan_unroll: int = 1,
+                     compiler_options: dict | None = None, continuous: bool = False):
+    """(Decoder, compiled `generate` of k = 1) of `make_decoder`'s Decoder for the devices'
+    platform, compiled with `compiler_options`; with the weights in the compiler's layouts, the
+    program that chose them (its `input_formats[0][0]`: the weights' formats)."""
+    dec = make_decoder(config, devices, engine, placement, scan_unroll=scan_unroll,
+                       compiler_options=compiler_options, continuous=continuous)
     compiled = dec.compiled_generate       # compiled already when the weights take its layouts
     if compiled is None:
         compiled = dec.compile("generate", compiler_options)
@@ -142,22 +131,26 @@ def generate_figures(dec, compiled, live_rows: int | None = None) -> dict:
     return out
 
 
-def compile_generate(config, devices, *, live_rows: int | None = None, **settings) -> dict:
-    """Compile `generate` (k = 1) of a Decoder of these settings for the devices' platform and
-    return its figures (`generate_program`, `generate_figures`)."""
-    return generate_figures(*generate_program(config, devices, **settings), live_rows=live_rows)
+def compile_generate(config, devices, engine, placement, *, live_rows: int | None = None,
+                     **program) -> dict:
+    """Compile `generate` (k = 1) of `make_decoder`'s Decoder for the devices' platform and
+    return its figures (`generate_program` with `program`'s keywords, `generate_figures`)."""
+    return generate_figures(*generate_program(config, devices, engine, placement, **program),
+                            live_rows=live_rows)
 
 
-def compile_prefill(config, devices, *, prompt_len: int = 2048, weight_formats=None,
-                    compiler_options: dict | None = None, **settings) -> dict:
-    """Compile the prefill of one `prompt_len`-token prompt and return its figures. The prompt is
-    one chunk unless `prefill_chunk` says otherwise (cost_analysis counts one chunk's pass of one
-    layer: see `unrolled_cost`, and scale by the chunk count when chunked). `weight_formats`: the
-    weights' formats (a Decoder's in the compiler's layouts: `compile_generate`'s
-    "weight_formats"); default row-major."""
-    settings = dict(dict(prefill_chunk=prompt_len, capacity=prompt_len), **settings)
-    settings["weight_layout"] = "default"     # `weight_formats` places the weights instead
-    dec = make_decoder(config, devices, **settings)
+def compile_prefill(config, devices, engine, placement, *, prompt_len: int = 2048,
+                    weight_formats=None, compiler_options: dict | None = None,
+                    scan_unroll: int = 1) -> dict:
+    """Compile the prefill of one `prompt_len`-token prompt by `make_decoder`'s Decoder and
+    return its figures (engine None: one slot of capacity `prompt_len`, the prompt one chunk).
+    Cost_analysis counts one chunk's pass of one layer: see `unrolled_cost`, and scale by the
+    chunk count when chunked. `weight_formats`: the weights' formats (a Decoder's in the
+    compiler's layouts: `compile_generate`'s "weight_formats"); default row-major."""
+    from decode.config import EngineOptions
+    engine = engine or EngineOptions(slots=1, capacity=prompt_len, prefill_chunk=prompt_len)
+    placement = placement.replace(weight_layout="default")   # `weight_formats` places them
+    dec = make_decoder(config, devices, engine, placement, scan_unroll=scan_unroll)
     compiled = dec.compile("prefill", compiler_options, prompt_len=prompt_len,
                            params=_formatted(dec, "prefill", prompt_len, weight_formats))
     return dict(platform=dec.plan.device.platform, prompt_len=prompt_len,
@@ -219,8 +212,7 @@ def kv_not_counted(slots: int, config, live_rows: int, kv_tile: int, dtype: str,
     return slots * rows * kv_row / (tensor * batch_shards)
 
 
-def dry_run(config, target: str, placement, *, method: str, window: int, refill: str, slots: int,
-            capacity: int, prefill_chunk: int = PREFILL_CHUNK, device_memory_gib: float | None = None,
+def dry_run(config, target: str, engine, placement, *, device_memory_gib: float | None = None,
             who: str = "wedlm-serve", continuous: bool = True) -> tuple[str, bool]:
     """The programs a decoding door runs (one decode step of `generate`, one prompt's prefill at
     the largest bucket: with a paged cache its admission into pages, `compile_admission`)
@@ -235,13 +227,6 @@ def dry_run(config, target: str, placement, *, method: str, window: int, refill:
                           f"{len(devices)}")
     limit = int(device_memory_gib * GIB) if device_memory_gib else hbm
     devs = devices[:placement.devices_needed]
-    settings = dict(method=method, window=window, refill=refill, slots=slots, capacity=capacity,
-                    dtype=placement.dtype, attention=placement.attention,
-                    kv_tile=placement.kv_tile, mesh_shape=placement.mesh,
-                    page_size="auto" if placement.page_size is None else placement.page_size,
-                    num_pages=placement.num_pages, weight_layout=placement.weight_layout,
-                    quantize=placement.quantize, quantize_group=placement.quantize_group,
-                    kv_dtype=placement.kv_dtype, continuous=continuous)
     layout = layouts.resolve(placement.weight_layout, devices[0].platform,
                              placement.quantize != "none")
     lines = [f"{who} dry run for {target}: {len(devs)} of its {len(devices)} chips, "
@@ -253,14 +238,15 @@ def dry_run(config, target: str, placement, *, method: str, window: int, refill:
              + ", cache attention "
              f"{placement.attention}, weights "
              f"{layout}"
-             f" layout; {method} W {window} refill {refill}, {slots} slots x capacity {capacity}"]
-    prompt = min(1 << max(capacity - 1, 1).bit_length(), capacity + 2 * window)
+             f" layout; {engine.method} W {engine.window} refill {engine.refill}, {engine.slots} "
+             f"slots x capacity {engine.capacity}"]
+    capacity = engine.capacity
+    prompt = min(1 << max(capacity - 1, 1).bit_length(), capacity + 2 * engine.window)
 
     made = {}
 
     def step():
-        dec, compiled = generate_program(config, devs,
-                                         **dict(settings, prefill_chunk=prefill_chunk))
+        dec, compiled = generate_program(config, devs, engine, placement, continuous=continuous)
         made["decoder"] = dec
         lines[0] += step_note(dec, placement)
         return dict(generate_figures(dec, compiled), weight_formats=(
@@ -277,9 +263,9 @@ def dry_run(config, target: str, placement, *, method: str, window: int, refill:
     else:      # the dense prefill; it reads the weights as the step laid them
         results = [("decode step", step_figures),
                    (f"prefill of a {prompt}-token prompt", verdict(lambda: compile_prefill(
-                       config, devs, **dict(settings, prompt_len=prompt, weight_formats=formats,
-                                            prefill_chunk=min(prefill_chunk, prompt),
-                                            page_size=None, num_pages=None))))]
+                       config, devs, engine.replace(prefill_chunk=min(engine.prefill_chunk, prompt)),
+                       placement.replace(page_size=0, num_pages=None), prompt_len=prompt,
+                       weight_formats=formats)))]
     fits, rows = verdict_lines(results, limit)
     return "\n".join(lines + rows), fits
 
@@ -336,7 +322,7 @@ def dry_run_door(args, who: str) -> int:
     import sys
     os.environ.setdefault("JAX_PLATFORMS", "cpu")   # compile-only devices: no local TPU backend
     from decode.checkpoint import check_quantized_folder
-    from decode.config import DecodeConfigError, Placement
+    from decode.config import DecodeConfigError, EngineOptions, Placement
     from wedlm_jax.config import ConfigError
     from wedlm_jax.checkpoints import CheckpointError, read_config
     try:
@@ -345,10 +331,10 @@ def dry_run_door(args, who: str) -> int:
         config = read_config(args.checkpoint)
         placement = Placement.from_args(args)
         check_quantized_folder(args.checkpoint, placement, placement.check_model(config))
-        text, fits = dry_run(config, args.topology, placement, method=args.method,
-                             window=args.window, refill=args.refill, slots=args.slots,
-                             capacity=args.capacity or DRY_RUN_CAPACITY,
-                             prefill_chunk=args.prefill_chunk,
+        engine = EngineOptions(method=args.method, window=args.window, refill=args.refill,
+                               slots=args.slots, capacity=args.capacity or DRY_RUN_CAPACITY,
+                               prefill_chunk=args.prefill_chunk)
+        text, fits = dry_run(config, args.topology, engine, placement,
                              device_memory_gib=args.device_memory, who=who,
                              continuous=who == "wedlm-serve" or bool(getattr(args, "input", None)))
     except (DecodeConfigError, ConfigError, TargetError, FileNotFoundError, CheckpointError) as e:

@@ -94,7 +94,6 @@ class DecodeResult:
     tokens_per_s: float
     compile_s: float
     method: str
-    text: list | None = None
     accepted: int = 0
     rejected: int = 0
     interrupted: bool = False
@@ -124,13 +123,13 @@ def _requests(prompts, dc: DecodeConfig, capacity: int) -> list[Request | None]:
 
 
 def static_decoder(params, model_config: ModelConfig, num_prompts: int, dc: DecodeConfig,
-                   capacity: int, longest_budget: int, *, mesh=None, mask_token_id=None,
+                   capacity: int, longest_budget: int, *, mask_token_id=None,
                    placement: Placement = Placement(), allow_long: bool = False) -> Decoder:
     """The Decoder a static batch runs on: slots and capacity rounded up to buckets (one compile
     per bucket), the window limited to the longest row budget (no forward wider than the most
-    tokens a row can still produce); `placement` as at every door (its mesh shape is `mesh`'s;
-    float weights are quantized by its `quantize`, weights quantized already decode under their
-    own scheme)."""
+    tokens a row can still produce); `placement` as at every door (the batch over its mesh's
+    data and fsdp axes, the heads over tensor; float weights are quantized by its `quantize`,
+    weights quantized already decode under their own scheme)."""
     if not isinstance(placement, Placement):
         raise DecodeConfigError(f"placement must be a Placement, got {type(placement).__name__}")
     if not isinstance(dc, DecodeConfig):
@@ -142,6 +141,7 @@ def static_decoder(params, model_config: ModelConfig, num_prompts: int, dc: Deco
             f"max_position_embeddings {max_pos}; positions past it were never trained (lower "
             "max_new_tokens / --capacity, or pass allow_long=True / --allow-long)")
     multiple = 1
+    mesh = placement.make_mesh()
     if mesh is not None:
         multiple = int(mesh.shape.get("data", 1)) * int(mesh.shape.get("fsdp", 1))
     window = useful_window(dc.window, dc.method, longest_budget)
@@ -156,7 +156,7 @@ def static_decoder(params, model_config: ModelConfig, num_prompts: int, dc: Deco
                                      stacked_params=model_lib.layers_stacked(params)))
 
 
-def _setup(params, model_config, prompts, dc, capacity, mesh, mask_token_id, placement,
+def _setup(params, model_config, prompts, dc, capacity, mask_token_id, placement,
            allow_long=False, decoder=None):
     if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
         raise DecodeConfigError(f"capacity must be an int >= 1, got {capacity!r}")
@@ -168,9 +168,8 @@ def _setup(params, model_config, prompts, dc, capacity, mesh, mask_token_id, pla
     requests = _requests(prompts, dc, capacity)
     budget = max([r.max_new_tokens for r in requests if r is not None], default=1)
     if decoder is None:
-        mesh = placement.make_mesh() if mesh is None else mesh
         decoder = static_decoder(params, model_config, len(prompts), dc, capacity, budget,
-                                 mesh=mesh, mask_token_id=mask_token_id, placement=placement,
+                                 mask_token_id=mask_token_id, placement=placement,
                                  allow_long=allow_long)
     for i, r in enumerate(requests):
         if r is not None:
@@ -182,18 +181,17 @@ def _setup(params, model_config, prompts, dc, capacity, mesh, mask_token_id, pla
 
 
 def generate(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]],
-             decode_config: DecodeConfig, *, capacity: int | None = None, mesh=None,
+             decode_config: DecodeConfig, *, capacity: int | None = None,
              mask_token_id: int | None = None, placement: Placement = Placement(),
-             tokenizer=None, on_commit: Callable | None = None, allow_long: bool = False,
+             on_commit: Callable | None = None, allow_long: bool = False,
              decoder: Decoder | None = None, prompt_bucket: int | None = None,
              automata: Sequence | None = None) -> DecodeResult:
     """Decode every prompt (token-id lists) as one static batch on a Decoder; see the module
     docstring.
 
     capacity: the most tokens (prompt + generated) a row may hold; default max(prompt) +
-    max_new_tokens. mesh: a ('data', 'fsdp', 'tensor') mesh: batch over data/fsdp, heads over
-    tensor (default: the placement's mesh). placement: dtype, attention kernel, KV tile, weight
-    quantization, as at every door. tokenizer: anything with `decode(ids) -> str` to fill `text`.
+    max_new_tokens. placement: dtype, mesh (the batch over its data and fsdp axes, the heads over
+    tensor), attention kernel, KV tile, weight quantization, as at every door.
     on_commit(row, ids): called on the host after every chunk of steps with each row's newly
     committed ids.
     decoder: a Decoder to run on (its slots must hold the prompts); default one built for the
@@ -204,7 +202,7 @@ def generate(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]]
     (decode.constraints.automaton.Automaton) or None: its output matches the constraint.
     """
     dc = decode_config
-    decoder, prompts, requests = _setup(params, model_config, prompts, dc, capacity, mesh,
+    decoder, prompts, requests = _setup(params, model_config, prompts, dc, capacity,
                                         mask_token_id, placement, allow_long, decoder)
     if automata is not None:
         if len(automata) != len(prompts):
@@ -253,7 +251,7 @@ def generate(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]]
         interrupted = True
     wall = time.perf_counter() - t0
     host = jax.device_get(counters)
-    return _collect(tokens, host, requests, dc, wall, setup_s, iterations, tokenizer,
+    return _collect(tokens, host, requests, dc, wall, setup_s, iterations,
                     done if interrupted else None, logprobs)
 
 
@@ -264,7 +262,7 @@ def counter_copies(state) -> tuple:
     return tuple(jnp.copy(x) for x in (state.steps, state.n_fwd, state.accepted, state.rejected))
 
 
-def _collect(tokens, host, requests, dc: DecodeConfig, wall, compile_s, iterations, tokenizer,
+def _collect(tokens, host, requests, dc: DecodeConfig, wall, compile_s, iterations,
              done_when_interrupted, logprobs=None) -> DecodeResult:
     """The result; `done_when_interrupted`: None, or (Ctrl-C) the rows done by then: the others'
     finish is 'interrupted'."""
@@ -287,12 +285,11 @@ def _collect(tokens, host, requests, dc: DecodeConfig, wall, compile_s, iteratio
     n_gen = sum(r.n_gen for r in rows)
     steps = sum(r.steps for r in rows)
     n_fwd = sum(r.n_fwd for r in rows)
-    text = [tokenizer.decode(ids) for ids in tokens] if tokenizer is not None else None
     return DecodeResult(tokens=tokens, rows=rows, steps=steps, n_gen=n_gen, n_fwd=n_fwd,
                         tokens_per_forward=_ratio(n_gen, steps), p_cache=_ratio(n_gen, n_fwd),
                         loop_iterations=iterations, wall_s=wall,
                         tokens_per_s=_ratio(n_gen, wall), compile_s=compile_s, method=dc.method,
-                        text=text, accepted=sum(r.accepted for r in rows),
+                        accepted=sum(r.accepted for r in rows),
                         rejected=sum(r.rejected for r in rows), interrupted=interrupted,
                         logprobs=logprobs)
 
@@ -305,7 +302,7 @@ def trace_steps(params, model_config: ModelConfig, prompts, decode_config: Decod
     positions, logits in physical order, n, live, wlen, commit) and final holds the state arrays
     (out [B, L] emitted ids, count, n, tok, done, cache layers)."""
     decoder, prompts, requests = _setup(params, model_config, prompts, decode_config, capacity,
-                                        None, mask_token_id, placement)
+                                        mask_token_id, placement)
     state = decoder.start(requests)
     trace, out = [], [[] for _ in range(decoder.slots)]
     while not bool(np.all(np.asarray(state.done))) and len(trace) < max_steps:
