@@ -54,10 +54,11 @@ def tuning_flags(slots, window, tau, capacity, steps_per_call=8) -> list[str]:
 class Server:
     """`python -m decode.serving.serve` on 127.0.0.1 in a subprocess (its own cores, as a deployment
     has), with the given tuning `flags` (none: the defaults a user starts with); its output to
-    `log_path` (default: a temporary file), `env` added to this process's environment."""
+    `log_path` (default: a temporary file), `env` added to this process's environment, pinned to
+    the CPU numbers `cpus` (default: wherever the OS runs it)."""
 
     def __init__(self, model, flags=(), *, log_path: str | None = None, env: dict | None = None,
-                 name: str = "the"):
+                 name: str = "the", cpus: set | None = None):
         self.name, self.port = name, _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(log_path, "w+b") if log_path else tempfile.TemporaryFile()
@@ -67,7 +68,8 @@ class Server:
              "127.0.0.1", "--port", str(self.port), *flags, "--max-queue", "256", "--model-name",
              "demo", "--log-level", "warning"],
             cwd=ROOT, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
-            env=dict(os.environ, **(env or {})))
+            env=dict(os.environ, **(env or {})),
+            preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus))
 
     def tail(self, n: int = 2000) -> str:
         self.log.flush()

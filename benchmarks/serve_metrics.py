@@ -2,16 +2,20 @@
 against without, in the same run on the same server, interleaved.
 
     python -m benchmarks.serve_metrics [--model DIR] [--rounds 16] [--clients 8] [--requests 6]
-                                       [--interval 1.0] [--json out.json] [--lazy-compile]
+                                       [--interval 1.0] [--amplify 20] [--pin] [--json out.json]
+                                       [--lazy-compile]
 
 One `wedlm-serve` subprocess (benchmarks.serve's, the demo model, streaming W 8, tau 0.6, 8 slots,
-capacity 512, the CPU's default pages). Each round runs two windows of closed-loop load
-(`--clients` streaming clients, `--requests` each, over the demo's held-out prompts), one plain
-and one with a scraper fetching /metrics every `--interval` seconds, their order alternating by
-round. Reported: tokens/s per window, the medians of each kind, overhead = 1 - median(scraped) /
-median(plain), the paired figure 1 - median over rounds of (scraped / plain), and the server
-process's CPU seconds per 1,000 tokens by kind (Linux /proc, all its threads; on a machine other
-processes load, steadier than the wall clock). The last scrape is parsed with prometheus_client's
+capacity 512, the CPU's default pages). Each round runs a window of closed-loop load
+(`--clients` streaming clients, `--requests` each, over the demo's held-out prompts) of each
+kind: plain, with a scraper fetching /metrics every `--interval` seconds, and (`--amplify K`)
+scraped K times as often, the kinds' order rotated by round. A cost too small for the windows'
+spread to show at one scrape a second shows K times larger in the third kind, and divided by K
+is the cost of one scrape a second. `--pin` puts the server on its own core and this process's
+clients on the others, so the load generator does not take the server's CPU. Reported per kind:
+the median tokens/s, overhead = 1 - median / plain's median, the paired figure 1 - median over
+rounds of (window / that round's plain window), and the server process's CPU seconds per 1,000
+tokens (Linux /proc, all its threads). The last scrape is parsed with prometheus_client's
 parser, and the generation counter's growth over the run is printed beside the completion tokens
 the clients were served.
 
@@ -105,6 +109,54 @@ def host_costs(reps: int = 2000) -> tuple[float, float]:
     return per_request, (time.perf_counter() - t0) / (reps // 10)
 
 
+def window(url, items, args, interval: float | None) -> tuple[dict, int, str]:
+    """One window of closed-loop load: (its result, scrapes made, the last exposition); scraped
+    every `interval` seconds, or not at all (None)."""
+    if interval is None:
+        return asyncio.run(closed_loop(url, items, args.clients, args.requests)), 0, ""
+    return asyncio.run(scraped(url, items, args.clients, args.requests, interval))
+
+
+def run_windows(srv, items, args, kinds: dict) -> dict:
+    """`args.rounds` rounds of one window of each kind ({label: scrape interval or None}), the
+    kinds' order rotated each round; per kind its windows' tokens/s, the server's CPU seconds per
+    1,000 tokens, and its scrapes; plus the tokens served and the last exposition."""
+    out = {k: dict(tokens_per_s=[], cpu_s_per_1k=[], scrapes=0) for k in kinds}
+    served, last, labels = 0, "", list(kinds)
+    for i in range(args.rounds):
+        for label in labels[i % len(labels):] + labels[:i % len(labels)]:
+            c0 = cpu_seconds(srv.proc.pid)
+            r, n, text = window(srv.url, items, args, kinds[label])
+            c1 = cpu_seconds(srv.proc.pid)
+            last = text or last
+            k = out[label]
+            k["tokens_per_s"].append(r["tokens_per_s"])
+            k["scrapes"] += n
+            served += r["tokens"]
+            if c0 is not None and c1 is not None:
+                k["cpu_s_per_1k"].append(1000 * (c1 - c0) / r["tokens"])
+            print(f"round {i + 1}: {label:<16} {r['tokens_per_s']:.0f} tok/s ({r['tokens']} tokens "
+                  f"in {r['wall_s']:.1f} s, {n} scrapes)", flush=True)
+    return dict(kinds=out, served=served, last=last)
+
+
+def compare(kinds: dict, base: str) -> dict:
+    """Per kind: median tokens/s and CPU per 1,000 tokens, and their overheads against `base`
+    (1 - median / base's median; paired: 1 - median over rounds of window / base's window)."""
+    b = kinds[base]
+    out = {}
+    for label, k in kinds.items():
+        row = dict(k, median_tokens_per_s=statistics.median(k["tokens_per_s"]))
+        row["overhead"] = 1 - row["median_tokens_per_s"] / statistics.median(b["tokens_per_s"])
+        row["overhead_paired"] = 1 - statistics.median(
+            x / y for x, y in zip(k["tokens_per_s"], b["tokens_per_s"]))
+        if k["cpu_s_per_1k"] and b["cpu_s_per_1k"]:
+            row["median_cpu_s_per_1k"] = statistics.median(k["cpu_s_per_1k"])
+            row["cpu_overhead"] = row["median_cpu_s_per_1k"] / statistics.median(b["cpu_s_per_1k"]) - 1
+        out[label] = row
+    return out
+
+
 def main(argv=None) -> int:
     from demo.eval import DEMO_MODEL
     ap = argparse.ArgumentParser(prog="python -m benchmarks.serve_metrics",
@@ -114,57 +166,50 @@ def main(argv=None) -> int:
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--requests", type=int, default=6, help="requests per client per window")
     ap.add_argument("--interval", type=float, default=1.0, help="seconds between scrapes")
+    ap.add_argument("--amplify", type=int, default=20, help="a third kind of window scraped this "
+                    "many times as often (0: none): the cost of one scrape a second, resolved")
+    ap.add_argument("--pin", action="store_true", help="the server on the last CPU, the clients "
+                    "and scraper on the others (their load off the server's core)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--lazy-compile", action="store_true", help="the server compiles on first use")
     args = ap.parse_args(argv)
     items = demo_items(args.model)
     flags = tuning_flags(8, 8, 0.6, 512) + (["--lazy-compile"] if args.lazy_compile else [])
-    srv = Server(args.model, flags).wait_ready()
-    plain, with_scrapes, scrapes, served, last = [], [], 0, 0, ""
-    cpu = {False: [], True: []}      # the server's CPU seconds per 1,000 tokens, by window kind
+    cpus = sorted(os.sched_getaffinity(0))
+    pinned = args.pin and len(cpus) > 1
+    if pinned:
+        os.sched_setaffinity(0, set(cpus[:-1]))
+    srv = Server(args.model, flags, cpus={cpus[-1]} if pinned else None).wait_ready()
+    kinds = {"plain": None, f"every {args.interval:g} s": args.interval}
+    if args.amplify:
+        kinds[f"every {args.interval / args.amplify:g} s"] = args.interval / args.amplify
     try:
         before = generation_total(_get(srv.url + "/metrics"))
-        served += asyncio.run(closed_loop(srv.url, items, args.clients, 1))["tokens"]   # warm every path
-        for i in range(args.rounds):
-            for scrape in ((False, True) if i % 2 == 0 else (True, False)):
-                c0 = cpu_seconds(srv.proc.pid)
-                if scrape:
-                    r, n, last = asyncio.run(scraped(srv.url, items, args.clients, args.requests,
-                                                     args.interval))
-                    with_scrapes.append(r["tokens_per_s"])
-                    scrapes += n
-                else:
-                    r = asyncio.run(closed_loop(srv.url, items, args.clients, args.requests))
-                    plain.append(r["tokens_per_s"])
-                served += r["tokens"]
-                c1 = cpu_seconds(srv.proc.pid)
-                if c0 is not None and c1 is not None:
-                    cpu[scrape].append(1000 * (c1 - c0) / r["tokens"])
-                print(f"round {i + 1}: {'scraped' if scrape else 'plain  '} {r['tokens_per_s']:.0f} tok/s "
-                      f"({r['tokens']} tokens in {r['wall_s']:.1f} s)", flush=True)
+        served = asyncio.run(closed_loop(srv.url, items, args.clients, 1))["tokens"]   # warm every path
+        run = run_windows(srv, items, args, kinds)
         final = generation_total(_get(srv.url + "/metrics"))
-        generation_total(last)                  # the last scrape parses too
+        generation_total(run["last"])                  # the last scrape parses too
     finally:
         srv.stop()
     cost, scrape_s = host_costs()
-    out = dict(plain=plain, scraped=with_scrapes, scrapes=scrapes, median_plain=statistics.median(plain),
-               median_scraped=statistics.median(with_scrapes), recording_s_per_request=cost,
-               exposition_s=scrape_s,
-               generation_tokens_counted=final - before, tokens_served=served)
-    out["overhead"] = 1 - out["median_scraped"] / out["median_plain"]
-    out["overhead_paired"] = 1 - statistics.median(s / p for s, p in zip(with_scrapes, plain))
-    if cpu[False] and cpu[True]:
-        out.update(cpu_s_per_1k_plain=statistics.median(cpu[False]),
-                   cpu_s_per_1k_scraped=statistics.median(cpu[True]))
-        out["cpu_overhead"] = out["cpu_s_per_1k_scraped"] / out["cpu_s_per_1k_plain"] - 1
-        print(f"server CPU per 1,000 tokens, median: plain {out['cpu_s_per_1k_plain']:.3f} s, scraped "
-              f"{out['cpu_s_per_1k_scraped']:.3f} s: {100 * out['cpu_overhead']:+.1f}%", flush=True)
-    print(f"tokens/s, median of {args.rounds}: plain {out['median_plain']:.0f}, scraped every "
-          f"{args.interval:g} s {out['median_scraped']:.0f} ({scrapes} scrapes): overhead "
-          f"{100 * out['overhead']:+.1f}% (paired by round: {100 * out['overhead_paired']:+.1f}%); "
-          f"recording {1e6 * cost:.0f} us per request (64 tokens, 8 chunks), an exposition "
-          f"{1e3 * scrape_s:.2f} ms; "
-          f"vllm:generation_tokens_total {final - before:.0f} for {served} tokens served", flush=True)
+    rows = compare(run["kinds"], "plain")
+    out = dict(pinned=pinned, kinds=rows, recording_s_per_request=cost, exposition_s=scrape_s,
+               generation_tokens_counted=final - before, tokens_served=served + run["served"])
+    for label, r in rows.items():
+        print(f"{label:<16} tokens/s median {r['median_tokens_per_s']:.0f} (overhead "
+              f"{100 * r['overhead']:+.1f}%, paired {100 * r['overhead_paired']:+.1f}%), server CPU "
+              f"per 1,000 tokens {r.get('median_cpu_s_per_1k', float('nan')):.3f} s "
+              f"({100 * r.get('cpu_overhead', float('nan')):+.1f}%), {r['scrapes']} scrapes", flush=True)
+    if args.amplify:      # the amplified kind's overhead over its scrape rate, per scrape a second
+        amp = rows[list(kinds)[-1]]
+        out["overhead_per_scrape_per_s"] = amp["overhead_paired"] / args.amplify * args.interval
+        out["cpu_overhead_per_scrape_per_s"] = amp.get("cpu_overhead", float("nan")) / args.amplify * args.interval
+        print(f"one scrape a second, from the {args.amplify}x kind: tokens/s "
+              f"{100 * out['overhead_per_scrape_per_s']:+.2f}%, server CPU "
+              f"{100 * out['cpu_overhead_per_scrape_per_s']:+.2f}%", flush=True)
+    print(f"recording {1e6 * cost:.0f} us per request (64 tokens, 8 chunks), an exposition "
+          f"{1e3 * scrape_s:.2f} ms; vllm:generation_tokens_total {final - before:.0f} for "
+          f"{out['tokens_served']} tokens served", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
