@@ -35,7 +35,6 @@ token (slot 0) at position P-1.
 
 from __future__ import annotations
 
-import dataclasses
 
 import flax.linen as nn
 import jax
@@ -177,43 +176,8 @@ class Decoder:
 
     # -- requests
     def check_request(self, request: Request) -> Request:
-        """Validate a request before any device work; raises DecodeConfigError naming the field.
-        (Its own settings were checked when it was made: Sampling.) Returns it with the prompt
-        as a tuple of ints."""
-        if not isinstance(request, Request):
-            raise DecodeConfigError(f"expected a Request, got {type(request).__name__}")
-        r, vocab = request, self.model_config.vocab_size
-        prompt = r.prompt
-        if isinstance(prompt, (str, bytes)) or not hasattr(prompt, "__len__") or len(prompt) == 0:
-            raise DecodeConfigError("prompt must be a non-empty sequence of token ids", "prompt")
-        if not all(is_int(t) and 0 <= t < vocab for t in prompt):
-            bad = next(t for t in prompt if not (is_int(t) and 0 <= t < vocab))
-            raise DecodeConfigError(f"prompt: token id {bad!r} is outside the vocabulary [0, {vocab})",
-                                    "prompt")
-        if len(prompt) > self.capacity:
-            raise DecodeConfigError(f"prompt: {len(prompt)} tokens, longer than the capacity "
-                                    f"{self.capacity}", "prompt")
-        if not (is_int(r.top_logprobs) and 0 <= r.top_logprobs <= self.static.spec.top_logprobs):
-            raise DecodeConfigError(f"top_logprobs must be an int in [0, {self.static.spec.top_logprobs}] "
-                                    f"(the Decoder's top_logprobs), got {r.top_logprobs!r}", "top_logprobs")
-        if r.temperature > 0 and not self.sampling:
-            raise DecodeConfigError("temperature > 0 needs a Decoder built with sampling=True")
-        if r.logit_bias and r.logit_bias[-1][0] >= vocab:     # (id, bias) pairs by id: Sampling
-            raise DecodeConfigError(f"logit_bias: token id {r.logit_bias[-1][0]} is outside the "
-                                    f"vocabulary [0, {vocab})", "logit_bias")
-        if not all(s < vocab for s in r.stop_token_ids):     # ids, normalised by Sampling
-            bad = next(s for s in r.stop_token_ids if s >= vocab)
-            raise DecodeConfigError(f"stop_token_ids: {bad!r} is outside the vocabulary [0, {vocab})",
-                                    "stop_token_ids")
-        if r.automaton is not None and len(r.automaton.klass) > vocab:
-            raise DecodeConfigError(f"the constraint's automaton is over {len(r.automaton.klass)} "
-                                    f"tokens, more than the model's vocabulary {vocab}",
-                                    "constraint")
-        if r.automaton is not None and not r.stop_token_ids:
-            raise DecodeConfigError("a constrained request needs a stop token id (the model's eos: "
-                                    "its output ends there once the constraint is met)",
-                                    "stop_token_ids")
-        return dataclasses.replace(r, prompt=tuple(int(t) for t in prompt))
+        """The request validated against this Decoder's plan (`Plan.check_request`)."""
+        return self.plan.check_request(request)
 
     def prompt_bucket(self, prompt_len: int) -> int:
         return min(pow2_at_least(prompt_len, MIN_PROMPT_BUCKET), self.static.rows)

@@ -28,10 +28,11 @@ import jax.numpy as jnp
 from decode.checkpoint import mask_id_for  # noqa: F401 (the one [MASK] rule)
 from decode.engine import layouts
 from decode.config import (MAX_LOGPROBS, DecodeConfigError, DoorOptions, EngineOptions, Placement,
-                           check_int, check_slots)
+                           check_int, check_slots, is_int)
 from decode.engine.memory import available_memory, estimate_memory
 from decode.engine.pages import pool_size
 from decode.engine.programs import Static
+from decode.engine.state import Request
 from decode.engine.steps import StepSpec
 from wedlm_jax.failures import format_bytes
 from wedlm_jax.attention import backends as attn_backends
@@ -70,6 +71,45 @@ class Plan:
     def device(self):
         """The target's first device (its platform decides kernels and layouts)."""
         return self.mesh.devices.flat[0] if self.mesh is not None else jax.local_devices()[0]
+
+    def check_request(self, request: Request) -> Request:
+        """Validate a request for a Decoder of this plan before any device work; raises
+        DecodeConfigError naming the field. (Its own settings were checked when it was made:
+        Sampling.) Returns it with the prompt as a tuple of ints."""
+        if not isinstance(request, Request):
+            raise DecodeConfigError(f"expected a Request, got {type(request).__name__}")
+        r, vocab = request, self.model_config.vocab_size
+        prompt = r.prompt
+        if isinstance(prompt, (str, bytes)) or not hasattr(prompt, "__len__") or len(prompt) == 0:
+            raise DecodeConfigError("prompt must be a non-empty sequence of token ids", "prompt")
+        if not all(is_int(t) and 0 <= t < vocab for t in prompt):
+            bad = next(t for t in prompt if not (is_int(t) and 0 <= t < vocab))
+            raise DecodeConfigError(f"prompt: token id {bad!r} is outside the vocabulary [0, {vocab})",
+                                    "prompt")
+        if len(prompt) > self.capacity:
+            raise DecodeConfigError(f"prompt: {len(prompt)} tokens, longer than the capacity "
+                                    f"{self.capacity}", "prompt")
+        if not (is_int(r.top_logprobs) and 0 <= r.top_logprobs <= self.static.spec.top_logprobs):
+            raise DecodeConfigError(f"top_logprobs must be an int in [0, {self.static.spec.top_logprobs}] "
+                                    f"(the Decoder's top_logprobs), got {r.top_logprobs!r}", "top_logprobs")
+        if r.temperature > 0 and not self.sampling:
+            raise DecodeConfigError("temperature > 0 needs a Decoder built with sampling=True")
+        if r.logit_bias and r.logit_bias[-1][0] >= vocab:     # (id, bias) pairs by id: Sampling
+            raise DecodeConfigError(f"logit_bias: token id {r.logit_bias[-1][0]} is outside the "
+                                    f"vocabulary [0, {vocab})", "logit_bias")
+        if not all(s < vocab for s in r.stop_token_ids):     # ids, normalised by Sampling
+            bad = next(s for s in r.stop_token_ids if s >= vocab)
+            raise DecodeConfigError(f"stop_token_ids: {bad!r} is outside the vocabulary [0, {vocab})",
+                                    "stop_token_ids")
+        if r.automaton is not None and len(r.automaton.klass) > vocab:
+            raise DecodeConfigError(f"the constraint's automaton is over {len(r.automaton.klass)} "
+                                    f"tokens, more than the model's vocabulary {vocab}",
+                                    "constraint")
+        if r.automaton is not None and not r.stop_token_ids:
+            raise DecodeConfigError("a constrained request needs a stop token id (the model's eos: "
+                                    "its output ends there once the constraint is met)",
+                                    "stop_token_ids")
+        return dataclasses.replace(r, prompt=tuple(int(t) for t in prompt))
 
     def replace(self, **static_fields) -> "Plan":
         """This plan with fields of `static` replaced (e.g. scan_unroll for a cost compile)."""
