@@ -160,18 +160,12 @@ def test_demo_greedy_ar_int8_cache_keeps_the_continuation(demo_prompts):
 
 # ---------------------------------------------------------------------------- the doors
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from tests.tiny_checkpoint import make_checkpoint
-    return make_checkpoint(tmp_path_factory.mktemp("kv_int8"))
-
-
-def test_doors_decode_with_the_int8_cache(tiny, tmp_path, capsys, monkeypatch):
+def test_doors_decode_with_the_int8_cache(ckpt, tmp_path, capsys, monkeypatch):
     from decode import cli
     from decode.engine import decoder as decoder_lib
     from decode.text import load_tokenizer
     from tests.batch_lines import write_jsonl
-    path, config, params = tiny
+    path, config, params = ckpt
     made = []
     real_init = decoder_lib.Decoder.__init__
     monkeypatch.setattr(decoder_lib.Decoder, "__init__",
@@ -193,9 +187,9 @@ def test_doors_decode_with_the_int8_cache(tiny, tmp_path, capsys, monkeypatch):
     assert json.loads(out.read_text())["token_ids"] == want
 
 
-def test_door_refuses_a_kernel_with_the_int8_cache_in_one_line(tiny, capsys):
+def test_door_refuses_a_kernel_with_the_int8_cache_in_one_line(ckpt, capsys):
     from decode import cli
-    code = cli.main(["--checkpoint", tiny[0], "--prompt", "one two", "--kv-dtype", "int8",
+    code = cli.main(["--checkpoint", ckpt[0], "--prompt", "one two", "--kv-dtype", "int8",
                      "--attention", "cudnn"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err == ("wedlm-decode: error: --kv-dtype int8 is not read by the cuDNN "
