@@ -36,7 +36,8 @@ def demo_prompts():
 @pytest.fixture(scope="session")
 def ckpt(tmp_path_factory):
     """(folder path, config, params) of the tiny checkpoint with its tokenizer files
-    (tests/tiny_checkpoint.py) that the batch-job and serving tests decode with."""
+    (tests/tiny_checkpoint.py) that the doors' tests (batch job, server, CLI, scoring, bad input)
+    decode with; they only read it."""
     from tests.tiny_checkpoint import make_checkpoint
     return make_checkpoint(tmp_path_factory.mktemp("tiny_ckpt"))
 
