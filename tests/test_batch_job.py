@@ -7,34 +7,18 @@ from __future__ import annotations
 import collections
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
 import time
 
-import pytest
-
 from decode import cli
 from decode.config import DecodeConfig
 from decode.static.static_batch import generate
 from decode.text import load_tokenizer
-from tests.tiny_checkpoint import make_checkpoint
+from tests.batch_lines import CAPACITY, WINDOW, request_lines, write_jsonl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CAPACITY, WINDOW = 256, 4
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return make_checkpoint(tmp_path_factory.mktemp("batch"))
-
-
-def write_jsonl(path, lines):
-    with open(path, "w") as f:
-        for line in lines:
-            f.write((line if isinstance(line, str) else json.dumps(line)) + "\n")
-    return str(path)
 
 
 BAD_LINES = [
@@ -68,23 +52,6 @@ def test_bad_lines_named_before_anything_loads(ckpt, tmp_path, capsys):
     assert cli.main(["--checkpoint", path, "--input", src, "--output", bad_out]) == 2
     assert "refusing to append" in capsys.readouterr().err
     assert open(bad_out).read() == '{"not": "a result"}\n'          # left as it was
-
-
-def request_lines(n=24):
-    rng = random.Random(4)
-    words = "one two three four five the cat sat on mat hello world count with me".split()
-    out = []
-    for i in range(n):
-        line = {"id": f"r{i}", "prompt": " ".join(rng.choice(words) for _ in range(rng.randint(1, 20))),
-                "max_tokens": rng.randint(20, 60), "tau": rng.choice([0.0, 0.4, 1.0])}
-        if i % 5 == 1:
-            line.update(temperature=0.8, seed=i)
-        if i % 7 == 3:
-            line["stop"] = ["::", "ne"]
-        if i % 9 == 4:
-            line["messages"] = [{"role": "user", "content": line.pop("prompt")}]
-        out.append(line)
-    return out
 
 
 def test_sigkill_mid_file_then_resume_each_request_exactly_once(ckpt, tmp_path, capsys):

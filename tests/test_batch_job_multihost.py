@@ -16,7 +16,7 @@ import pytest
 
 from decode import cli
 from decode.serving import batch_job
-from tests.test_batch_job import CAPACITY, WINDOW, request_lines, write_jsonl, ckpt  # noqa: F401 (fixture)
+from tests.batch_lines import CAPACITY, WINDOW, request_lines, write_jsonl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

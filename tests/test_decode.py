@@ -25,24 +25,9 @@ from decode.engine.state import Request
 from decode.engine.programs import compiled_count
 from decode.engine.state import settings_rows
 from decode.static.static_batch import generate, trace_steps
+from tests.decode_cases import CAP, CONFIG, PROMPTS, TILE
 from tests.decode_reference import FullForward, reference_generate
-from wedlm_jax.config import ModelConfig
 from tests.synthetic import random_params
-
-CONFIG = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,
-                     num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True,
-                     mask_token_id=63)
-CAP = 40
-TILE = 16  # several cache tiles per forward: exercises the tiled (read-what-is-live) attention
-PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11, 12], [13], [14, 15, 16, 17, 18]]
-
-
-
-
-@pytest.fixture(scope="module")
-def params():
-    return random_params(CONFIG, 0, head_scale=30.0)  # peaky logits: entropies over [0, log 64]
-
 
 def run(params, dc, prompts=PROMPTS, **kw):
     kw.setdefault("capacity", CAP)
@@ -67,8 +52,9 @@ def assert_same(result, reference):
                                             ("before", 1), ("before", 3), ("before", 8),
                                             ("before", 16)])
 def test_streaming_equals_reference(params, refill, window):
-    """Both refill orders (the official engine's 'before', SPEC's 'after') against the plain
-    no-cache implementation of the same order: tokens, forwards and slots, row by row."""
+    """Both refill orders (the official engine's 'before'; 'after', docs/algorithm.md §3's steps)
+    against the plain no-cache implementation of the same order: tokens, forwards and slots, row by
+    row."""
     settings = [(0.3, 0.0), (1.0, 0.05), (2.5, 0.1), (6.0, 0.5), (50.0, 0.0)]
     multi_fill = False
     for tau, lam in settings:

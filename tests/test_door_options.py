@@ -16,7 +16,6 @@ from decode.static import static_batch
 from decode.config import (ENGINE_FLAGS, SAMPLING_FLAGS, DecodeConfigError, EngineOptions, Method,
                            Placement, Sampling)
 from decode.engine.decoder import Decoder
-from tests.tiny_checkpoint import make_checkpoint
 
 # a value other than the default for every option a door takes
 ENGINE = dict(method="block", window=4, refill="after", capacity=64, prefill_chunk=8, allow_long=True)
@@ -36,11 +35,6 @@ def _flags(values: dict, names=None) -> list:
         flag = (names or {}).get(k, "--" + k.replace("_", "-"))
         out += [flag] if v is True else [flag, str(v)]
     return out
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return make_checkpoint(tmp_path_factory.mktemp("doors"))[0]
 
 
 @pytest.fixture
@@ -99,7 +93,7 @@ def _check_sampling(requests, want: dict):
 
 
 def test_prompt_door_takes_every_option(ckpt, seen, capsys):
-    code = cli.main(["--checkpoint", ckpt, "--prompt", "count with me", "--no-compile-cache",
+    code = cli.main(["--checkpoint", ckpt[0], "--prompt", "count with me", "--no-compile-cache",
                      *_flags(ENGINE), *_flags(SAMPLING), *_flags(PLACEMENT)])
     assert code == 0, capsys.readouterr().err
     (dc, kw), = seen["generate"]
@@ -116,7 +110,7 @@ def test_prompt_door_takes_every_option(ckpt, seen, capsys):
 def test_prompt_door_refuses_what_only_batching_takes(ckpt, capsys):
     for extra, flag in ((["--slots", "4"], "--slots"), (["--steps-per-call", "2"], "--steps-per-call"),
                         (["--page-size", "8"], "--page-size")):
-        code = cli.main(["--checkpoint", ckpt, "--prompt", "hi", "--no-compile-cache", *extra])
+        code = cli.main(["--checkpoint", ckpt[0], "--prompt", "hi", "--no-compile-cache", *extra])
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and len(err) == 1 and err[0].startswith(f"wedlm-decode: error: {flag} applies "
                                                                    "to continuous batching"), err
@@ -131,7 +125,7 @@ def test_input_door_takes_every_option(ckpt, seen, tmp_path, capsys):
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_text(json.dumps({"prompt": "count with me"}) + "\n"
                    + json.dumps({"prompt": "one, two", "tau": 0.2, "max_tokens": 3}) + "\n")
-    code = cli.main(["--checkpoint", ckpt, "--input", str(src), "--output", str(out), "--no-compile-cache",
+    code = cli.main(["--checkpoint", ckpt[0], "--input", str(src), "--output", str(out), "--no-compile-cache",
                      *_flags(ENGINE), *_flags(BATCHING), *_flags(SAMPLING), *_flags(PLACEMENT),
                      *_flags(PAGES)])
     assert code == 0, capsys.readouterr().err
@@ -146,7 +140,7 @@ def test_serve_door_takes_every_option(ckpt, seen):
     from decode.serving.batching import Batcher
     names = {**SERVE_FLAGS}
     defaults = {k: v for k, v in SAMPLING.items() if k in SAMPLING_FLAGS["wedlm-serve"]}
-    args = serve._parser().parse_args(["--checkpoint", ckpt, "--model-name", "tiny", *_flags(ENGINE),
+    args = serve._parser().parse_args(["--checkpoint", ckpt[0], "--model-name", "tiny", *_flags(ENGINE),
                                        *_flags(BATCHING), *_flags(defaults, names),
                                        *_flags(PLACEMENT), *_flags(PAGES)])
     serve._check_args(args)
@@ -194,14 +188,14 @@ def test_a_bad_value_gets_the_same_words_at_every_door(ckpt, tmp_path, capsys, n
     # the batch job: the line and the field, before the weights are read
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps({"prompt": "fine"}) + "\n" + json.dumps({"prompt": "hi", name: value}) + "\n")
-    code = cli.main(["--checkpoint", ckpt, "--input", str(src), "--output", str(tmp_path / "o.jsonl"),
+    code = cli.main(["--checkpoint", ckpt[0], "--input", str(src), "--output", str(tmp_path / "o.jsonl"),
                      "--no-compile-cache"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and f"{src}:2: field {name!r}: {words}" in err[0], err
     assert not (tmp_path / "o.jsonl").exists()
     # wedlm-serve: its own flags at start, a request's values as a 400 naming the field
     if name in SAMPLING_FLAGS["wedlm-serve"]:
-        code = serve.main(["--checkpoint", ckpt, SERVE_FLAGS.get(name, flag), str(value)])
+        code = serve.main(["--checkpoint", ckpt[0], SERVE_FLAGS.get(name, flag), str(value)])
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and err[-1] == f"wedlm-serve: error: {words}", err
     wire = "max_tokens" if name == "max_new_tokens" else name
@@ -220,10 +214,10 @@ def test_engine_options_refused_at_start_at_every_door(ckpt, tmp_path, capsys):
                                ("--slots", "0", "slots must be an int in [1, 2147483647], got 0"),
                                ("--prefill-chunk", "-3", "prefill_chunk must be an int in [1, 2147483647], got -3")):
         for door in (["--prompt", "hi"], ["--input", str(src), "--output", str(tmp_path / "o.jsonl")]):
-            code = cli.main(["--checkpoint", ckpt, *door, flag, value])
+            code = cli.main(["--checkpoint", ckpt[0], *door, flag, value])
             err = capsys.readouterr().err.strip().splitlines()
             assert code == 2 and err == [f"wedlm-decode: error: {words}"], (door, err)
-        code = serve.main(["--checkpoint", ckpt, flag, value])
+        code = serve.main(["--checkpoint", ckpt[0], flag, value])
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and err[-1] == f"wedlm-serve: error: {words}", err
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tests.test_tiled_attention import (SETTINGS, TINY, arranged_batch, assert_close,
-                                        packed_rows, qkv, structure_of)
+from tests.attention_cases import (SETTINGS, TINY, arranged_batch, assert_close, packed_rows,
+                                   qkv, structure_of)
 from wedlm_jax import masking
 from wedlm_jax import model as model_lib
 from wedlm_jax.attention import backends as ab, core as attention

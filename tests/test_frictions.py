@@ -12,15 +12,9 @@ import pytest
 
 from decode import cli
 from decode.serving import serve
-from tests.tiny_checkpoint import make_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UNWRITABLE = "/proc/wedlm-out"      # a file system where nothing can be created, even by root
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return make_checkpoint(tmp_path_factory.mktemp("frictions"))[0]
 
 
 def _run(*argv):
@@ -30,14 +24,14 @@ def _run(*argv):
 
 
 def test_convert_names_an_unwritable_output_before_reading_weights(ckpt):
-    code, err = _run("wedlm_jax.convert", "hf-to-orbax", "--hf", ckpt, "--out", UNWRITABLE)
+    code, err = _run("wedlm_jax.convert", "hf-to-orbax", "--hf", ckpt[0], "--out", UNWRITABLE)
     assert code == 2 and err == [f"wedlm-convert: error: --out {UNWRITABLE}: cannot write in "
                                  "/proc (No such file or directory)"], err
 
 
 def test_convert_refuses_a_broken_tokenizer_and_notes_a_missing_one(ckpt, tmp_path):
     src = tmp_path / "src"
-    shutil.copytree(ckpt, src)
+    shutil.copytree(ckpt[0], src)
     (src / "tokenizer.json").write_text("{not json")
     code, err = _run("wedlm_jax.convert", "hf-to-orbax", "--hf", str(src), "--out",
                      str(tmp_path / "o1"))
@@ -80,7 +74,7 @@ def test_help_and_install_hints_name_real_things():
 
 @pytest.mark.parametrize("kernel", ["pallas", "cudnn"])
 def test_a_gpu_kernel_on_cpu_is_one_line_naming_the_backends_here(ckpt, kernel):
-    code, err = _run("decode.cli", "--checkpoint", ckpt, "--prompt", "hi", "--max-new-tokens", "2",
+    code, err = _run("decode.cli", "--checkpoint", ckpt[0], "--prompt", "hi", "--max-new-tokens", "2",
                      "--attention", kernel)
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith(f"wedlm-decode: error: attention='{kernel}' (")

@@ -28,7 +28,6 @@ from decode.serving import serve  # noqa: E402
 from decode.serving.job_input import read_input  # noqa: E402
 from decode.text import load_tokenizer  # noqa: E402
 from tests.live_server import serve_in_thread, tiny_engine  # noqa: E402
-from tests.tiny_checkpoint import make_checkpoint  # noqa: E402
 
 FUZZ_SERVER, FUZZ_LINES = 2000, 3000
 BUDGET_S = 10.0                 # per part: the suite's bound, whatever the machine
@@ -101,11 +100,6 @@ class Problems(logging.Handler):
     def emit(self, record):
         if record.exc_info or record.levelno >= logging.ERROR:
             self.records.append(self.format(record))
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return make_checkpoint(tmp_path_factory.mktemp("fuzz_doors"))
 
 
 @pytest.fixture

@@ -4,34 +4,13 @@ measured with benchmarks/step_bytes.py's reading of the program, are its test:
 benchmarks/tests/test_step_bytes.py.)
 
 Needs XLA's GPU compiler, which `make setup` installs into .venv/gpu-compiler (`make
-gpu-compiler` alone)."""
+gpu-compiler` alone; tests/gpu_compiler.py)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
-from tests import xla
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GPU_COMPILER = os.path.join(ROOT, ".venv", "gpu-compiler")
-
-
-def run_for_the_gpu(script: str) -> dict:
-    """Run `script` in a process with XLA's GPU compiler (no GPU: JAX_PLATFORMS=cpu); its
-    "RESULT {json}" line."""
-    assert os.path.isdir(os.path.join(GPU_COMPILER, "jax_plugins")), (
-        f"XLA's GPU compiler is not in {GPU_COMPILER}: run `make setup` (or `make gpu-compiler`)")
-    env = dict(xla.full_compile(os.environ), JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([ROOT, GPU_COMPILER]))
-    proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads([l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1][7:])
-
+from tests.gpu_compiler import run_for_the_gpu
 
 SCRIPT_IN_PLACE = textwrap.dedent("""
     import json

@@ -1,7 +1,7 @@
 """The grouped matmul kernels (wedlm_jax/grouped_matmul.py: Triton and Mosaic) in Pallas interpret
 mode against the dequantized kernel's matmul, the matmul forms a model reads quantized kernels in
 (quantize.matmul_form), and the plan's choice of kernel. Their compiles (the bytes the step
-moves): benchmarks/tests/test_quantize_gpu.py (H100), tests/test_quantize.py (v5p)."""
+moves): benchmarks/tests/test_quantize_gpu.py (H100), benchmarks/tests/test_quantize_tpu.py (v5p)."""
 
 from __future__ import annotations
 

@@ -17,14 +17,12 @@ from decode.config import DecodeConfig, DecodeConfigError, Placement
 from decode.engine.plan import int8_cache
 from decode.static.static_batch import generate
 from tests import plans
-from tests.test_paged_decode import CONFIG as PAGED_CONFIG, paged_requests, run_requests
-from tests.test_quantize import CONFIG, prefix_length, demo  # noqa: F401 (demo: the fixture)
+from tests.decode_cases import CONFIG as PAGED_CONFIG, paged_requests, run_requests
+from tests.quantize_cases import AR_TOKENS, CONFIG, prefix_length
 from wedlm_jax import model as model_lib
 from wedlm_jax.attention import cache as ca
 from wedlm_jax.attention import kv_quant, paged
 from tests.synthetic import random_params
-
-AR_TOKENS = 48
 
 
 # ---------------------------------------------------------------------------- rows and scales
@@ -147,8 +145,8 @@ def _cache_kl(config, params, prompts, continuations) -> float:
                                   for i, (p, r) in enumerate(zip(prompts, rows))]).mean())
 
 
-def test_demo_greedy_ar_int8_cache_keeps_the_continuation(demo):   # noqa: F811
-    config, params, prompts = demo
+def test_demo_greedy_ar_int8_cache_keeps_the_continuation(demo_prompts):
+    config, params, prompts = demo_prompts
     dc = DecodeConfig(method="ar", max_new_tokens=AR_TOKENS)
     base = generate(params, config, prompts, dc).tokens
     out = generate(params, config, prompts, dc, placement=Placement(kv_dtype="int8")).tokens
@@ -162,18 +160,12 @@ def test_demo_greedy_ar_int8_cache_keeps_the_continuation(demo):   # noqa: F811
 
 # ---------------------------------------------------------------------------- the doors
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from tests.tiny_checkpoint import make_checkpoint
-    return make_checkpoint(tmp_path_factory.mktemp("kv_int8"))
-
-
-def test_doors_decode_with_the_int8_cache(tiny, tmp_path, capsys, monkeypatch):
+def test_doors_decode_with_the_int8_cache(ckpt, tmp_path, capsys, monkeypatch):
     from decode import cli
     from decode.engine import decoder as decoder_lib
     from decode.text import load_tokenizer
-    from tests.test_batch_job import write_jsonl
-    path, config, params = tiny
+    from tests.batch_lines import write_jsonl
+    path, config, params = ckpt
     made = []
     real_init = decoder_lib.Decoder.__init__
     monkeypatch.setattr(decoder_lib.Decoder, "__init__",
@@ -195,9 +187,9 @@ def test_doors_decode_with_the_int8_cache(tiny, tmp_path, capsys, monkeypatch):
     assert json.loads(out.read_text())["token_ids"] == want
 
 
-def test_door_refuses_a_kernel_with_the_int8_cache_in_one_line(tiny, capsys):
+def test_door_refuses_a_kernel_with_the_int8_cache_in_one_line(ckpt, capsys):
     from decode import cli
-    code = cli.main(["--checkpoint", tiny[0], "--prompt", "one two", "--kv-dtype", "int8",
+    code = cli.main(["--checkpoint", ckpt[0], "--prompt", "one two", "--kv-dtype", "int8",
                      "--attention", "cudnn"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err == ("wedlm-decode: error: --kv-dtype int8 is not read by the cuDNN "

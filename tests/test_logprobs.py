@@ -21,7 +21,7 @@ from decode.engine.decoder import Decoder
 from decode.engine.state import Request
 from decode.serving.scoring import score
 from decode.static.static_batch import generate, trace_steps
-from tests.test_decode import CAP, CONFIG, PROMPTS, TILE, params  # noqa: F401 (fixture)
+from tests.decode_cases import CAP, CONFIG, PROMPTS, TILE
 
 MASK = CONFIG.mask_token_id
 

@@ -1,5 +1,6 @@
 """Arrangements and attention structure (wedlm_jax.masking) against brute-force constructions
-written rule by rule from SPEC.md section 2, independently of the vectorised code."""
+written rule by rule from docs/algorithm.md §2 (tests/mask_rules.py), independently of the
+vectorised code."""
 
 import functools
 
@@ -11,64 +12,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from wedlm_jax import masking
+from tests.mask_rules import brute_causal_doc_mask, brute_documents, brute_dual_mask
 from wedlm_jax.config import ConfigError
 
 MASK_ID = 99
 ROW_LEN = 32  # hypothesis rows are padded / cut to one length so each function compiles once
 SETTINGS = settings(max_examples=40, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
-
-
-# ------------------------------------------------------------------------------ brute force
-
-def brute_documents(segment_ids):
-    """Python loops: per token (document key or None for padding, position in its document).
-    A document is a maximal run of equal non-zero ids; the key is the run's start index."""
-    docs, pos = [], []
-    start = 0
-    for i, s in enumerate(segment_ids):
-        if i == 0 or s != segment_ids[i - 1]:
-            start = i
-        docs.append(None if s == 0 else start)
-        pos.append(i - start)
-    return docs, pos
-
-
-def brute_dual_mask(segment_ids, block_size, source):
-    """Rule by rule, SPEC.md 2.4. Slot j < L is memory slot of token j; slot j >= L is the
-    prediction slot carrying token source[j] (the reorder the arrangement chose)."""
-    n = len(segment_ids)
-    docs, pos = brute_documents(list(segment_ids))
-    slots = [("mem", j) for j in range(n)] + [("pred", int(source[j])) for j in range(n, 2 * n)]
-    m = np.zeros((2 * n, 2 * n), bool)
-    for q in range(2 * n):
-        q_kind, q_tok = slots[q]
-        for k in range(2 * n):
-            k_kind, k_tok = slots[k]
-            if docs[q_tok] is None or docs[q_tok] != docs[k_tok]:
-                continue
-            q_block = pos[q_tok] // block_size
-            if q_kind == "mem" and k_kind == "mem":
-                m[q, k] = k <= q
-            elif q_kind == "pred" and k_kind == "mem":
-                m[q, k] = pos[k_tok] < q_block * block_size
-            elif q_kind == "pred" and k_kind == "pred":
-                m[q, k] = pos[k_tok] // block_size == q_block and k <= q
-            else:
-                m[q, k] = False
-    return m
-
-
-def brute_causal_doc_mask(segment_ids, source):
-    """Causal in physical order within a document (plain 4.1 and AR arrangements)."""
-    n = len(segment_ids)
-    docs, _ = brute_documents(list(segment_ids))
-    m = np.zeros((n, n), bool)
-    for q in range(n):
-        for k in range(n):
-            dq, dk = docs[int(source[q])], docs[int(source[k])]
-            m[q, k] = dq is not None and dq == dk and k <= q
-    return m
 
 
 # ------------------------------------------------------------------------------- strategies

@@ -9,7 +9,7 @@ import pytest
 from wedlm_jax import masking
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.model import Transformer, init_params
-from tests.test_masking import brute_dual_mask
+from tests.mask_rules import brute_dual_mask
 
 VOCAB, MASK_ID, BLOCK = 64, 63, 4
 CONFIG = ModelConfig(model_type="qwen3", vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
@@ -127,8 +127,8 @@ def test_leaks(setup):
 
 
 def test_influence_follows_the_mask(setup):
-    """Change each input slot in turn: exactly the queries that the rules of SPEC.md 2.4 (brute
-    force) let see it move (the dual-stream mask is transitively closed, so two layers add no
+    """Change each input slot in turn: exactly the queries that the rules of docs/algorithm.md §2 (brute
+    force, tests/mask_rules.py) let see it move (the dual-stream mask is transitively closed, so two layers add no
     indirect path)."""
     arr, mask, logits_of = setup
     np.testing.assert_array_equal(mask, brute_dual_mask(SEG, BLOCK, arr["source"]))

@@ -19,11 +19,8 @@ from decode.config import DecodeConfigError
 from decode.engine.decoder import Decoder
 from decode.engine.state import Request
 from tests.synthetic import random_params
-from wedlm_jax.config import ModelConfig
+from tests.decode_cases import CONFIG, paged_requests, run_requests
 
-CONFIG = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,
-                     num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True,
-                     mask_token_id=63)
 CAPACITY, SLOTS, PAGE = 96, 4, 8
 # the small pool of every test that wants pressure on it: one pool size, so its programs (which
 # the pool's shape shapes) compile once per method for all of them
@@ -35,34 +32,6 @@ METHODS = [("streaming", "before"), ("streaming", "after"), ("block", "before"),
 @pytest.fixture(scope="module")
 def params():
     return random_params(CONFIG, seed=2, head_scale=20.0)
-
-
-def paged_requests(n, seed=0, shared=3):
-    """Prompts over a few shared prefixes (longer than a page, so prefixes are reused)."""
-    rng = random.Random(seed)
-    prefixes = [[rng.randrange(1, 60) for _ in range(rng.randrange(9, 30))] for _ in range(shared)]
-    return [Request(prompt=tuple(rng.choice(prefixes) + [rng.randrange(1, 60)
-                                                        for _ in range(rng.randrange(1, 6))]),
-                    max_new_tokens=rng.randrange(4, 20), tau=rng.choice([0.0, 0.4, 1.0]))
-            for _ in range(n)]
-
-
-def run_requests(decoder, requests, seed=1, prefix_reuse=True, cancel=()):
-    """Random arrival: a few requests submitted between steps. {index: Finished}."""
-    rng = random.Random(seed)
-    b = Batcher(decoder, prefix_reuse=prefix_reuse)
-    out, todo = {}, list(enumerate(requests))
-    while todo or b.num_active or b.num_waiting:
-        for _ in range(rng.randrange(0, 4)):
-            if todo:
-                i, r = todo.pop(0)
-                rid = b.submit(r, on_finish=lambda f, i=i: out.__setitem__(i, f))
-                if i in cancel:
-                    b.cancel(rid)
-        b.step()
-        if b.pool is not None:
-            b.pool.check()
-    return out, b
 
 
 def _decoder(params, method, refill, **kw):

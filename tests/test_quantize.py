@@ -17,15 +17,11 @@ from decode import cli
 from decode.config import DecodeConfig, DecodeConfigError, Placement
 from decode.static.static_batch import generate
 from tests.plans import decoder, plan
+from tests.quantize_cases import AR_TOKENS, CONFIG, prefix_length
 from wedlm_jax import model as model_lib
 from wedlm_jax import quantize as q
-from wedlm_jax.config import ModelConfig
 
-CONFIG = ModelConfig(model_type="qwen3", vocab_size=256, hidden_size=128, intermediate_size=256,
-                     num_layers=4, num_heads=4, num_kv_heads=2, head_dim=32, qk_norm=True,
-                     mask_token_id=255)
 DEMO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "demo", "model")
-AR_TOKENS = 48
 
 
 def _kernels(tree):
@@ -208,7 +204,7 @@ import json
 import jax
 from decode.config import DecodeConfig, Placement
 from decode.static.static_batch import generate
-from tests.test_quantize import CONFIG
+from tests.quantize_cases import CONFIG
 from wedlm_jax.model import random_params
 from wedlm_jax.quantize import quantize_params
 from wedlm_jax.sharding import make_mesh
@@ -248,22 +244,6 @@ def test_quantized_weights_on_a_mesh_decode_as_on_one_device():
 
 # ---------------------------------------------------------------------------- the demo model
 
-@pytest.fixture(scope="module")
-def demo():
-    from demo.eval import eval_items, load_model
-    config, params, tok = load_model(check=False)
-    prompts = [tok.encode(eval_items(DEMO, k, 2)[1]["prompt"])
-               for k in ("counting", "arith", "lists", "records", "code")]
-    return config, params, prompts
-
-
-def prefix_length(a, b) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
-
-
 def _mean_kl(config, params, qparams, prompts, continuations) -> float:
     """Mean KL(float || quantized) per continuation token, teacher-forced on the float tokens
     (one causal forward of the batch, padded at the end)."""
@@ -294,8 +274,8 @@ def _tie_gaps(config, params, prompts, base, out) -> list:
     return gaps
 
 
-def test_demo_greedy_ar_int8_keeps_the_continuation(demo, tmp_path):
-    config, params, prompts = demo
+def test_demo_greedy_ar_int8_keeps_the_continuation(demo_prompts, tmp_path):
+    config, params, prompts = demo_prompts
     dc = DecodeConfig(method="ar", max_new_tokens=AR_TOKENS)
     base = generate(params, config, prompts, dc).tokens
     assert all(len(t) == AR_TOKENS for t in base)
@@ -315,58 +295,7 @@ def test_demo_greedy_ar_int8_keeps_the_continuation(demo, tmp_path):
     assert report["int8"]["mean_kl_per_token"] < report["int4"]["mean_kl_per_token"] < 1e-2
 
 
-# ---------------------------------------------------------------------------- compiled for a TPU
-
-TPU_BYTES = """
-import json
-from jax.experimental import topologies
-from benchmarks.step_bytes import hbm_traffic
-from decode.compile import aot
-from decode.config import EngineOptions, Placement
-from wedlm_jax.config import ModelConfig
-dev = topologies.get_topology_desc(platform="tpu", topology_name="v5p:1x1x1",
-                                   chips_per_host_bounds=(1, 1, 1)).devices[0]
-config = ModelConfig(model_type="qwen3", vocab_size=512, hidden_size=1024, intermediate_size=4096,
-                     num_layers=2, num_heads=8, num_kv_heads=2, head_dim=128, qk_norm=True)
-out = {}
-for scheme, group in (("none", None), ("int8", None), ("int4", 0), ("int4", 64)):
-    dec, compiled = aot.generate_program(
-        config, [dev], EngineOptions(method="ar", slots=8, capacity=1024),
-        Placement(dtype="bfloat16", attention="tiled", page_size=0, quantize=scheme,
-                  quantize_group=group), scan_unroll=config.num_layers)
-    text = compiled.as_text()
-    out[f"{scheme} {group}"] = dict(bytes=hbm_traffic(text), stacked=dec.static.stacked_layers,
-                                    kernels=sum("custom-call(" in l and "wedlm_grouped_matmul"
-                                                in l.split("=")[0] for l in text.splitlines()))
-print("RESULT " + json.dumps(out))
-"""
-
-
-def test_quantized_kernels_are_read_as_stored_on_a_tpu():
-    """Compiled by libtpu for a v5p chip (a toy AR step, whole depth; bytes from the program's
-    instructions, the Mosaic kernel's operands and result included): int8 and per-channel int4
-    kernels enter the projections' own einsums and are read in place (in the GPU's 2-D gemm form
-    libtpu copied q_proj and o_proj into another layout at every step: the 8B moved 0.654x /
-    0.432x of bf16's bytes, 0.588x / 0.399x now); int4 in groups of 64 goes through the Mosaic
-    kernel, one call per projection and layer, over one weight tree per layer, q / k / v's heads
-    read as laid out (libtpu dequantizes a grouped kernel into a bf16 copy: 1.95x the bf16 step
-    on the 8B)."""
-    import subprocess
-    import sys
-
-    from tests import tpu_compiler
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-c", TPU_BYTES], env=tpu_compiler.env(), cwd=root,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads([l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1][7:])
-    ratio = {k: round(v["bytes"] / out["none None"]["bytes"], 3) for k, v in out.items()}
-    print("v5p compile, toy AR step, bytes against bf16 weights:", ratio)
-    assert ratio["int8 None"] < 0.63 and ratio["int4 0"] < 0.42, ratio
-    assert out["int4 64"]["kernels"] == 7 * 2 and not out["int4 64"]["stacked"], out
-    assert out["int4 0"]["kernels"] == 0 and out["int4 0"]["stacked"], out
-    assert ratio["int4 64"] < 0.44, ratio            # 0.467 with q / k / v flattened (a copy)
-
+# ---------------------------------------------------------------------------- the step floor
 
 @pytest.mark.parametrize("scheme,group", [("none", 0), ("int8", 0), ("int4", 32)])
 def test_the_step_floor_counts_the_weights_as_stored(scheme, group):

@@ -13,7 +13,6 @@ import pytest
 
 from tests import plans
 from decode.config import INT32_MAX, DecodeConfig, DecodeConfigError
-from tests.tiny_checkpoint import make_checkpoint
 
 
 # ---------------------------------------------------------------------------- bounds at the door
@@ -26,21 +25,16 @@ def test_decode_config_bounds(field, value):
     assert DecodeConfig(top_k=INT32_MAX, seed=2**32 - 1).top_k == INT32_MAX
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return make_checkpoint(tmp_path_factory.mktemp("robust"))
-
-
-def _decoder(tiny, **kw):
+def _decoder(ckpt, **kw):
     from decode.engine.decoder import Decoder
-    _, config, params = tiny
+    _, config, params = ckpt
     return plans.decoder(params, config, **dict(dict(method="streaming", window=4, slots=2, capacity=128,
                                                 steps_per_call=4, sampling=True), **kw))
 
 
-def test_request_bounds_are_refused_before_any_device_work(tiny):
+def test_request_bounds_are_refused_before_any_device_work(ckpt):
     from decode.engine.state import Request
-    dec = _decoder(tiny)
+    dec = _decoder(ckpt)
     for field, value in (("top_k", 2**40), ("seed", 2**33), ("max_new_tokens", 2**31),
                          ("temperature", float("inf"))):
         with pytest.raises(DecodeConfigError, match=field):
@@ -49,13 +43,13 @@ def test_request_bounds_are_refused_before_any_device_work(tiny):
 
 # ---------------------------------------------------------------------------- isolation
 
-def test_a_request_that_fails_in_the_engine_fails_alone(tiny):
+def test_a_request_that_fails_in_the_engine_fails_alone(ckpt):
     """The prefill of one request raises: that request finishes 'error' with the reason, the
     others give the tokens they give alone, and the Batcher serves new requests afterwards. A
     failing generate call ends the requests in flight with 'error' and the state is rebuilt."""
     from decode.serving.batching import Batcher
     from decode.engine.state import Request
-    dec = _decoder(tiny)
+    dec = _decoder(ckpt)
     alone = {}
     for p in ((5, 6, 7), (9, 8)):
         b = Batcher(dec)
@@ -97,12 +91,12 @@ def test_a_request_that_fails_in_the_engine_fails_alone(tiny):
 
 # ---------------------------------------------------------------------------- byte-exact lines
 
-def test_a_bad_byte_costs_exactly_its_line(tmp_path, tiny):
+def test_a_bad_byte_costs_exactly_its_line(tmp_path, ckpt):
     """Bad lines at the start, in the middle, at a read-buffer boundary and at the end: with
     skip_bad_lines every good line is used and each bad one is named file:line; without it the
     error names the first bad line."""
     from train.data import DataError, iter_documents, load_tokenizer
-    folder, config, _ = tiny
+    folder, config, _ = ckpt
     tok, vocab = load_tokenizer(folder), config.vocab_size
     path = tmp_path / "data.jsonl"
     n, lines, bad, size, straddled = 4000, [], [], 0, False
@@ -129,11 +123,11 @@ def test_a_bad_byte_costs_exactly_its_line(tmp_path, tiny):
         list(iter_documents([str(path)], tok, vocab_size=vocab))
 
 
-def test_batch_job_names_a_non_utf8_line(tmp_path, tiny):
+def test_batch_job_names_a_non_utf8_line(tmp_path, ckpt):
     from decode.serving.job_input import read_input
     from decode.config import Sampling
     from decode.text import load_tokenizer
-    tok = load_tokenizer(tiny[0])
+    tok = load_tokenizer(ckpt[0])
     path = tmp_path / "in.jsonl"
     path.write_bytes(b'{"prompt": "fine"}\n{"prompt": "bad \xff"}\n')
     with pytest.raises(DecodeConfigError, match=f"{path}:2: not UTF-8"):
@@ -258,7 +252,7 @@ def test_disk_full_inside_the_checkpoint_writer_is_one_line(tmp_path, capsys, mo
     assert "kept the complete checkpoint of step 2" in line and "Traceback" not in err
 
 
-def test_disk_full_while_the_batch_job_writes_is_one_line(tmp_path, tiny, capsys, monkeypatch):
+def test_disk_full_while_the_batch_job_writes_is_one_line(tmp_path, ckpt, capsys, monkeypatch):
     import errno
 
     from decode import cli
@@ -275,7 +269,7 @@ def test_disk_full_while_the_batch_job_writes_is_one_line(tmp_path, tiny, capsys
         written.append(record)
         real(f, record)
     monkeypatch.setattr(batch_job, "_append", append)
-    argv = ["--checkpoint", tiny[0], "--input", str(src), "--output", str(out), "--slots", "1",
+    argv = ["--checkpoint", ckpt[0], "--input", str(src), "--output", str(out), "--slots", "1",
             "--capacity", "64"]
     code = cli.main(argv)
     err = capsys.readouterr().err
@@ -289,7 +283,7 @@ def test_disk_full_while_the_batch_job_writes_is_one_line(tmp_path, tiny, capsys
     assert sorted(json.loads(x)["id"] for x in out.read_text().splitlines()) == [0, 1, 2, 3]
 
 
-def test_out_of_device_memory_is_one_line(tmp_path, capsys, monkeypatch, tiny):
+def test_out_of_device_memory_is_one_line(tmp_path, capsys, monkeypatch, ckpt):
     """XLA's RESOURCE_EXHAUSTED (at compile or run time) ends wedlm-train and wedlm-decode with one
     line naming what to lower, exit 1, no traceback."""
     import jax
@@ -308,7 +302,7 @@ def test_out_of_device_memory_is_one_line(tmp_path, capsys, monkeypatch, tiny):
     assert line.startswith("wedlm-train: error: out of device memory: RESOURCE_EXHAUSTED: Out of "
                            "memory while trying to allocate 19.27GiB.; lower data.global_batch_size")
     monkeypatch.setattr(cli, "run", boom)
-    assert cli.main(["--checkpoint", tiny[0], "--prompt", "hi"]) == 1
+    assert cli.main(["--checkpoint", ckpt[0], "--prompt", "hi"]) == 1
     (line,) = _wedlm_lines(capsys.readouterr().err)
     assert line.startswith("wedlm-decode: error: out of device memory: RESOURCE_EXHAUSTED") \
         and "lower --capacity" in line

@@ -9,12 +9,6 @@ from transformers import AutoModelForCausalLM
 
 from decode.config import DecodeConfigError
 from decode.serving.scoring import MAX_LOGPROBS, score
-from tests.tiny_checkpoint import make_checkpoint
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return make_checkpoint(tmp_path_factory.mktemp("score"))
 
 
 def _reference(path, seq):
@@ -25,8 +19,8 @@ def _reference(path, seq):
     return lp.numpy(), [float(lp[j, t]) for j, t in enumerate(seq[1:])]
 
 
-def test_prompt_logprobs_equal_transformers(tiny):
-    path, config, params = tiny
+def test_prompt_logprobs_equal_transformers(ckpt):
+    path, config, params = ckpt
     rng = np.random.default_rng(0)
     seqs = [list(rng.integers(0, config.vocab_size, n)) for n in (23, 5, 40)]
     got = score(params, config, seqs, top_n=3)
@@ -46,8 +40,8 @@ def test_prompt_logprobs_equal_transformers(tiny):
     assert len(alone[1]) == 5 and "top_logprobs" not in score(params, config, [seqs[1]])[0]
 
 
-def test_bad_input_is_named(tiny):
-    _, config, params = tiny
+def test_bad_input_is_named(ckpt):
+    _, config, params = ckpt
     with pytest.raises(DecodeConfigError, match=f"logprobs must be an int in \\[0, {MAX_LOGPROBS}\\]"):
         score(params, config, [[1, 2]], top_n=21)
     with pytest.raises(DecodeConfigError, match="sequence 1: token id 999 is outside"):

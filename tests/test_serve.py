@@ -22,91 +22,11 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
 from decode.serving import serve  # noqa: E402
-from decode.config import DecodeConfig  # noqa: E402
-from decode.static.static_batch import generate  # noqa: E402
 from decode.text import load_tokenizer  # noqa: E402
-from tests.live_server import serve_in_thread, start_subprocess_server  # noqa: E402,F401
-from tests.tiny_checkpoint import make_checkpoint  # noqa: E402
+from tests.live_server import start_subprocess_server  # noqa: E402
+from tests.serve_cases import CAPACITY, SLOTS, TAU, WINDOW, decoded_alone  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WINDOW, SLOTS, CAPACITY, TAU = 8, 8, 512, 0.4
-
-
-class Gate:
-    """Wraps a Batcher: `step()` runs freely while open; closed, each step waits for `release()`."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.is_open = True
-        self.sem = threading.Semaphore(0)
-        self.steps = 0
-        self.delay = 0.0     # seconds each step takes on top of its own (a slower, busy device)
-
-    def close(self):
-        self.sem = threading.Semaphore(0)
-        self.is_open = False
-
-    def open(self):
-        self.is_open = True
-        self.sem.release()   # wakes a waiting step
-
-    def step(self):
-        while not self.is_open and not self.sem.acquire(timeout=0.05):
-            pass
-        out = self.inner.step()
-        self.steps += 1
-        time.sleep(self.delay)
-        return out
-
-    def submit(self, *a, **k):
-        return self.inner.submit(*a, **k)
-
-    def cancel(self, rid):
-        return self.inner.cancel(rid)
-
-    @property
-    def num_active(self):
-        return self.inner.num_active
-
-    @property
-    def num_waiting(self):
-        return self.inner.num_waiting
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return make_checkpoint(tmp_path_factory.mktemp("serve"))
-
-
-@pytest.fixture(scope="module")
-def server(ckpt):
-    from decode.serving.batching import Batcher
-    path, config, params = ckpt
-    args = serve._parser().parse_args(["--checkpoint", path, "--slots", str(SLOTS), "--window", str(WINDOW),
-                                       "--capacity", str(CAPACITY), "--max-queue", "64",
-                                       "--no-default-stops", "--model-name", "tiny"])
-    decoder, tokenizer, cfg = serve.load_decoder(args)
-    gate = Gate(Batcher(decoder))
-    serve.warm_up(gate.inner, CAPACITY, every_bucket=False)
-    engine = serve.Engine(gate, max_pending=SLOTS + 64, scorer=serve.scorer_for(decoder)).start()
-    app = serve.build_app(engine, tokenizer, cfg)
-    url, srv, thread, sock = serve_in_thread(app)
-    yield dict(url=url, gate=gate, engine=engine, tokenizer=tokenizer, config=config, params=params,
-               client=openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60))
-    gate.open()
-    srv.should_exit = True
-    thread.join(15)
-    engine.shutdown(timeout=15)
-    sock.close()
-
-
-def decoded_alone(s, ids, max_tokens, stop_ids=(), with_logprobs=False, **kw):
-    """The request decoded alone by the static batch (its tokens; with their log-probabilities
-    when `with_logprobs`)."""
-    dc = DecodeConfig(method="streaming", window=WINDOW, max_new_tokens=max_tokens, stop_token_ids=tuple(stop_ids),
-                      **{"tau": TAU, **kw})
-    res = generate(s["params"], s["config"], [ids], dc, capacity=CAPACITY)
-    return (res.tokens[0], res.logprobs[0]) if with_logprobs else res.tokens[0]
 
 
 def _health(s):

@@ -27,7 +27,6 @@ from decode.serving import serve  # noqa: E402
 from decode.config import Sampling  # noqa: E402
 from decode.text import load_tokenizer  # noqa: E402
 from tests.live_server import serve_in_thread, tiny_engine  # noqa: E402
-from tests.tiny_checkpoint import make_checkpoint  # noqa: E402
 
 CAPACITY = 256
 FIELDS = ("prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
@@ -48,11 +47,6 @@ messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "sys
 bodies = st.fixed_dictionaries(
     {}, optional={**{f: json_values for f in FIELDS}, "prompt": prompts, "messages": messages,
                   "max_tokens": st.integers(-3, 2**40) | json_values})
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return make_checkpoint(tmp_path_factory.mktemp("fuzz"))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

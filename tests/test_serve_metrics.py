@@ -21,16 +21,10 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from decode import cli  # noqa: E402
 from decode.serving import serve  # noqa: E402
 from decode.serving.metrics import ServerMetrics  # noqa: E402
-from tests.tiny_checkpoint import make_checkpoint  # noqa: E402
 
 KEY = "metrics-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 PROMPT = "one two three four five six seven eight nine ten " * 2
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return make_checkpoint(tmp_path_factory.mktemp("metrics"))
 
 
 @pytest.fixture(scope="module")

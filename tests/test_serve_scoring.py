@@ -7,10 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.test_serve import CAPACITY, decoded_alone, ckpt, httpx, server  # noqa: F401 (fixtures)
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
 
 from decode.serving import serve  # noqa: E402
 from decode.serving.scoring import score  # noqa: E402
+from tests.serve_cases import CAPACITY, decoded_alone  # noqa: E402
 
 
 def _post(s, path, body):

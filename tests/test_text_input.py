@@ -12,15 +12,9 @@ import sys
 import pytest
 
 from decode import cli
-from tests.tiny_checkpoint import make_checkpoint
 from wedlm_jax.tokenizer import TextError, check_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return make_checkpoint(tmp_path_factory.mktemp("text"))[0]
 
 
 def _cli(capsys, *argv):
@@ -39,7 +33,7 @@ def test_check_text_names_the_character():
 
 def test_a_non_utf8_byte_in_argv_is_one_line(ckpt):
     r = subprocess.run([sys.executable.encode(), b"-m", b"decode.cli", b"--checkpoint",
-                        ckpt.encode(), b"--prompt", b"caf\xe9 au lait", b"--max-new-tokens", b"4"],
+                        ckpt[0].encode(), b"--prompt", b"caf\xe9 au lait", b"--max-new-tokens", b"4"],
                        cwd=ROOT, capture_output=True, timeout=300)
     err = r.stderr.decode("utf-8", "replace").strip().splitlines()
     assert r.returncode == 2, err
@@ -50,15 +44,15 @@ def test_a_non_utf8_byte_in_argv_is_one_line(ckpt):
 def test_prompt_files_name_the_line(ckpt, tmp_path, capsys):
     bad_byte = tmp_path / "bytes.txt"
     bad_byte.write_bytes(b'"fine"\n"caf\xe9"\n')
-    code, err = _cli(capsys, "--checkpoint", ckpt, "--prompts-file", str(bad_byte))
+    code, err = _cli(capsys, "--checkpoint", ckpt[0], "--prompts-file", str(bad_byte))
     assert code == 2 and err == [f"wedlm-decode: error: {bad_byte}:2: not UTF-8 (invalid "
                                  "continuation byte at byte 5 of the line)"], err
     escape = tmp_path / "escape.jsonl"
     escape.write_text('{"prompt": "one two"}\n{"prompt": "x\\ud800y"}\n')
-    code, err = _cli(capsys, "--checkpoint", ckpt, "--prompts-file", str(escape))
+    code, err = _cli(capsys, "--checkpoint", ckpt[0], "--prompts-file", str(escape))
     assert code == 2 and len(err) == 1 and err[0].startswith(
         f"wedlm-decode: error: {escape}:2: text is not valid Unicode"), err
-    code, err = _cli(capsys, "--checkpoint", ckpt, "--prompt", "one", "--stop", "\udc80")
+    code, err = _cli(capsys, "--checkpoint", ckpt[0], "--prompt", "one", "--stop", "\udc80")
     assert code == 2 and len(err) == 1 and err[0].startswith(
         "wedlm-decode: error: --stop: stop string '\\udc80': text is not valid Unicode"), err
 
@@ -68,12 +62,12 @@ def test_the_batch_job_names_the_line_and_field(ckpt, tmp_path, capsys):
     lines = [{"id": "a", "prompt": "one two"}, {"id": "b", "messages": [
         {"role": "user", "content": "hi \ud83d"}]}]
     src.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-    code, err = _cli(capsys, "--checkpoint", ckpt, "--input", str(src), "--output",
+    code, err = _cli(capsys, "--checkpoint", ckpt[0], "--input", str(src), "--output",
                      str(tmp_path / "out.jsonl"))
     assert code == 2 and len(err) == 1 and err[0].startswith(f"wedlm-decode: error: {src}:2: field"), err
     assert "not valid Unicode" in err[0] or "chat template" in err[0], err
     src.write_text(json.dumps({"id": "c", "prompt": "a", "stop": ["\udfff"]}) + "\n")
-    code, err = _cli(capsys, "--checkpoint", ckpt, "--input", str(src), "--output",
+    code, err = _cli(capsys, "--checkpoint", ckpt[0], "--input", str(src), "--output",
                      str(tmp_path / "out2.jsonl"))
     assert code == 2 and len(err) == 1 and f"{src}:1: field 'stop'" in err[0], err
     assert not (tmp_path / "out2.jsonl").exists() or not (tmp_path / "out2.jsonl").read_text()
@@ -96,7 +90,7 @@ def test_fuzz_every_text_door_refuses_with_one_line(ckpt, tmp_path, capsys):
                             (["--prompts-file", str(f)], f"{f}:1"),
                             (["--input", str(inp), "--output", str(tmp_path / f"o{i}.jsonl")],
                              f"{inp}:1")):
-            code, err = _cli(capsys, "--checkpoint", ckpt, "--max-new-tokens", "2", *argv)
+            code, err = _cli(capsys, "--checkpoint", ckpt[0], "--max-new-tokens", "2", *argv)
             if bad:
                 assert code == 2 and len(err) == 1, (text, argv, err)
                 assert err[0].startswith(f"wedlm-decode: error: {where}"), (text, err)

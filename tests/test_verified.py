@@ -22,20 +22,11 @@ import pytest
 from decode.config import DecodeConfig, DecodeConfigError, Placement
 from decode.engine.programs import compiled_count
 from decode.static.static_batch import generate, trace_steps
+from tests.decode_cases import CAP, CONFIG, PROMPTS, TILE
 from tests.verified_reference import reference_verified
-from wedlm_jax.config import ModelConfig
 from tests.synthetic import random_params as make_params
 from wedlm_jax.model import Transformer, init_kv_cache
 from tests import xla
-
-CONFIG = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,
-                     num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True,
-                     mask_token_id=63)
-CAP = 40
-TILE = 16
-PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11, 12], [13], [14, 15, 16, 17, 18]]
-
-
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +35,8 @@ def agree():
 
 
 @pytest.fixture(scope="module")
-def plain():
-    return make_params(CONFIG, 0, head_scale=30.0)
+def plain(params):
+    return params            # the engine tests' model (tests/conftest.py)
 
 
 def run(params, dc, prompts=PROMPTS, capacity=CAP):
@@ -309,7 +300,8 @@ import json
 import jax
 from decode.config import DecodeConfig, Placement
 from decode.static.static_batch import generate
-from tests.test_verified import CONFIG, PROMPTS, make_params
+from tests.decode_cases import CONFIG, PROMPTS
+from tests.synthetic import random_params as make_params
 from wedlm_jax.sharding import make_mesh
 
 assert len(jax.devices()) == 4, jax.devices()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import textwrap
 
-from tests.test_gpu_compile import run_for_the_gpu
+from tests.gpu_compiler import run_for_the_gpu
 
 SCRIPT = textwrap.dedent("""
     import json

@@ -4,7 +4,6 @@ the paged kernel's bytes the compiler does not count; the program itself for a T
 layer of the 8B; and with it, the GPU decode step's bytes with its weights per layer or stacked
 (XLA's GPU compiler, no GPU: .venv/gpu-compiler, `make setup`)."""
 
-import json
 import os
 import re
 import subprocess
@@ -12,11 +11,11 @@ import sys
 import textwrap
 
 from benchmarks.step_bytes import instruction_bytes, kernel_not_counted, source_group
-from tests import tpu_compiler, xla
+from tests import tpu_compiler
+from tests.gpu_compiler import run_for_the_gpu
 from wedlm_jax.config import ModelConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-GPU_COMPILER = os.path.join(ROOT, ".venv", "gpu-compiler")
 
 HLO = """HloModule m, entry_computation_layout={(f32[8,16]{1,0})->f32[8,16]{1,0}}
 
@@ -162,14 +161,7 @@ def test_per_layer_weights_halve_the_gpu_decode_steps_bytes():
     """The decode step compiled for an H100: with its weights as one buffer per layer
     (decode/engine/layouts.py) it moves about half the bytes it moves with them stacked, where XLA:GPU
     copies each layer's weights out of the stack at every step."""
-    assert os.path.isdir(os.path.join(GPU_COMPILER, "jax_plugins")), (
-        f"XLA's GPU compiler is not in {GPU_COMPILER}: run `make setup` (or `make gpu-compiler`)")
-    env = dict(xla.full_compile(os.environ), JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([ROOT, GPU_COMPILER]))
-    proc = subprocess.run([sys.executable, "-c", GPU_LAYERS], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1][7:])
+    out = run_for_the_gpu(GPU_LAYERS)
     stacked, flat = out["True"], out["False"]
     assert flat["flat"] and not stacked["flat"]
     weights = 2 * 2 * (3 * 1024 * 4096 + 1024 * (8 + 2 + 2) * 128 + 8 * 128 * 1024)   # bf16, 2 layers
