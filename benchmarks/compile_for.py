@@ -164,7 +164,7 @@ def libtpu_cost(config, devices, engine, placement, live: int, attention: str) -
     else:
         cost["kv_not_counted"] = kernel_not_counted(engine.slots, span, config, live, "bfloat16")
     cost["bytes accessed"] += cost["kv_not_counted"]
-    from wedlm_jax.quantize import resolve_group
+    from wedlm_jax.quantize_scheme import resolve_group
     group = resolve_group(placement.quantize, placement.quantize_group)
     if group and len(devices) == 1:                 # read by the Mosaic grouped matmul kernel
         rows = engine.slots * span

@@ -58,7 +58,7 @@ def check_quantized_folder(folder: str, placement: Placement, group: int) -> Non
     """A folder written quantized (`wedlm-convert hf-to-orbax --quantize`) decodes under its own
     scheme: DecodeConfigError (field quantize) naming both when the placement asks for another
     (`group`: the placement's group size, `Placement.check_model`)."""
-    from wedlm_jax.quantize import QuantizeError
+    from wedlm_jax.quantize_scheme import QuantizeError
     from wedlm_jax.checkpoints.quantized import check_matches
     try:
         check_matches(folder, placement.quantize, group)
@@ -111,7 +111,8 @@ class OpenCheckpoint:
         from decode.engine.layouts import layers_stacked
         from wedlm_jax import grouped_matmul
         from wedlm_jax.checkpoints import checkpoint_kind, load_checkpoint
-        from wedlm_jax.quantize import is_quantized, quantize_params, resolve_group
+        from wedlm_jax.quantize import is_quantized, quantize_params
+        from wedlm_jax.quantize_scheme import resolve_group
         mesh = self.placement.make_mesh()
         quiet = {} if checkpoint_kind(self.folder) == "orbax" else {"progress": False}
         platform = (mesh.devices.flat[0] if mesh is not None else jax.local_devices()[0]).platform

@@ -26,10 +26,10 @@ from decode.options import (DOORS, INT32_MAX, MAX_STOP_IDS, Checked, DecodeConfi
                             is_int, option)
 
 from wedlm_jax.dtypes import DtypeError, dtype_name
-from wedlm_jax import quantize as quantize_lib
-from wedlm_jax.attention.kv_quant import KV_DTYPES
+from wedlm_jax import quantize_scheme as scheme_rules
+from wedlm_jax.attention.table import KV_DTYPES
 from wedlm_jax.attention.table import CACHE_CHOICES
-from wedlm_jax.sharding import MESH_AXES
+from wedlm_jax.axis_rules import MESH_AXES
 
 METHODS = ("streaming", "block", "ar", "verified")
 REFILLS = ("before", "after")               # decode.engine.steps: when the window's masks are refilled
@@ -283,10 +283,10 @@ class Placement(Checked):
     quantize: str = option(
         "none", str, "weight-only quantization of the projections: int8 (a scale per output "
         "channel) or int4 (a scale per --quantize-group inputs); the embedding and LM head int8 "
-        "under both (a scale per token)", choices=quantize_lib.SCHEMES, flag_choices=True)
+        "under both (a scale per token)", choices=scheme_rules.SCHEMES, flag_choices=True)
     quantize_group: int | None = option(
         None, int, "the group size along each projection's input (default: int4 "
-        f"{quantize_lib.DEFAULT_GROUP['int4']}, int8 per channel; 0: per channel)", low=0,
+        f"{scheme_rules.DEFAULT_GROUP['int4']}, int8 per channel; 0: per channel)", low=0,
         optional=True)
     kv_dtype: str = option(
         "auto", str, "the KV cache: auto (in --dtype) or int8 (a float32 scale per token and head "
@@ -295,8 +295,8 @@ class Placement(Checked):
 
     def __post_init__(self):
         try:   # the scheme and its group together, with the scheme's words
-            quantize_lib.resolve_group(self.quantize, self.quantize_group)
-        except quantize_lib.QuantizeError as e:
+            scheme_rules.resolve_group(self.quantize, self.quantize_group)
+        except scheme_rules.QuantizeError as e:
             raise DecodeConfigError(str(e), e.field) from None
         super().__post_init__()
         if self.num_pages is not None and not self.page_size:
@@ -334,8 +334,8 @@ class Placement(Checked):
             raise DecodeConfigError(f"--mesh tensor={t} does not divide the model's "
                                     f"{config.num_heads} heads / {config.num_kv_heads} KV heads")
         try:
-            return quantize_lib.check_model(config, self.quantize, self.quantize_group)
-        except quantize_lib.QuantizeError as e:
+            return scheme_rules.check_model(config, self.quantize, self.quantize_group)
+        except scheme_rules.QuantizeError as e:
             raise DecodeConfigError(str(e), e.field) from None
 
     @classmethod

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from wedlm_jax.dtypes import canonical
-from wedlm_jax.sharding import MESH_AXES
+from wedlm_jax.axis_rules import MESH_AXES
 
 OBJECTIVES = ("dual_stream", "plain", "ar_only")
 COMPUTE_DTYPES = ("bfloat16", "float32")

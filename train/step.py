@@ -39,7 +39,8 @@ from wedlm_jax.attention import backends as attn_backends
 from wedlm_jax import losses, masking
 from wedlm_jax import model as model_lib
 from wedlm_jax.config import ModelConfig
-from wedlm_jax.sharding import DEFAULT_RULES, tree_shardings
+from wedlm_jax.axis_rules import DEFAULT_RULES
+from wedlm_jax.sharding import tree_shardings
 
 OBJECTIVE_NAMES = {"dual_stream": "dual", "plain": "plain", "ar_only": "ar"}
 BATCH_AXES = ("data", "fsdp")

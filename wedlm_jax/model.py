@@ -28,7 +28,7 @@ gathers) one layer at a time.
 Parameter layout: every layer parameter is stacked under `layers` with a leading 'layers' axis
 [num_layers, ...]: q_proj [L, embed, heads, head_dim], k_proj/v_proj [L, embed, kv_heads,
 head_dim], o_proj [L, heads, head_dim, embed], gate/up [L, embed, mlp], down [L, mlp, embed],
-norms [L, dim]; every parameter carries logical axis names (see `sharding.AxisRules`).
+norms [L, dim]; every parameter carries logical axis names (see `axis_rules.AxisRules`).
 """
 
 from __future__ import annotations
@@ -431,7 +431,7 @@ def init_kv_cache(config: ModelConfig, batch: int, capacity: int, dtype=jnp.floa
 
 
 def kv_cache_logical_axes(config: ModelConfig):
-    """Tree (matching `init_kv_cache`) of logical-axis tuples (see `sharding.AxisRules`)."""
+    """Tree (matching `init_kv_cache`) of logical-axis tuples (see `axis_rules.AxisRules`)."""
     axes = ("layers", "batch", "cache_length", "kv_heads", "head_dim")
     return {"k": axes, "v": axes}
 

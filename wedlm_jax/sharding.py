@@ -1,4 +1,5 @@
-"""The one table that maps logical axis names onto the mesh ('data', 'fsdp', 'tensor').
+"""Shardings from the one table that maps logical axis names onto the mesh ('data', 'fsdp',
+'tensor'): wedlm_jax/axis_rules.py.
 
 Every parameter of `model.Transformer` is created with logical axis names (see `LOGICAL_AXES`
 there); activations are constrained with the same names. `AxisRules` says which mesh axes each
@@ -8,47 +9,14 @@ rejected, so one table serves every model size (e.g. 2 KV heads on tensor=4).
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-MESH_AXES = ("data", "fsdp", "tensor")
-
-
-@dataclasses.dataclass(frozen=True)
-class AxisRules:
-    """logical axis -> mesh axis (or tuple of axes, or None for replicated)."""
-    batch: Any = ("data", "fsdp")
-    length: Any = None
-    vocab: Any = "tensor"
-    embed: Any = "fsdp"
-    heads: Any = "tensor"
-    kv_heads: Any = "tensor"
-    head_dim: Any = None
-    mlp: Any = "tensor"
-    norm: Any = None
-    cache_length: Any = None
-    pages: Any = ("data", "fsdp")  # the paged cache's pool: each slot shard's own pages
-    layers: Any = None  # the stacked-layer axis of the layer scan: never split (one layer a step)
-
-    def as_flax_rules(self) -> tuple:
-        return tuple((f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
-
-    def mesh_axes(self, logical: str | None):
-        if logical is None:
-            return None
-        if not hasattr(self, logical):
-            raise KeyError(f"logical axis {logical!r} has no rule; known: "
-                           f"{', '.join(f.name for f in dataclasses.fields(self))}")
-        return getattr(self, logical)
-
-
-DEFAULT_RULES = AxisRules()
-
+from wedlm_jax.axis_rules import DEFAULT_RULES, MESH_AXES, AxisRules
 
 def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1, devices: Sequence | None = None) -> Mesh:
     """A ('data', 'fsdp', 'tensor') mesh with Auto axis types over `devices` (default: all)."""

@@ -55,7 +55,9 @@ from decode.engine.state import (DecodeState, Prefix, Request, ResultTokens, fre
 from wedlm_jax import model as model_lib
 from wedlm_jax.attention import paged
 from wedlm_jax import quantize
-from wedlm_jax.sharding import DEFAULT_RULES, is_axes, spec_for, tree_shardings
+from wedlm_jax.quantize_scheme import QuantizeError
+from wedlm_jax.axis_rules import DEFAULT_RULES
+from wedlm_jax.sharding import is_axes, spec_for, tree_shardings
 
 MIN_PROMPT_BUCKET = 16
 PROGRAMS = ("generate", "prefill", "admit")      # what `abstract_args` / `lower` / `compile` take
@@ -76,7 +78,7 @@ class Decoder:
         config = plan.model_config
         try:   # float weights quantized as the plan says; quantized ones must match it
             params = quantize.conform(params, plan.static.quantize, plan.static.quantize_group)
-        except quantize.QuantizeError as e:
+        except QuantizeError as e:
             raise DecodeConfigError(str(e), e.field) from None
         if plan.static.stacked_layers and not model_lib.layers_stacked(params):
             raise DecodeConfigError("the plan takes stacked layer weights and these are one tree "

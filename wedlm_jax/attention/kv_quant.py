@@ -19,7 +19,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-KV_DTYPES = ("auto", "int8")   # auto: the cache in the placement's dtype
+from wedlm_jax.attention.table import KV_DTYPES
+
 SCALE_BYTES = 4                # a row's float32 scale, bitcast to int8
 QMAX = 127
 

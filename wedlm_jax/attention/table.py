@@ -12,6 +12,7 @@ import dataclasses
 
 LAYOUTS = ("causal", "structure", "cache", "mask")
 HALF = ("bfloat16", "float16")
+KV_DTYPES = ("auto", "int8")   # the cache's storage; auto: in the placement's dtype
 
 # the names, each spelled once
 DENSE, TILED, SPLASH, CUDNN, PALLAS = "dense", "tiled", "splash", "cudnn", "pallas"

@@ -28,6 +28,7 @@ import numpy as np
 import qwix
 
 from wedlm_jax import hf_mapping, model, quantize, sharding
+from wedlm_jax import quantize_scheme as scheme_rules
 from wedlm_jax import safetensors_io as st
 from wedlm_jax.checkpoints import folders, tensors
 from wedlm_jax.checkpoints.folders import PARAMS_DIR
@@ -55,7 +56,7 @@ def read_record(folder) -> dict | None:
         scheme, scale_dtype = meta["scheme"], meta["scale_dtype"]
         if scheme not in quantize.QTYPES or scale_dtype not in SCALE_DTYPES:
             raise ValueError(f"scheme {scheme!r}, scale_dtype {scale_dtype!r}")
-        return dict(scheme=scheme, group=quantize.resolve_group(scheme, meta["group"]),
+        return dict(scheme=scheme, group=scheme_rules.resolve_group(scheme, meta["group"]),
                     scale_dtype=scale_dtype)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"{path}: not a quantization record this project reads ({e}); "
@@ -75,7 +76,7 @@ def check_matches(folder, scheme: str, group: int) -> None:
     if stored is None or stored == (scheme, group):
         return
     have, want = quantize.describe(*stored), quantize.describe(scheme, group)
-    raise quantize.QuantizeError(
+    raise scheme_rules.QuantizeError(
         f"{folder} holds weights quantized {have}; the plan says --quantize {want}: decode it with "
         f"--quantize {stored[0]}" + (f" --quantize-group {stored[1]}" if stored[1] else ""),
         "quantize")
@@ -126,7 +127,7 @@ def convert_hf(path, scheme: str, group: int | None = None, dtype=None, allow_ex
     "scale"} pair (`save` writes it). `dtype` as `load_hf_checkpoint`'s (the scales' too)."""
     path = os.fspath(path)
     config = tensors.read_config(path)
-    group = quantize.check_model(config, scheme, group)
+    group = scheme_rules.check_model(config, scheme, group)
     target = tensors.parse_dtype(dtype)
     stored = st.index_tensors(path)
     config = settle_qk_norm(config, path, stored)
@@ -181,8 +182,8 @@ def convert_folder(hf_dir, out_dir, scheme: str, group: int | None = None, *, dt
     from wedlm_jax.failures import check_space
     try:
         config = tensors.read_config(hf_dir)
-        group = quantize.check_model(config, scheme, group)
-    except quantize.QuantizeError as e:
+        group = scheme_rules.check_model(config, scheme, group)
+    except scheme_rules.QuantizeError as e:
         raise CheckpointError(f"--{e.field.replace('_', '-')}: {e}") from None
     infos = st.index_tensors(hf_dir).values()
     dt = tensors.parse_dtype(dtype) or np.result_type(*{st.DTYPES[i.dtype] for i in infos})
