@@ -128,11 +128,14 @@ def bias_rows(settings, v: int) -> jnp.ndarray:
 def seen_counts(counts: jnp.ndarray, tok: jnp.ndarray, before: jnp.ndarray) -> jnp.ndarray:
     """[B, S, V] int32: per slot of a forward, how often each token was generated before it:
     the row's committed counts [B, V] plus the window's tokens `tok` [B, W] that slot reads
-    (`before` [B, S, W] bool: slot s reads window token w)."""
-    v = counts.shape[-1]
-    window = jnp.einsum("bsw,bwv->bsv", before.astype(jnp.float32),
-                        jax.nn.one_hot(tok, v, dtype=jnp.float32))        # exact: at most W
-    return counts[:, None, :] + window.astype(jnp.int32)
+    (`before` [B, S, W] bool: slot s reads window token w). Built as W elementwise adds, which
+    the compiler fuses into the consumer (the adjusted argmax): a one-hot contraction made
+    [B, S, V] arrays the step allocated even with no penalty set (BENCHMARKS.md section 15)."""
+    vocab = jnp.arange(counts.shape[-1], dtype=jnp.int32)
+    seen = counts[:, None, :]
+    for w in range(tok.shape[1]):
+        seen = seen + (before[:, :, w, None] & (tok[:, w, None, None] == vocab)).astype(jnp.int32)
+    return seen
 
 
 def adjust_logits(logits: jnp.ndarray, settings, seen: jnp.ndarray) -> jnp.ndarray:
