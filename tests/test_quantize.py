@@ -214,7 +214,7 @@ dc = DecodeConfig(method="ar", max_new_tokens=8)
 one = generate(params, CONFIG, prompts, dc, capacity=32, placement=Placement(kv_tile=16))
 mesh = make_mesh(data=2, fsdp=1, tensor=2)
 sharded = generate(params, CONFIG, prompts, dc, capacity=32,
-                   placement=Placement(kv_tile=16), mesh=mesh)
+                   placement=Placement(kv_tile=16, mesh=(2, 1, 2)))
 from tests.plans import decoder
 kernel = decoder(params, CONFIG, mesh=mesh, method="ar", slots=4, capacity=32, quantize="int4",
                  quantize_group=32).params[

@@ -302,18 +302,16 @@ from decode.config import DecodeConfig, Placement
 from decode.static.static_batch import generate
 from tests.decode_cases import CONFIG, PROMPTS
 from tests.synthetic import random_params as make_params
-from wedlm_jax.sharding import make_mesh
 
 assert len(jax.devices()) == 4, jax.devices()
 params = make_params(CONFIG, 0, head_scale=100.0, qk_scale=0.1, vo_scale=20.0)
-mesh = make_mesh(data=2, fsdp=1, tensor=2)
 out = {}
 for temp in (0.0, 1.0):
     dc = DecodeConfig(method="verified", window=4, tau=3.0, lam=0.05, max_new_tokens=12,
                       temperature=temp, seed=7)
     one = generate(params, CONFIG, PROMPTS, dc, capacity=40, placement=Placement(kv_tile=16))
     sharded = generate(params, CONFIG, PROMPTS, dc, capacity=40,
-                       placement=Placement(kv_tile=16), mesh=mesh)
+                       placement=Placement(kv_tile=16, mesh=(2, 1, 2)))
     out[str(temp)] = [one.tokens, sharded.tokens, [one.steps, one.accepted, one.rejected],
                       [sharded.steps, sharded.accepted, sharded.rejected]]
 print("RESULT " + json.dumps(out))
