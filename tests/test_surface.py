@@ -23,3 +23,24 @@ def test_one_import_gives_the_surface_and_loads_the_engine_only_when_used():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("ok module 'decode' has no attribute 'nothing'"), out.stdout
+
+
+def test_the_option_types_load_no_jax():
+    """A door's options are parsed and checked before anything heavy loads: the option types and
+    their checks import no jax."""
+    script = (
+        "import sys\n"
+        "from decode import EngineOptions, Placement, Sampling\n"
+        "Sampling(temperature=0.5, min_p=0.1, logit_bias={3: -100})\n"
+        "Placement(dtype='bfloat16', mesh=(2, 1, 2), quantize='int4', kv_dtype='int8')\n"
+        "EngineOptions(method='verified', window=8, slots=4, capacity=256)\n"
+        "try:\n"
+        "    Placement(quantize='int3')\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__, e)\n"
+        "print('jax' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    refused, loaded = out.stdout.strip().splitlines()
+    assert refused.startswith("DecodeConfigError") and "int3" in refused, refused
+    assert loaded == "False"
