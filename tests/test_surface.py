@@ -7,6 +7,13 @@ import subprocess
 import sys
 
 
+def run(script: str) -> str:
+    """The stdout of `script` in a fresh interpreter (nothing imported before it)."""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
 def test_one_import_gives_the_surface_and_loads_the_engine_only_when_used():
     script = (
         "import sys, decode\n"
@@ -20,9 +27,8 @@ def test_one_import_gives_the_surface_and_loads_the_engine_only_when_used():
         "    decode.nothing\n"
         "except AttributeError as e:\n"
         "    print('ok', e)\n")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.startswith("ok module 'decode' has no attribute 'nothing'"), out.stdout
+    out = run(script)
+    assert out.startswith("ok module 'decode' has no attribute 'nothing'"), out
 
 
 def test_the_option_types_load_no_jax():
@@ -39,8 +45,6 @@ def test_the_option_types_load_no_jax():
         "except Exception as e:\n"
         "    print(type(e).__name__, e)\n"
         "print('jax' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    refused, loaded = out.stdout.strip().splitlines()
+    refused, loaded = run(script).strip().splitlines()
     assert refused.startswith("DecodeConfigError") and "int3" in refused, refused
     assert loaded == "False"

@@ -1,4 +1,4 @@
-"""benchmarks/ray_scaling.py's arithmetic (the jobs themselves run in tests/test_ray_job.py): the
+"""benchmarks/ray_scaling.py's arithmetic (the jobs themselves run in tests/ray_in_namespace.py): the
 driver's cost fitted from jobs of known cost, and the number of hosts it can feed."""
 
 import pytest

@@ -7,7 +7,7 @@ import dataclasses
 import secrets
 from typing import Any
 
-from decode.config import MAX_LOGPROBS, MAX_STOP_IDS, DecodeConfigError, Sampling  # noqa: F401 (the bounds)
+from decode.config import MAX_LOGPROBS, DecodeConfigError, Sampling
 from decode.constraints.spec import from_fields as constraint_fields
 from wedlm_jax.tokenizer import TextError, check_text
 
@@ -56,19 +56,6 @@ class Settings:
 
 # the Sampling options a request body may set under their own names (max_tokens: parse_settings)
 WIRE = Sampling.wire_names()
-
-
-def _number(body, name, default, low=None, high=None, low_open=False):
-    v = body.get(name)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
-        raise bad(name, f"'{name}' must be a number, got {v!r}", "invalid_type")
-    if low is not None and (v <= low if low_open else v < low):
-        raise bad(name, f"'{name}' must be {'>' if low_open else '>='} {low}, got {v!r}")
-    if high is not None and v > high:
-        raise bad(name, f"'{name}' must be <= {high}, got {v!r}")
-    return float(v)
 
 
 def _int(body, name, default, low=None):
