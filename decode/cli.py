@@ -170,8 +170,9 @@ def run(args) -> dict:
         read["prompts"] = _read_prompts(args, tokenizer)
         constraint = constraint_of(args)
         if constraint is not None:
-            from decode.constraints.automaton import for_tokenizer
-            read["automaton"] = for_tokenizer(constraint, tokenizer)
+            from decode.constraints.backends import compile_for
+            read["automaton"] = compile_for(constraint, tokenizer, None,
+                                            opts.engine.constraint_backend)
         if args.trace is not None:
             from decode.static.trace import check_request
             check_request(args.trace, args.method, len(read["prompts"]))

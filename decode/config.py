@@ -32,6 +32,7 @@ from wedlm_jax.attention.table import CACHE_CHOICES
 from wedlm_jax.axis_rules import MESH_AXES
 
 METHODS = ("streaming", "block", "ar", "verified")
+CONSTRAINT_BACKENDS = ("auto", "device", "host")   # decode.constraints.backends
 REFILLS = ("before", "after")               # decode.engine.steps: when the window's masks are refilled
 SAMPLING_ORDERS = ("filter_first", "temper_first")   # decode.engine.sampling: filter vs temperature
 MAX_LOGPROBS = 20       # top alternatives per token (OpenAI's and vLLM's limit)
@@ -185,6 +186,10 @@ class EngineOptions(Method):
                                   "tokens)", low=1, optional=True)
     allow_long: bool = option(False, bool, "allow a capacity past the model's "
                               "max_position_embeddings")
+    constraint_backend: str = option("auto", str, "structured outputs: device (the automaton's "
+                                     "tables in the decode loop), host (llguidance's parser, "
+                                     "asked once a step) or auto (device where its tables are "
+                                     "exact and ready in time)", choices=CONSTRAINT_BACKENDS)
 
 
 def useful_window(window: int, method: str, longest_budget: int) -> int:

@@ -224,7 +224,7 @@ class Decoder:
                                        if r is not None and r.automaton is not None])
         if bucket is not None:      # a constraint: every slot gets a Guide row of one bucket
             host = host.replace(guide=guides.free_guide(self.slots, self.model_config.vocab_size,
-                                                        bucket))
+                                                        bucket, self.static.span))
         longest = max([len(r.prompt) for r in requests if r is not None] + [prompt_bucket or 1])
         pb = self.prompt_bucket(longest)
         tokens = np.zeros((self.slots, pb), np.int32)

@@ -192,7 +192,8 @@ def run_job(args) -> int:
     cli_stop_ids, _ = split_stop_strings(tokenizer, args.stop)
     base_ids = list(ckpt.default_stop_ids) + list(args.stop_id) + cli_stop_ids
     items = read_input(args.input, tokenizer, opts.sampling, list(dict.fromkeys(base_ids)),
-                       list(args.stop), args.chat, args.capacity, model_config.vocab_size)
+                       list(args.stop), args.chat, args.capacity, model_config.vocab_size,
+                       opts.engine.constraint_backend)
     output = args.output if n == 1 else part_path(args.output, k, n)
     check_output(output, args.input)
     if metrics_file is not None and n > 1:

@@ -15,7 +15,7 @@ import uuid
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from decode.config import MAX_LOGPROBS, MAX_STOP_IDS, DecodeConfigError, Sampling
-from decode.constraints.automaton import for_tokenizer as automaton_for
+from decode.constraints.backends import compile_for
 from decode.engine.state import Request
 from decode.serving.worker import Busy
 from decode.serving.protocol import (MAX_BATCH, APIError, Settings, bad, chat_logprobs_object, field_of,
@@ -93,7 +93,8 @@ class Completions:
         if s.constraint is None:
             return s
         try:
-            auto = await asyncio.to_thread(automaton_for, s.constraint, self.tokenizer)
+            auto = await asyncio.to_thread(compile_for, s.constraint, self.tokenizer,
+                                           self.cfg.vocab_size, self.cfg.constraint_backend)
         except DecodeConfigError as e:
             raise bad(e.field, str(e)) from None
         return dataclasses.replace(s, automaton=auto)

@@ -36,20 +36,23 @@ def id_key(value) -> str:
 
 
 def read_input(path: str, tokenizer, defaults: Sampling, base_stop_ids: list, base_stop_strings: list,
-               chat: bool, capacity: int | None, vocab_size: int | None = None) -> list[Item]:
-    """Parse and validate every line; raises DecodeConfigError naming `path:line` and the field."""
+               chat: bool, capacity: int | None, vocab_size: int | None = None,
+               backend: str = "auto") -> list[Item]:
+    """Parse and validate every line; raises DecodeConfigError naming `path:line` and the field.
+    `backend`: the constraint backend (decode.constraints.backends)."""
     from decode.text import json_lines
     if not os.path.isfile(path):
         raise DecodeConfigError(f"--input {path}: no such file")
     items = check_records(((path, n, obj) for n, obj in json_lines(path)), tokenizer, defaults,
-                          base_stop_ids, base_stop_strings, chat, capacity, vocab_size)
+                          base_stop_ids, base_stop_strings, chat, capacity, vocab_size, backend)
     if not items:
         raise DecodeConfigError(f"--input {path}: no prompts (every line is blank)")
     return items
 
 
 def check_records(records, tokenizer, defaults: Sampling, base_stop_ids: list, base_stop_strings: list,
-                  chat: bool, capacity: int | None, vocab_size: int | None = None) -> list[Item]:
+                  chat: bool, capacity: int | None, vocab_size: int | None = None,
+                  backend: str = "auto") -> list[Item]:
     """Validate (file, line, object) records, in order: the Items, or a DecodeConfigError naming
     `file:line` and the field. An id may appear once across all the files."""
     from decode.text import split_stop_strings
@@ -101,17 +104,18 @@ def check_records(records, tokenizer, defaults: Sampling, base_stop_ids: list, b
                                     f"capacity {capacity}")
         items.append(Item(id=rid, line=lineno, prompt_ids=ids, sampling=sampling,
                           stop_strings=tuple(dict.fromkeys(list(base_stop_strings) + stops)),
-                          automaton=_automaton(obj, tokenizer, where)))
+                          automaton=_automaton(obj, tokenizer, where, vocab_size, backend)))
     return items
 
 
-def _automaton(obj: dict, tokenizer, where: str):
+def _automaton(obj: dict, tokenizer, where: str, vocab_size: int | None, backend: str):
     """The line's constraint compiled for the tokenizer (None: none); errors name the field."""
-    from decode.constraints.automaton import for_tokenizer
+    from decode.constraints.backends import compile_for
     from decode.constraints.spec import from_fields
     try:
         constraint = from_fields(obj)
-        return None if constraint is None else for_tokenizer(constraint, tokenizer)
+        return None if constraint is None else compile_for(constraint, tokenizer, vocab_size,
+                                                           backend)
     except DecodeConfigError as e:        # its message names the field
         raise DecodeConfigError(f"{where}: {e}", e.field) from None
 

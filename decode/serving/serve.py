@@ -161,7 +161,8 @@ def load_decoder(args, opts: DoorOptions | None = None):
                        default_stop_ids=stops, defaults=opts.sampling, api_key=api_key(args),
                        slots=args.slots, method=args.method, window=args.window,
                        max_body_bytes=args.max_body_bytes, max_logprobs=args.max_logprobs,
-                       metrics_public=args.metrics_public)
+                       metrics_public=args.metrics_public,
+                       constraint_backend=opts.engine.constraint_backend)
     return decoder, tokenizer, cfg
 
 
