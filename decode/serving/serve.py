@@ -4,7 +4,7 @@
                                   --window 16 --api-key KEY]
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions (the checkpoint's chat template),
-GET /v1/models, GET /health, GET /metrics (Prometheus: decode/serving/metrics.py), and the
+GET /v1/models, GET /health, GET /metrics (Prometheus: decode/metrics.py), and the
 tokenizer's: GET /tokenizer_info, POST /tokenize, POST /detokenize (vLLM's shapes; lm-eval's
 `tokenizer_backend=remote` uses them). Scoring: completions
 take `echo` and `logprobs` (0-20), chat `logprobs: true` and `top_logprobs`; the log-probabilities
@@ -197,8 +197,8 @@ def scorer_for(decoder):
 
 def build_server(args, opts: DoorOptions | None = None):
     """(engine, app, ServerConfig): load, compile, start the engine thread."""
-    from decode.serving.batching import Batcher
-    from decode.serving.metrics import ServerMetrics
+    from decode.engine.batcher import Batcher
+    from decode.metrics import ServerMetrics
     decoder, tokenizer, cfg = load_decoder(args, opts)
     batcher = Batcher(decoder)
     log.info("compiled in %.1f s", warm_up(batcher, cfg.capacity, every_bucket=not args.lazy_compile))

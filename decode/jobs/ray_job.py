@@ -6,7 +6,7 @@ prompts as they free up.
 
 IN: a JSONL or Parquet file, or a folder of them (`*.parquet` are read as Parquet, any other file
 as JSONL), on a local disk or any filesystem pyarrow opens (gs://, s3://, hdfs://). The lines are
-the batch job's (`decode.serving.batch_job`: prompt or messages, optional id and settings); a
+the batch job's (`decode.jobs.batch_job`: prompt or messages, optional id and settings); a
 Parquet row is a line with the same columns (null: absent), named FILE:ROW (1-based). Ray Data
 reads the files; the driver checks every line before any replica starts, a bad one named FILE:LINE.
 
@@ -45,7 +45,7 @@ from decode.config import DecodeConfigError, DoorOptions
 
 
 def add_arguments(parser) -> None:
-    g = parser.add_argument_group("Ray (--input on a Ray cluster: decode.serving.ray_job)")
+    g = parser.add_argument_group("Ray (--input on a Ray cluster: decode.jobs.ray_job)")
     g.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS|local",
                    help="run --input on Ray: a cluster's address, or `local` to start one here")
     g.add_argument("--replicas", type=int, default=1, help="model replicas (Ray actors)")
@@ -202,8 +202,8 @@ def _parquet_rows(name: str, data: bytes):
 def make_blocks(items: list, done: set, block_size: int) -> list[dict]:
     """The rows Ray Data hands out: {block: part name, items: pickled [(file, Item)]} of the items
     whose ids are not in `done`, in input order, named by their first item's position."""
-    from decode.serving.job_input import id_key
-    from decode.serving.ray_output import PART
+    from decode.jobs.lines import id_key
+    from decode.jobs.part_folder import PART
     todo = [(pos, f, it) for pos, (f, it) in enumerate(items) if id_key(it.id) not in done]
     return [dict(block=f"{PART}{chunk[0][0]:09d}",
                  items=pickle.dumps([(f, it) for _, f, it in chunk]))
@@ -216,8 +216,8 @@ def run_ray_job(args) -> dict:
     """The `--input ... --ray` path of wedlm-decode: returns the job's counts (requests, tokens,
     errors, blocks, wall_s, tokens_per_s, driver_s_per_block, skipped)."""
     from decode.checkpoint import OpenCheckpoint
-    from decode.serving.job_input import check_records, id_key
-    from decode.serving.ray_output import PartFolder
+    from decode.jobs.lines import check_records, id_key
+    from decode.jobs.part_folder import PartFolder
     from decode.text import split_stop_strings
 
     check_arguments(args)
@@ -263,7 +263,7 @@ def run_ray_job(args) -> dict:
 def _decode_blocks(args, need: Resources, blocks: list, capacity: int, url: str) -> dict:
     import ray
     from ray.data import ActorPoolStrategy, DataContext
-    from decode.serving.ray_output import Replica
+    from decode.jobs.part_folder import Replica
     ctx = DataContext.get_current()
     ctx.max_consecutive_actor_init_deaths = 2 * args.replicas   # a replica that cannot start: an error
     ds = ray.data.from_items(blocks, override_num_blocks=len(blocks))

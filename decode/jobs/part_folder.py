@@ -1,4 +1,4 @@
-"""The Ray batch job's output folder and its replicas (decode.serving.ray_job describes the job).
+"""The Ray batch job's output folder and its replicas (decode.jobs.ray_job describes the job).
 
 `PartFolder` is OUT: a local folder or one on any pyarrow filesystem, holding one part file per
 finished block (part-P.jsonl, or part-P.parquet when OUT ends in `.parquet`), each written whole
@@ -76,7 +76,7 @@ class PartFolder:
 
     def done_ids(self) -> set:
         """The id keys in the finished parts (each part is whole: written beside and renamed)."""
-        from decode.serving.job_input import id_key
+        from decode.jobs.lines import id_key
         done = set()
         for path in self.parts():
             try:
@@ -145,8 +145,8 @@ class Replica:
         platforms.choose()
         compile_cache.enable(args.compile_cache)
         from decode.checkpoint import OpenCheckpoint
-        from decode.serving.batch_job import build_decoder
-        from decode.serving.batching import Batcher
+        from decode.jobs.batch_job import build_decoder
+        from decode.engine.batcher import Batcher
         from decode.serving.serve import warm_up      # the server's (fastapi is imported later)
         opts = DoorOptions.from_args(args)
         ckpt = OpenCheckpoint.open(args.checkpoint, opts.placement, method=args.method,
@@ -159,7 +159,7 @@ class Replica:
         self.out = PartFolder.at(url)
 
     def __call__(self, batch: dict) -> dict:
-        from decode.serving.batch_job import decode_all, engine_requests
+        from decode.jobs.batch_job import decode_all, engine_requests
         rows = {k: [] for k in ("block", "requests", "tokens", "errors", "seconds", "pid")}
         for name, blob in zip(batch["block"], batch["items"]):
             pairs = pickle.loads(blob)
