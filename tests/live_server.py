@@ -66,6 +66,6 @@ def tiny_engine(path: str, capacity: int):
                                        "--max-body-bytes", "65536"])
     decoder, tokenizer, cfg = serve.load_decoder(args)
     batcher = Batcher(decoder)
-    serve.warm_up(batcher, capacity, every_bucket=False)
+    batcher.warm_up(capacity, every_bucket=False)
     engine = serve.Engine(batcher, max_pending=4 + 16, scorer=serve.scorer_for(decoder)).start()
     return engine, batcher, tokenizer, cfg
