@@ -6,7 +6,7 @@ The same requests (held-out demo prompts of mixed lengths, max_new_tokens drawn 
 ids so every request runs its whole budget) through the same number of slots, two ways:
   static      groups of `slots` requests in arrival order, each group run by `generate()` on one
               Decoder until its slowest row ends (the rows that finished early idle);
-  continuous  `decode.serving.batching.Batcher` on one Decoder: a request takes a slot the moment one
+  continuous  `decode.engine.batcher.Batcher` on one Decoder: a request takes a slot the moment one
               frees;
   paged       the same continuous batching on a Decoder with the paged KV cache (`--page-size`
               rows a page, pages mapped as each sequence grows): every admission a
@@ -60,7 +60,7 @@ def run_static(decoder, requests):
 
 
 def run_continuous(decoder, requests):
-    from decode.serving.batching import Batcher
+    from decode.engine.batcher import Batcher
     b = Batcher(decoder)
     count = [0]
     for r in requests:

@@ -30,7 +30,7 @@ import time
 import jax
 
 from benchmarks.decoders import decoder
-from decode.serving.batching import Batcher
+from decode.engine.batcher import Batcher
 from decode.engine.state import Request
 from demo.eval import DEMO_MODEL, eval_items, load_model
 

@@ -44,7 +44,7 @@ def write_prompts(path: str, n: int, max_tokens: int) -> None:
 
 def one_job(prompts: str, out: str, replicas: int, cpus: int, a, block_size: int) -> dict:
     from decode.cli import parse_args
-    from decode.serving.ray_job import run_ray_job
+    from decode.jobs.ray_job import run_ray_job
     args = parse_args(["--checkpoint", MODEL, "--input", prompts, "--output", out, "--ray", "local",
                        "--replicas", str(replicas), "--replica-cpus", str(cpus),
                        "--block-size", str(block_size), "--slots", str(a.slots),

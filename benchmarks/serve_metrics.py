@@ -87,7 +87,7 @@ def generation_total(text: str) -> float:
 def host_costs(reps: int = 2000) -> tuple[float, float]:
     """(seconds the metrics take on the engine thread per request of 64 tokens in 8 chunks,
     seconds one exposition takes), timed in this process."""
-    from decode.serving.metrics import ServerMetrics
+    from decode.metrics import ServerMetrics
     batcher = types.SimpleNamespace(num_active=0, num_waiting=0, pool=None, prefix_reuse=False,
                                     decoder=types.SimpleNamespace(slots=8))
     m = ServerMetrics(batcher, "demo", "streaming")

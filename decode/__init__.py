@@ -16,7 +16,7 @@ _SURFACE = {
     "Placement": "decode.config", "Sampling": "decode.config",
     "OpenCheckpoint": "decode.checkpoint",
     "Request": "decode.engine.state", "make_plan": "decode.engine.plan",
-    "Decoder": "decode.engine.decoder", "Batcher": "decode.serving.batching",
+    "Decoder": "decode.engine.decoder", "Batcher": "decode.engine.batcher",
     "generate": "decode.static.static_batch", "DecodeResult": "decode.static.static_batch",
     "RowStats": "decode.static.static_batch",
 }

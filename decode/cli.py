@@ -10,8 +10,8 @@ prompt, the ids, the text and the statistics, and the totals. `--stream` prints 
 committed (a host callback from the decode loop); the result is the same as without it.
 `--trace FILE.html|FILE.png` also runs the same steps one at a time (`decode.static.static_batch.trace_steps`)
 and draws each step's window (`decode.static.trace`): at most 4 prompts in HTML, 1 in PNG (matplotlib).
-`--input/--output` is the batch job (`decode.serving.batch_job`, also on several hosts; with
-`--ray [ADDRESS|local] --replicas N`, replicas on a Ray cluster: `decode.serving.ray_job`); `--dry-run
+`--input/--output` is the batch job (`decode.jobs.batch_job`, also on several hosts; with
+`--ray [ADDRESS|local] --replicas N`, replicas on a Ray cluster: `decode.jobs.ray_job`); `--dry-run
 --topology T` compiles the door's programs for a TPU topology from config.json alone (`decode.compile.aot`).
 """
 
@@ -29,7 +29,7 @@ from decode.text import (ChatTemplateError, json_lines, load_tokenizer, split_st
                          stop_at_strings)
 from wedlm_jax.tokenizer import TextError
 from wedlm_jax import compile_cache, distributed
-from decode.serving import ray_job      # its arguments only: ray is imported when --ray runs
+from decode.jobs import ray_job      # its arguments only: ray is imported when --ray runs
 
 
 EPILOG = """a constrained prompt: --json-schema row.json | --json-object | --regex RE | --choice A --choice B
@@ -45,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group()   # one is required, except with --dry-run
     src.add_argument("--prompt", help="one text prompt")
     src.add_argument("--prompts-file", help="JSONL: strings or objects with prompt/text/messages")
-    src.add_argument("--input", help="batch job (decode.serving.batch_job): JSONL of prompt/messages objects "
+    src.add_argument("--input", help="batch job (decode.jobs.batch_job): JSONL of prompt/messages objects "
                                      "with optional id and settings; results go to --output")
     p.add_argument("--chat", action="store_true", help="wrap prompts in the tokenizer's chat template")
     add_decoding_arguments(p, "wedlm-decode")
@@ -66,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
                                     "a rerun skips the ids already there)")
     p.add_argument("--metrics-file", default=None, metavar="PATH",
                    help="--input: write the job's counters and histograms here as JSON at the end "
-                        "(decode/serving/metrics.py's names; the summary line prints them too)")
+                        "(decode/metrics.py's names; the summary line prints them too)")
     Placement.add_arguments(p)
     Placement.add_dry_run_arguments(p, "wedlm-decode (--slots x --capacity, default capacity 2048)")
     distributed.add_arguments(p)     # --input on several hosts: each decodes its share of the lines
@@ -77,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def parse_args(argv=None) -> argparse.Namespace:
     """wedlm-decode's arguments, as the command line would give them (for calling from Python,
-    e.g. `decode.serving.ray_job.run_ray_job(parse_args([...]))`)."""
+    e.g. `decode.jobs.ray_job.run_ray_job(parse_args([...]))`)."""
     return _parser().parse_args(argv)
 
 
@@ -280,7 +280,7 @@ def main(argv=None) -> int:
         compile_cache.enable(args.compile_cache)
         constraint_of(args)             # a bad constraint flag: one line, before any loading
         if args.input is not None:
-            from decode.serving.batch_job import run_job
+            from decode.jobs.batch_job import run_job
             return run_job(args)
         for flag, given in (("--output", args.output), ("--metrics-file", args.metrics_file)):
             if given is not None:

@@ -50,7 +50,7 @@ def server(ckpt):
     import openai
 
     from decode.serving import serve
-    from decode.serving.batching import Batcher
+    from decode.engine.batcher import Batcher
     from tests.live_server import serve_in_thread
     from tests.serve_cases import CAPACITY, SLOTS, WINDOW, Gate
     path, config, params = ckpt
@@ -59,7 +59,7 @@ def server(ckpt):
                                        "--no-default-stops", "--model-name", "tiny"])
     decoder, tokenizer, cfg = serve.load_decoder(args)
     gate = Gate(Batcher(decoder))
-    serve.warm_up(gate.inner, CAPACITY, every_bucket=False)
+    gate.inner.warm_up(CAPACITY, every_bucket=False)
     engine = serve.Engine(gate, max_pending=SLOTS + 64, scorer=serve.scorer_for(decoder)).start()
     app = serve.build_app(engine, tokenizer, cfg)
     url, srv, thread, sock = serve_in_thread(app)

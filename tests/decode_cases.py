@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 
 from decode.engine.state import Request
-from decode.serving.batching import Batcher
+from decode.engine.batcher import Batcher
 from wedlm_jax.config import ModelConfig
 
 CONFIG = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,

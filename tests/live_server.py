@@ -59,13 +59,13 @@ def tiny_engine(path: str, capacity: int):
     `path`: 4 slots, W 4, a queue of 16, no default stops, every prompt bucket's programs compiled
     (the engine thread started)."""
     from decode.serving import serve
-    from decode.serving.batching import Batcher
+    from decode.engine.batcher import Batcher
     args = serve._parser().parse_args(["--checkpoint", path, "--slots", "4", "--window", "4",
                                        "--capacity", str(capacity), "--max-queue", "16",
                                        "--no-default-stops", "--model-name", "tiny",
                                        "--max-body-bytes", "65536"])
     decoder, tokenizer, cfg = serve.load_decoder(args)
     batcher = Batcher(decoder)
-    serve.warm_up(batcher, capacity, every_bucket=False)
+    batcher.warm_up(capacity, every_bucket=False)
     engine = serve.Engine(batcher, max_pending=4 + 16, scorer=serve.scorer_for(decoder)).start()
     return engine, batcher, tokenizer, cfg

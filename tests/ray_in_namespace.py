@@ -22,7 +22,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 
 from decode import cli  # noqa: E402
 from decode.config import DecodeConfigError  # noqa: E402
-from decode.serving import ray_job  # noqa: E402
+from decode.jobs import ray_job  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INSIDE = "WEDLM_TEST_LOOPBACK_ONLY"      # set by tests/test_ray_job.py in the namespace it makes

@@ -225,7 +225,7 @@ def test_a_job_of_short_answers_narrows_the_window_as_a_single_prompt_does(ckpt,
 def test_ctrl_c_keeps_the_finished_results_and_says_how_many(ckpt, tmp_path, capsys, monkeypatch):
     """Ctrl-C in the batch job: the lines written so far are whole and counted, exit 130, and a
     rerun decodes only the rest."""
-    from decode.serving.batching import Batcher
+    from decode.engine.batcher import Batcher
     path = ckpt[0]
     src = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "prompt": "one two", "max_tokens": 2 + 10 * i}
                                          for i in range(4)])

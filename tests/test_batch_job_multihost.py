@@ -1,6 +1,6 @@
 """wedlm-decode --input on two processes: jax.distributed on localhost, each
 process decodes its share of the lines (positions k, k + 2, ...) on its own CPU device into its own
-part file; `python -m decode.serving.batch_job merge` joins the parts; the merged results equal a one-process
+part file; `python -m decode.jobs.batch_job merge` joins the parts; the merged results equal a one-process
 run of the same file, id for id (sampled lines too: a request's draws depend on its seed only).
 Bad merges are refused naming what is wrong. The test kills only the processes it started."""
 
@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from decode import cli
-from decode.serving import batch_job
+from decode.jobs import batch_job
 from tests.batch_lines import CAPACITY, WINDOW, request_lines, write_jsonl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

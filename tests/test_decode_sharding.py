@@ -37,7 +37,7 @@ SCRIPT = textwrap.dedent('''
                            sharded_steps=sharded.steps, tpf=one.tokens_per_forward)
     # continuous batching on the mesh: 6 requests through 2 slots (one per data shard), inserted
     # into the sharded state as slots free; every request equals its own one-device decode
-    from decode.serving.batching import Batcher
+    from decode.engine.batcher import Batcher
     from decode.engine.state import Request
     from tests import plans
     reqs = [Request(prompt=tuple(p), max_new_tokens=n, tau=2.5, lam=0.05)
@@ -200,7 +200,7 @@ DOORS = textwrap.dedent('''
     # wedlm-serve on a mesh: the same greedy completions as on one device
     from fastapi.testclient import TestClient
     from decode.serving import serve
-    from decode.serving.batching import Batcher
+    from decode.engine.batcher import Batcher
     for name, extra in (("serve_one", []), ("serve_data2_tensor2", ["--mesh", "data=2,tensor=2"])):
         args = serve._parser().parse_args(["--checkpoint", path, "--slots", "2", "--window", "4",
                                            "--capacity", "64", "--no-default-stops",

@@ -137,7 +137,7 @@ def test_input_door_takes_every_option(ckpt, seen, tmp_path, capsys):
 
 def test_serve_door_takes_every_option(ckpt, seen):
     from fastapi.testclient import TestClient
-    from decode.serving.batching import Batcher
+    from decode.engine.batcher import Batcher
     names = {**SERVE_FLAGS}
     defaults = {k: v for k, v in SAMPLING.items() if k in SAMPLING_FLAGS["wedlm-serve"]}
     args = serve._parser().parse_args(["--checkpoint", ckpt[0], "--model-name", "tiny", *_flags(ENGINE),

@@ -25,7 +25,7 @@ httpx = pytest.importorskip("httpx")
 from decode import cli  # noqa: E402
 from decode.config import DecodeConfigError, Sampling  # noqa: E402
 from decode.serving import serve  # noqa: E402
-from decode.serving.job_input import read_input  # noqa: E402
+from decode.jobs.lines import read_input  # noqa: E402
 from decode.text import load_tokenizer  # noqa: E402
 from tests.live_server import serve_in_thread, tiny_engine  # noqa: E402
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tests import plans
-from decode.serving.batching import Batcher
+from decode.engine.batcher import Batcher
 from decode.config import DecodeConfig, DecodeConfigError, Placement
 from decode.engine.decoder import Decoder
 from decode.engine.state import Request

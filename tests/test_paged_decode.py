@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests import plans
-from decode.serving.batching import Batcher
+from decode.engine.batcher import Batcher
 from decode.config import DecodeConfigError
 from decode.engine.decoder import Decoder
 from decode.engine.state import Request
@@ -349,14 +349,14 @@ def test_a_live_slot_bucket_updates_the_pool_in_place(params):
 
 
 def test_the_servers_warm_up_compiles_every_live_slot_bucket(params):
-    """After `serve.warm_up` nothing compiles while serving: a lone request, two, a full batch
+    """After `Batcher.warm_up` nothing compiles while serving: a lone request, two, a full batch
     (every live-slot bucket and the every-slot program), pages mapped as they grow, and a long
     prompt (the warm-up's prompts reuse no prefix of one another, so every prompt bucket's
     prefill was compiled)."""
     from decode.serving import serve
     from decode.engine.programs import compiled_count
     b = Batcher(_decoder(params, "streaming", "after", page_size=PAGE))
-    serve.warm_up(b, CAPACITY)
+    b.warm_up(CAPACITY)
     before = compiled_count()
     for n in (1, 2, SLOTS):
         for r in paged_requests(n, seed=n):

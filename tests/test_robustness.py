@@ -47,7 +47,7 @@ def test_a_request_that_fails_in_the_engine_fails_alone(ckpt):
     """The prefill of one request raises: that request finishes 'error' with the reason, the
     others give the tokens they give alone, and the Batcher serves new requests afterwards. A
     failing generate call ends the requests in flight with 'error' and the state is rebuilt."""
-    from decode.serving.batching import Batcher
+    from decode.engine.batcher import Batcher
     from decode.engine.state import Request
     dec = _decoder(ckpt)
     alone = {}
@@ -124,7 +124,7 @@ def test_a_bad_byte_costs_exactly_its_line(tmp_path, ckpt):
 
 
 def test_batch_job_names_a_non_utf8_line(tmp_path, ckpt):
-    from decode.serving.job_input import read_input
+    from decode.jobs.lines import read_input
     from decode.config import Sampling
     from decode.text import load_tokenizer
     tok = load_tokenizer(ckpt[0])
@@ -256,7 +256,7 @@ def test_disk_full_while_the_batch_job_writes_is_one_line(tmp_path, ckpt, capsys
     import errno
 
     from decode import cli
-    from decode.serving import batch_job
+    from decode.jobs import batch_job
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"id": i, "prompt": f"line {i}", "max_tokens": 4}) + "\n"
                            for i in range(4)))

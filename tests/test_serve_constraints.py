@@ -23,7 +23,7 @@ TYPES = {"name": "string", "city": "string", "color": "string", "age": "integer"
 
 @pytest.fixture(scope="module")
 def server():
-    from decode.serving.batching import Batcher
+    from decode.engine.batcher import Batcher
     args = serve._parser().parse_args(["--checkpoint", DEMO_MODEL, "--slots", "2", "--window", "8",
                                        "--capacity", "384", "--model-name", "demo"])
     decoder, tokenizer, cfg = serve.load_decoder(args)

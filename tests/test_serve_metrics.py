@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from decode import cli  # noqa: E402
 from decode.serving import serve  # noqa: E402
-from decode.serving.metrics import ServerMetrics  # noqa: E402
+from decode.metrics import ServerMetrics  # noqa: E402
 
 KEY = "metrics-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -184,7 +184,7 @@ def test_one_log_line_per_request_without_the_prompt(server, caplog):
 def test_gauges_read_the_batcher(server):
     """Running, waiting and KV-cache usage follow a Batcher's slots, queue and page pool."""
     from decode.engine.state import Request
-    from decode.serving.batching import Batcher
+    from decode.engine.batcher import Batcher
     batcher = Batcher(server["engine"].batcher.decoder)      # the server's Decoder, idle meanwhile
     values = ServerMetrics(batcher, "tiny", "streaming").snapshot
     for i in range(3):

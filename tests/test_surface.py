@@ -20,7 +20,7 @@ def test_one_import_gives_the_surface_and_loads_the_engine_only_when_used():
         "assert 'decode.engine.decoder' not in sys.modules and 'jax' not in sys.modules\n"
         "from decode import (OpenCheckpoint, Placement, EngineOptions, Sampling, DecodeConfig,\n"
         "                    Request, make_plan, Decoder, Batcher, generate)\n"
-        "import decode.engine.decoder as d, decode.serving.batching as b\n"
+        "import decode.engine.decoder as d, decode.engine.batcher as b\n"
         "assert Decoder is d.Decoder and Batcher is b.Batcher and decode.generate is generate\n"
         "assert set(decode.__all__) >= {'OpenCheckpoint', 'Request', 'make_plan', 'generate'}\n"
         "try:\n"

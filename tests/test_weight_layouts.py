@@ -14,7 +14,7 @@ import pytest
 
 from tests import plans
 from decode.engine import layouts
-from decode.serving.batching import Batcher
+from decode.engine.batcher import Batcher
 from decode.config import DecodeConfigError, Placement
 from decode.engine.decoder import Decoder
 from decode.engine.state import Request

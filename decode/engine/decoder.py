@@ -14,10 +14,10 @@ Ahead of time (no weights, no device of the target: decode/compile/aot.py): `abs
 
 `generate` runs up to `steps_per_call` steps of every slot as one `lax.while_loop` over the donated
 state (no host round trip inside; it stops early when every slot is done). Between calls the host
-hands out the new ids, frees finished slots and inserts waiting requests (`decode.serving.batching`).
+hands out the new ids, frees finished slots and inserts waiting requests (`decode.engine.batcher`).
 prefill + insert are the dense cache's admission; a paged cache (the plan's page size: the
 default on TPU, and on CPU at the serving doors) admits with `prefill_into_slot` into pages the
-host hands out (`decode.serving.batching` does both), and for streaming / block runs the
+host hands out (`decode.engine.batcher` does both), and for streaming / block runs the
 request's first step there too (its window's first fill, which commits nothing:
 `decode.engine.programs.fills_at_prefill`).
 

@@ -354,7 +354,7 @@ def unmap(static: Static, state: DecodeState, slots):
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(1,))
 def set_rows(static: Static, state: DecodeState, which, table):
     """Paged cache: the page rows of the slots where `which` [B] is True set to `table`'s rows
-    ([B, pages_per_seq]): pages mapped as sequences grow (decode.serving.batching)."""
+    ([B, pages_per_seq]): pages mapped as sequences grow (decode.engine.batcher)."""
     old = state.cache.layers["table"]
     new = jnp.where(which[:, None], table, old)
     return state.replace(cache=state.cache.replace(layers=dict(state.cache.layers, table=new)))

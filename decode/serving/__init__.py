@@ -1,3 +1,3 @@
-"""The continuous-batching doors: wedlm-serve (the OpenAI-compatible server: serve, app,
-completions, protocol, scoring, the worker thread) and the batch job (--input), both
-on the Batcher (batching.py)."""
+"""wedlm-serve, the OpenAI-compatible server: the command (serve), the HTTP routes (app), the
+completion endpoints (completions), request parsing (protocol), prompt scoring (scoring) and the
+thread that owns the device (worker), on the engine's Batcher."""

@@ -1,7 +1,7 @@
 """The OpenAI-compatible application of wedlm-serve (`build_app`): the HTTP routes over a started
 `decode.serving.worker.Engine`, their key check and body limits, and the small endpoints (models, the
 tokenizer's, health). The completion endpoints are `decode/serving/completions.py`, the protocol (parsing,
-errors) `decode/serving/protocol.py`, the metrics (GET /metrics) `decode/serving/metrics.py`, the
+errors) `decode/serving/protocol.py`, the metrics (GET /metrics) `decode/metrics.py`, the
 command that builds the engine and serves this app `decode/serving/serve.py` (its docstring has the
 design).
 
@@ -163,7 +163,7 @@ def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
 
     if engine.metrics is not None:
         from fastapi.responses import Response
-        from decode.serving.metrics import CONTENT_TYPE
+        from decode.metrics import CONTENT_TYPE
 
         @app.get("/metrics")
         async def metrics(http: HTTPRequest):

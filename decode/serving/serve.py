@@ -4,7 +4,7 @@
                                   --window 16 --api-key KEY]
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions (the checkpoint's chat template),
-GET /v1/models, GET /health, GET /metrics (Prometheus: decode/serving/metrics.py), and the
+GET /v1/models, GET /health, GET /metrics (Prometheus: decode/metrics.py), and the
 tokenizer's: GET /tokenizer_info, POST /tokenize, POST /detokenize (vLLM's shapes; lm-eval's
 `tokenizer_backend=remote` uses them). Scoring: completions
 take `echo` and `logprobs` (0-20), chat `logprobs: true` and `top_logprobs`; the log-probabilities
@@ -44,7 +44,6 @@ import os
 import signal
 import sys
 import threading
-import time
 
 from decode.serving.app import ServerConfig, build_app  # noqa: F401 (the app; re-exported)
 from decode.options import HelpFormatter
@@ -166,29 +165,6 @@ def load_decoder(args, opts: DoorOptions | None = None):
     return decoder, tokenizer, cfg
 
 
-def warm_up(batcher, capacity: int, every_bucket: bool = True) -> float:
-    """Compile before serving: one short request per prompt bucket (the Decoder compiles prefill and
-    insert once per power-of-two prompt bucket; each prompt its own first token, so a paged
-    cache reuses no prefix of another and prefills the whole bucket), then the step programs
-    (`Decoder.compile_steps`: generate for every live-slot bucket, the page table's updates), so
-    no client waits on a compile. every_bucket=False compiles the smallest prompt bucket and
-    what it runs only (the others compile on first use)."""
-    from decode.engine.state import Request
-    lengths, n = [1], 16
-    while every_bucket and n <= 2 * capacity:
-        lengths.append(min(n, capacity))
-        n *= 2
-    t0 = time.perf_counter()
-    dec = batcher.decoder
-    vocab = dec.model_config.vocab_size
-    for i, length in enumerate(dict.fromkeys(lengths)):
-        batcher.submit(Request(prompt=(i % vocab,) + (0,) * (length - 1), max_new_tokens=1))
-    batcher.run_until_idle()
-    if every_bucket:
-        batcher.state = dec.compile_steps(batcher.state)
-    return time.perf_counter() - t0
-
-
 def scorer_for(decoder):
     """The engine's scorer: the AR reading of the Decoder's own weights (decode.serving.scoring)."""
     from decode.serving.scoring import score
@@ -198,11 +174,11 @@ def scorer_for(decoder):
 
 def build_server(args, opts: DoorOptions | None = None):
     """(engine, app, ServerConfig): load, compile, start the engine thread."""
-    from decode.serving.batching import Batcher
-    from decode.serving.metrics import ServerMetrics
+    from decode.engine.batcher import Batcher
+    from decode.metrics import ServerMetrics
     decoder, tokenizer, cfg = load_decoder(args, opts)
     batcher = Batcher(decoder)
-    log.info("compiled in %.1f s", warm_up(batcher, cfg.capacity, every_bucket=not args.lazy_compile))
+    log.info("compiled in %.1f s", batcher.warm_up(cfg.capacity, every_bucket=not args.lazy_compile))
     metrics = ServerMetrics(batcher, cfg.model_name, args.method, log_prompts=args.log_prompts,
                             tokenizer=tokenizer)
     engine = Engine(batcher, max_pending=args.slots + args.max_queue,

@@ -2,7 +2,7 @@
 chunk of steps); request handlers only submit, cancel and receive tokens through callbacks, which
 must be cheap and thread-safe. Admission is bounded (`Busy` beyond `max_pending`); a device
 failure answers everyone in flight and stops admitting; `drain` answers what is left at shutdown.
-With `metrics` (decode.serving.metrics.ServerMetrics) every request is counted on this thread
+With `metrics` (decode.metrics.ServerMetrics) every request is counted on this thread
 from what its callbacks carry."""
 
 import logging
@@ -37,7 +37,7 @@ class Engine:
     def __init__(self, batcher, max_pending: int, scorer=None, score_batch: int = 64,
                  metrics=None):
         self.batcher = batcher
-        self.metrics = metrics           # decode.serving.metrics.ServerMetrics, or None
+        self.metrics = metrics           # decode.metrics.ServerMetrics, or None
         self.max_pending = max_pending
         self.scorer = scorer             # scorer(sequences, top_n) -> per-sequence logprobs
         self.score_batch = score_batch   # sequences per scoring forward (jobs are batched)

@@ -26,7 +26,7 @@ verified   Streaming drafts with AR-verified commits (`decode/engine/verified.py
 up to buckets, so a program compiles once per bucket), every prompt inserted, then chunks of steps
 until every row is done; `on_commit` receives each row's new ids between chunks, and Ctrl-C stops
 within one chunk with what was decoded. Continuous batching (requests joining and leaving slots)
-is `decode.serving.batching.Batcher` over the same Decoder.
+is `decode.engine.batcher.Batcher` over the same Decoder.
 
 Metrics: per row, `steps` = forwards while the row was live, `n_gen` = tokens emitted, `n_fwd` =
 token slots those forwards processed for the row (AR: 1 per step), `tokens_per_forward = n_gen /

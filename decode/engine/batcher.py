@@ -417,3 +417,23 @@ class Batcher:
     def run_until_idle(self) -> None:
         while self.step():
             pass
+
+    def warm_up(self, capacity: int, every_bucket: bool = True) -> float:
+        """Compile before serving: one short request per prompt bucket (the Decoder compiles prefill and
+        insert once per power-of-two prompt bucket; each prompt its own first token, so a paged
+        cache reuses no prefix of another and prefills the whole bucket), then the step programs
+        (`Decoder.compile_steps`: generate for every live-slot bucket, the page table's updates), so
+        no client waits on a compile. every_bucket=False compiles the smallest prompt bucket and
+        what it runs only (the others compile on first use). Returns the seconds it took."""
+        lengths, n = [1], 16
+        while every_bucket and n <= 2 * capacity:
+            lengths.append(min(n, capacity))
+            n *= 2
+        t0 = time.perf_counter()
+        vocab = self.decoder.model_config.vocab_size
+        for i, length in enumerate(dict.fromkeys(lengths)):
+            self.submit(Request(prompt=(i % vocab,) + (0,) * (length - 1), max_new_tokens=1))
+        self.run_until_idle()
+        if every_bucket:
+            self.state = self.decoder.compile_steps(self.state)
+        return time.perf_counter() - t0

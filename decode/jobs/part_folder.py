@@ -1,9 +1,8 @@
-"""The Ray batch job's output folder and its replicas (decode.serving.ray_job describes the job).
+"""The Ray batch job's output folder (decode.jobs.ray_job describes the job).
 
 `PartFolder` is OUT: a local folder or one on any pyarrow filesystem, holding one part file per
 finished block (part-P.jsonl, or part-P.parquet when OUT ends in `.parquet`), each written whole
-or not at all. `Replica` is the Ray Data actor: it opens the checkpoint once and decodes the
-blocks it is handed through one Decoder and continuous batcher, writing each block's part.
+or not at all.
 """
 
 from __future__ import annotations
@@ -12,10 +11,8 @@ import dataclasses
 import io
 import json
 import os
-import pickle
-import time
 
-from decode.config import DecodeConfigError, DoorOptions
+from decode.config import DecodeConfigError
 
 PART = "part-"
 FORMATS = {".jsonl": "jsonl", ".parquet": "parquet"}
@@ -76,7 +73,7 @@ class PartFolder:
 
     def done_ids(self) -> set:
         """The id keys in the finished parts (each part is whole: written beside and renamed)."""
-        from decode.serving.job_input import id_key
+        from decode.jobs.lines import id_key
         done = set()
         for path in self.parts():
             try:
@@ -135,41 +132,3 @@ class PartFolder:
         buf = io.BytesIO()
         pq.write_table(pa.Table.from_pylist(records, schema=parquet_schema(id_type)), buf)
         return buf.getvalue()
-
-
-class Replica:
-    """A Ray Data actor: the checkpoint opened once, one Decoder and Batcher for every block."""
-
-    def __init__(self, args, capacity: int, url: str):
-        from wedlm_jax import compile_cache, platforms
-        platforms.choose()
-        compile_cache.enable(args.compile_cache)
-        from decode.checkpoint import OpenCheckpoint
-        from decode.serving.batch_job import build_decoder
-        from decode.serving.batching import Batcher
-        from decode.serving.serve import warm_up      # the server's (fastapi is imported later)
-        opts = DoorOptions.from_args(args)
-        ckpt = OpenCheckpoint.open(args.checkpoint, opts.placement, method=args.method,
-                                   mask_token_id=args.mask_token_id,
-                                   default_stops=not args.no_default_stops)
-        self.tokenizer = ckpt.tokenizer
-        self.decoder = build_decoder(ckpt, opts, capacity)
-        self.batcher = Batcher(self.decoder)
-        warm_up(self.batcher, capacity, every_bucket=not args.lazy_compile)   # not in the blocks' time
-        self.out = PartFolder.at(url)
-
-    def __call__(self, batch: dict) -> dict:
-        from decode.serving.batch_job import decode_all, engine_requests
-        rows = {k: [] for k in ("block", "requests", "tokens", "errors", "seconds", "pid")}
-        for name, blob in zip(batch["block"], batch["items"]):
-            pairs = pickle.loads(blob)
-            requests = [engine_requests(self.decoder, [it], f)[0] for f, it in pairs]
-            records, t0 = [], time.perf_counter()
-            stats = decode_all(self.batcher, [it for _, it in pairs], requests, self.tokenizer,
-                               records.append, progress=False)
-            self.out.write(str(name), records)
-            for k, v in (("block", str(name)), ("requests", len(records)), ("tokens", stats["tokens"]),
-                         ("errors", stats["errors"]), ("seconds", time.perf_counter() - t0),
-                         ("pid", os.getpid())):
-                rows[k].append(v)
-        return rows

@@ -1,7 +1,7 @@
 """The batch job's input lines: each JSON line read and checked (fields, settings, prompt, a
 constraint compiled) into an Item before any checkpoint loads; a bad line named FILE:LINE and its
-field. Used by the single-process job (decode.serving.batch_job) and the Ray job's driver
-(decode.serving.ray_job)."""
+field. Used by the single-process job (decode.jobs.batch_job) and the Ray job's driver
+(decode.jobs.ray_job)."""
 
 from __future__ import annotations
 

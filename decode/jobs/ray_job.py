@@ -6,7 +6,7 @@ prompts as they free up.
 
 IN: a JSONL or Parquet file, or a folder of them (`*.parquet` are read as Parquet, any other file
 as JSONL), on a local disk or any filesystem pyarrow opens (gs://, s3://, hdfs://). The lines are
-the batch job's (`decode.serving.batch_job`: prompt or messages, optional id and settings); a
+the batch job's (`decode.jobs.batch_job`: prompt or messages, optional id and settings); a
 Parquet row is a line with the same columns (null: absent), named FILE:ROW (1-based). Ray Data
 reads the files; the driver checks every line before any replica starts, a bad one named FILE:LINE.
 
@@ -18,7 +18,7 @@ object whole). A rerun of the same command skips the ids already in OUT, so a ki
 only the blocks in flight. On a cluster of several nodes, IN and OUT must be where every node sees
 them (a shared file system, or an object store): the read tasks and the replicas run anywhere.
 
-Replicas: Ray Data's actor pool (`map_batches` with an `ActorPoolStrategy` of N actors) hands each
+Replicas (`Replica`): Ray Data's actor pool (`map_batches`, an `ActorPoolStrategy` of N actors) hands each
 free actor the next block; an actor opens the checkpoint once and decodes its blocks through one
 Decoder and continuous batcher. An actor whose process dies is restarted and its block retried
 (Ray Data's defaults: max_restarts=-1, max_task_retries=-1); the retry writes the same part file
@@ -45,7 +45,7 @@ from decode.config import DecodeConfigError, DoorOptions
 
 
 def add_arguments(parser) -> None:
-    g = parser.add_argument_group("Ray (--input on a Ray cluster: decode.serving.ray_job)")
+    g = parser.add_argument_group("Ray (--input on a Ray cluster: decode.jobs.ray_job)")
     g.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS|local",
                    help="run --input on Ray: a cluster's address, or `local` to start one here")
     g.add_argument("--replicas", type=int, default=1, help="model replicas (Ray actors)")
@@ -202,8 +202,8 @@ def _parquet_rows(name: str, data: bytes):
 def make_blocks(items: list, done: set, block_size: int) -> list[dict]:
     """The rows Ray Data hands out: {block: part name, items: pickled [(file, Item)]} of the items
     whose ids are not in `done`, in input order, named by their first item's position."""
-    from decode.serving.job_input import id_key
-    from decode.serving.ray_output import PART
+    from decode.jobs.lines import id_key
+    from decode.jobs.part_folder import PART
     todo = [(pos, f, it) for pos, (f, it) in enumerate(items) if id_key(it.id) not in done]
     return [dict(block=f"{PART}{chunk[0][0]:09d}",
                  items=pickle.dumps([(f, it) for _, f, it in chunk]))
@@ -216,8 +216,8 @@ def run_ray_job(args) -> dict:
     """The `--input ... --ray` path of wedlm-decode: returns the job's counts (requests, tokens,
     errors, blocks, wall_s, tokens_per_s, driver_s_per_block, skipped)."""
     from decode.checkpoint import OpenCheckpoint
-    from decode.serving.job_input import check_records, id_key
-    from decode.serving.ray_output import PartFolder
+    from decode.jobs.lines import check_records, id_key
+    from decode.jobs.part_folder import PartFolder
     from decode.text import split_stop_strings
 
     check_arguments(args)
@@ -264,7 +264,6 @@ def run_ray_job(args) -> dict:
 def _decode_blocks(args, need: Resources, blocks: list, capacity: int, url: str) -> dict:
     import ray
     from ray.data import ActorPoolStrategy, DataContext
-    from decode.serving.ray_output import Replica
     ctx = DataContext.get_current()
     ctx.max_consecutive_actor_init_deaths = 2 * args.replicas   # a replica that cannot start: an error
     ds = ray.data.from_items(blocks, override_num_blocks=len(blocks))
@@ -293,6 +292,44 @@ def _decode_blocks(args, need: Resources, blocks: list, capacity: int, url: str)
                  decode_tokens_per_s=stats["tokens"] * args.replicas / max(stats["busy_s"], 1e-9),
                  driver_s_per_block=(time.process_time() - c0) / max(stats["blocks"], 1))
     return stats
+
+
+class Replica:
+    """A Ray Data actor: the checkpoint opened once, one Decoder and Batcher for every block."""
+
+    def __init__(self, args, capacity: int, url: str):
+        from wedlm_jax import compile_cache, platforms
+        platforms.choose()
+        compile_cache.enable(args.compile_cache)
+        from decode.checkpoint import OpenCheckpoint
+        from decode.engine.batcher import Batcher
+        from decode.jobs.batch_job import build_decoder
+        from decode.jobs.part_folder import PartFolder
+        opts = DoorOptions.from_args(args)
+        ckpt = OpenCheckpoint.open(args.checkpoint, opts.placement, method=args.method,
+                                   mask_token_id=args.mask_token_id,
+                                   default_stops=not args.no_default_stops)
+        self.tokenizer = ckpt.tokenizer
+        self.decoder = build_decoder(ckpt, opts, capacity)
+        self.batcher = Batcher(self.decoder)
+        self.batcher.warm_up(capacity, every_bucket=not args.lazy_compile)   # not in the blocks' time
+        self.out = PartFolder.at(url)
+
+    def __call__(self, batch: dict) -> dict:
+        from decode.jobs.batch_job import decode_all, engine_requests
+        rows = {k: [] for k in ("block", "requests", "tokens", "errors", "seconds", "pid")}
+        for name, blob in zip(batch["block"], batch["items"]):
+            pairs = pickle.loads(blob)
+            requests = [engine_requests(self.decoder, [it], f)[0] for f, it in pairs]
+            records, t0 = [], time.perf_counter()
+            stats = decode_all(self.batcher, [it for _, it in pairs], requests, self.tokenizer,
+                               records.append, progress=False)
+            self.out.write(str(name), records)
+            for k, v in (("block", str(name)), ("requests", len(records)), ("tokens", stats["tokens"]),
+                         ("errors", stats["errors"]), ("seconds", time.perf_counter() - t0),
+                         ("pid", os.getpid())):
+                rows[k].append(v)
+        return rows
 
 
 def _summary(stats: dict, output: str) -> None:

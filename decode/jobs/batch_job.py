@@ -23,7 +23,7 @@ string ends the request (host-side: its text is cut before the string, its token
 token that completed it, finish_reason 'stop'), as in the OpenAI API.
 
 Counters: at the end the job prints wedlm-serve's metrics of the run on one line after its
-progress bar (decode/serving/metrics.py: vllm:prompt_tokens_total, vllm:generation_tokens_total,
+progress bar (decode/metrics.py: vllm:prompt_tokens_total, vllm:generation_tokens_total,
 vllm:request_success_total, wedlm:tokens_per_forward, wedlm:p_cache, ...; needs prometheus-client,
 the serve extra), and with --metrics-file PATH writes them as JSON (several processes: PATH.part-K-of-N).
 
@@ -36,7 +36,7 @@ Several processes (`--coordinator-address/--num-processes/--process-id` or the J
 jax.distributed: one process per host, each on its own devices): every process reads and checks
 the whole input, takes the lines at positions k, k + N, k + 2N, ... (k its index, N the count) and
 writes them to its own part, OUTPUT.part-K-of-N (K and N five digits), resumable as above. When
-all have finished, `python -m decode.serving.batch_job merge OUTPUT [--input INPUT]` joins the parts into
+all have finished, `python -m decode.jobs.batch_job merge OUTPUT [--input INPUT]` joins the parts into
 OUTPUT (refused if OUTPUT exists, if a part is missing or torn, or if an id appears twice; with
 --input, also if an input id has no result), written beside it and renamed into place.
 """
@@ -50,7 +50,7 @@ import sys
 import time
 
 from decode.config import DecodeConfigError, DoorOptions, Sampling, useful_window
-from decode.serving.job_input import id_key, read_input
+from decode.jobs.lines import id_key, read_input
 
 # ----------------------------------------------------------------------------------- output
 
@@ -217,13 +217,13 @@ def run_job(args) -> int:
                            max(it.sampling.max_new_tokens for it in items))
     opts = dataclasses.replace(opts, engine=opts.engine.replace(window=window))
 
-    from decode.serving.batching import Batcher
+    from decode.engine.batcher import Batcher
     decoder = build_decoder(ckpt, opts, capacity)
     requests = engine_requests(decoder, todo, args.input)
     batcher = Batcher(decoder)
     metrics = None
     if counting:
-        from decode.serving.metrics import ServerMetrics
+        from decode.metrics import ServerMetrics
         metrics = ServerMetrics(batcher, os.path.basename(os.path.normpath(args.checkpoint)),
                                 args.method)
     try:
@@ -272,11 +272,11 @@ def engine_requests(decoder, items: list, source: str) -> list:
 
 
 def job_metrics_available(metrics_file: str | None) -> bool:
-    """Whether the job counts (decode.serving.metrics needs prometheus-client, the serve extra):
+    """Whether the job counts (decode.metrics needs prometheus-client, the serve extra):
     without it the job runs uncounted, unless --metrics-file asks for the counts (an error,
     before anything loads). The file's folder is checked here too."""
     try:
-        from decode.serving.metrics import check_metrics_file
+        from decode.metrics import check_metrics_file
     except ImportError as e:
         if metrics_file is not None:
             raise DecodeConfigError(f"--metrics-file needs {e.name}: pip install -e '.[serve]'") from None
@@ -288,7 +288,7 @@ def job_metrics_available(metrics_file: str | None) -> bool:
 
 def _metrics_summary(metrics, path: str | None) -> None:
     """The job's counters on one line after its progress bar (and as JSON in `path`)."""
-    from decode.serving.metrics import summary_line, write_metrics_file
+    from decode.metrics import summary_line, write_metrics_file
     values = metrics.snapshot()
     print(f"wedlm-decode: metrics: {summary_line(values)}", file=sys.stderr)
     if path is not None:
@@ -372,9 +372,9 @@ def _summary(stats: dict, args, skipped: int, output: str) -> None:
 
 
 def main(argv=None) -> int:
-    """`python -m decode.serving.batch_job merge OUTPUT [--input INPUT]`: join a multi-process job's parts."""
+    """`python -m decode.jobs.batch_job merge OUTPUT [--input INPUT]`: join a multi-process job's parts."""
     import argparse
-    p = argparse.ArgumentParser(prog="python -m decode.serving.batch_job",
+    p = argparse.ArgumentParser(prog="python -m decode.jobs.batch_job",
                                 description="join the parts a multi-process batch job wrote")
     sub = p.add_subparsers(dest="command", required=True)
     m = sub.add_parser("merge", help="OUTPUT.part-K-of-N -> OUTPUT")
