@@ -147,7 +147,7 @@ def test_both_backends_in_one_streaming_batch(demo):
 def test_continuous_batching_on_the_host_backend(demo):
     """The Batcher (paged, two slots) with host-backed requests that queue behind each other:
     each output validates (a slot's parser is its request's, from its first token)."""
-    from decode.serving.batching import Batcher
+    from decode.engine.batcher import Batcher
     config, params, tok = demo
     prompts, schemas = prompts_and_schemas(demo, 3)
     stops = stop_ids(tok, config, REGIMES["records"])
