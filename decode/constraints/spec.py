@@ -168,7 +168,14 @@ def _response_format(value) -> "Constraint | None":
 
 
 def from_fields(body: dict) -> "Constraint | None":
-    """The one constraint a request body asks for (None: none); two at once is an error."""
+    """The one constraint a request body asks for (None: none); two at once is an error, and a
+    guided_* field this engine does not implement (guided_grammar, guided_decoding_backend, ..)
+    is refused by name."""
+    for name in body:
+        if isinstance(name, str) and name.startswith("guided_") and name not in GUIDED \
+                and body[name] is not None:
+            raise DecodeConfigError(f"{name} is not supported (supported: {', '.join(GUIDED)}, "
+                                    f"response_format, structured_outputs)", name)
     found = []
     if body.get("response_format") is not None:
         found.append(("response_format", _response_format(body["response_format"])))
