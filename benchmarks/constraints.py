@@ -55,7 +55,7 @@ def table_sizes(tok) -> list[dict]:
     from decode.constraints.automaton import compile_constraint
     from decode.constraints.spec import Constraint
     from decode.constraints.vocab import vocabulary_bytes
-    from decode.engine.guide import bucket_of
+    from decode.config import DEVICE_TABLE
     demo_vocab, demo_size = vocabulary_bytes(tok)
     big = synthetic_vocab(151_936)
     rows = []
@@ -63,7 +63,7 @@ def table_sizes(tok) -> list[dict]:
                               ("synthetic byte-level (151,936)", big, 151_936)):
         t0 = time.perf_counter()
         a = compile_constraint(Constraint.json_schema(TEN_FIELDS), vocab, size)
-        n, c = bucket_of(a)
+        n, c = DEVICE_TABLE
         rows.append(dict(vocabulary=name, build_s=time.perf_counter() - t0, states=a.num_states,
                          classes=a.num_classes, table_bytes=a.nbytes,
                          device_bytes_per_slot=4 * (size + n * c)))

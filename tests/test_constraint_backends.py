@@ -163,3 +163,30 @@ def test_continuous_batching_on_the_host_backend(demo):
     for rid, f in done.items():
         jsonschema.validate(json.loads(decoded(tok, f.tokens, stops)), schemas[ids[rid]])
     assert len(done) == 3
+
+
+def test_no_compile_on_a_constrained_request(demo):
+    """A Batcher built `guided` (as wedlm-serve builds it) compiles in `warm_up` every program a
+    constrained request runs: a device-table request and a host-parser request after it add no
+    compiled program."""
+    from decode.engine import programs
+    from decode.engine.batcher import Batcher
+    config, params, tok = demo
+    prompts, schemas = prompts_and_schemas(demo, 2)
+    stops = stop_ids(tok, config, REGIMES["records"])
+    dec = plans.decoder(params, config, method="streaming", window=8, slots=2, capacity=256,
+                        steps_per_call=4, sampling=False, page_size=16, num_pages=48)
+    batcher = Batcher(dec, guided=True)
+    batcher.warm_up(256)
+    before = programs.compiled_count()
+    plain = Constraint.json_schema({"type": "object", "properties": {"name": {"type": "string"}},
+                                    "required": ["name"], "additionalProperties": False})
+    compiled = [compile_for(plain, tok, config.vocab_size),
+                compile_for(Constraint.json_schema(schemas[1]), tok, config.vocab_size)]
+    assert [c.backend for c in compiled] == ["device", "host"]
+    done = []
+    for p, c in zip(prompts, compiled):
+        batcher.submit(Request(prompt=tuple(p), max_new_tokens=48, stop_token_ids=stops,
+                               automaton=c), on_finish=done.append)
+    batcher.run_until_idle()
+    assert len(done) == 2 and programs.compiled_count() == before

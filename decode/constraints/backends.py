@@ -21,7 +21,7 @@ import json
 import threading
 
 from decode.config import CONSTRAINT_BACKENDS as BACKENDS
-from decode.config import DecodeConfigError
+from decode.config import DEVICE_TABLE, DecodeConfigError
 from decode.constraints import automaton as device_lib
 from decode.constraints import host as host_lib
 from decode.constraints.spec import Constraint
@@ -53,9 +53,15 @@ def _device(constraint: Constraint, tokenizer, budget_s: float | None):
             _PENDING[key] = fut
             fut.add_done_callback(lambda _f: _forget(key))
     try:
-        return fut.result(timeout=budget_s)
+        auto = fut.result(timeout=budget_s)
     except concurrent.futures.TimeoutError:
         return None
+    if auto.num_states > DEVICE_TABLE[0] or auto.num_classes > DEVICE_TABLE[1]:
+        raise DecodeConfigError(f"{constraint.field}: its automaton has {auto.num_states} states "
+                                f"x {auto.num_classes} token classes, above the device tables' "
+                                f"{DEVICE_TABLE[0]} x {DEVICE_TABLE[1]}; the host backend takes "
+                                f"it", constraint.field)
+    return auto
 
 
 def _forget(key):
@@ -97,3 +103,11 @@ def compile_for(constraint: Constraint, tokenizer, vocab_size: int | None = None
 
 def backend_of(compiled) -> str:
     return getattr(compiled, "backend", device_lib.NAME)
+
+
+def warm(tokenizer, vocab_size: int) -> None:
+    """Read the tokenizer's vocabulary for both backends (a server does it before it is ready,
+    so the first constrained request pays only its own constraint's build)."""
+    probe = Constraint.choice(["a"], "warm-up")
+    host_lib.compile_grammar(probe, tokenizer, vocab_size)
+    device_lib.for_tokenizer(probe, tokenizer)

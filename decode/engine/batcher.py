@@ -87,16 +87,19 @@ class _Live:
 class Batcher:
     """Slot-based continuous batching over one Decoder."""
 
-    def __init__(self, decoder: Decoder, prefix_reuse: bool = True):
+    def __init__(self, decoder: Decoder, prefix_reuse: bool = True, guided: bool = False):
+        """`guided`: the state holds constraint rows from the start, so `warm_up` compiles the
+        programs a constrained request runs (a server: none compiles on a request's clock)."""
         self.decoder = decoder
         self.prefix_reuse = prefix_reuse
+        self.guided = guided
         self.pool = self._new_pool()
         self._lock = threading.Lock()
         self._waiting: collections.deque = collections.deque()
         self._cancelled: set = set()
         self._slots: list[_Live | None] = [None] * decoder.slots
         self._next_id = 0
-        self.state = decoder.init_state()
+        self.state = decoder.init_state(guided)
         self.loop_iterations = 0
         self.resets = 0             # device state rebuilt after a failed call
         self.preemptions = 0        # paged cache: requests sent back to the queue to free pages
@@ -155,7 +158,7 @@ class Batcher:
     def _reset(self, error: str) -> None:
         """After a failed device call: every live request ends with 'error', the state is built
         anew, the queue is kept; the next `step` goes on with the waiting requests."""
-        self.state = self.decoder.init_state()
+        self.state = self.decoder.init_state(self.guided)
         for slot, live in enumerate(self._slots):
             if live is not None:
                 self._slots[slot] = None

@@ -188,18 +188,24 @@ class Decoder:
     def _host_free(self) -> DecodeState:
         return free_rows(self.static, self.mask_id)
 
-    def init_state(self) -> DecodeState:
-        """A state with every slot free (done)."""
+    def init_state(self, guided: bool = False) -> DecodeState:
+        """A state with every slot free (done); `guided`: with free constraint rows (the programs
+        it runs are those every constrained request runs)."""
         host = self._host_free()
+        if guided:
+            host = guides.with_guide(host, self.model_config.vocab_size)
         state = host.replace(cache=host.cache.replace(layers=self._empty_layers()))
         if self.mesh is None:
             return jax.tree.map(jnp.asarray, state)
         return self._place(state, self._state_shardings(state))
 
-    def _host_row(self, r: Request, guide_bucket=None):
+    def _host_row(self, r: Request, guided: bool = False):
         prompt, n0, row = request_row(self.static, r, self.mask_id, self.capacity)
-        row = guides.attach(row, r.automaton, r.stop_token_ids, self.model_config.vocab_size,
-                            guide_bucket, r.automaton_state)
+        try:
+            row = guides.attach(row, r.automaton, r.stop_token_ids, self.model_config.vocab_size,
+                                guided, r.automaton_state)
+        except ValueError as e:
+            raise DecodeConfigError(str(e), "constraint") from None
         return prompt, n0, row
 
     def prefill(self, request: Request) -> Prefix:
@@ -220,11 +226,9 @@ class Decoder:
         if len(requests) > self.slots:
             raise DecodeConfigError(f"{len(requests)} requests do not fit {self.slots} slots")
         host = jax.tree.map(np.array, self._host_free())
-        bucket = guides.join_buckets(*[guides.bucket_of(r.automaton) for r in requests
-                                       if r is not None and r.automaton is not None])
-        if bucket is not None:      # a constraint: every slot gets a Guide row of one bucket
-            host = host.replace(guide=guides.free_guide(self.slots, self.model_config.vocab_size,
-                                                        bucket, self.static.span))
+        guided = any(r is not None and r.automaton is not None for r in requests)
+        if guided:                  # a constraint: every slot gets a Guide row
+            host = guides.with_guide(host, self.model_config.vocab_size)
         longest = max([len(r.prompt) for r in requests if r is not None] + [prompt_bucket or 1])
         pb = self.prompt_bucket(longest)
         tokens = np.zeros((self.slots, pb), np.int32)
@@ -232,7 +236,7 @@ class Decoder:
         for i, r in enumerate(requests):
             if r is None:
                 continue
-            prompt, plen[i], row = self._host_row(self.check_request(r), bucket)
+            prompt, plen[i], row = self._host_row(self.check_request(r), guided)
             tokens[i, :len(prompt)] = prompt
             for dst, src in zip(jax.tree.leaves(host), jax.tree.leaves(row)):
                 dst[i] = src[0]

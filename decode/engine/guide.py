@@ -1,7 +1,7 @@
 """Constrained decoding on the device: each slot's token automaton (decode.constraints.automaton)
 read inside the decode loop, no host round trip per step (docs/algorithm.md §7).
 
-A slot's `Guide` row holds its automaton's tables (padded to the state's bucket) and the state
+A slot's `Guide` row holds its automaton's tables (padded to one shape, DEVICE_TABLE) and the state
 reached after its committed tokens (AR and verified: after the pending token too). A token t is
 allowed in state s iff trans[s, klass[t]] >= 0. Rows with `on` False (no constraint) and states
 < 0 (past a rejected draft: nothing there is committed) mask nothing, so a slot's constraint
@@ -29,19 +29,18 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from decode.config import DEVICE_TABLE as TABLE
 from decode.engine.host_guide import TICKETS, host_read, unpack_bits
-from decode.engine.state import keep_if_done, pow2_at_least
+from decode.engine.state import keep_if_done
 
-MIN_BUCKET = 16
 
 
 @struct.dataclass
 class Guide:
-    """Per slot: state [B] i32, on [B] bool, klass [B, V] i32, trans [B, N, C] i32 (N, C: the
-    state's bucket, powers of two): the device tables. host [B] bool, ticket [B] i32: the slot's
+    """Per slot: state [B] i32, on [B] bool, klass [B, V] i32, trans [B, N, C] i32 (N, C:
+    DEVICE_TABLE): the device tables. host [B] bool, ticket [B] i32: the slot's
     parser on the host (decode.engine.host_guide), told the tokens committed in the step before
-    (recent [B, S], recent_k [B]). `hosted` (static): some slot may use the host, so the step
-    asks it (a program without it holds no callback)."""
+    (recent [B, S], recent_k [B]); the step asks the host only when a live slot uses it."""
     state: jax.Array
     on: jax.Array
     klass: jax.Array
@@ -50,7 +49,6 @@ class Guide:
     ticket: jax.Array
     recent: jax.Array
     recent_k: jax.Array
-    hosted: bool = struct.field(pytree_node=False, default=False)
 
 
 # ----------------------------------------------------------------------------- on the device
@@ -110,10 +108,8 @@ def recheck(st):
     ok = (states[:, 1:] >= 0) | ~g.on[:, None]
     run = _leading(st.filled)
     idx = jnp.arange(st.tok.shape[1])[None, :]
-    bits = None
-    if g.hosted:
-        k_ok, bits = host_read(g, st.tok, run, 1)
-        ok = ok & ((idx < k_ok[:, None]) | ~g.host[:, None])
+    k_ok, bits = host_read(g, st.tok, run, 1, ~st.done)
+    ok = ok & ((idx < k_ok[:, None]) | ~g.host[:, None])
     first_bad = _leading(ok | ~st.filled)            # first slot not ok among the filled ones
     reject = (idx >= first_bad[:, None]) & (first_bad < run)[:, None]
     return st.replace(filled=st.filled & ~reject), (states, bits)
@@ -150,9 +146,7 @@ def mask_rows(logits, st):
     g = st.guide
     if g is None:
         return logits
-    bits = None
-    if g.hosted:
-        _, bits = host_read(g, st.tok, jnp.zeros_like(st.n), 1)
+    _, bits = host_read(g, st.tok, jnp.zeros_like(st.n), 1, ~st.done)
     return mask(logits, g, g.state[:, None], bits, jnp.ones(logits.shape[:2], bool))
 
 
@@ -165,9 +159,7 @@ def mask_run(logits, st, c):
         return logits, None
     states = walk(g, st.tok[:, 1:])                                    # [B, S]
     idx = jnp.arange(states.shape[1])[None, :]
-    bits = None
-    if g.hosted:
-        _, bits = host_read(g, st.tok[:, 1:], jnp.maximum(c - 1, 0), states.shape[1])
+    _, bits = host_read(g, st.tok[:, 1:], jnp.maximum(c - 1, 0), states.shape[1], ~st.done)
     return mask(logits, g, jnp.where(idx < c[:, None], states, -1), bits,
                 idx < c[:, None]), states
 
@@ -175,8 +167,6 @@ def mask_run(logits, st, c):
 def _recorded(guide, st, recent, k):
     """`guide` with the host slots told the tokens committed this step: recent [B, S], the
     first k [B] (none for a slot already done)."""
-    if not guide.hosted:
-        return guide
     return guide.replace(recent=recent.astype(jnp.int32),
                          recent_k=jnp.where(st.done, 0, k).astype(jnp.int32))
 
@@ -211,34 +201,30 @@ def advanced(new, st, states, k, tok):
 
 # ----------------------------------------------------------------------------- on the host
 
-def bucket_of(compiled) -> tuple[int, int, bool]:
-    """The (states, classes, hosted) bucket a compiled constraint's Guide rows are padded to: an
-    automaton's table sizes as powers of two, or the smallest tables and `hosted` for a host
-    grammar."""
-    if getattr(compiled, "backend", "device") != "device":
-        return MIN_BUCKET, MIN_BUCKET, True
-    return (pow2_at_least(compiled.num_states, MIN_BUCKET),
-            pow2_at_least(compiled.num_classes, MIN_BUCKET), False)
+def is_host(compiled) -> bool:
+    return getattr(compiled, "backend", "device") == "host"
 
 
-def free_guide(b: int, vocab: int, bucket, span: int) -> Guide:
-    """b rows with no constraint, as NumPy arrays."""
-    n, c, hosted = bucket
-    z = lambda *shape: np.zeros(shape, np.int32)
+def free_guide(b: int, vocab: int, span: int) -> Guide:
+    """b rows with no constraint, as NumPy arrays (the tables at their one shape, TABLE)."""
+    n, c = TABLE
+    z = lambda *shape: np.zeros(shape, np.int32)   # noqa: E731
     return Guide(state=z(b), on=np.zeros((b,), bool), klass=z(b, vocab), trans=z(b, n, c),
-                 host=np.zeros((b,), bool), ticket=z(b), recent=z(b, span), recent_k=z(b),
-                 hosted=hosted)
+                 host=np.zeros((b,), bool), ticket=z(b), recent=z(b, span), recent_k=z(b))
 
 
-def request_guide(compiled, stop_ids, vocab: int, bucket, span: int, start=0) -> Guide:
-    """A request's row (batch 1, NumPy): an automaton's tables padded to `bucket`, its stop
-    tokens allowed in accepting states only, the state `start` (0: the initial state); or a
-    host grammar's parser, opened after the tokens `start` (a readmission's)."""
-    g = free_guide(1, vocab, bucket, span)
-    if getattr(compiled, "backend", "device") != "device":
+def request_guide(compiled, stop_ids, vocab: int, span: int, start=0) -> Guide:
+    """A request's row (batch 1, NumPy): an automaton's tables padded to TABLE, its stop tokens
+    allowed in accepting states only, the state `start` (0: the initial state); or a host
+    grammar's parser, opened after the tokens `start` (a readmission's)."""
+    g = free_guide(1, vocab, span)
+    if is_host(compiled):
         g.host[0] = True
         g.ticket[0] = TICKETS.open(compiled, stop_ids, start or ())
         return g
+    if compiled.num_states > TABLE[0] or compiled.num_classes > TABLE[1]:
+        raise ValueError(f"an automaton of {compiled.num_states} states x "
+                         f"{compiled.num_classes} classes is above the device tables' {TABLE}")
     klass = compiled.with_stops(stop_ids)
     g.klass[0, :len(klass)] = klass
     g.trans[0] = -1
@@ -248,48 +234,28 @@ def request_guide(compiled, stop_ids, vocab: int, bucket, span: int, start=0) ->
     return g
 
 
-def pad_guide(g: Guide | None, b: int, vocab: int, bucket, span: int, xp=jnp) -> Guide:
-    """`g` (or no constraint for b rows) padded to `bucket` (not smaller than its own)."""
-    if g is None:
-        return jax.tree.map(xp.asarray, free_guide(b, vocab, bucket, span))
-    n, c, hosted = bucket
-    _, n0, c0 = g.trans.shape
-    if (n0, c0, g.hosted) == (n, c, hosted):
-        return g
-    return g.replace(trans=xp.pad(g.trans, ((0, 0), (0, n - n0), (0, c - c0)),
-                                  constant_values=-1), hosted=hosted)
-
-
-def bucket_of_guide(g: Guide | None):
-    return None if g is None else tuple(g.trans.shape[1:]) + (g.hosted,)
-
-
-def join_buckets(*buckets):
-    """The smallest bucket holding all of `buckets` (None entries ignored; None if all are)."""
-    given = [b for b in buckets if b is not None]
-    if not given:
-        return None
-    return (max(b[0] for b in given), max(b[1] for b in given), any(b[2] for b in given))
-
-
-def attach(row, compiled, stop_ids, vocab: int, bucket=None, start=0):
-    """A request's first row (batch 1) with its Guide row (unchanged without a constraint)."""
+def attach(row, compiled, stop_ids, vocab: int, guided: bool = False, start=0):
+    """A request's first row (batch 1) with its Guide row: its constraint's, or none (a free row
+    with `guided`, for a batch where others have one; unchanged otherwise)."""
     span = row.tok.shape[1]
     if compiled is None:
-        return row if bucket is None else row.replace(guide=free_guide(1, vocab, bucket, span))
-    return row.replace(guide=request_guide(compiled, stop_ids, vocab,
-                                           join_buckets(bucket, bucket_of(compiled)), span,
-                                           start))
+        return row.replace(guide=free_guide(1, vocab, span)) if guided else row
+    return row.replace(guide=request_guide(compiled, stop_ids, vocab, span, start))
+
+
+def with_guide(state, vocab: int):
+    """`state` with free Guide rows if it has none (a Decoder compiles its guided programs
+    once, with the server's others: a constraint then never compiles on a request's clock)."""
+    if state.guide is not None:
+        return state
+    xp = jnp if isinstance(state.done, jax.Array) else np
+    free = free_guide(state.done.shape[0], vocab, state.tok.shape[1])
+    return state.replace(guide=jax.tree.map(xp.asarray, free))
 
 
 def conform(state, row, vocab: int):
-    """(state, row) with Guides of one bucket, the larger of theirs (a state or row without one
-    gets rows with no constraint); both unchanged when neither has a Guide. A state whose
-    bucket grows takes one compile of the programs for the new shape."""
-    bs, br = bucket_of_guide(state.guide), bucket_of_guide(row.guide)
-    if bs is None and br is None:
+    """(state, row) both with Guides when either has one (the one that lacks it gets free rows:
+    a state that gains one compiles its guided programs once); unchanged when neither has."""
+    if state.guide is None and row.guide is None:
         return state, row
-    b = join_buckets(bs, br)
-    span = state.tok.shape[1]
-    return (state.replace(guide=pad_guide(state.guide, state.done.shape[0], vocab, b, span)),
-            row.replace(guide=pad_guide(row.guide, 1, vocab, b, span)))
+    return with_guide(state, vocab), with_guide(row, vocab)

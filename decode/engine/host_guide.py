@@ -92,22 +92,29 @@ def read_host(ticket, host, recent, recent_k, run, run_len, *, positions: int, w
     return k_ok, bits
 
 
-def host_read(g, run, run_len, positions: int):
-    """On the device: (k_ok [B], bits [B, positions, words]) from each host slot's parser, after
-    it consumed the slot's recent tokens: k_ok of `run` [B, R] (its first run_len [B]) taken, and
-    the allowed tokens after the first min(k_ok, p) of them at each position p (positions == 1:
-    after all k_ok)."""
+def host_read(g, run, run_len, positions: int, live):
+    """On the device: (k_ok [B], bits [B, positions, words]) from each live host slot's parser,
+    after it consumed the slot's recent tokens: k_ok of `run` [B, R] (its first run_len [B])
+    taken, and the allowed tokens after the first min(k_ok, p) of them at each position p
+    (positions == 1: after all k_ok). A step with no live host slot does not call the host."""
     b = g.ticket.shape[0]
     words = (g.klass.shape[1] + 31) // 32
     shapes = (jax.ShapeDtypeStruct((b,), jnp.int32),
               jax.ShapeDtypeStruct((b, positions, words), jnp.int32))
+    asked = g.host & live
 
     def call(ticket, host, recent, recent_k, run, run_len):
         return read_host(np.asarray(ticket), np.asarray(host), np.asarray(recent),
                          np.asarray(recent_k), np.asarray(run), np.asarray(run_len),
                          positions=positions, words=words)
-    return io_callback(call, shapes, g.ticket, g.host, g.recent, g.recent_k, run, run_len,
-                       ordered=True)
+
+    def ask(_):
+        return io_callback(call, shapes, g.ticket, asked, g.recent, g.recent_k, run, run_len,
+                           ordered=True)
+
+    def skip(_):
+        return jnp.zeros((b,), jnp.int32), jnp.full((b, positions, words), -1, jnp.int32)
+    return jax.lax.cond(jnp.any(asked), ask, skip, None)
 
 
 def unpack_bits(bits, vocab: int):

@@ -177,7 +177,9 @@ def build_server(args, opts: DoorOptions | None = None):
     from decode.engine.batcher import Batcher
     from decode.metrics import ServerMetrics
     decoder, tokenizer, cfg = load_decoder(args, opts)
-    batcher = Batcher(decoder)
+    from decode.constraints.backends import warm
+    batcher = Batcher(decoder, guided=True)   # structured outputs compiled with the rest
+    warm(tokenizer, cfg.vocab_size)
     log.info("compiled in %.1f s", batcher.warm_up(cfg.capacity, every_bucket=not args.lazy_compile))
     metrics = ServerMetrics(batcher, cfg.model_name, args.method, log_prompts=args.log_prompts,
                             tokenizer=tokenizer)
