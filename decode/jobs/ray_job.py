@@ -184,7 +184,7 @@ def read_records(path: str):
         if name.endswith(".parquet"):
             yield from _parquet_rows(name, data)
         else:
-            for lineno, obj in json_line_objects(io.BytesIO(data), name):
+            for lineno, obj in json_line_objects(io.BytesIO(data), name, keep_bad=True):
                 yield name, lineno, obj
 
 
