@@ -51,6 +51,7 @@ import time
 
 from decode.config import DecodeConfigError, DoorOptions, Sampling, useful_window
 from decode.jobs.lines import id_key, read_input
+from wedlm_jax import interrupts
 
 # ----------------------------------------------------------------------------------- output
 
@@ -351,8 +352,9 @@ def decode_all(batcher, todo, requests, tokenizer, write, progress: bool = True,
         live[rid] = (item, TextStream(tokenizer, item.stop_strings), track)
     t0 = time.perf_counter()
     try:
-        while batcher.step():
-            pass
+        with interrupts.graceful():   # Ctrl-C: the chunk in flight ends, its lines written
+            while batcher.step():
+                interrupts.check()
     finally:
         bar.close()
     stats["wall_s"] = time.perf_counter() - t0

@@ -50,6 +50,7 @@ from decode.engine.decoder import Decoder
 from decode.engine.state import Request, pow2_at_least
 from decode.engine.programs import compiled_count
 from decode.engine.plan import make_plan
+from wedlm_jax import interrupts
 from wedlm_jax import model as model_lib
 from wedlm_jax import quantize as quantize_lib
 from wedlm_jax.config import ModelConfig
@@ -230,23 +231,26 @@ def generate(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]]
     done = np.asarray([r is None for r in requests])
     counters = counter_copies(state)   # the last chunk's, should Ctrl-C take the donated state
     try:
-        for _ in range(max_chunks):
-            if done.all():
-                break
-            state, res = decoder.generate(state)
-            counters = counter_copies(state)
-            done = res.done[:len(requests)]
-            iterations += res.steps
-            for i in live:
-                new = res.new_ids(i)
-                if new:
-                    tokens[i].extend(new)
-                    logprobs[i].extend(lp for lp, _ in res.new_logprobs(i))
-                    if on_commit is not None:
-                        on_commit(i, new)
-        if not done.all():
-            raise RuntimeError(f"decode loop stopped at its iteration cap ({iterations}) with "
-                               "rows unfinished")
+        with interrupts.graceful():   # Ctrl-C: the chunk in flight ends, its tokens kept
+            for _ in range(max_chunks):
+                if done.all():
+                    break
+                interrupts.check()
+                state, res = decoder.generate(state)
+                counters = counter_copies(state)
+                done = res.done[:len(requests)]
+                iterations += res.steps
+                for i in live:
+                    new = res.new_ids(i)
+                    if new:
+                        tokens[i].extend(new)
+                        logprobs[i].extend(lp for lp, _ in res.new_logprobs(i))
+                        if on_commit is not None:
+                            on_commit(i, new)
+            interrupts.check()        # asked during the last chunk: still told interrupted
+            if not done.all():
+                raise RuntimeError(f"decode loop stopped at its iteration cap ({iterations}) with "
+                                   "rows unfinished")
     except KeyboardInterrupt:
         interrupted = True
     wall = time.perf_counter() - t0
