@@ -366,6 +366,18 @@ class Placement(Checked):
         d.add_argument("--device-memory", type=float, default=None,
                        help="GiB per chip to fit in (default: the chip's HBM)")
 
+    @staticmethod
+    def check_dry_run_flags(args) -> None:
+        """--topology and --device-memory without --dry-run would be ignored: refused, naming
+        both flags (one DecodeConfigError)."""
+        if args.dry_run:
+            return
+        for flag, value in (("--topology", args.topology), ("--device-memory", args.device_memory)):
+            if value is not None:
+                raise DecodeConfigError(f"{flag} goes with --dry-run (compile the programs for an "
+                                        f"accelerator); without --dry-run it would be ignored: add "
+                                        f"--dry-run or drop {flag}")
+
     @classmethod
     def from_args(cls, args) -> "Placement":
         return cls(**cls.pick(args))

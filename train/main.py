@@ -63,6 +63,21 @@ def parse_args(argv=None):
     return p.parse_intermixed_args(argv)   # overrides may come before and after options
 
 
+DRY_RUN_FLAGS = (("--device-memory", "device_memory"), ("--devices", "devices"),
+                 ("--topology", "topology"), ("--json", "json_out"))
+
+
+def without_dry_run(args) -> str | None:
+    """The refusal of a dry-run flag given without --dry-run (it would be ignored), else None."""
+    if args.dry_run:
+        return None
+    for flag, name in DRY_RUN_FLAGS:
+        if getattr(args, name) is not None:
+            return (f"{flag} goes with --dry-run (compile the step and say if it fits); without "
+                    f"--dry-run it would be ignored: add --dry-run or drop {flag}")
+    return None
+
+
 def dry_run_main(args) -> int:
     """`--dry-run`: everything checkable is checked before JAX starts (config, remat, device
     memory, device count), then the devices are forced and the step compiled."""
@@ -406,6 +421,10 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if not args.verbose:        # Orbax's and absl's INFO lines (dozens a checkpoint)
         logging.getLogger("absl").setLevel(logging.WARNING)
+    refused = without_dry_run(args)
+    if refused is not None:
+        print(f"wedlm-train: error: {refused}", file=sys.stderr)
+        return 2
     if args.dry_run:            # before anything imports jax (orbax does): it forces devices
         return dry_run_main(args)
     from train.checkpoint import ResumeError
