@@ -36,6 +36,8 @@ _PENDING_LOCK = threading.Lock()
 def device_exact(constraint: Constraint):
     """Raise a DecodeConfigError naming the first keyword the device tables do not enforce
     exactly (JSON schemas; regexes and choices are exact)."""
+    if constraint.kind == "grammar":
+        constraint.to_regex()            # refused: a grammar is the host's
     if constraint.kind != "json_schema":
         return
     from decode.constraints.keywords import check_device

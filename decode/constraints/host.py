@@ -54,6 +54,8 @@ def grammar_text(constraint: Constraint) -> str:
     from llguidance import LLMatcher
     if constraint.kind == "regex":
         return LLMatcher.grammar_from_regex(constraint.value)
+    if constraint.kind == "grammar":
+        return LLMatcher.grammar_from_lark(constraint.value)
     if constraint.kind == "choice":
         return LLMatcher.grammar_from_regex("(" + "|".join(escape(o) for o in constraint.value)
                                             + ")")
