@@ -220,9 +220,9 @@ def run(args) -> dict:
         ids, out_text, cut = stop_at_strings(tokenizer, ids, cut_strings)
         rows.append(dict(prompt=text, prompt_ids=pids, ids=ids, text=out_text,
                          finish="stop" if cut else st.finish,
-                         stats=dict(steps=st.steps, n_gen=st.n_gen, n_fwd=st.n_fwd,
+                         stats=dict(steps=st.steps, n_gen=st.n_gen, token_slots=st.token_slots,
                                     tokens_per_forward=st.tokens_per_forward, p_cache=st.p_cache)))
-    total = dict(method=res.method, steps=res.steps, n_gen=res.n_gen, n_fwd=res.n_fwd,
+    total = dict(method=res.method, steps=res.steps, n_gen=res.n_gen, token_slots=res.token_slots,
                  tokens_per_forward=res.tokens_per_forward, p_cache=res.p_cache,
                  loop_iterations=res.loop_iterations, wall_s=res.wall_s,
                  tokens_per_s=res.tokens_per_s, compile_s=res.compile_s, stop_token_ids=stop_ids,

@@ -88,6 +88,7 @@ def test_counters_and_histograms_equal_what_was_served(server):
     served.append(chat.json())
     usage, stats, reason = stream_completion(c, prompt="the cat sat on the mat", max_tokens=40)
     answers = [(a["usage"], a["wedlm"], a["choices"][0]["finish_reason"]) for a in served]
+    assert all(set(w) == {"steps", "token_slots", "p_cache"} for _, w, _ in answers), answers
     answers.append((usage, stats, reason))
     after = scrape(c)
     n = len(answers)
@@ -109,7 +110,7 @@ def test_counters_and_histograms_equal_what_was_served(server):
     assert 1 <= delta(after, before, "vllm:time_per_output_token_seconds_count") <= n
     assert delta(after, before, "vllm:request_prompt_tokens_sum") == prompt
     assert delta(after, before, "vllm:request_generation_tokens_sum") == out
-    # WeDLM's histograms against the answers' own counts (steps: forwards; n_fwd: token slots)
+    # WeDLM's histograms against the answers' own counts (steps: forwards; token_slots: token slots)
     assert delta(after, before, "wedlm:forwards_per_request_sum") == sum(s["steps"] for _, s, _ in answers)
     per_forward = [u["completion_tokens"] / s["steps"] for u, s, _ in answers]
     assert delta(after, before, "wedlm:tokens_per_forward_sum") == pytest.approx(sum(per_forward))

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import threading
 import time
 from typing import Callable
@@ -42,6 +43,8 @@ from decode.config import DecodeConfigError
 from decode.engine.decoder import Decoder
 from decode.engine.state import Request
 from decode.engine.pages import ShardedPool
+
+log = logging.getLogger(__name__)
 
 
 def _failure(e: Exception) -> str:
@@ -134,6 +137,9 @@ class Batcher:
             rid = self._next_id
             self._next_id += 1
             self._waiting.append(_Live(rid, request, on_tokens, on_finish, time.perf_counter()))
+        warning = request.bias_warning(f"request {rid}")
+        if warning is not None:
+            log.warning(warning)
         return rid
 
     def cancel(self, request_id: int) -> None:

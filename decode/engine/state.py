@@ -34,6 +34,17 @@ class Request(Sampling):
     automaton: Any = None           # a compiled constraint (decode.constraints.automaton), or None
     automaton_state: int = 0        # its state after the tokens already emitted (a readmission)
 
+    def bias_warning(self, who: str) -> str | None:
+        """A constraint and a negative logit_bias together: the constraint wins (a token it
+        requires is emitted whatever its bias; the bias only ranks the tokens it allows). The
+        words the doors log once per request (`who` names it), else None."""
+        lowered = [t for t, b in self.logit_bias if b < 0]
+        if self.automaton is None or not lowered:
+            return None
+        return (f"{who}: logit_bias lowers token(s) {', '.join(map(str, lowered[:8]))}"
+                f"{' ...' if len(lowered) > 8 else ''} and a constraint shapes the output: the "
+                "constraint wins (a token it requires is emitted whatever its bias)")
+
 
 def pow2_at_least(x: int, floor: int = 1) -> int:
     return max(floor, 1 << max(0, int(x) - 1).bit_length())
