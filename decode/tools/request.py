@@ -140,8 +140,9 @@ def parse_tools(body: dict, parser: str | None, auto: bool, template: str | None
 
 
 def tool_messages(messages: list) -> list:
-    """`messages` as the chat template reads them: an assistant's tool_calls with their
-    arguments as objects; a tool message must answer a call made before it."""
+    """`messages` with their tool turns checked: a call has a name and JSON arguments; a tool
+    message answers a call made before it (the chat template reads the arguments as objects:
+    wedlm_jax.tokenizer)."""
     called, out = set(), []
     for i, m in enumerate(messages):
         m = dict(m)
@@ -165,7 +166,7 @@ def _call(i: int, j: int, call, called: set) -> dict:
     args = fn.get("arguments", "{}")
     if isinstance(args, str):
         try:
-            args = json.loads(args or "{}")
+            json.loads(args or "{}")
         except ValueError:
             raise DecodeConfigError(f"{where}.function.arguments is not JSON",
                                     f"{where}.function.arguments") from None
