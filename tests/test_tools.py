@@ -18,7 +18,7 @@ from decode.config import DecodeConfig  # noqa: E402
 from decode.constraints.backends import compile_for  # noqa: E402
 from decode.serving import serve  # noqa: E402
 from decode.static.static_batch import generate  # noqa: E402
-from decode.tools.calls import split  # noqa: E402
+from decode.tools.calls import split_calls  # noqa: E402
 from decode.tools.request import parse_tools  # noqa: E402
 from demo.eval import DEMO_MODEL, load_model  # noqa: E402
 from tests.live_server import serve_in_thread  # noqa: E402
@@ -188,7 +188,7 @@ def test_verified_tool_calls_equal_ar():
         dc = DecodeConfig(method=method, window=window, max_new_tokens=80, stop_token_ids=stops)
         out[method] = list(generate(params, config, [prompt], dc, automata=[compiled]).tokens[0])
     assert out["verified"] == out["ar"]
-    content, calls = split(tools.fmt, tok.decode([t for t in out["ar"] if t not in stops]))
+    content, calls = split_calls(tools.fmt, tok.decode([t for t in out["ar"] if t not in stops]))
     assert calls and content is None
     for c in calls:
         jsonschema.validate(json.loads(c["function"]["arguments"]), SCHEMAS[c["function"]["name"]])

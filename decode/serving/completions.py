@@ -22,7 +22,7 @@ from decode.serving.protocol import (MAX_BATCH, APIError, Settings, bad, chat_lo
                              generated_scores, logprobs_object, parse_messages, parse_prompts,
                              parse_settings)
 from decode.text import TextStream, split_stop_strings
-from decode.tools.calls import CallStream, split
+from decode.tools.calls import CallStream, split_calls
 from decode.tools.request import parse_tools
 
 DISCONNECT_POLL_S = 0.25   # how often a non-streaming request looks whether its client is still there
@@ -339,7 +339,7 @@ class Completions:
         n_out = text.n_used
         message = {"role": "assistant", "content": text.sent}
         if chat and s.tools is not None and s.tools.choice != "none":
-            message["content"], calls = split(s.tools.fmt, text.sent)
+            message["content"], calls = split_calls(s.tools.fmt, text.sent)
             if calls:
                 message["tool_calls"] = calls
                 reason = "tool_calls" if reason == "stop" else reason

@@ -5,7 +5,7 @@ decoded under its function's `parameters` schema (a host-backend grammar, decode
                     may write (`ToolRequest.constraint`), the messages' tool turns checked
     formats.py      the call formats (`--tool-call-parser`): hermes (Qwen, WeDLM), llama3_json;
                     adding one is one `CallFormat` entry
-    calls.py        text -> (content, tool calls), whole or as streamed deltas
+    calls.py        text -> (content, tool calls), whole (`split_calls`) or as streamed deltas
 """
 
 from decode.tools.formats import FORMATS, CallFormat

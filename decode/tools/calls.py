@@ -1,6 +1,6 @@
 """A tool-calling output read back: the text before the first call (the message's content) and
 the calls as OpenAI returns them ({id, type, function: {name, arguments}}, arguments as JSON
-text), whole (`split`) or as the deltas of a stream (`CallStream`)."""
+text), whole (`split_calls`) or as the deltas of a stream (`CallStream`)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def _head(fmt: CallFormat):
                       + r'" *: *(?=[^ ])')
 
 
-def split(fmt: CallFormat, text: str):
+def split_calls(fmt: CallFormat, text: str):
     """(content or None, [call]) of a finished output; no calls when the first is incomplete
     (a budget that ran out inside it: the text is then all content)."""
     first = fmt.first_call(text)
