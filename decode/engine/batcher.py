@@ -427,22 +427,34 @@ class Batcher:
         while self.step():
             pass
 
-    def warm_up(self, capacity: int, every_bucket: bool = True) -> float:
-        """Compile before serving: one short request per prompt bucket (the Decoder compiles prefill and
-        insert once per power-of-two prompt bucket; each prompt its own first token, so a paged
-        cache reuses no prefix of another and prefills the whole bucket), then the step programs
-        (`Decoder.compile_steps`: generate for every live-slot bucket, the page table's updates), so
-        no client waits on a compile. every_bucket=False compiles the smallest prompt bucket and
-        what it runs only (the others compile on first use). Returns the seconds it took."""
+    def warm_up_programs(self, capacity: int, every_bucket: bool = True) -> list[str]:
+        """The names `warm_up` reports its programs by, in its order."""
         lengths, n = [1], 16
         while every_bucket and n <= 2 * capacity:
             lengths.append(min(n, capacity))
             n *= 2
+        names = [f"prompt bucket {length}" for length in dict.fromkeys(lengths)]
+        return names + (self.decoder.step_programs() if every_bucket else [])
+
+    def warm_up(self, capacity: int, every_bucket: bool = True, progress=None) -> float:
+        """Compile before serving: one short request per prompt bucket, one after the other (the
+        Decoder compiles prefill and insert once per power-of-two prompt bucket; each prompt its
+        own first token, so a paged cache reuses no prefix of another and prefills the whole
+        bucket), then the step programs (`Decoder.compile_steps`: generate for every live-slot
+        bucket, the page table's updates), so no client waits on a compile. every_bucket=False
+        compiles the smallest prompt bucket and what it runs only (the others compile on first
+        use). progress(name, seconds): after each program (names as `warm_up_programs`).
+        Returns the seconds it took."""
+        report = progress or (lambda name, seconds: None)
         t0 = time.perf_counter()
         vocab = self.decoder.model_config.vocab_size
-        for i, length in enumerate(dict.fromkeys(lengths)):
+        buckets = [n for n in self.warm_up_programs(capacity, every_bucket)
+                   if n.startswith("prompt bucket ")]
+        for i, name in enumerate(buckets):
+            length, t1 = int(name.rsplit(" ", 1)[1]), time.perf_counter()
             self.submit(Request(prompt=(i % vocab,) + (0,) * (length - 1), max_new_tokens=1))
-        self.run_until_idle()
+            self.run_until_idle()
+            report(name, time.perf_counter() - t1)
         if every_bucket:
-            self.state = self.decoder.compile_steps(self.state)
+            self.state = self.decoder.compile_steps(self.state, progress)
         return time.perf_counter() - t0

@@ -35,6 +35,7 @@ token (slot 0) at position P-1.
 
 from __future__ import annotations
 
+import time
 
 import flax.linen as nn
 import jax
@@ -387,17 +388,28 @@ class Decoder:
         return state, ResultTokens(tokens=toks, counts=counts, steps=int(steps), done=done,
                                    logprobs=lps)
 
-    def compile_steps(self, state: DecodeState) -> DecodeState:
+    def step_programs(self) -> list[str]:
+        """The names `compile_steps` reports its programs by, in its order."""
+        names = [f"generate, {size} live slot(s)" for size in self.live_buckets() + [self.slots]]
+        return names + (["page table updates"] if self.paged else [])
+
+    def compile_steps(self, state: DecodeState, progress=None) -> DecodeState:
         """Compile, by running them as no-ops, the programs a serving loop calls after admission:
         `generate` for every live-slot bucket and for every slot, and with a paged cache the page
         table's updates (`set_page_rows`, `unmap`, `copy_pages` across slot shards). The state
-        is donated and comes back unchanged."""
+        is donated and comes back unchanged. progress(name, seconds): after each (names as
+        `step_programs`)."""
+        report = progress or (lambda name, seconds: None)
         for size in self.live_buckets() + [self.slots]:
+            t0 = time.perf_counter()
             state, _ = self.generate(state, 0, live=range(size))     # runs no step
+            report(f"generate, {size} live slot(s)", time.perf_counter() - t0)
         if self.paged:
+            t0 = time.perf_counter()
             state = self.unmap(self.set_page_rows(state, {}), [])
             if self.static.page_shards > 1:
                 state = self.copy_pages(state, [], [])
+            report("page table updates", time.perf_counter() - t0)
         return state
 
     def _bucket(self, live) -> np.ndarray | None:

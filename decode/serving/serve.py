@@ -220,7 +220,10 @@ def _load(args, opts: DoorOptions, startup: Startup, server, failure: list) -> N
     """The loading thread: build the server behind `startup`; a failure is put in `failure`
     as (exit code, one line) and the HTTP server told to stop."""
     from wedlm_jax.failures import out_of_memory
+    while not server.started and not server.should_exit:    # the port first: /health at once
+        time.sleep(0.01)
     try:
+        compile_cache.enable(args.compile_cache)
         engine, app, cfg = build_server(args, opts, startup)
     except (DecodeConfigError, ValueError, FileNotFoundError) as e:
         failure.append((2, f"wedlm-serve: error: {e}"))
@@ -300,7 +303,6 @@ def _main(argv=None) -> int:
         import prometheus_client  # noqa: F401  (the serve extra: GET /metrics)
         import uvicorn  # noqa: F401
         check_port(args.host, args.port)
-        compile_cache.enable(args.compile_cache)
     except (DecodeConfigError, ValueError) as e:
         print(f"wedlm-serve: error: {e}", file=sys.stderr)
         return 2
