@@ -182,3 +182,40 @@ def test_the_documented_training_dry_run_fits_as_its_comment_says():
                           text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "verdict      FITS" in proc.stdout and "--device-memory 80 GiB" in proc.stdout
+
+
+def launch_lines() -> list[tuple[dict, list[str]]]:
+    """(environment, words) of every documented launch-script command (train/launch/*.sh)."""
+    out = []
+    for _, command in documented():
+        words = shlex.split(command)
+        env = {}
+        while words and "=" in words[0] and not words[0].startswith("-"):
+            key, value = words.pop(0).split("=", 1)
+            env[key] = value
+        if words and words[0].endswith(".sh"):
+            out.append((env, words))
+    return out
+
+
+def test_the_documented_launch_lines_run_their_dry_run_then_submit(tmp_path):
+    """The Slurm and XPK lines run as written, sbatch and xpk replaced by echo and wedlm-train by
+    a recorder: each runs the dry run first (its arguments parse and its config loads with the
+    overrides, as wedlm-train checks them), then submits with the same overrides."""
+    lines = launch_lines()
+    assert {os.path.basename(w[0]) for _, w in lines} >= {"submit_slurm.sh", "xpk.sh"}, lines
+    recorder = tmp_path / "wedlm-train"
+    recorder.write_text(f'#!/bin/bash\nprintf "%s\\n" "$@" > {tmp_path}/args\n')
+    recorder.chmod(0o755)
+    for env, words in lines:
+        proc = subprocess.run(["bash", *words], cwd=ROOT, capture_output=True, text=True,
+                              timeout=60, env=dict(os.environ, **env, WEDLM_TRAIN=str(recorder),
+                                                   SBATCH="echo sbatch", XPK="echo xpk"))
+        assert proc.returncode == 0, (words, proc.stderr)
+        argv = (tmp_path / "args").read_text().splitlines()
+        args = train_main.parse_args(argv)
+        assert args.dry_run and args.device_memory == float(env.get("DEVICE_MEMORY", 0)), argv
+        load_config(os.path.join(ROOT, args.config), args.overrides)
+        submitted = proc.stdout.strip()
+        assert submitted.startswith(("sbatch ", "xpk workload create")), submitted
+        assert all(o in submitted for o in words[1:]), (words, submitted)

@@ -97,3 +97,44 @@ def test_submit_runs_the_dry_run_and_submits_only_what_fits(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert yes.returncode == 0, yes.stderr[-2000:]
     assert calls.read_text() == f"CONFIG={config} --export=ALL {LAUNCH}/slurm.sbatch steps=3\n"
+
+
+def _launch_copy(tmp_path, venv: bool) -> str:
+    """The launch scripts in a repository-shaped folder; with `venv`, a .venv/bin/wedlm-train
+    there that records its arguments and says the step fits."""
+    import shutil
+    repo = tmp_path / ("with-venv" if venv else "bare")
+    shutil.copytree(LAUNCH, repo / "train" / "launch")
+    if venv:
+        stub = repo / ".venv" / "bin" / "wedlm-train"
+        stub.parent.mkdir(parents=True)
+        stub.write_text(f'#!/bin/bash\necho "$@" >> {tmp_path}/calls\n')
+        stub.chmod(0o755)
+    return str(repo)
+
+
+def test_launch_scripts_find_wedlm_train_or_say_how(tmp_path):
+    """Without wedlm-train on PATH: submit_slurm.sh takes the repository's .venv/bin/wedlm-train
+    (the dry run, then sbatch); with no venv either, one line says how, not `command not found`;
+    slurm_task.sh outside a Slurm job says so in one line and exits 2."""
+    env = dict(PATH="/usr/bin:/bin", CONFIG="configs/tiny_cpu.yaml", SBATCH="echo sbatch")
+    repo = _launch_copy(tmp_path, venv=True)
+    proc = subprocess.run(["bash", "train/launch/submit_slurm.sh", "mesh.fsdp=8"], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "calls").read_text().startswith("--config configs/tiny_cpu.yaml --dry-run "
+                                                       "--device-memory 80 --topology h100:8")
+    assert proc.stdout.startswith("sbatch --export=ALL") and "mesh.fsdp=8" in proc.stdout
+    bare = _launch_copy(tmp_path, venv=False)
+    for script in ("submit_slurm.sh", "xpk.sh"):
+        proc = subprocess.run(["bash", f"train/launch/{script}"], cwd=bare, capture_output=True,
+                              text=True, timeout=60, env=dict(env, CLUSTER="c", IMAGE="i",
+                                                              CKPT="gs://b/c"))
+        err = proc.stderr.strip().splitlines()
+        assert proc.returncode == 127 and len(err) == 1, (script, proc.stderr)
+        assert "wedlm-train not found: run make setup" in err[0] and "WEDLM_TRAIN" in err[0]
+    proc = subprocess.run(["bash", os.path.join(LAUNCH, "slurm_task.sh")], cwd=ROOT,
+                          env=dict(env, WEDLM_TRAIN="false"), capture_output=True, text=True,
+                          timeout=60)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1 and "not inside a Slurm job" in err[0], err

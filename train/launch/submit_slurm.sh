@@ -12,6 +12,11 @@
 set -euo pipefail
 : "${CONFIG:?set CONFIG to the training config (YAML)}"
 here=$(dirname "$0")
-${WEDLM_TRAIN:-wedlm-train} --config "$CONFIG" --dry-run --device-memory "${DEVICE_MEMORY:-80}" \
+# wedlm-train: $WEDLM_TRAIN, else the one on PATH, else this repository's .venv/bin/wedlm-train
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+train=${WEDLM_TRAIN:-$(command -v wedlm-train || true)}
+[ -n "$train" ] || [ ! -x "$repo/.venv/bin/wedlm-train" ] || train=$repo/.venv/bin/wedlm-train
+[ -n "$train" ] || { echo "submit_slurm: wedlm-train not found: run make setup (it makes .venv), activate a venv with it installed (pip install -e .), or set WEDLM_TRAIN" >&2; exit 127; }
+$train --config "$CONFIG" --dry-run --device-memory "${DEVICE_MEMORY:-80}" \
     ${DRY_RUN:---topology h100:8} "$@" || { echo "submit_slurm: the dry run says no (above); nothing submitted" >&2; exit 1; }
 CONFIG="$CONFIG" ${SBATCH:-sbatch} --export=ALL "$here/slurm.sbatch" "$@"

@@ -15,7 +15,12 @@
 set -euo pipefail
 : "${CLUSTER:?}" "${CONFIG:?}" "${IMAGE:?}" "${CKPT:?set CKPT to a gs:// checkpoint folder}"
 TPU_TYPE=${TPU_TYPE:-v5p-64}
-${WEDLM_TRAIN:-wedlm-train} --config "$CONFIG" --dry-run --device-memory "${DEVICE_MEMORY:-95}" \
+# wedlm-train: $WEDLM_TRAIN, else the one on PATH, else this repository's .venv/bin/wedlm-train
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+train=${WEDLM_TRAIN:-$(command -v wedlm-train || true)}
+[ -n "$train" ] || [ ! -x "$repo/.venv/bin/wedlm-train" ] || train=$repo/.venv/bin/wedlm-train
+[ -n "$train" ] || { echo "xpk.sh: wedlm-train not found: run make setup (it makes .venv), activate a venv with it installed (pip install -e .), or set WEDLM_TRAIN" >&2; exit 127; }
+$train --config "$CONFIG" --dry-run --device-memory "${DEVICE_MEMORY:-95}" \
     --topology "${TOPOLOGY:-tpu:v5p:2x4x4}" "$@" \
     || { echo "xpk.sh: the dry run says no (above); nothing launched" >&2; exit 1; }
 ${XPK:-xpk} workload create --cluster "$CLUSTER" --workload "${WORKLOAD:-wedlm-train-$(date +%m%d-%H%M)}" \
