@@ -219,3 +219,18 @@ def test_the_documented_launch_lines_run_their_dry_run_then_submit(tmp_path):
         submitted = proc.stdout.strip()
         assert submitted.startswith(("sbatch ", "xpk workload create")), submitted
         assert all(o in submitted for o in words[1:]), (words, submitted)
+
+
+def test_readme_python_examples_run():
+    """README's Python section as written (DIR: the demo model, float32 on this CPU): the count
+    ends at its target under its constraint, and the Batcher example finishes its request."""
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    section = text[text.index("### Python"):text.index("### Released checkpoints")]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)[:2]
+    code = "\n".join(blocks).replace('"DIR"', repr(DEMO)).replace('"bfloat16"', '"float32"')
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    first = out.stdout.splitlines()[0]
+    assert first.split(" ")[-2] == "1560/1560", first
+    assert "1563/1560" not in out.stdout
