@@ -17,41 +17,9 @@ import dataclasses
 import os
 import sys
 
-from decode.config import DecodeConfigError, Placement, is_int
+from decode.config import DecodeConfigError, Placement, mask_id_for
 from decode.text import TextTokenizer, load_tokenizer
-from wedlm_jax.config import ConfigError, ModelConfig
-from wedlm_jax.tokenizer import mask_token_rule
-
-
-def mask_id_for(config: ModelConfig, given: int | None, method: str, *, tokenizer=None,
-                source: str = "the model config", name: str = "mask_token_id",
-                announce=None) -> int:
-    """The [MASK] id to decode with, the one rule of every door and of the plan: `given` (the
-    option `name`, checked against the vocabulary), else the rule training shares
-    (`wedlm_jax.tokenizer.mask_token_rule`: the config's, the released checkpoints' for a `wedlm`
-    config with null — `announce`d once —, the `tokenizer`'s); AR decoding reads none (0).
-    DecodeConfigError naming mask_token_id when a window method finds none or the id lies
-    outside the vocabulary."""
-    if given is not None:
-        if not is_int(given) or not 0 <= int(given) < config.vocab_size:
-            raise DecodeConfigError(f"{name} {given!r} is outside the vocabulary "
-                                    f"[0, {config.vocab_size})", "mask_token_id")
-        return int(given)
-    if method == "ar":
-        return 0
-    try:
-        mask, origin = mask_token_rule(config, tokenizer, source, "mask_token_id=ID / --mask-token-id ID")
-    except ConfigError as e:
-        raise DecodeConfigError(str(e), "mask_token_id") from None
-    if mask is None:
-        raise DecodeConfigError(
-            f"method {method!r} needs a mask token id: {source} has no mask_token_id"
-            f"{'' if tokenizer is None else ', the tokenizer no mask token'} and none was given "
-            "(pass mask_token_id=... / --mask-token-id)", "mask_token_id")
-    if origin == "released" and announce is not None:
-        announce(f"{source} has mask_token_id null: decoding with [MASK] id {mask}, as the official "
-                 f"WeDLM engine does (--mask-token-id overrides)")
-    return mask
+from wedlm_jax.config import ModelConfig
 
 
 def check_quantized_folder(folder: str, placement: Placement, group: int) -> None:

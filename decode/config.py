@@ -30,6 +30,7 @@ from wedlm_jax import quantize_scheme as scheme_rules
 from wedlm_jax.attention.table import KV_DTYPES
 from wedlm_jax.attention.table import CACHE_CHOICES
 from wedlm_jax.axis_rules import MESH_AXES
+from wedlm_jax.config import ConfigError, ModelConfig
 
 METHODS = ("streaming", "block", "ar", "verified")
 REFILLS = ("before", "after")               # decode.engine.steps: when the window's masks are refilled
@@ -211,6 +212,38 @@ def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int, capacity: i
             raise DecodeConfigError(f"prompt {i} has {len(ids)} tokens, longer than the capacity {capacity}")
         out.append(ids)
     return out
+
+
+def mask_id_for(config: ModelConfig, given: int | None, method: str, *, tokenizer=None,
+                source: str = "the model config", name: str = "mask_token_id",
+                announce=None) -> int:
+    """The [MASK] id to decode with, the one rule of every door and of the plan: `given` (the
+    option `name`, checked against the vocabulary), else the rule training shares
+    (`wedlm_jax.tokenizer.mask_token_rule`: the config's, the released checkpoints' for a `wedlm`
+    config with null — `announce`d once —, the `tokenizer`'s); AR decoding reads none (0).
+    DecodeConfigError naming mask_token_id when a window method finds none or the id lies
+    outside the vocabulary."""
+    if given is not None:
+        if not is_int(given) or not 0 <= int(given) < config.vocab_size:
+            raise DecodeConfigError(f"{name} {given!r} is outside the vocabulary "
+                                    f"[0, {config.vocab_size})", "mask_token_id")
+        return int(given)
+    if method == "ar":
+        return 0
+    from wedlm_jax.tokenizer import mask_token_rule
+    try:
+        mask, origin = mask_token_rule(config, tokenizer, source, "mask_token_id=ID / --mask-token-id ID")
+    except ConfigError as e:
+        raise DecodeConfigError(str(e), "mask_token_id") from None
+    if mask is None:
+        raise DecodeConfigError(
+            f"method {method!r} needs a mask token id: {source} has no mask_token_id"
+            f"{'' if tokenizer is None else ', the tokenizer no mask token'} and none was given "
+            "(pass mask_token_id=... / --mask-token-id)", "mask_token_id")
+    if origin == "released" and announce is not None:
+        announce(f"{source} has mask_token_id null: decoding with [MASK] id {mask}, as the official "
+                 f"WeDLM engine does (--mask-token-id overrides)")
+    return mask
 
 
 # ------------------------------------------------------------------------------- placement
