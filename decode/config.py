@@ -51,9 +51,9 @@ MAX_WINDOW = 256
 #   compile time   Method (method, W, refill, prefill chunk) + EngineOptions (slots, steps per
 #                  call, capacity, ...) + Placement (dtype, mesh, attention backend, KV tile,
 #                  pages): what the Decoder's programs are built for;
-#   per request    Sampling (tau, lambda, temperature, top-k, top-p, sampling order, max new
-#                  tokens, stop ids, seed): runtime values, one set per request, on the device
-#                  as the decode state's `Settings` (decode/engine/state.py).
+#   per request    Sampling (its fields below are the list, `Sampling.options()`): runtime
+#                  values, one set per request, on the device as the decode state's
+#                  `SlotSettings` (decode/engine/state.py).
 
 
 def _stop_row(ids) -> list:

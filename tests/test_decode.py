@@ -206,7 +206,7 @@ def test_sampling_reproducible_and_top_k_one_is_greedy(params):
 
 
 def _rows(temperature, top_k, top_p, temper_first):
-    """One row's device Settings from its Sampling options."""
+    """One row's device SlotSettings from its Sampling options."""
     return settings_rows([Sampling(temperature=temperature, top_k=top_k, top_p=top_p,
                                    sampling_order="temper_first" if temper_first else "filter_first")])
 

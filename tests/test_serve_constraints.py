@@ -28,7 +28,7 @@ def server():
                                        "--capacity", "384", "--model-name", "demo"])
     decoder, tokenizer, cfg = serve.load_decoder(args)
     batcher = Batcher(decoder)
-    engine = serve.Engine(batcher, max_pending=16, scorer=serve.scorer_for(decoder)).start()
+    engine = serve.EngineThread(batcher, max_pending=16, scorer=serve.scorer_for(decoder)).start()
     app = serve.build_app(engine, tokenizer, cfg)
     url, srv, thread, sock = serve_in_thread(app)
     yield openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)

@@ -38,7 +38,7 @@ def bad(param: str | None, message: str, code: str | None = "invalid_value") -> 
 # ----------------------------------------------------------------------------------- request parsing
 
 @dataclasses.dataclass
-class Settings:
+class RequestSettings:
     """A request's settings, validated: its Sampling (the server's defaults, overridden by the
     body; the stop ids come with the prompt) and how the answer is shaped."""
     sampling: Sampling
@@ -100,7 +100,7 @@ def parse_stop(stop) -> list:
 
 
 def parse_settings(body: dict, defaults: Sampling, max_tokens_names=("max_tokens",),
-                   scoring: bool = False, chat: bool = False) -> Settings:
+                   scoring: bool = False, chat: bool = False) -> RequestSettings:
     """The settings shared by both endpoints; raises APIError(400) naming the field. `defaults`:
     the server's (its command line); a body's values are checked by Sampling, the one definition
     of their bounds. `scoring`: the completions endpoint, which takes `logprobs`
@@ -166,11 +166,12 @@ def parse_settings(body: dict, defaults: Sampling, max_tokens_names=("max_tokens
             raise bad(max_tokens_name, str(e).replace("max_new_tokens", max_tokens_name)) from None
         raise bad(e.field, str(e)) from None
     max_given = any(body.get(name) is not None for name in max_tokens_names)
-    return Settings(sampling=sampling, max_tokens=sampling.max_new_tokens if "max_new_tokens" in given
-                    or not max_given else 0, stop=stop, stream=_bool(body, "stream"),
-                    include_usage=bool(opts and _bool(opts, "include_usage")),
-                    max_tokens_given=max_given, logprobs=logprobs, echo=echo, n=n,
-                    constraint=constraint)
+    max_tokens = sampling.max_new_tokens if "max_new_tokens" in given or not max_given else 0
+    return RequestSettings(sampling=sampling, max_tokens=max_tokens, stop=stop,
+                           stream=_bool(body, "stream"),
+                           include_usage=bool(opts and _bool(opts, "include_usage")),
+                           max_tokens_given=max_given, logprobs=logprobs, echo=echo, n=n,
+                           constraint=constraint)
 
 
 CHARS_PER_TOKEN_BOUND = 16   # a text this many times longer than the context is checked by a prefix

@@ -49,7 +49,7 @@ from decode.serving.app import ServerConfig, build_app  # noqa: F401 (the app; r
 from decode.options import HelpFormatter
 from decode.config import (MAX_LOGPROBS, MAX_STOP_IDS, DecodeConfigError, DoorOptions, Placement,
                            add_decoding_arguments, check_int)
-from decode.serving.worker import Busy, Engine  # noqa: F401 (the engine thread; re-exported)
+from decode.serving.worker import Busy, EngineThread  # noqa: F401 (the engine thread; re-exported)
 from decode.serving.protocol import (APIError, parse_messages, parse_prompt,  # noqa: F401 (re-exported)
                              parse_settings)
 from decode.text import TextStream  # noqa: F401 (the one stop handler; re-exported)
@@ -180,8 +180,8 @@ def build_server(args, opts: DoorOptions | None = None):
     log.info("compiled in %.1f s", batcher.warm_up(cfg.capacity, every_bucket=not args.lazy_compile))
     metrics = ServerMetrics(batcher, cfg.model_name, args.method, log_prompts=args.log_prompts,
                             tokenizer=tokenizer)
-    engine = Engine(batcher, max_pending=args.slots + args.max_queue,
-                    scorer=scorer_for(decoder), metrics=metrics).start()
+    engine = EngineThread(batcher, max_pending=args.slots + args.max_queue,
+                          scorer=scorer_for(decoder), metrics=metrics).start()
     return engine, build_app(engine, tokenizer, cfg), cfg
 
 
