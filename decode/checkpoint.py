@@ -2,6 +2,7 @@
 batch job, wedlm-serve, the demo).
 
     ckpt = OpenCheckpoint.open(folder, placement, method="streaming", mask_token_id=None)
+    ckpt = OpenCheckpoint.from_args(args)   # a door: its --checkpoint, --method, ... flags
     ...                                  # config.json and the tokenizer are read and checked;
                                          # check the requests against them here
     config, params, mesh = ckpt.load()   # then the weights, on the placement's mesh and dtype
@@ -66,6 +67,15 @@ class OpenCheckpoint:
                            announce=_stderr(prog))
         stops = tuple(tokenizer.default_stop_ids(config.eos_token_id)) if default_stops else ()
         return cls(folder, config, tokenizer, mask, stops, placement)
+
+    @classmethod
+    def from_args(cls, args, placement: Placement | None = None, **kw) -> "OpenCheckpoint":
+        """`open` with a door's flags: --checkpoint, --method, --mask-token-id, --no-default-stops
+        (`add_decoding_arguments`), on `placement` (default: the flags' own); `kw`: `open`'s prog
+        and tokenizer."""
+        return cls.open(args.checkpoint, placement or Placement.from_args(args), method=args.method,
+                        mask_token_id=args.mask_token_id, default_stops=not args.no_default_stops,
+                        **kw)
 
     def load(self):
         """(ModelConfig, params, mesh): the weights in the placement's dtype on its mesh (None: the

@@ -195,6 +195,19 @@ def useful_window(window: int, method: str, longest_budget: int) -> int:
     return max(1, min(window, longest_budget + (method == "verified")))
 
 
+def prompt_problem(ids: Sequence, vocab_size: int | None,
+                   capacity: int | None = None) -> str | None:
+    """What keeps token ids from being a prompt, in the words of every door: the first that is no
+    token id in the vocabulary (when `vocab_size` is given), or more ids than `capacity` (when
+    given); None when nothing."""
+    for t in ids:
+        if vocab_size is not None and not (is_int(t) and 0 <= t < vocab_size):
+            return f"token id {t!r} is outside the vocabulary [0, {vocab_size})"
+    if capacity is not None and len(ids) > capacity:
+        return f"{len(ids)} tokens, longer than the capacity {capacity}"
+    return None
+
+
 def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int, capacity: int | None) -> list[list[int]]:
     """Validate token-id prompts: non-empty list of non-empty lists of ids in [0, vocab_size), each no
     longer than `capacity` (when given)."""
@@ -205,11 +218,9 @@ def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int, capacity: i
         ids = [int(t) for t in p]
         if not ids:
             raise DecodeConfigError(f"prompt {i} is empty; every prompt needs at least one token")
-        bad = [t for t in ids if not 0 <= t < vocab_size]
-        if bad:
-            raise DecodeConfigError(f"prompt {i} has token id {bad[0]} outside the vocabulary [0, {vocab_size})")
-        if capacity is not None and len(ids) > capacity:
-            raise DecodeConfigError(f"prompt {i} has {len(ids)} tokens, longer than the capacity {capacity}")
+        problem = prompt_problem(ids, vocab_size, capacity)
+        if problem:
+            raise DecodeConfigError(f"prompt {i}: {problem}")
         out.append(ids)
     return out
 

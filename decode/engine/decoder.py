@@ -51,9 +51,10 @@ from decode.engine.pages import static_batch_table
 from decode.engine.plan import Plan
 from decode.engine.programs import cache_axes
 from decode.engine.state import (DecodeState, Prefix, Request, ResultTokens, free_rows,
-                                 pow2_at_least, request_row)
+                                 request_row)
 from wedlm_jax import model as model_lib
 from wedlm_jax.attention import paged
+from wedlm_jax.buckets import pow2_at_least
 from wedlm_jax import quantize
 from wedlm_jax.quantize_scheme import QuantizeError
 from wedlm_jax.axis_rules import DEFAULT_RULES

@@ -29,7 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from decode.engine.state import keep_if_done, pow2_at_least
+from decode.engine.state import keep_if_done
+from wedlm_jax.buckets import pow2_at_least
 
 MIN_BUCKET = 16
 

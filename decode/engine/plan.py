@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 from decode.engine import layouts
 from decode.config import (MAX_LOGPROBS, DecodeConfigError, DoorOptions, EngineOptions, Placement,
-                           check_int, check_slots, is_int, mask_id_for)
+                           check_int, check_slots, is_int, mask_id_for, prompt_problem)
 from decode.engine.memory import available_memory, estimate_memory
 from decode.engine.pages import pool_size
 from decode.engine.programs import Static
@@ -81,13 +81,9 @@ class Plan:
         prompt = r.prompt
         if isinstance(prompt, (str, bytes)) or not hasattr(prompt, "__len__") or len(prompt) == 0:
             raise DecodeConfigError("prompt must be a non-empty sequence of token ids", "prompt")
-        if not all(is_int(t) and 0 <= t < vocab for t in prompt):
-            bad = next(t for t in prompt if not (is_int(t) and 0 <= t < vocab))
-            raise DecodeConfigError(f"prompt: token id {bad!r} is outside the vocabulary [0, {vocab})",
-                                    "prompt")
-        if len(prompt) > self.capacity:
-            raise DecodeConfigError(f"prompt: {len(prompt)} tokens, longer than the capacity "
-                                    f"{self.capacity}", "prompt")
+        problem = prompt_problem(prompt, vocab, self.capacity)
+        if problem:
+            raise DecodeConfigError(f"prompt: {problem}", "prompt")
         if not (is_int(r.top_logprobs) and 0 <= r.top_logprobs <= self.static.spec.top_logprobs):
             raise DecodeConfigError(f"top_logprobs must be an int in [0, {self.static.spec.top_logprobs}] "
                                     f"(the Decoder's top_logprobs), got {r.top_logprobs!r}", "top_logprobs")

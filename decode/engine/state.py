@@ -31,10 +31,6 @@ class Request(Sampling):
     automaton_state: int = 0        # its state after the tokens already emitted (a readmission)
 
 
-def pow2_at_least(x: int, floor: int = 1) -> int:
-    return max(floor, 1 << max(0, int(x) - 1).bit_length())
-
-
 @struct.dataclass
 class KVCache:
     """The prefix KV cache and how much of it is final.

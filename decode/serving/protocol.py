@@ -7,7 +7,7 @@ import dataclasses
 import secrets
 from typing import Any
 
-from decode.config import MAX_LOGPROBS, DecodeConfigError, Sampling
+from decode.config import MAX_LOGPROBS, DecodeConfigError, Sampling, prompt_problem
 from decode.constraints.spec import from_fields as constraint_fields
 from wedlm_jax.tokenizer import TextError, check_text
 
@@ -212,10 +212,9 @@ def parse_prompt(body: dict, tokenizer, vocab_size: int, context: int | None = N
     if isinstance(p, str):
         ids = encode_within(tokenizer, p, context)
     elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-        if not all(0 <= t < vocab_size for t in p):
-            j = next(j for j, t in enumerate(p) if not 0 <= t < vocab_size)
-            raise bad("prompt", f"'prompt' token ids must be in [0, {vocab_size}); token {j} is "
-                                f"{p[j]}")
+        problem = prompt_problem(p, vocab_size)
+        if problem:
+            raise bad("prompt", f"'prompt': {problem}")
         ids = list(p)
     else:
         raise bad("prompt", "'prompt' must be a string or a list of token ids (one prompt per request)",

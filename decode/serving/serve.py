@@ -144,9 +144,7 @@ def load_decoder(args, opts: DoorOptions | None = None):
 
     opts = opts or DoorOptions.from_args(args)
     placement = opts.placement
-    ckpt = OpenCheckpoint.open(args.checkpoint, placement, method=args.method,
-                               mask_token_id=args.mask_token_id,
-                               default_stops=not args.no_default_stops, prog="wedlm-serve")
+    ckpt = OpenCheckpoint.from_args(args, placement, prog="wedlm-serve")
     tokenizer, stops = ckpt.tokenizer, ckpt.default_stop_ids
     if len(stops) > MAX_STOP_IDS:
         raise DecodeConfigError(f"the checkpoint's default stops are {len(stops)} ids, more than {MAX_STOP_IDS}")
