@@ -23,8 +23,6 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from decode.config import SAMPLING_ORDERS  # noqa: E402  (defined once, in decode.config)
-
 
 class LogitStats(NamedTuple):
     greedy: jnp.ndarray     # [B, S] int32: the argmax
