@@ -220,7 +220,7 @@ def section_methods(out, repeats, quick):
         for m in methods:
             r = last[m]
             row[m] = dict(wall_s=statistics.median(walls[m]), cpu_s=statistics.median(cpus[m]),
-                          steps=r.steps, n_gen=r.n_gen, n_fwd=r.n_fwd,
+                          steps=r.steps, n_gen=r.n_gen, token_slots=r.token_slots,
                           tokens_per_forward=r.tokens_per_forward, p_cache=r.p_cache)
         for clock in ("wall_s", "cpu_s"):
             row[f"streaming_over_ar_{clock}"] = row["streaming"][clock] / row["ar"][clock]

@@ -88,7 +88,7 @@ class Ctx:
 
 def brief(r, ar=None) -> dict:
     out = {k: r[k] for k in ("method", "window", "tau", "lam", "batch", "n_items", "n_gen", "steps",
-                             "n_fwd", "tokens_per_forward", "p_cache", "wall_s", "tokens_per_s",
+                             "token_slots", "tokens_per_forward", "p_cache", "wall_s", "tokens_per_s",
                              "quality")}
     if ar is not None:
         out["speedup_vs_ar"] = ar["wall_s"] / r["wall_s"] * (r["n_gen"] / ar["n_gen"] if ar["n_gen"] else 1.0)

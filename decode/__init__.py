@@ -6,6 +6,8 @@ loads no engine):
 
     from decode import (OpenCheckpoint, Placement, EngineOptions, Sampling, DecodeConfig,
                         Request, make_plan, Decoder, Batcher, generate)
+    from decode import Constraint, compile_for                 # structured outputs
+    from decode import parse_tools, split_calls                # tool calling
 """
 
 import importlib
@@ -19,6 +21,9 @@ _SURFACE = {
     "Decoder": "decode.engine.decoder", "Batcher": "decode.engine.batcher",
     "generate": "decode.static.static_batch", "DecodeResult": "decode.static.static_batch",
     "RowStats": "decode.static.static_batch",
+    "Constraint": "decode.constraints.spec", "compile_for": "decode.constraints.backends",
+    "parse_tools": "decode.tools.request", "ToolRequest": "decode.tools.request",
+    "split_calls": "decode.tools.calls",
 }
 
 __all__ = sorted(_SURFACE)

@@ -21,15 +21,18 @@ import argparse
 import json
 import sys
 
-from decode.options import HelpFormatter
-from decode.config import (DecodeConfigError, DoorOptions, EngineOptions, Placement,
+from wedlm_jax import interrupts
+interrupts.early("wedlm-decode", __name__)   # Ctrl-C during the imports below: one line, 130
+
+from decode.options import HelpFormatter  # noqa: E402
+from decode.config import (DecodeConfigError, DoorOptions, EngineOptions, Placement,  # noqa: E402
                            add_decoding_arguments)
-from decode.checkpoint import OpenCheckpoint
-from decode.text import (ChatTemplateError, json_lines, load_tokenizer, split_stop_strings,
-                         stop_at_strings)
-from wedlm_jax.tokenizer import TextError
-from wedlm_jax import compile_cache, distributed
-from decode.jobs import ray_job      # its arguments only: ray is imported when --ray runs
+from decode.checkpoint import OpenCheckpoint  # noqa: E402
+from decode.text import (ChatTemplateError, json_lines, load_tokenizer,  # noqa: E402
+                         split_stop_strings, stop_at_strings)
+from wedlm_jax.tokenizer import TextError  # noqa: E402
+from wedlm_jax import compile_cache, distributed  # noqa: E402
+from decode.jobs import ray_job  # noqa: E402 (its arguments only: ray is imported when --ray runs)
 
 
 EPILOG = """a constrained prompt: --json-schema row.json | --json-object | --regex RE | --choice A --choice B
@@ -170,8 +173,9 @@ def run(args) -> dict:
         read["prompts"] = _read_prompts(args, tokenizer)
         constraint = constraint_of(args)
         if constraint is not None:
-            from decode.constraints.automaton import for_tokenizer
-            read["automaton"] = for_tokenizer(constraint, tokenizer)
+            from decode.constraints.backends import compile_for
+            read["automaton"] = compile_for(constraint, tokenizer, None,
+                                            opts.engine.constraint_backend)
         if args.trace is not None:
             from decode.static.trace import check_request
             check_request(args.trace, args.method, len(read["prompts"]))
@@ -214,9 +218,9 @@ def run(args) -> dict:
         ids, out_text, cut = stop_at_strings(tokenizer, ids, cut_strings)
         rows.append(dict(prompt=text, prompt_ids=pids, ids=ids, text=out_text,
                          finish="stop" if cut else st.finish,
-                         stats=dict(steps=st.steps, n_gen=st.n_gen, n_fwd=st.n_fwd,
+                         stats=dict(steps=st.steps, n_gen=st.n_gen, token_slots=st.token_slots,
                                     tokens_per_forward=st.tokens_per_forward, p_cache=st.p_cache)))
-    total = dict(method=res.method, steps=res.steps, n_gen=res.n_gen, n_fwd=res.n_fwd,
+    total = dict(method=res.method, steps=res.steps, n_gen=res.n_gen, token_slots=res.token_slots,
                  tokens_per_forward=res.tokens_per_forward, p_cache=res.p_cache,
                  loop_iterations=res.loop_iterations, wall_s=res.wall_s,
                  tokens_per_s=res.tokens_per_s, compile_s=res.compile_s, stop_token_ids=stop_ids,
@@ -259,7 +263,16 @@ def print_texts(results: list, shown: bool) -> None:
         print(r["text"])
 
 
+LOADING = "wedlm-decode: interrupted (Ctrl-C) while loading or compiling; nothing was decoded"
+
+
 def main(argv=None) -> int:
+    """The command; Ctrl-C at any moment ends it with 130 and one line (wedlm_jax.interrupts)."""
+    with interrupts.guard("wedlm-decode", LOADING):
+        return _main(argv)
+
+
+def _main(argv=None) -> int:
     from wedlm_jax import platforms
     platforms.choose()      # no backend whose hardware is absent (a libtpu lock, a CUDA error)
     from wedlm_jax.failures import disk_full, out_of_memory
@@ -268,6 +281,8 @@ def main(argv=None) -> int:
     if args.prompt is None and args.prompts_file is None and args.input is None and not args.dry_run:
         parser.error("one of the arguments --prompt --prompts-file --input is required")
     try:
+        ray_job.check_ray_flags(args)         # a flag that needs another: refused without it
+        Placement.check_dry_run_flags(args)
         if args.dry_run:
             from decode.compile.aot import dry_run_door
             return dry_run_door(args, "wedlm-decode")
@@ -290,8 +305,7 @@ def main(argv=None) -> int:
         print(f"wedlm-decode: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:   # once decoding runs, Ctrl-C ends it with the output kept (below)
-        print("\nwedlm-decode: interrupted (Ctrl-C) while loading or compiling; nothing was "
-              "decoded", file=sys.stderr)
+        print("\n" + LOADING, file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - a full disk or memory is one line; anything else a bug
         oom = out_of_memory(e)
@@ -307,6 +321,7 @@ def main(argv=None) -> int:
                 if args.input is not None else "nothing was written")
         print(f"wedlm-decode: error: disk full: {full}; {kept}", file=sys.stderr)
         return 1
+    interrupts.say("wedlm-decode: interrupted (Ctrl-C) while printing the results")
     if args.json:
         print(json.dumps(out, indent=1))
     else:

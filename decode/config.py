@@ -33,6 +33,10 @@ from wedlm_jax.axis_rules import MESH_AXES
 from wedlm_jax.config import ConfigError, ModelConfig
 
 METHODS = ("streaming", "block", "ar", "verified")
+CONSTRAINT_BACKENDS = ("auto", "device", "host")   # decode.constraints.backends
+# the device tables' one shape (states, token classes): every constrained request's automaton is
+# padded to it, so one set of programs serves every constraint; a larger one takes the host
+DEVICE_TABLE = (512, 256)
 REFILLS = ("before", "after")               # decode.engine.steps: when the window's masks are refilled
 SAMPLING_ORDERS = ("filter_first", "temper_first")   # decode.engine.sampling: filter vs temperature
 MAX_LOGPROBS = 20       # top alternatives per token (OpenAI's and vLLM's limit)
@@ -186,6 +190,10 @@ class EngineOptions(Method):
                                   "tokens)", low=1, optional=True)
     allow_long: bool = option(False, bool, "allow a capacity past the model's "
                               "max_position_embeddings")
+    constraint_backend: str = option("auto", str, "structured outputs: device (the automaton's "
+                                     "tables in the decode loop), host (llguidance's parser, "
+                                     "asked once a step) or auto (device where its tables are "
+                                     "exact and ready in time)", choices=CONSTRAINT_BACKENDS)
 
 
 def useful_window(window: int, method: str, longest_budget: int) -> int:
@@ -401,6 +409,18 @@ class Placement(Checked):
                                           "(h100, h100:8)")
         d.add_argument("--device-memory", type=float, default=None,
                        help="GiB per chip to fit in (default: the chip's HBM)")
+
+    @staticmethod
+    def check_dry_run_flags(args) -> None:
+        """--topology and --device-memory without --dry-run would be ignored: refused, naming
+        both flags (one DecodeConfigError)."""
+        if args.dry_run:
+            return
+        for flag, value in (("--topology", args.topology), ("--device-memory", args.device_memory)):
+            if value is not None:
+                raise DecodeConfigError(f"{flag} goes with --dry-run (compile the programs for an "
+                                        f"accelerator); without --dry-run it would be ignored: add "
+                                        f"--dry-run or drop {flag}")
 
     @classmethod
     def from_args(cls, args) -> "Placement":

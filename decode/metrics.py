@@ -23,9 +23,9 @@ and WeDLM's own (labelled `method`):
     wedlm:p_cache                 histogram per request: generated tokens / token slots processed
     wedlm:forwards_per_request    histogram per request: forwards while it was live
     wedlm:verified_drafted_tokens_total, wedlm:verified_accepted_tokens_total   (method verified)
-    wedlm:constrained_requests_total   requests decoded under a structured-output constraint;
-                                  `ServerMetrics.count_constrained()` is the hook (zero until a
-                                  constrained decoding path calls it)
+    wedlm:constrained_requests_total   requests decoded under a structured-output constraint,
+                                  labelled `backend` too (device: the automaton's tables in the
+                                  decode loop; host: llguidance's parser)
 
 Everything is recorded on the thread that runs the Batcher from what its callbacks already carry
 (the ids handed out, `Finished`'s counts read in the host copy the Batcher makes anyway): no
@@ -124,7 +124,9 @@ class ServerMetrics:
         self.accepted = c("wedlm:verified_accepted_tokens", "Verified decoding: drafted tokens accepted",
                           w).labels(method)
         self.constrained = c("wedlm:constrained_requests", "Requests decoded under a structured-output "
-                             "constraint", w).labels(method)
+                             "constraint, by backend (device tables or the host parser)",
+                             list(w) + ["backend"])
+        self.method = method
 
     # --------------------------------------------------------------------------- recording
 
@@ -144,9 +146,9 @@ class ServerMetrics:
         return Track(len(request.prompt), time.perf_counter(),
                      tuple(request.prompt) if self.log_prompts else None)
 
-    def count_constrained(self, n: int = 1) -> None:
-        """The hook a constrained (structured-output) request path calls once per such request."""
-        self.constrained.inc(n)
+    def count_constrained(self, backend: str, n: int = 1) -> None:
+        """Count a request admitted under a constraint on `backend` (device or host)."""
+        self.constrained.labels(self.method, backend).inc(n)
 
     def counting(self, track: Track, on_tokens):
         """`on_tokens` with the request's ids counted first (first ids: its prompt and TTFT)."""

@@ -112,26 +112,34 @@ def stop_at_strings(tokenizer: TextTokenizer, ids: list[int], strings: Sequence[
     return list(ids[:stream.n_used]), stream.sent, stream.stopped
 
 
-def json_lines(path: str):
+def json_lines(path: str, keep_bad: bool = False):
     """(line number, object) of every non-blank line of a JSONL file (1-based);
-    a line that is not UTF-8 or not JSON raises DecodeConfigError naming it. A bad byte costs
-    exactly its own line: the file is read as bytes and each line decoded on its own."""
+    a line that is not UTF-8 or not JSON raises DecodeConfigError naming it (with `keep_bad`: that
+    error is the line's object, and reading goes on). A bad byte costs exactly its own line: the
+    file is read as bytes and each line decoded on its own."""
     with open(path, "rb") as f:
-        yield from json_line_objects(f, path)
+        yield from json_line_objects(f, path, keep_bad)
 
 
-def json_line_objects(lines, name: str):
+def json_line_objects(lines, name: str, keep_bad: bool = False):
     """`json_lines` of an iterable of byte lines (an open file, a BytesIO), named `name`."""
     for lineno, raw in enumerate(lines, 1):
         where = f"{name}:{lineno}"
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise DecodeConfigError(f"{where}: not UTF-8 ({e.reason} at byte {e.start + 1} of "
-                                    "the line)") from None
+            bad = DecodeConfigError(f"{where}: not UTF-8 ({e.reason} at byte {e.start + 1} of "
+                                    "the line)")
+            if not keep_bad:
+                raise bad from None
+            yield lineno, bad
+            continue
         if not line.strip():
             continue
         try:
-            yield lineno, json.loads(line)
+            obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise DecodeConfigError(f"{where}: not valid JSON ({e})") from None
+            if not keep_bad:
+                raise DecodeConfigError(f"{where}: not valid JSON ({e})") from None
+            obj = DecodeConfigError(f"{where}: not valid JSON ({e})")
+        yield lineno, obj

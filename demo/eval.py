@@ -183,17 +183,17 @@ def decode_items(params, config, tokenizer, items, kind, dc, *, batch: int = 1, 
     def one_pass():
         results = [None] * len(items)
         wall = 0.0
-        steps = n_gen = n_fwd = 0
+        steps = n_gen = slots = 0
         for g in groups:
             res = generate(params, config, [prompts[i] for i in g], dc, capacity=capacity,
                            prompt_bucket=prompt_bucket, decoder=decoder)
             wall += res.wall_s
             steps += res.steps
             n_gen += res.n_gen
-            n_fwd += res.n_fwd
+            slots += res.token_slots
             for i, ids, row in zip(g, res.tokens, res.rows):
                 results[i] = (ids, row)
-        return wall, steps, n_gen, n_fwd, results
+        return wall, steps, n_gen, slots, results
 
     if warmup:
         one_pass()  # compile (one program per bucket)
@@ -201,7 +201,7 @@ def decode_items(params, config, tokenizer, items, kind, dc, *, batch: int = 1, 
     for _ in range(max(1, repeats)):
         last = one_pass()
         walls.append(last[0])
-    _, steps, n_gen, n_fwd, results = last
+    _, steps, n_gen, slots, results = last
     accepted = sum(row.accepted for _, row in results)
     rejected = sum(row.rejected for _, row in results)
     wall = statistics.median(walls)
@@ -214,8 +214,8 @@ def decode_items(params, config, tokenizer, items, kind, dc, *, batch: int = 1, 
         rows.append(dict(prompt=it["prompt"], ids=ids, prompt_ids=pids, text=text, correct=ok,
                          tokens_per_forward=row.tokens_per_forward, p_cache=row.p_cache))
     return dict(method=dc.method, window=dc.window, tau=dc.tau, lam=dc.lam, batch=batch,
-                n_items=len(items), n_gen=n_gen, steps=steps, n_fwd=n_fwd,
-                tokens_per_forward=n_gen / max(steps, 1), p_cache=n_gen / max(n_fwd, 1),
+                n_items=len(items), n_gen=n_gen, steps=steps, token_slots=slots,
+                tokens_per_forward=n_gen / max(steps, 1), p_cache=n_gen / max(slots, 1),
                 wall_s=wall, walls=walls, tokens_per_s=n_gen / wall if wall else 0.0,
                 accuracy=(sum(correct) / len(correct)) if correct else None, accepted=accepted,
                 rejected=rejected, rows=rows)

@@ -34,10 +34,12 @@ def valid(text: str, schema) -> bool:
         return False
 
 
-def records_automata(tokenizer, items) -> list:
-    from decode.constraints.automaton import for_tokenizer
+def records_automata(tokenizer, items, backend: str = "device") -> list:
+    """Each item's JSON-lines constraint compiled for `backend` (device or host)."""
+    from decode.constraints.backends import compile_for
     from decode.constraints.spec import Constraint
-    return [for_tokenizer(Constraint.regex(lines_regex(row_schema(it))), tokenizer) for it in items]
+    return [compile_for(Constraint.regex(lines_regex(row_schema(it))), tokenizer, None, backend)
+            for it in items]
 
 
 def decode_records(params, config, tok, items, dc, automata=None) -> dict:

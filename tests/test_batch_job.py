@@ -54,6 +54,32 @@ def test_bad_lines_named_before_anything_loads(ckpt, tmp_path, capsys):
     assert open(bad_out).read() == '{"not": "a result"}\n'          # left as it was
 
 
+def test_every_bad_line_reported_in_one_run(ckpt, tmp_path, capsys):
+    """Bad lines 2-5 (a field, JSON, a setting, an id): all four named in one refusal, exit 2,
+    nothing written; past MAX_REPORTED bad lines the rest are counted."""
+    from decode.jobs.lines import MAX_REPORTED
+    path = ckpt[0]
+    out = tmp_path / "out.jsonl"
+    src = write_jsonl(tmp_path / "in.jsonl", ['{"id": 1, "prompt": "one two"}',
+                                              '{"prompt": "hi", "temprature": 0.5}', "{not json",
+                                              '{"prompt": "hi", "tau": -1}', '{"id": 1, "prompt": "hi"}',
+                                              '{"prompt": "three"}'])
+    code = cli.main(["--checkpoint", path, "--input", src, "--output", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and not out.exists(), err
+    assert "4 bad input lines" in err, err
+    for where in ("in.jsonl:2: field 'temprature'", "in.jsonl:3: not valid JSON",
+                  "in.jsonl:4: field 'tau'", "in.jsonl:5: field 'id'"):
+        assert where in err, (where, err)
+    assert "in.jsonl:1:" not in err and "in.jsonl:6:" not in err
+    n = MAX_REPORTED + 5
+    src = write_jsonl(tmp_path / "many.jsonl", ['{"prompt": 5}'] * n)
+    assert cli.main(["--checkpoint", path, "--input", src, "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{n} bad input lines" in err and f"many.jsonl:{MAX_REPORTED}: field 'prompt'" in err
+    assert f"many.jsonl:{MAX_REPORTED + 1}:" not in err and "... and 5 more bad lines" in err
+
+
 def test_sigkill_mid_file_then_resume_each_request_exactly_once(ckpt, tmp_path, capsys):
     path, config, params = ckpt
     lines = request_lines()
@@ -93,7 +119,7 @@ def test_sigkill_mid_file_then_resume_each_request_exactly_once(ckpt, tmp_path, 
     for r in rows:
         assert r["completion_tokens"] == len(r["token_ids"])
         if r["finish_reason"] == "length":     # ran to its end (stats of cancelled slots may be 0)
-            assert r["n_fwd"] >= r["steps"] >= 1
+            assert r["token_slots"] >= r["steps"] >= 1
     # the same file decoded in one go (no kill; the same compiled programs): the same results, sampled
     # ones included (a request's draws depend on its seed only, not on what ran beside it)
     clean = tmp_path / "clean.jsonl"

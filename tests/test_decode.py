@@ -42,7 +42,7 @@ def assert_same(result, reference):
     for r, (got, want) in enumerate(zip(result.rows, reference)):
         assert result.tokens[r] == want["tokens"], (r, result.tokens[r], want["tokens"])
         assert got.steps == want["steps"], (r, got.steps, want["steps"])
-        assert got.n_fwd == want["n_fwd"], (r, got.n_fwd, want["n_fwd"])
+        assert got.token_slots == want["n_fwd"], (r, got.token_slots, want["n_fwd"])
 
 
 # ------------------------------------------------------------------------ engine == reference
@@ -172,17 +172,17 @@ def test_metric_identities(params, method, refill):
     span = 8 if refill == "before" else 4
     for toks, row in zip(res.tokens, res.rows):
         assert row.n_gen == len(toks)
-        assert row.p_cache == pytest.approx(row.n_gen / row.n_fwd)
+        assert row.p_cache == pytest.approx(row.n_gen / row.token_slots)
         assert row.tokens_per_forward == pytest.approx(row.n_gen / row.steps)
-        assert row.n_fwd >= row.n_gen
+        assert row.token_slots >= row.n_gen
         if method == "ar":
-            assert row.steps == row.n_fwd == row.n_gen
+            assert row.steps == row.token_slots == row.n_gen
         else:
-            assert row.n_fwd <= span * row.steps
+            assert row.token_slots <= span * row.steps
     assert res.n_gen == sum(len(t) for t in res.tokens)
     assert res.steps == sum(r.steps for r in res.rows)
-    assert res.n_fwd == sum(r.n_fwd for r in res.rows)
-    assert res.p_cache == pytest.approx(res.n_gen / res.n_fwd)
+    assert res.token_slots == sum(r.token_slots for r in res.rows)
+    assert res.p_cache == pytest.approx(res.n_gen / res.token_slots)
     assert res.tokens_per_forward == pytest.approx(res.n_gen / res.steps)
     assert res.loop_iterations == max(r.steps for r in res.rows)  # ends when the last row ends
     assert res.wall_s > 0 and res.tokens_per_s == pytest.approx(res.n_gen / res.wall_s)

@@ -66,7 +66,7 @@ def test_json_output_equals_engine(ckpt, capsys):
     assert row["ids"] == want.tokens[0]
     assert row["text"] == tk.decode(want.tokens[0])
     st = row["stats"]
-    assert st["n_gen"] == len(row["ids"]) and st["p_cache"] == pytest.approx(st["n_gen"] / st["n_fwd"])
+    assert st["n_gen"] == len(row["ids"]) and st["p_cache"] == pytest.approx(st["n_gen"] / st["token_slots"])
     # --stream prints the text as it is committed and changes nothing in the result
     code, out2, err2 = _cli(capsys, "--checkpoint", path, "--prompt", "count with me: one, two",
                             "--window", "4", "--tau", "2.0", "--max-new-tokens", "12", "--json", "--stream")

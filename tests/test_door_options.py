@@ -116,6 +116,27 @@ def test_prompt_door_refuses_what_only_batching_takes(ckpt, capsys):
                                                                    "to continuous batching"), err
 
 
+def test_flags_that_need_another_are_refused_without_it(tmp_path, capsys):
+    """A Ray flag without --ray, a dry-run flag without --dry-run: one line naming both flags,
+    exit 2, before the checkpoint is read (there is none here)."""
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"prompt": "hi"}\n')
+    door = ["--checkpoint", str(tmp_path / "none"), "--input", str(src), "--output",
+            str(tmp_path / "out.jsonl")]
+    for extra, flag, needs in ((["--replicas", "2"], "--replicas", "--ray"),
+                               (["--block-size", "8"], "--block-size", "--ray"),
+                               (["--replica-cpus", "2"], "--replica-cpus", "--ray"),
+                               (["--replica-gpus", "1"], "--replica-gpus", "--ray"),
+                               (["--replica-tpus", "4"], "--replica-tpus", "--ray"),
+                               (["--lazy-compile"], "--lazy-compile", "--ray"),
+                               (["--topology", "v5e:2x4"], "--topology", "--dry-run"),
+                               (["--device-memory", "16"], "--device-memory", "--dry-run")):
+        code = cli.main(door + extra)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1, (flag, err)
+        assert err[0].startswith(f"wedlm-decode: error: {flag} goes with {needs}"), err
+
+
 def _decoder_took(kw: dict, engine: dict):
     for k, v in {**engine, **BATCHING, **PLACEMENT, **PAGES}.items():
         assert kw[k] == v, (k, kw[k], v)

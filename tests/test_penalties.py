@@ -173,3 +173,32 @@ def test_bad_values_are_refused_by_name(demo):
                                                 r"outside the vocabulary") as e:
         dec.check_request(Request(prompt=(1, 2), logit_bias={str(config.vocab_size): 1.0}))
     assert e.value.field == "logit_bias"
+
+
+def test_a_constraint_wins_over_a_negative_bias_and_the_request_is_warned(demo, caplog):
+    """A constraint and a negative logit_bias in one request: the constraint wins (documented),
+    and the Batcher logs one warning for the request; a positive bias or no constraint: none."""
+    import logging
+
+    from decode.constraints.backends import compile_for
+    from decode.constraints.spec import Constraint
+    from decode.engine.batcher import Batcher
+    from decode.text import load_tokenizer
+    from demo.eval import DEMO_MODEL
+    from tests import plans
+    config, params, _ = demo
+    tok = load_tokenizer(DEMO_MODEL)
+    yes = compile_for(Constraint.choice(["yes"], "--choice"), tok, config.vocab_size, "auto")
+    required = tok.encode("yes")[0]
+    batcher = Batcher(plans.decoder(params, config, method="ar", slots=2, capacity=64))
+    stops = (tok.eos_token_id if tok.eos_token_id is not None else 0,)
+    with caplog.at_level(logging.WARNING, logger="decode.engine.batcher"):
+        batcher.submit(Request(prompt=(1, 2), logit_bias={str(required): -100}, automaton=yes,
+                               stop_token_ids=stops))
+        batcher.submit(Request(prompt=(1, 2), logit_bias={str(required): 5}, automaton=yes,
+                               stop_token_ids=stops))
+        batcher.submit(Request(prompt=(1, 2), logit_bias={str(required): -100}))
+    warned = [r.getMessage() for r in caplog.records if "logit_bias" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith(f"request 0: logit_bias lowers token(s) "
+                                                     f"{required} and a constraint"), warned
+    assert "the constraint wins" in warned[0]

@@ -27,8 +27,10 @@ def server():
     args = serve._parser().parse_args(["--checkpoint", DEMO_MODEL, "--slots", "2", "--window", "8",
                                        "--capacity", "384", "--model-name", "demo"])
     decoder, tokenizer, cfg = serve.load_decoder(args)
+    from decode.metrics import ServerMetrics
     batcher = Batcher(decoder)
-    engine = serve.EngineThread(batcher, max_pending=16, scorer=serve.scorer_for(decoder)).start()
+    engine = serve.EngineThread(batcher, max_pending=16, scorer=serve.scorer_for(decoder),
+                          metrics=ServerMetrics(batcher, "demo", "streaming")).start()
     app = serve.build_app(engine, tokenizer, cfg)
     url, srv, thread, sock = serve_in_thread(app)
     yield openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
@@ -91,8 +93,33 @@ def test_vllm_fields_and_streaming(server):
     ({"structured_outputs": {"choice": []}}, "structured_outputs.choice"),
     ({"structured_outputs": {"grammar": "root ::= x"}}, "structured_outputs.grammar"),
     ({"guided_json": "{not json"}, "guided_json"),
+    ({"guided_grammar": "root ::= x"}, "guided_grammar"),
+    ({"guided_json": {"enum": []}}, "guided_json"),
+    ({"guided_json": {"type": "integer", "minimum": 10, "maximum": 3}}, "guided_json"),
+    ({"guided_json": {"type": "array", "uniqueItems": True}}, "guided_json.uniqueItems"),
+    ({"guided_regex": "(?=a)b"}, "guided_regex"),
 ])
 def test_bad_constraints_are_400_naming_the_field(server, extra, param):
     with pytest.raises(openai.BadRequestError) as e:
         server.completions.create(model="demo", prompt="Table:", max_tokens=8, extra_body=extra)
     assert e.value.body["param"] == param, e.value.body
+
+
+def test_host_backend_keywords_hold_and_are_counted(server):
+    """A schema with bounds the device tables cannot enforce goes to the host parser: the output
+    keeps the bounds, the alternatives listed never include a forbidden token, and the
+    constrained-requests counter says which backend served it."""
+    import httpx
+    it, schema = next(x for x in map(item_and_schema, range(2, 12))
+                      if any(p["type"] == "integer" for p in x[1]["properties"].values()))
+    for key, prop in schema["properties"].items():
+        if prop["type"] == "integer":
+            prop["minimum"] = 500
+    out = server.completions.create(model="demo", prompt=it["prompt"], max_tokens=96, logprobs=3,
+                                    extra_body={"guided_json": schema})
+    jsonschema.validate(json.loads(out.choices[0].text), schema)
+    assert all(v > -1e30 for top in out.choices[0].logprobs.top_logprobs for v in top.values())
+    text = httpx.get(str(server.base_url).replace("/v1/", "/metrics")).text
+    counts = {ln.split('backend="')[1].split('"')[0]: float(ln.rsplit(" ", 1)[1])
+              for ln in text.splitlines() if ln.startswith("wedlm:constrained_requests_total{")}
+    assert counts.get("host", 0) >= 1 and counts.get("device", 0) >= 1, counts

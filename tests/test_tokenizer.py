@@ -137,3 +137,27 @@ def test_template_that_does_not_parse(tmp_path, capsys):
 def _write(path, records):
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
+
+
+def test_sft_tool_turns_train_the_calls_only(tmp_path):
+    """An SFT record in OpenAI's wire form (a call's arguments as JSON text, an id, the tool's
+    answer by tool_call_id) renders as the same conversation with object arguments, and only
+    the assistant turns, the call included, are targets: the tool's answer is not."""
+    folder = qwen_style_tokenizer(tmp_path / "tok")
+    info = data_lib.load_tokenizer(folder)
+    wire = [dict(m) for m in MESSAGES]
+    call = MESSAGES[2]["tool_calls"][0]
+    wire[2] = {**MESSAGES[2], "tool_calls": [{"id": "call_1", "type": "function", "function": {
+        "name": call["function"]["name"],
+        "arguments": json.dumps(call["function"]["arguments"], ensure_ascii=False)}}]}
+    wire[3] = {**MESSAGES[3], "tool_call_id": "call_1"}
+    ids, trained = data_lib.tokenize_record({"messages": wire, "tools": TOOLS}, info)
+    ref, _ = data_lib.tokenize_record({"messages": MESSAGES, "tools": TOOLS}, info)
+    assert list(ids) == list(ref)
+    text = info.tokenizer.decode([int(t) for t in ids], skip_special_tokens=False)
+    targets = info.tokenizer.decode([int(t) for t, k in zip(ids, trained) if k],
+                                    skip_special_tokens=False)
+    assert '"name": "get_weather"' in targets and '"city": "Zürich"' in targets
+    assert "21 °C & sunny." in targets
+    assert '{"temp": 21}' in text and '{"temp": 21}' not in targets
+    assert "Weather in Zürich?" not in targets

@@ -129,6 +129,17 @@ def _installed(module: str) -> bool:
         return False
 
 
+def test_dry_run_flags_refused_without_dry_run(tmp_path, capsys):
+    cfg = _config(tmp_path)
+    for extra, flag in ((["--device-memory", "80"], "--device-memory"), (["--devices", "4"], "--devices"),
+                        (["--topology", "v5e:2x2"], "--topology"),
+                        (["--json", str(tmp_path / "f.json")], "--json")):
+        code = main_lib.main(["--config", cfg, *extra])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1, err
+        assert err[0].startswith(f"wedlm-train: error: {flag} goes with --dry-run"), err
+
+
 def test_bad_input_named_before_compiling(tmp_path, capsys):
     cfg = _config(tmp_path)
     base = ["--config", cfg, "--dry-run", "--device-memory", "80"]

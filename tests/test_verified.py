@@ -117,7 +117,7 @@ def test_engine_equals_reference(agree, plain, refill, window):
             for r, w in enumerate(want):
                 row = got.rows[r]
                 assert got.tokens[r] == w["tokens"], (r, got.tokens[r], w["tokens"])
-                assert (row.steps, row.n_fwd, row.accepted, row.rejected) == \
+                assert (row.steps, row.token_slots, row.accepted, row.rejected) == \
                     (w["steps"], w["n_fwd"], w["accepted"], w["rejected"]), (r, row, w)
 
 

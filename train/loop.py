@@ -49,6 +49,9 @@ class StopSignals:
 
     def _record(self, signum, frame):
         if self.received is not None:       # asked twice: stop now, without the checkpoint
+            before = self.saved.get(signum)
+            if callable(before) and before is not signal.default_int_handler:
+                before(signum, frame)       # the command's own (one line, at once)
             raise KeyboardInterrupt
         self.received = signum
 

@@ -30,7 +30,10 @@ import os
 import signal
 import sys
 
-from wedlm_jax import distributed
+from wedlm_jax import interrupts
+interrupts.early("wedlm-train", __name__)   # Ctrl-C during the imports below: one line, 130
+
+from wedlm_jax import distributed  # noqa: E402
 
 log = logging.getLogger("wedlm-train")
 
@@ -61,6 +64,21 @@ def parse_args(argv=None):
                                       "hardware, e.g. tpu:v5e:4x4 (needs libtpu)")
     d.add_argument("--json", dest="json_out", help="also write the figures as JSON here")
     return p.parse_intermixed_args(argv)   # overrides may come before and after options
+
+
+DRY_RUN_FLAGS = (("--device-memory", "device_memory"), ("--devices", "devices"),
+                 ("--topology", "topology"), ("--json", "json_out"))
+
+
+def without_dry_run(args) -> str | None:
+    """The refusal of a dry-run flag given without --dry-run (it would be ignored), else None."""
+    if args.dry_run:
+        return None
+    for flag, name in DRY_RUN_FLAGS:
+        if getattr(args, name) is not None:
+            return (f"{flag} goes with --dry-run (compile the step and say if it fits); without "
+                    f"--dry-run it would be ignored: add --dry-run or drop {flag}")
+    return None
 
 
 def dry_run_main(args) -> int:
@@ -261,6 +279,8 @@ def _run(cfg, progress: bool = True) -> dict:
         if loop.mgr is not None:
             loop.mgr.wait_until_finished()
     if cfg.checkpoint.export_hf and stopped in ("done", "time_limit"):
+        interrupts.say(f"wedlm-train: interrupted (Ctrl-C) while exporting; the checkpoints are "
+                       f"kept, {cfg.checkpoint.export_hf} was not written (rerun to export)")
         export_hf(prep["model_config"], loop.state["params"], cfg.checkpoint.export_hf,
                   prep["tokenizer_dir"], jax.process_index() == 0, force=cfg.checkpoint.export_force)
     return {"records": loop.records, "state": loop.state, "model_config": prep["model_config"],
@@ -399,13 +419,28 @@ def kept_line(cfg, then: str) -> str:
             f"is never resumed from); {then} to resume")
 
 
+STARTING = ("wedlm-train: interrupted (Ctrl-C) before the first step; no checkpoint was written "
+            "by this run")
+
+
 def main(argv=None) -> int:
+    """The command; Ctrl-C ends it with 130 and one line at any moment (wedlm_jax.interrupts):
+    during the steps, after saving the step in flight (train/loop.py); before them, at once."""
+    with interrupts.guard("wedlm-train", STARTING):
+        return _main(argv)
+
+
+def _main(argv=None) -> int:
     from wedlm_jax import platforms
     platforms.choose()      # no backend whose hardware is absent (a libtpu lock, a CUDA error)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     args = parse_args(argv)
     if not args.verbose:        # Orbax's and absl's INFO lines (dozens a checkpoint)
         logging.getLogger("absl").setLevel(logging.WARNING)
+    refused = without_dry_run(args)
+    if refused is not None:
+        print(f"wedlm-train: error: {refused}", file=sys.stderr)
+        return 2
     if args.dry_run:            # before anything imports jax (orbax does): it forces devices
         return dry_run_main(args)
     from train.checkpoint import ResumeError

@@ -134,8 +134,23 @@ def _with_reasoning_aliases(messages):
         reasoning = next((m[k] for k in REASONING_FIELDS if m.get(k) is not None), None)
         if reasoning is not None:
             m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
+        if isinstance(m.get("tool_calls"), list):
+            m = {**m, "tool_calls": [_call_object(c) for c in m["tool_calls"]]}
         out.append(m)
     return out
+
+
+def _call_object(call):
+    """A tool call with its arguments as an object: OpenAI's wire form carries them as JSON
+    text, chat templates write them with `tojson` (the text would be quoted twice)."""
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("arguments"), str):
+        return call
+    try:
+        args = json.loads(fn["arguments"] or "{}")
+    except ValueError:
+        return call
+    return {**call, "function": {**fn, "arguments": args}}
 
 
 def _describe(e: Exception) -> str:

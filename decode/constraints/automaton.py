@@ -28,6 +28,7 @@ import numpy as np
 from decode.config import DecodeConfigError
 from decode.constraints.spec import Constraint
 
+NAME = "device"
 NEVER, STOP = 0, 1
 MAX_TABLE_BYTES = 64 << 20        # trans + klass of one constraint
 CACHE_SIZE = 64
@@ -41,6 +42,16 @@ class Automaton:
     accept: np.ndarray
     key: str
     build_s: float = 0.0
+
+    backend = NAME
+    initial = 0
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.klass)
+
+    def matcher(self, stop_ids=(), state: int = 0):
+        return DeviceMatcher(self, stop_ids, state)
 
     @property
     def num_states(self) -> int:
@@ -68,6 +79,30 @@ class Automaton:
         ids = [int(i) for i in stop_ids if 0 <= int(i) < len(k)]
         k[ids] = STOP
         return k
+
+
+class DeviceMatcher:
+    """The token-by-token walk of an Automaton's tables (what the device reads)."""
+
+    def __init__(self, auto, stop_ids=(), state: int = 0):
+        self.auto, self.state = auto, int(state)
+        self.klass = auto.with_stops(stop_ids)
+        self.stops = {int(i) for i in stop_ids}
+
+    def allowed(self) -> np.ndarray:
+        return self.auto.trans[self.state][self.klass] >= 0
+
+    def advance(self, token: int) -> bool:
+        if int(token) in self.stops:
+            return bool(self.auto.accept[self.state])
+        nxt = int(self.auto.trans[self.state, self.klass[int(token)]])
+        if nxt < 0:
+            return False
+        self.state = nxt
+        return True
+
+    def accepting(self) -> bool:
+        return bool(self.auto.accept[self.state])
 
 
 def _mix(x: np.ndarray) -> np.ndarray:

@@ -21,7 +21,7 @@ import re
 
 from decode.config import DecodeConfigError
 
-KINDS = ("json_schema", "json_object", "regex", "choice")
+KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
 # JSON's whitespace between tokens: at most one space (what json.dumps writes), so a model
 # cannot spin in whitespace; a schema's strings, numbers and structure are unchanged
 WHITESPACE = r"[ ]?"
@@ -90,6 +90,14 @@ class Constraint:
                                     field)
         return Constraint("choice", tuple(dict.fromkeys(options)), field)
 
+    @staticmethod
+    def grammar(lark: str, field: str = "grammar") -> "Constraint":
+        """A Lark grammar in llguidance's dialect (JSON schemas inline as `%json {...}`, lazy
+        triggers): the host backend's alone (tool calls are built as one)."""
+        if not isinstance(lark, str) or not lark.strip():
+            raise DecodeConfigError(f"{field}: a grammar must be a non-empty string", field)
+        return Constraint("grammar", lark, field)
+
     def key(self) -> str:
         """The constraint's hash (the automaton cache's key, with the vocabulary's)."""
         return hashlib.sha256(json.dumps([self.kind, self.value]).encode()).hexdigest()
@@ -99,6 +107,9 @@ class Constraint:
         from outlines_core.json_schema import build_regex_from_schema
         if self.kind == "regex":
             return self.value
+        if self.kind == "grammar":
+            raise DecodeConfigError(f"{self.field}: a grammar is not a regular language; the host "
+                                    f"backend takes it", self.field)
         if self.kind == "choice":
             return "(" + "|".join(escape(o) for o in self.value) + ")"
         schema = self.value if self.kind == "json_schema" else JSON_OBJECT_SCHEMA
@@ -169,7 +180,14 @@ def _response_format(value) -> "Constraint | None":
 
 
 def from_fields(body: dict) -> "Constraint | None":
-    """The one constraint a request body asks for (None: none); two at once is an error."""
+    """The one constraint a request body asks for (None: none); two at once is an error, and a
+    guided_* field this engine does not implement (guided_grammar, guided_decoding_backend, ..)
+    is refused by name."""
+    for name in body:
+        if isinstance(name, str) and name.startswith("guided_") and name not in GUIDED \
+                and body[name] is not None:
+            raise DecodeConfigError(f"{name} is not supported (supported: {', '.join(GUIDED)}, "
+                                    f"response_format, structured_outputs)", name)
     found = []
     if body.get("response_format") is not None:
         found.append(("response_format", _response_format(body["response_format"])))

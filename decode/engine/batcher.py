@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import threading
 import time
 from typing import Callable
@@ -42,6 +43,8 @@ from decode.config import DecodeConfigError
 from decode.engine.decoder import Decoder
 from decode.engine.state import Request
 from decode.engine.pages import ShardedPool
+
+log = logging.getLogger(__name__)
 
 
 def _failure(e: Exception) -> str:
@@ -87,16 +90,19 @@ class _Live:
 class Batcher:
     """Slot-based continuous batching over one Decoder."""
 
-    def __init__(self, decoder: Decoder, prefix_reuse: bool = True):
+    def __init__(self, decoder: Decoder, prefix_reuse: bool = True, guided: bool = False):
+        """`guided`: the state holds constraint rows from the start, so `warm_up` compiles the
+        programs a constrained request runs (a server: none compiles on a request's clock)."""
         self.decoder = decoder
         self.prefix_reuse = prefix_reuse
+        self.guided = guided
         self.pool = self._new_pool()
         self._lock = threading.Lock()
         self._waiting: collections.deque = collections.deque()
         self._cancelled: set = set()
         self._slots: list[_Live | None] = [None] * decoder.slots
         self._next_id = 0
-        self.state = decoder.init_state()
+        self.state = decoder.init_state(guided)
         self.loop_iterations = 0
         self.resets = 0             # device state rebuilt after a failed call
         self.preemptions = 0        # paged cache: requests sent back to the queue to free pages
@@ -131,6 +137,9 @@ class Batcher:
             rid = self._next_id
             self._next_id += 1
             self._waiting.append(_Live(rid, request, on_tokens, on_finish, time.perf_counter()))
+        warning = request.bias_warning(f"request {rid}")
+        if warning is not None:
+            log.warning(warning)
         return rid
 
     def cancel(self, request_id: int) -> None:
@@ -155,7 +164,7 @@ class Batcher:
     def _reset(self, error: str) -> None:
         """After a failed device call: every live request ends with 'error', the state is built
         anew, the queue is kept; the next `step` goes on with the waiting requests."""
-        self.state = self.decoder.init_state()
+        self.state = self.decoder.init_state(self.guided)
         for slot, live in enumerate(self._slots):
             if live is not None:
                 self._slots[slot] = None
@@ -418,22 +427,34 @@ class Batcher:
         while self.step():
             pass
 
-    def warm_up(self, capacity: int, every_bucket: bool = True) -> float:
-        """Compile before serving: one short request per prompt bucket (the Decoder compiles prefill and
-        insert once per power-of-two prompt bucket; each prompt its own first token, so a paged
-        cache reuses no prefix of another and prefills the whole bucket), then the step programs
-        (`Decoder.compile_steps`: generate for every live-slot bucket, the page table's updates), so
-        no client waits on a compile. every_bucket=False compiles the smallest prompt bucket and
-        what it runs only (the others compile on first use). Returns the seconds it took."""
+    def warm_up_programs(self, capacity: int, every_bucket: bool = True) -> list[str]:
+        """The names `warm_up` reports its programs by, in its order."""
         lengths, n = [1], 16
         while every_bucket and n <= 2 * capacity:
             lengths.append(min(n, capacity))
             n *= 2
+        names = [f"prompt bucket {length}" for length in dict.fromkeys(lengths)]
+        return names + (self.decoder.step_programs() if every_bucket else [])
+
+    def warm_up(self, capacity: int, every_bucket: bool = True, progress=None) -> float:
+        """Compile before serving: one short request per prompt bucket, one after the other (the
+        Decoder compiles prefill and insert once per power-of-two prompt bucket; each prompt its
+        own first token, so a paged cache reuses no prefix of another and prefills the whole
+        bucket), then the step programs (`Decoder.compile_steps`: generate for every live-slot
+        bucket, the page table's updates), so no client waits on a compile. every_bucket=False
+        compiles the smallest prompt bucket and what it runs only (the others compile on first
+        use). progress(name, seconds): after each program (names as `warm_up_programs`).
+        Returns the seconds it took."""
+        report = progress or (lambda name, seconds: None)
         t0 = time.perf_counter()
         vocab = self.decoder.model_config.vocab_size
-        for i, length in enumerate(dict.fromkeys(lengths)):
+        buckets = [n for n in self.warm_up_programs(capacity, every_bucket)
+                   if n.startswith("prompt bucket ")]
+        for i, name in enumerate(buckets):
+            length, t1 = int(name.rsplit(" ", 1)[1]), time.perf_counter()
             self.submit(Request(prompt=(i % vocab,) + (0,) * (length - 1), max_new_tokens=1))
-        self.run_until_idle()
+            self.run_until_idle()
+            report(name, time.perf_counter() - t1)
         if every_bucket:
-            self.state = self.decoder.compile_steps(self.state)
+            self.state = self.decoder.compile_steps(self.state, progress)
         return time.perf_counter() - t0

@@ -35,6 +35,7 @@ token (slot 0) at position P-1.
 
 from __future__ import annotations
 
+import time
 
 import flax.linen as nn
 import jax
@@ -189,18 +190,24 @@ class Decoder:
     def _host_free(self) -> DecodeState:
         return free_rows(self.static, self.mask_id)
 
-    def init_state(self) -> DecodeState:
-        """A state with every slot free (done)."""
+    def init_state(self, guided: bool = False) -> DecodeState:
+        """A state with every slot free (done); `guided`: with free constraint rows (the programs
+        it runs are those every constrained request runs)."""
         host = self._host_free()
+        if guided:
+            host = guides.with_guide(host, self.model_config.vocab_size)
         state = host.replace(cache=host.cache.replace(layers=self._empty_layers()))
         if self.mesh is None:
             return jax.tree.map(jnp.asarray, state)
         return self._place(state, self._state_shardings(state))
 
-    def _host_row(self, r: Request, guide_bucket=None):
+    def _host_row(self, r: Request, guided: bool = False):
         prompt, n0, row = request_row(self.static, r, self.mask_id, self.capacity)
-        row = guides.attach(row, r.automaton, r.stop_token_ids, self.model_config.vocab_size,
-                            guide_bucket, r.automaton_state)
+        try:
+            row = guides.attach(row, r.automaton, r.stop_token_ids, self.model_config.vocab_size,
+                                guided, r.automaton_state)
+        except ValueError as e:
+            raise DecodeConfigError(str(e), "constraint") from None
         return prompt, n0, row
 
     def prefill(self, request: Request) -> Prefix:
@@ -221,11 +228,9 @@ class Decoder:
         if len(requests) > self.slots:
             raise DecodeConfigError(f"{len(requests)} requests do not fit {self.slots} slots")
         host = jax.tree.map(np.array, self._host_free())
-        bucket = guides.join_buckets(*[guides.bucket_of(r.automaton) for r in requests
-                                       if r is not None and r.automaton is not None])
-        if bucket is not None:      # a constraint: every slot gets a Guide row of one bucket
-            host = host.replace(guide=guides.free_guide(self.slots, self.model_config.vocab_size,
-                                                        bucket))
+        guided = any(r is not None and r.automaton is not None for r in requests)
+        if guided:                  # a constraint: every slot gets a Guide row
+            host = guides.with_guide(host, self.model_config.vocab_size)
         longest = max([len(r.prompt) for r in requests if r is not None] + [prompt_bucket or 1])
         pb = self.prompt_bucket(longest)
         tokens = np.zeros((self.slots, pb), np.int32)
@@ -233,7 +238,7 @@ class Decoder:
         for i, r in enumerate(requests):
             if r is None:
                 continue
-            prompt, plen[i], row = self._host_row(self.check_request(r), bucket)
+            prompt, plen[i], row = self._host_row(self.check_request(r), guided)
             tokens[i, :len(prompt)] = prompt
             for dst, src in zip(jax.tree.leaves(host), jax.tree.leaves(row)):
                 dst[i] = src[0]
@@ -384,17 +389,28 @@ class Decoder:
         return state, ResultTokens(tokens=toks, counts=counts, steps=int(steps), done=done,
                                    logprobs=lps)
 
-    def compile_steps(self, state: DecodeState) -> DecodeState:
+    def step_programs(self) -> list[str]:
+        """The names `compile_steps` reports its programs by, in its order."""
+        names = [f"generate, {size} live slot(s)" for size in self.live_buckets() + [self.slots]]
+        return names + (["page table updates"] if self.paged else [])
+
+    def compile_steps(self, state: DecodeState, progress=None) -> DecodeState:
         """Compile, by running them as no-ops, the programs a serving loop calls after admission:
         `generate` for every live-slot bucket and for every slot, and with a paged cache the page
         table's updates (`set_page_rows`, `unmap`, `copy_pages` across slot shards). The state
-        is donated and comes back unchanged."""
+        is donated and comes back unchanged. progress(name, seconds): after each (names as
+        `step_programs`)."""
+        report = progress or (lambda name, seconds: None)
         for size in self.live_buckets() + [self.slots]:
+            t0 = time.perf_counter()
             state, _ = self.generate(state, 0, live=range(size))     # runs no step
+            report(f"generate, {size} live slot(s)", time.perf_counter() - t0)
         if self.paged:
+            t0 = time.perf_counter()
             state = self.unmap(self.set_page_rows(state, {}), [])
             if self.static.page_shards > 1:
                 state = self.copy_pages(state, [], [])
+            report("page table updates", time.perf_counter() - t0)
         return state
 
     def _bucket(self, live) -> np.ndarray | None:

@@ -1,7 +1,7 @@
 """Constrained decoding on the device: each slot's token automaton (decode.constraints.automaton)
 read inside the decode loop, no host round trip per step (docs/algorithm.md §7).
 
-A slot's `Guide` row holds its automaton's tables (padded to the state's bucket) and the state
+A slot's `Guide` row holds its automaton's tables (padded to one shape, DEVICE_TABLE) and the state
 reached after its committed tokens (AR and verified: after the pending token too). A token t is
 allowed in state s iff trans[s, klass[t]] >= 0. Rows with `on` False (no constraint) and states
 < 0 (past a rejected draft: nothing there is committed) mask nothing, so a slot's constraint
@@ -29,20 +29,26 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from decode.config import DEVICE_TABLE as TABLE
+from decode.engine.host_guide import TICKETS, host_read, unpack_bits
 from decode.engine.state import keep_if_done
-from wedlm_jax.buckets import pow2_at_least
 
-MIN_BUCKET = 16
 
 
 @struct.dataclass
 class Guide:
-    """Per slot: state [B] i32, on [B] bool, klass [B, V] i32, trans [B, N, C] i32 (N, C: the
-    state's bucket, powers of two)."""
+    """Per slot: state [B] i32, on [B] bool, klass [B, V] i32, trans [B, N, C] i32 (N, C:
+    DEVICE_TABLE): the device tables. host [B] bool, ticket [B] i32: the slot's
+    parser on the host (decode.engine.host_guide), told the tokens committed in the step before
+    (recent [B, S], recent_k [B]); the step asks the host only when a live slot uses it."""
     state: jax.Array
     on: jax.Array
     klass: jax.Array
     trans: jax.Array
+    host: jax.Array
+    ticket: jax.Array
+    recent: jax.Array
+    recent_k: jax.Array
 
 
 # ----------------------------------------------------------------------------- on the device
@@ -74,11 +80,17 @@ def allowed(g: Guide, states):
     return ok | free[..., None]
 
 
-def mask(logits, g: Guide, states):
+def mask(logits, g: Guide, states, bits=None, at=None):
     """logits [B, P, V] with the tokens not allowed in `states` [B, P] at a huge negative value
-    (finite: the entropy's sum of p * log p stays a number; their probability is exactly 0)."""
+    (finite: the entropy's sum of p * log p stays a number; their probability is exactly 0);
+    with host `bits` [B, P or 1, words], also those its parser forbids at positions `at`
+    [B, P] of host slots."""
     low = jnp.asarray(jnp.finfo(logits.dtype).min / 2, logits.dtype)
-    return jnp.where(allowed(g, states), logits, low)
+    ok = allowed(g, states)
+    if bits is not None:
+        apply = at & g.host[:, None]
+        ok = ok & (unpack_bits(bits, logits.shape[-1]) | ~apply[..., None])
+    return jnp.where(ok, logits, low)
 
 
 def _leading(x):
@@ -87,7 +99,8 @@ def _leading(x):
 
 def recheck(st):
     """(state with the first rejected slot of the leading filled run and the slots after it back
-    at [MASK], the states along the window [B, S+1]); (st, None) without a Guide."""
+    at [MASK], the reading: the states along the window [B, S+1] and the host slots' bits after
+    their accepted run); (st, None) without a Guide."""
     g = st.guide
     if g is None:
         return st, None
@@ -95,128 +108,154 @@ def recheck(st):
     ok = (states[:, 1:] >= 0) | ~g.on[:, None]
     run = _leading(st.filled)
     idx = jnp.arange(st.tok.shape[1])[None, :]
+    k_ok, bits = host_read(g, st.tok, run, 1, ~st.done)
+    ok = ok & ((idx < k_ok[:, None]) | ~g.host[:, None])
     first_bad = _leading(ok | ~st.filled)            # first slot not ok among the filled ones
     reject = (idx >= first_bad[:, None]) & (first_bad < run)[:, None]
-    return st.replace(filled=st.filled & ~reject), states
+    return st.replace(filled=st.filled & ~reject), (states, bits)
 
 
-def mask_head(logits, st, states, filled, inv):
+def mask_head(logits, st, reading, filled, inv):
     """logits [B, S, V] (physical order) with the first [MASK] after the leading filled run
     restricted to the tokens its known state allows."""
-    if states is None:
+    if reading is None:
         return logits
+    states, bits = reading
     lead = _leading(filled)
     s_lead = jnp.take_along_axis(states, lead[:, None], axis=1)       # [B, 1]
     idx = jnp.arange(filled.shape[1])[None, :]
     logical = jnp.where(idx == lead[:, None], s_lead, -1)
     rows = jnp.arange(filled.shape[0])[:, None]
     physical = jnp.full_like(logical, -1).at[rows, inv].set(logical)
-    return mask(logits, st.guide, physical)
+    at = jnp.zeros_like(filled).at[rows, inv].set(idx == lead[:, None])
+    return mask(logits, st.guide, physical, bits, at)
+
+
+def fill_head(sel, st, remaining, idx, c):
+    """`sel` [B, S] with each constrained slot's head (the first [MASK] after the committed run,
+    read under its mask) always filled: the next step then commits at least one token, as
+    constrained AR would, however far the drafts stray from the constraint."""
+    g = st.guide
+    if g is None:
+        return sel
+    return sel | ((idx == c[:, None]) & remaining & (g.on | g.host)[:, None])
 
 
 def mask_rows(logits, st):
     """AR: logits [B, 1, V] restricted by each slot's state."""
-    return logits if st.guide is None else mask(logits, st.guide, st.guide.state[:, None])
+    g = st.guide
+    if g is None:
+        return logits
+    _, bits = host_read(g, st.tok, jnp.zeros_like(st.n), 1, ~st.done)
+    return mask(logits, g, g.state[:, None], bits, jnp.ones(logits.shape[:2], bool))
 
 
 def mask_run(logits, st, c):
     """Verified: the AR reading at slot p < c (physical = logical inside the leading run)
     restricted by the state after slots 0..p (the pending token and the drafts before p + 1).
     Returns (logits, states [B, S]) (states None without a Guide)."""
-    if st.guide is None:
+    g = st.guide
+    if g is None:
         return logits, None
-    states = walk(st.guide, st.tok[:, 1:])                             # [B, S]
+    states = walk(g, st.tok[:, 1:])                                    # [B, S]
     idx = jnp.arange(states.shape[1])[None, :]
-    return mask(logits, st.guide, jnp.where(idx < c[:, None], states, -1)), states
+    _, bits = host_read(g, st.tok[:, 1:], jnp.maximum(c - 1, 0), states.shape[1], ~st.done)
+    return mask(logits, g, jnp.where(idx < c[:, None], states, -1), bits,
+                idx < c[:, None]), states
+
+
+def _recorded(guide, st, recent, k):
+    """`guide` with the host slots told the tokens committed this step: recent [B, S], the
+    first k [B] (none for a slot already done)."""
+    return guide.replace(recent=recent.astype(jnp.int32),
+                         recent_k=jnp.where(st.done, 0, k).astype(jnp.int32))
 
 
 def committed(new, st, states, k):
-    """`new` with each live slot's automaton state moved `k` [B] tokens along `states`."""
+    """`new` with each live slot's automaton state moved `k` [B] tokens along `states` (the
+    reading of `recheck`), the host slots told the window's first k tokens."""
     if states is None:
         return new
+    states = states[0]
     s = jnp.take_along_axis(states, k[:, None], axis=1)[:, 0]
-    return new.replace(guide=new.guide.replace(state=keep_if_done(st.done, s, st.guide.state)))
+    g = new.guide.replace(state=keep_if_done(st.done, s, st.guide.state))
+    return new.replace(guide=_recorded(g, st, st.tok, k))
 
 
 def advanced(new, st, states, k, tok):
     """Verified and AR: the state after `k` [B] slots along `states` (or the slot's state when
-    `states` is None) and then the token `tok` [B]."""
+    `states` is None) and then the token `tok` [B]; the host slots told the drafts 1..k and
+    then `tok`."""
     g = st.guide
     if g is None:
         return new
     s = g.state if states is None else jnp.take_along_axis(states, k[:, None], axis=1)[:, 0]
     s = next_state(g, s, tok)
-    return new.replace(guide=new.guide.replace(state=keep_if_done(st.done, s, g.state)))
+    k = jnp.zeros_like(tok) if k is None else k
+    nxt = jnp.concatenate([st.tok[:, 1:], st.tok[:, :1]], axis=1)
+    idx = jnp.arange(nxt.shape[1])[None, :]
+    recent = jnp.where(idx == k[:, None], tok[:, None], nxt)
+    g2 = new.guide.replace(state=keep_if_done(st.done, s, g.state))
+    return new.replace(guide=_recorded(g2, st, recent, k + 1))
 
 
 # ----------------------------------------------------------------------------- on the host
 
-def bucket_of(automaton) -> tuple[int, int]:
-    """The (states, classes) bucket an automaton's tables are padded to."""
-    return (pow2_at_least(automaton.num_states, MIN_BUCKET),
-            pow2_at_least(automaton.num_classes, MIN_BUCKET))
+def is_host(compiled) -> bool:
+    return getattr(compiled, "backend", "device") == "host"
 
 
-def free_guide(b: int, vocab: int, bucket) -> Guide:
-    """b rows with no constraint, as NumPy arrays."""
-    n, c = bucket
-    return Guide(state=np.zeros((b,), np.int32), on=np.zeros((b,), bool),
-                 klass=np.zeros((b, vocab), np.int32), trans=np.zeros((b, n, c), np.int32))
+def free_guide(b: int, vocab: int, span: int) -> Guide:
+    """b rows with no constraint, as NumPy arrays (the tables at their one shape, TABLE)."""
+    n, c = TABLE
+    z = lambda *shape: np.zeros(shape, np.int32)   # noqa: E731
+    return Guide(state=z(b), on=np.zeros((b,), bool), klass=z(b, vocab), trans=z(b, n, c),
+                 host=np.zeros((b,), bool), ticket=z(b), recent=z(b, span), recent_k=z(b))
 
 
-def request_guide(automaton, stop_ids, vocab: int, bucket, start: int = 0) -> Guide:
-    """A request's row (batch 1, NumPy): its tables padded to `bucket`, its stop tokens allowed
-    in accepting states only, the state `start` (0: the initial state)."""
-    n, c = bucket
-    g = free_guide(1, vocab, bucket)
-    klass = automaton.with_stops(stop_ids)
+def request_guide(compiled, stop_ids, vocab: int, span: int, start=0) -> Guide:
+    """A request's row (batch 1, NumPy): an automaton's tables padded to TABLE, its stop tokens
+    allowed in accepting states only, the state `start` (0: the initial state); or a host
+    grammar's parser, opened after the tokens `start` (a readmission's)."""
+    g = free_guide(1, vocab, span)
+    if is_host(compiled):
+        g.host[0] = True
+        g.ticket[0] = TICKETS.open(compiled, stop_ids, start or ())
+        return g
+    if compiled.num_states > TABLE[0] or compiled.num_classes > TABLE[1]:
+        raise ValueError(f"an automaton of {compiled.num_states} states x "
+                         f"{compiled.num_classes} classes is above the device tables' {TABLE}")
+    klass = compiled.with_stops(stop_ids)
     g.klass[0, :len(klass)] = klass
     g.trans[0] = -1
-    g.trans[0, :automaton.num_states, :automaton.num_classes] = automaton.trans
+    g.trans[0, :compiled.num_states, :compiled.num_classes] = compiled.trans
     g.on[0] = True
     g.state[0] = start
     return g
 
 
-def pad_guide(g: Guide | None, b: int, vocab: int, bucket, xp=jnp) -> Guide:
-    """`g` (or no constraint for b rows) padded to `bucket` (not smaller than its own)."""
-    if g is None:
-        return jax.tree.map(xp.asarray, free_guide(b, vocab, bucket))
-    n, c = bucket
-    _, n0, c0 = g.trans.shape
-    if (n0, c0) == (n, c):
-        return g
-    return g.replace(trans=xp.pad(g.trans, ((0, 0), (0, n - n0), (0, c - c0)),
-                                  constant_values=-1))
+def attach(row, compiled, stop_ids, vocab: int, guided: bool = False, start=0):
+    """A request's first row (batch 1) with its Guide row: its constraint's, or none (a free row
+    with `guided`, for a batch where others have one; unchanged otherwise)."""
+    span = row.tok.shape[1]
+    if compiled is None:
+        return row.replace(guide=free_guide(1, vocab, span)) if guided else row
+    return row.replace(guide=request_guide(compiled, stop_ids, vocab, span, start))
 
 
-def bucket_of_guide(g: Guide | None):
-    return None if g is None else tuple(g.trans.shape[1:])
-
-
-def join_buckets(*buckets):
-    """The smallest bucket holding all of `buckets` (None entries ignored; None if all are)."""
-    given = [b for b in buckets if b is not None]
-    if not given:
-        return None
-    return max(b[0] for b in given), max(b[1] for b in given)
-
-
-def attach(row, automaton, stop_ids, vocab: int, bucket=None, start: int = 0):
-    """A request's first row (batch 1) with its Guide row (unchanged without an automaton)."""
-    if automaton is None:
-        return row if bucket is None else row.replace(guide=free_guide(1, vocab, bucket))
-    return row.replace(guide=request_guide(automaton, stop_ids, vocab,
-                                           join_buckets(bucket, bucket_of(automaton)), start))
+def with_guide(state, vocab: int):
+    """`state` with free Guide rows if it has none (a Decoder compiles its guided programs
+    once, with the server's others: a constraint then never compiles on a request's clock)."""
+    if state.guide is not None:
+        return state
+    xp = jnp if isinstance(state.done, jax.Array) else np
+    free = free_guide(state.done.shape[0], vocab, state.tok.shape[1])
+    return state.replace(guide=jax.tree.map(xp.asarray, free))
 
 
 def conform(state, row, vocab: int):
-    """(state, row) with Guides of one bucket, the larger of theirs (a state or row without one
-    gets rows with no constraint); both unchanged when neither has a Guide. A state whose
-    bucket grows takes one compile of the programs for the new shape."""
-    bs, br = bucket_of_guide(state.guide), bucket_of_guide(row.guide)
-    if bs is None and br is None:
+    """(state, row) both with Guides when either has one (the one that lacks it gets free rows:
+    a state that gains one compiles its guided programs once); unchanged when neither has."""
+    if state.guide is None and row.guide is None:
         return state, row
-    b = join_buckets(bs, br)
-    return (state.replace(guide=pad_guide(state.guide, state.done.shape[0], vocab, b)),
-            row.replace(guide=pad_guide(row.guide, 1, vocab, b)))
+    return with_guide(state, vocab), with_guide(row, vocab)

@@ -96,14 +96,18 @@ class Plan:
             bad = next(s for s in r.stop_token_ids if s >= vocab)
             raise DecodeConfigError(f"stop_token_ids: {bad!r} is outside the vocabulary [0, {vocab})",
                                     "stop_token_ids")
-        if r.automaton is not None and len(r.automaton.klass) > vocab:
-            raise DecodeConfigError(f"the constraint's automaton is over {len(r.automaton.klass)} "
+        if r.automaton is not None and r.automaton.vocab_size > vocab:
+            raise DecodeConfigError(f"the constraint's automaton is over {r.automaton.vocab_size} "
                                     f"tokens, more than the model's vocabulary {vocab}",
                                     "constraint")
         if r.automaton is not None and not r.stop_token_ids:
             raise DecodeConfigError("a constrained request needs a stop token id (the model's eos: "
                                     "its output ends there once the constraint is met)",
                                     "stop_token_ids")
+        if (getattr(r.automaton, "backend", "device") == "host" and self.mesh is not None
+                and self.mesh.size > 1):
+            raise DecodeConfigError("a constraint on the host backend needs a single-device "
+                                    "placement (the device tables work on any mesh)", "constraint")
         return dataclasses.replace(r, prompt=tuple(int(t) for t in prompt))
 
     def replace(self, **static_fields) -> "Plan":

@@ -18,6 +18,10 @@ from flax import struct
 from decode.config import Sampling
 from decode.options import OnDevice, device_fields
 
+# a token a constraint forbids has its logit at half the dtype's lowest value (decode.engine.guide):
+# its log-probability lies far below this, and it is never listed among the top alternatives
+FORBIDDEN_LOGPROB = -1e30
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Request(Sampling):
@@ -29,6 +33,17 @@ class Request(Sampling):
         device=(OnDevice("bool", "want_top", encode=lambda v: v > 0),)))
     automaton: Any = None           # a compiled constraint (decode.constraints.automaton), or None
     automaton_state: int = 0        # its state after the tokens already emitted (a readmission)
+
+    def bias_warning(self, who: str) -> str | None:
+        """A constraint and a negative logit_bias together: the constraint wins (a token it
+        requires is emitted whatever its bias; the bias only ranks the tokens it allows). The
+        words the doors log once per request (`who` names it), else None."""
+        lowered = [t for t, b in self.logit_bias if b < 0]
+        if self.automaton is None or not lowered:
+            return None
+        return (f"{who}: logit_bias lowers token(s) {', '.join(map(str, lowered[:8]))}"
+                f"{' ...' if len(lowered) > 8 else ''} and a constraint shapes the output: the "
+                "constraint wins (a token it requires is emitted whatever its bias)")
 
 
 @struct.dataclass
@@ -248,9 +263,11 @@ class ResultTokens:
 
     def new_logprobs(self, slot: int, top_n: int = 0) -> list[tuple[float, dict]]:
         """Per new id of `slot`: (its log-probability, {token id: log-probability} of the `top_n`
-        likeliest tokens, best first; top_n at most the request's `top_logprobs`)."""
+        likeliest tokens, best first; top_n at most the request's `top_logprobs`). Tokens a
+        constraint forbade (probability 0: below FORBIDDEN_LOGPROB) are left out."""
         lp = self.logprobs
         return [(float(lp.lp[slot, i, j]),
                  {int(t): float(v) for t, v in zip(lp.top_ids[slot, i, j, :top_n],
-                                                   lp.top_lp[slot, i, j, :top_n])})
+                                                   lp.top_lp[slot, i, j, :top_n])
+                  if v > FORBIDDEN_LOGPROB})
                 for i, j in self._emitted(slot)]

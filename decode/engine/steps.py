@@ -207,7 +207,7 @@ def window_step(forward, params, st: DecodeState, spec: StepSpec, mask_id):
     emitted, emitted_lps = st.tok[:, :spec.window], st.lps.head(spec.window)
     k_emit, stopped = emit_until_stop(emitted, c, s.stop_ids)
     remaining = active & ~filled & (idx >= c[:, None])
-    sel = fill_select(ent, remaining, idx, s.tau, s.lam)
+    sel = guides.fill_head(fill_select(ent, remaining, idx, s.tau, s.lam), st, remaining, idx, c)
     tok, filled2 = slide(jnp.where(sel, cand, st.tok), filled | sel, c, mask_id)
     lps = cand_lps.where(sel, st.lps).take(slide_source(spec.span, c)[0])
     n_new = st.n + k_emit

@@ -48,8 +48,9 @@ would break it: later forwards attend to it, so later fill choices and later dra
 earlier slots) would depend on its value. Hence at temperature > 0 the drafts not verified at the
 next step are dropped; at temperature 0 verification is deterministic and keeping them is exact.
 
-Statistics: the streaming ones (steps, n_gen, n_fwd = live window slots), plus per row `accepted`
-(drafts accepted and emitted) and `rejected` (drafts that failed verification: at most one a step).
+Statistics: the streaming ones (steps, n_gen, token_slots = live window slots), plus per row
+`accepted` (drafts accepted and emitted) and `rejected` (drafts that failed verification: at most
+one a step).
 """
 
 from __future__ import annotations

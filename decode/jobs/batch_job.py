@@ -15,7 +15,7 @@ job of short answers decodes with a narrower window and a capacity sized to its 
 Output: one JSON line per request, written (flushed and fsynced) as the request finishes, in finish
 order: id, text, token_ids, finish_reason ('stop' | 'length'), prompt_tokens, completion_tokens,
 cached_tokens (prompt rows reused from earlier requests: --page-size), steps (forwards while the
-request was live), n_fwd (token slots those forwards processed). A
+request was live), token_slots (token slots those forwards processed). A
 request the engine fails on is written with finish_reason 'error' and the error, the job goes on
 with the others and exits 1 at the end naming how many failed (a rerun does not retry them:
 delete their lines to). A stop
@@ -51,6 +51,7 @@ import time
 
 from decode.config import DecodeConfigError, DoorOptions, Sampling, useful_window
 from decode.jobs.lines import id_key, read_input
+from wedlm_jax import interrupts
 
 # ----------------------------------------------------------------------------------- output
 
@@ -191,7 +192,8 @@ def run_job(args) -> int:
     cli_stop_ids, _ = split_stop_strings(tokenizer, args.stop)
     base_ids = list(ckpt.default_stop_ids) + list(args.stop_id) + cli_stop_ids
     items = read_input(args.input, tokenizer, opts.sampling, list(dict.fromkeys(base_ids)),
-                       list(args.stop), args.chat, args.capacity, model_config.vocab_size)
+                       list(args.stop), args.chat, args.capacity, model_config.vocab_size,
+                       opts.engine.constraint_backend)
     output = args.output if n == 1 else part_path(args.output, k, n)
     check_output(output, args.input)
     if metrics_file is not None and n > 1:
@@ -298,12 +300,13 @@ def decode_all(batcher, todo, requests, tokenizer, write, progress: bool = True,
                metrics=None) -> dict:
     """Submit every request, step the batcher until all have finished and hand each result record
     to `write` as it finishes (counted in `metrics`, a ServerMetrics, when given); returns the counts
-    (requests, tokens, steps, n_fwd, errors, wall_s)."""
+    (requests, tokens, steps, token_slots, errors, wall_s)."""
     from tqdm import tqdm
 
     from decode.text import TextStream, stop_at_strings
     live = {}   # request id -> (item, TextStream of its completion, its metrics' Track or None)
-    stats = dict(requests=0, tokens=0, steps=0, n_fwd=0, tokens_counted=0, wall_s=0.0, errors=0)
+    stats = dict(requests=0, tokens=0, steps=0, token_slots=0, tokens_counted=0, wall_s=0.0,
+                 errors=0)
     bar = tqdm(total=len(todo), unit="req", desc="wedlm-decode", file=sys.stderr, dynamic_ncols=True,
                disable=not progress)
 
@@ -322,7 +325,7 @@ def decode_all(batcher, todo, requests, tokenizer, write, progress: bool = True,
         if fin.finish == "error":       # this request alone; the job goes on
             write(dict(id=item.id, text="", token_ids=[], finish_reason="error",
                        error=fin.error, prompt_tokens=len(item.prompt_ids),
-                       completion_tokens=0, steps=fin.steps, n_fwd=fin.n_fwd))
+                       completion_tokens=0, steps=fin.steps, token_slots=fin.n_fwd))
             stats["errors"] += 1
             bar.update(1)
             return
@@ -332,12 +335,13 @@ def decode_all(batcher, todo, requests, tokenizer, write, progress: bool = True,
             raise RuntimeError(f"request {item.id!r} was cancelled without a stop string")
         write(dict(id=item.id, text=text, token_ids=ids, finish_reason=finish,
                    prompt_tokens=len(item.prompt_ids), completion_tokens=len(ids),
-                   cached_tokens=fin.cached_tokens, steps=fin.steps, n_fwd=fin.n_fwd))
+                   cached_tokens=fin.cached_tokens, steps=fin.steps,
+                   token_slots=fin.n_fwd))
         stats["requests"] += 1
         stats["tokens"] += len(ids)
         if fin.steps:   # a slot cancelled at a stop string may come back without its counts
             stats["steps"] += fin.steps
-            stats["n_fwd"] += fin.n_fwd
+            stats["token_slots"] += fin.n_fwd
             stats["tokens_counted"] += len(fin.tokens)
         bar.update(1)
         bar.set_postfix_str(f"{stats['tokens'] / max(time.perf_counter() - t0, 1e-9):.0f} tok/s")
@@ -349,8 +353,9 @@ def decode_all(batcher, todo, requests, tokenizer, write, progress: bool = True,
         live[rid] = (item, TextStream(tokenizer, item.stop_strings), track)
     t0 = time.perf_counter()
     try:
-        while batcher.step():
-            pass
+        with interrupts.graceful():   # Ctrl-C: the chunk in flight ends, its lines written
+            while batcher.step():
+                interrupts.check()
     finally:
         bar.close()
     stats["wall_s"] = time.perf_counter() - t0
@@ -363,7 +368,7 @@ def _summary(stats: dict, args, skipped: int, output: str) -> None:
     n, tok, wall = stats["requests"], stats["tokens"], stats["wall_s"]
     counted = stats["tokens_counted"]   # the tokens of the requests whose forwards are known
     tpf = counted / stats["steps"] if stats["steps"] else 0.0
-    pc = counted / stats["n_fwd"] if stats["n_fwd"] else 0.0
+    pc = counted / stats["token_slots"] if stats["token_slots"] else 0.0
     print(f"[{args.method}] {n} requests ({skipped} skipped), {tok} tokens in {wall:.1f} s (compile "
           f"included): {tok / max(wall, 1e-9):.1f} tokens/s, {tpf:.2f} tokens/forward, p_cache {pc:.3f} "
           f"-> {output}", file=sys.stderr)

@@ -1,7 +1,7 @@
 """The batch job's input lines: each JSON line read and checked (fields, settings, prompt, a
-constraint compiled) into an Item before any checkpoint loads; a bad line named FILE:LINE and its
-field. Used by the single-process job (decode.jobs.batch_job) and the Ray job's driver
-(decode.jobs.ray_job)."""
+constraint compiled) into an Item before any checkpoint loads; every bad line named FILE:LINE and
+its field, all in one refusal. Used by the single-process job (decode.jobs.batch_job) and the Ray
+job's driver (decode.jobs.ray_job)."""
 
 from __future__ import annotations
 
@@ -36,78 +36,119 @@ def id_key(value) -> str:
 
 
 def read_input(path: str, tokenizer, defaults: Sampling, base_stop_ids: list, base_stop_strings: list,
-               chat: bool, capacity: int | None, vocab_size: int | None = None) -> list[Item]:
-    """Parse and validate every line; raises DecodeConfigError naming `path:line` and the field."""
+               chat: bool, capacity: int | None, vocab_size: int | None = None,
+               backend: str = "auto") -> list[Item]:
+    """Parse and validate every line; raises one DecodeConfigError naming each bad line's
+    `path:line` and field.
+    `backend`: the constraint backend (decode.constraints.backends)."""
     from decode.text import json_lines
     if not os.path.isfile(path):
         raise DecodeConfigError(f"--input {path}: no such file")
-    items = check_records(((path, n, obj) for n, obj in json_lines(path)), tokenizer, defaults,
-                          base_stop_ids, base_stop_strings, chat, capacity, vocab_size)
+    items = check_records(((path, n, obj) for n, obj in json_lines(path, keep_bad=True)),
+                          tokenizer, defaults,
+                          base_stop_ids, base_stop_strings, chat, capacity, vocab_size, backend)
     if not items:
         raise DecodeConfigError(f"--input {path}: no prompts (every line is blank)")
     return items
 
 
+MAX_REPORTED = 20     # bad lines listed in one refusal; the rest are counted
+
+
 def check_records(records, tokenizer, defaults: Sampling, base_stop_ids: list, base_stop_strings: list,
-                  chat: bool, capacity: int | None, vocab_size: int | None = None) -> list[Item]:
-    """Validate (file, line, object) records, in order: the Items, or a DecodeConfigError naming
-    `file:line` and the field. An id may appear once across all the files."""
-    from decode.text import split_stop_strings
-    items, seen = [], {}
+                  chat: bool, capacity: int | None, vocab_size: int | None = None,
+                  backend: str = "auto") -> list[Item]:
+    """Validate (file, line, object) records, in order: the Items, or one DecodeConfigError
+    listing every bad line (`file:line` and the field; the first MAX_REPORTED, then a count).
+    An object may be a DecodeConfigError already (a line that is not JSON). An id may appear
+    once across all the files."""
+    items, seen, errors = [], {}, []
     for name, lineno, obj in records:
-        where = f"{name}:{lineno}"
-        if not isinstance(obj, dict):
-            raise DecodeConfigError(f"{where}: expected a JSON object with 'prompt' or 'messages', "
-                                    f"got {type(obj).__name__}")
-        unknown = sorted(set(obj) - set(FIELDS))
-        if unknown:
-            raise DecodeConfigError(f"{where}: field {unknown[0]!r} is unknown; allowed: {', '.join(FIELDS)}")
-        rid = obj.get("id", lineno)
-        if isinstance(rid, bool) or not isinstance(rid, (str, int)):
-            raise DecodeConfigError(f"{where}: field 'id' must be a string or an int, got {rid!r}")
-        if id_key(rid) in seen:
-            first = seen[id_key(rid)]
-            raise DecodeConfigError(f"{where}: field 'id' {rid!r} repeats "
-                                    + (f"line {first[1]}" if first[0] == name else f"{first[0]}:{first[1]}"))
-        seen[id_key(rid)] = (name, lineno)
-        ids = _prompt_ids(obj, tokenizer, chat, where)
-        problem = prompt_problem(ids, vocab_size, capacity)
-        if problem:
-            raise DecodeConfigError(f"{where}: field 'prompt': {problem}")
-        if "max_tokens" in obj and "max_new_tokens" in obj:
-            raise DecodeConfigError(f"{where}: give one of 'max_tokens' and 'max_new_tokens', not both")
-        given = {k: obj[k] for k in SETTINGS if k in obj}
-        if "max_tokens" in obj:
-            given["max_new_tokens"] = obj["max_tokens"]
-        stops = obj.get("stop", [])
-        if isinstance(stops, str):
-            stops = [stops]
-        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-            raise DecodeConfigError(f"{where}: field 'stop' must be a non-empty string or a list of them, "
-                                    f"got {obj.get('stop')!r}")
         try:
-            one_token, _ = split_stop_strings(tokenizer, stops)
+            items.append(_check_record(name, lineno, obj, seen, tokenizer, defaults, base_stop_ids,
+                                       base_stop_strings, chat, capacity, vocab_size, backend))
         except DecodeConfigError as e:
-            raise DecodeConfigError(f"{where}: field 'stop': {e}") from None
-        try:
-            sampling = defaults.replace(**given, stop_token_ids=tuple(dict.fromkeys(
-                list(base_stop_ids) + one_token)))
-        except DecodeConfigError as e:
-            field = {"max_new_tokens": "max_tokens" if "max_tokens" in obj else "max_new_tokens",
-                     "stop_token_ids": "stop"}.get(e.field, e.field)
-            raise DecodeConfigError(f"{where}: field {field!r}: {e}") from None
-        items.append(Item(id=rid, line=lineno, prompt_ids=ids, sampling=sampling,
-                          stop_strings=tuple(dict.fromkeys(list(base_stop_strings) + stops)),
-                          automaton=_automaton(obj, tokenizer, where)))
+            errors.append(str(e))
+    if errors:
+        raise DecodeConfigError(bad_lines_message(errors))
     return items
 
 
-def _automaton(obj: dict, tokenizer, where: str):
-    """The line's constraint compiled for the tokenizer (None: none); errors name the field."""
-    from decode.constraints.automaton import for_tokenizer
+def bad_lines_message(errors: list[str]) -> str:
+    """One bad line: its message; several: a count, then each on its own line (at most
+    MAX_REPORTED of them, then how many more)."""
+    if len(errors) == 1:
+        return errors[0]
+    shown = errors[:MAX_REPORTED]
+    more = len(errors) - len(shown)
+    return "\n".join([f"{len(errors)} bad input lines (each must be fixed):"]
+                      + [f"  {e}" for e in shown]
+                      + ([f"  ... and {more} more bad lines"] if more else []))
+
+
+def _check_record(name, lineno, obj, seen: dict, tokenizer, defaults: Sampling,
+                  base_stop_ids: list, base_stop_strings: list, chat: bool, capacity: int | None,
+                  vocab_size: int | None, backend: str) -> Item:
+    """One record's Item, or a DecodeConfigError naming `name:lineno` and the field; `seen`
+    (id key: (file, line)) gains its id."""
+    from decode.text import split_stop_strings
+    where = f"{name}:{lineno}"
+    if isinstance(obj, DecodeConfigError):
+        raise obj
+    if not isinstance(obj, dict):
+        raise DecodeConfigError(f"{where}: expected a JSON object with 'prompt' or 'messages', "
+                                f"got {type(obj).__name__}")
+    unknown = sorted(set(obj) - set(FIELDS))
+    if unknown:
+        raise DecodeConfigError(f"{where}: field {unknown[0]!r} is unknown; allowed: "
+                                f"{', '.join(FIELDS)}")
+    rid = obj.get("id", lineno)
+    if isinstance(rid, bool) or not isinstance(rid, (str, int)):
+        raise DecodeConfigError(f"{where}: field 'id' must be a string or an int, got {rid!r}")
+    if id_key(rid) in seen:
+        first = seen[id_key(rid)]
+        earlier = f"line {first[1]}" if first[0] == name else f"{first[0]}:{first[1]}"
+        raise DecodeConfigError(f"{where}: field 'id' {rid!r} repeats {earlier}")
+    seen[id_key(rid)] = (name, lineno)
+    ids = _prompt_ids(obj, tokenizer, chat, where)
+    problem = prompt_problem(ids, vocab_size, capacity)
+    if problem:
+        raise DecodeConfigError(f"{where}: field 'prompt': {problem}")
+    if "max_tokens" in obj and "max_new_tokens" in obj:
+        raise DecodeConfigError(f"{where}: give one of 'max_tokens' and 'max_new_tokens', not both")
+    given = {k: obj[k] for k in SETTINGS if k in obj}
+    if "max_tokens" in obj:
+        given["max_new_tokens"] = obj["max_tokens"]
+    stops = obj.get("stop", [])
+    if isinstance(stops, str):
+        stops = [stops]
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise DecodeConfigError(f"{where}: field 'stop' must be a non-empty string or a list of "
+                                f"them, got {obj.get('stop')!r}")
     try:
-        constraint = spec.from_fields(obj)
-        return None if constraint is None else for_tokenizer(constraint, tokenizer)
+        one_token, _ = split_stop_strings(tokenizer, stops)
+    except DecodeConfigError as e:
+        raise DecodeConfigError(f"{where}: field 'stop': {e}") from None
+    try:
+        sampling = defaults.replace(**given, stop_token_ids=tuple(dict.fromkeys(
+            list(base_stop_ids) + one_token)))
+    except DecodeConfigError as e:
+        field = {"max_new_tokens": "max_tokens" if "max_tokens" in obj else "max_new_tokens",
+                 "stop_token_ids": "stop"}.get(e.field, e.field)
+        raise DecodeConfigError(f"{where}: field {field!r}: {e}") from None
+    return Item(id=rid, line=lineno, prompt_ids=ids, sampling=sampling,
+                stop_strings=tuple(dict.fromkeys(list(base_stop_strings) + stops)),
+                automaton=_automaton(obj, tokenizer, where, vocab_size, backend))
+
+
+def _automaton(obj: dict, tokenizer, where: str, vocab_size: int | None, backend: str):
+    """The line's constraint compiled for the tokenizer (None: none); errors name the field."""
+    from decode.constraints.backends import compile_for
+    from decode.constraints.spec import from_fields
+    try:
+        constraint = from_fields(obj)
+        return None if constraint is None else compile_for(constraint, tokenizer, vocab_size,
+                                                           backend)
     except DecodeConfigError as e:        # its message names the field
         raise DecodeConfigError(f"{where}: {e}", e.field) from None
 

@@ -24,7 +24,7 @@ def parquet_schema(id_type: str):
     return pa.schema([("id", pa.int64() if id_type == "int" else pa.string()), ("text", pa.string()),
                       ("token_ids", pa.list_(pa.int64())), ("finish_reason", pa.string()),
                       ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()),
-                      ("cached_tokens", pa.int64()), ("steps", pa.int64()), ("n_fwd", pa.int64()),
+                      ("cached_tokens", pa.int64()), ("steps", pa.int64()), ("token_slots", pa.int64()),
                       ("error", pa.string())])
 
 

@@ -44,18 +44,42 @@ import time
 from decode.config import DecodeConfigError, DoorOptions
 
 
+# the flags that mean something only with --ray: their defaults (a flag set otherwise without
+# --ray is refused)
+RAY_DEFAULTS = dict(replicas=1, block_size=64, replica_cpus=1.0, replica_gpus=0.0,
+                    replica_tpus=0.0, lazy_compile=False)
+
+
 def add_arguments(parser) -> None:
-    g = parser.add_argument_group("Ray (--input on a Ray cluster: decode.jobs.ray_job)")
+    g = parser.add_argument_group("Ray (--input on a Ray cluster: decode.jobs.ray_job; the flags "
+                                  "below go with --ray)")
     g.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS|local",
                    help="run --input on Ray: a cluster's address, or `local` to start one here")
-    g.add_argument("--replicas", type=int, default=1, help="model replicas (Ray actors)")
-    g.add_argument("--block-size", type=int, default=64, help="prompts per block (the unit handed "
-                   "to a replica, retried and written)")
-    g.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs each replica takes")
-    g.add_argument("--replica-gpus", type=float, default=0.0, help="GPUs each replica takes")
-    g.add_argument("--replica-tpus", type=float, default=0.0, help="TPU chips each replica takes")
+    d = RAY_DEFAULTS
+    g.add_argument("--replicas", type=int, default=d["replicas"], help="model replicas (Ray actors)")
+    g.add_argument("--block-size", type=int, default=d["block_size"], help="prompts per block "
+                   "(the unit handed to a replica, retried and written)")
+    g.add_argument("--replica-cpus", type=float, default=d["replica_cpus"],
+                   help="CPUs each replica takes")
+    g.add_argument("--replica-gpus", type=float, default=d["replica_gpus"],
+                   help="GPUs each replica takes")
+    g.add_argument("--replica-tpus", type=float, default=d["replica_tpus"],
+                   help="TPU chips each replica takes")
     g.add_argument("--lazy-compile", action="store_true", help="replicas compile prompt buckets on "
                    "first use instead of at start (a faster start; the first blocks carry the compiles)")
+
+
+def check_ray_flags(args) -> None:
+    """Without --ray, a Ray flag set to anything but its default is refused (it would be ignored):
+    one DecodeConfigError naming both flags."""
+    if args.ray is not None:
+        return
+    for name, default in RAY_DEFAULTS.items():
+        if getattr(args, name) != default:
+            flag = "--" + name.replace("_", "-")
+            raise DecodeConfigError(f"{flag} goes with --ray (the batch job's replicas on a Ray "
+                                    f"cluster); without --ray it would be ignored: add --ray "
+                                    f"[ADDRESS|local] or drop {flag}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,7 +206,7 @@ def read_records(path: str):
         if name.endswith(".parquet"):
             yield from _parquet_rows(name, data)
         else:
-            for lineno, obj in json_line_objects(io.BytesIO(data), name):
+            for lineno, obj in json_line_objects(io.BytesIO(data), name, keep_bad=True):
                 yield name, lineno, obj
 
 
@@ -235,7 +259,8 @@ def run_ray_job(args) -> dict:
     check_resources(args.replicas, need)
     records = list(read_records(args.input))
     items = check_records(records, tokenizer, opts.sampling, base_ids, list(args.stop), args.chat,
-                          args.capacity, ckpt.config.vocab_size)
+                          args.capacity, ckpt.config.vocab_size,
+                          opts.engine.constraint_backend)
     if not items:
         raise DecodeConfigError(f"--input {args.input}: no prompts (every line is blank)")
     out.check_ids([(f"{f}:{line}", it.id) for (f, line, _), it in zip(records, items)])

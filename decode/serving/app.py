@@ -39,6 +39,9 @@ class ServerConfig:
     max_body_bytes: int = 8 << 20   # larger bodies are refused with 413 before they are read
     max_logprobs: int = 5           # alternatives a generated token carries (the Decoder's top_logprobs)
     metrics_public: bool = False    # GET /metrics without the key (--metrics-public)
+    constraint_backend: str = "auto"  # structured outputs: auto, device or host (--constraint-backend)
+    tool_parser: str | None = None    # the tool-call format (--tool-call-parser), None: no tools
+    auto_tool_choice: bool = False    # tool_choice 'auto' allowed (--enable-auto-tool-choice)
 
 
 def check_auth(http, cfg: ServerConfig) -> None:

@@ -15,13 +15,15 @@ import uuid
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from decode.config import MAX_LOGPROBS, MAX_STOP_IDS, DecodeConfigError, Sampling
-from decode.constraints.automaton import for_tokenizer as automaton_for
+from decode.constraints.backends import compile_for
 from decode.engine.state import Request
 from decode.serving.worker import Busy
 from decode.serving.protocol import (MAX_BATCH, APIError, RequestSettings, bad,
                                      chat_logprobs_object, field_of, generated_scores,
                                      logprobs_object, parse_messages, parse_prompts, parse_settings)
 from decode.text import TextStream, split_stop_strings
+from decode.tools.calls import CallStream, split_calls
+from decode.tools.request import parse_tools
 
 DISCONNECT_POLL_S = 0.25   # how often a non-streaming request looks whether its client is still there
 
@@ -36,7 +38,8 @@ def usage(n_prompt: int, n_out: int, fin=None) -> dict:
 def stats(fin, n_out: int):
     if fin is None:
         return None
-    return {"steps": fin.steps, "n_fwd": fin.n_fwd, "p_cache": n_out / fin.n_fwd if fin.n_fwd else 0.0}
+    return {"steps": fin.steps, "token_slots": fin.n_fwd,      # steps: forwards
+            "p_cache": n_out / fin.n_fwd if fin.n_fwd else 0.0}
 
 
 def seeded(s: RequestSettings, k: int) -> RequestSettings:
@@ -78,12 +81,34 @@ class Completions:
         return await self.scored_choices(http, prompts, s)
 
     async def chat_completions(self, http, body: dict):
-        s = await self.compiled(parse_settings(body, self.cfg.defaults,
-                                               ("max_tokens", "max_completion_tokens"), chat=True))
+        s = parse_settings(body, self.cfg.defaults, ("max_tokens", "max_completion_tokens"),
+                           chat=True)
+        s = await self.compiled(await asyncio.to_thread(self.with_tools, body, s))
         self.check_n(s)
+        tools = s.tools.template_tools() if s.tools is not None else None
         ids = await asyncio.to_thread(parse_messages, body, self.tokenizer, True, False,
-                                      self.cfg.capacity)                              # off the loop
+                                      self.cfg.capacity, tools)                       # off the loop
         return await self.run(http, ids, s, chat=True, param="messages")
+
+    def with_tools(self, body: dict, s: RequestSettings) -> RequestSettings:
+        """`s` with the request's tools (decode.tools) and, unless tool_choice is 'none', their
+        grammar as its constraint; each function's parameters checked by the host backend."""
+        from decode.constraints.spec import Constraint
+        try:
+            tools = parse_tools(body, self.cfg.tool_parser, self.cfg.auto_tool_choice,
+                                self.tokenizer.chat_template)
+            if tools is None:
+                return s
+            for i, f in enumerate(tools.functions):
+                field = f"tools[{i}].function.parameters"
+                compile_for(Constraint.json_schema(f["parameters"], field), self.tokenizer,
+                            self.cfg.vocab_size, "host")
+        except DecodeConfigError as e:
+            raise bad(e.field, str(e)) from None
+        if tools.constraint() is not None and s.constraint is not None:
+            raise bad("tools", "tools with tool_choice other than 'none' already constrain the "
+                               "output; drop response_format (or the guided_* field)")
+        return dataclasses.replace(s, tools=tools, constraint=tools.constraint() or s.constraint)
 
     # ------------------------------------------------------------------ a request to the engine
 
@@ -93,7 +118,8 @@ class Completions:
         if s.constraint is None:
             return s
         try:
-            auto = await asyncio.to_thread(automaton_for, s.constraint, self.tokenizer)
+            auto = await asyncio.to_thread(compile_for, s.constraint, self.tokenizer,
+                                           self.cfg.vocab_size, self.cfg.constraint_backend)
         except DecodeConfigError as e:
             raise bad(e.field, str(e)) from None
         return dataclasses.replace(s, automaton=auto)
@@ -251,12 +277,15 @@ class Completions:
             return sse(dict(head, object=obj, choices=[choice], **extra))
 
         done = False
+        calls = (CallStream(s.tools.fmt) if chat and s.tools is not None
+                 and s.tools.choice != "none" else None)
         try:
             if chat:
                 yield chunk({"role": "assistant", "content": ""})
             async for kind, val in self.events(rid, q, text):
                 if kind == "text":
-                    yield chunk(val)
+                    for delta in (calls.feed(val) if calls is not None else [val]):
+                        yield chunk(delta)
                     continue
                 if kind == "failed":
                     yield sse(APIError(500, val, type="server_error").body())
@@ -265,6 +294,8 @@ class Completions:
                 done = True
                 if kind == "done":
                     reason, fin = val
+                    if calls is not None and calls.calls and reason == "stop":
+                        reason = "tool_calls"
                     yield chunk(None, reason, wedlm=stats(fin, text.n_used))
                     if s.include_usage:
                         yield sse(dict(head, object=obj, choices=[],
@@ -306,7 +337,13 @@ class Completions:
         if reason is None:
             return None
         n_out = text.n_used
-        choice = ({"index": k, "message": {"role": "assistant", "content": text.sent},
+        message = {"role": "assistant", "content": text.sent}
+        if chat and s.tools is not None and s.tools.choice != "none":
+            message["content"], calls = split_calls(s.tools.fmt, text.sent)
+            if calls:
+                message["tool_calls"] = calls
+                reason = "tool_calls" if reason == "stop" else reason
+        choice = ({"index": k, "message": message,
                    "logprobs": None, "finish_reason": reason} if chat else
                   {"index": k, "text": text.sent, "logprobs": None, "finish_reason": reason})
         if chat and s.logprobs is not None:

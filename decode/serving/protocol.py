@@ -9,6 +9,7 @@ from typing import Any
 
 from decode.config import MAX_LOGPROBS, DecodeConfigError, Sampling, prompt_problem
 from decode.constraints.spec import from_fields as constraint_fields
+from decode.tools.request import tool_messages
 from wedlm_jax.tokenizer import TextError, check_text
 
 MAX_STOP_STRINGS = 8
@@ -52,8 +53,11 @@ class RequestSettings:
     n: int = 1                       # choices per prompt, each its own request and seed stream
     constraint: Any = None           # decode.constraints.spec.Constraint: what the output matches
     automaton: Any = None            # the constraint compiled for the server's tokenizer
+    tools: Any = None                # chat: decode.tools.ToolRequest (calls read back from the text)
 
 
+# a message's fields for tool calling, passed to the chat template (decode.tools.request)
+TOOL_FIELDS = ("tool_calls", "tool_call_id", "name")
 # the Sampling options a request body may set under their own names (max_tokens: parse_settings)
 WIRE = Sampling.wire_names()
 
@@ -113,7 +117,8 @@ def parse_settings(body: dict, defaults: Sampling, max_tokens_names=("max_tokens
     if n > 1 and _bool(body, "stream"):
         raise bad("n", "'n' > 1 with 'stream': true is not supported (ask without streaming)",
                   "unsupported_value")
-    unsupported = ("suffix", "tools", "functions")
+    unsupported = ("suffix", "functions") if chat else ("suffix", "tools", "functions",
+                                                         "tool_choice")
     unsupported += () if chat else ("top_logprobs",) if scoring else ("top_logprobs", "logprobs")
     for name in unsupported:
         if body.get(name) not in (None, False, {}, []):
@@ -275,8 +280,9 @@ def parse_detokenize(body: dict, vocab_size: int) -> list:
 
 
 def parse_messages(body: dict, tokenizer, add_generation_prompt: bool = True,
-                   allow_empty: bool = False, context: int | None = None) -> list:
-    """/v1/chat/completions `messages` through the checkpoint's chat template -> prompt ids."""
+                   allow_empty: bool = False, context: int | None = None, tools=None) -> list:
+    """/v1/chat/completions `messages` through the checkpoint's chat template -> prompt ids;
+    `tools`: the functions the template renders (decode.tools)."""
     msgs = body.get("messages")
     if msgs is None:
         raise bad("messages", "'messages' is required", "missing_required_parameter")
@@ -287,6 +293,8 @@ def parse_messages(body: dict, tokenizer, add_generation_prompt: bool = True,
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise bad(f"messages[{i}].role", f"messages[{i}] needs a string 'role'", "invalid_type")
         content = m.get("content")
+        if content is None and m.get("tool_calls"):      # an assistant turn of calls alone
+            content = ""
         if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
             if not all(isinstance(c, dict) and c.get("type") == "text" and isinstance(c.get("text"), str)
                        for c in content):
@@ -294,11 +302,16 @@ def parse_messages(body: dict, tokenizer, add_generation_prompt: bool = True,
             content = "".join(c["text"] for c in content)
         if not isinstance(content, str):
             raise bad(f"messages[{i}].content", f"messages[{i}].content must be a string", "invalid_type")
-        clean.append({"role": m["role"], "content": content})
+        clean.append({"role": m["role"], "content": content,
+                      **{k: m[k] for k in TOOL_FIELDS if m.get(k) is not None}})
     if not tokenizer.chat_template:
         raise bad("messages", "this checkpoint has no chat template; use /v1/completions")
     try:
-        text = tokenizer.apply_chat_template(clean, add_generation_prompt)
+        if tools is not None or any(len(m) > 2 for m in clean):
+            clean = tool_messages(clean)
+        text = tokenizer.apply_chat_template(clean, add_generation_prompt, tools=tools)
+    except DecodeConfigError as e:
+        raise bad(e.field, str(e)) from None
     except ValueError as e:   # the template refuses these messages (ChatTemplateError)
         raise bad("messages", str(e)) from None
     ids = encode_within(tokenizer, text, context, "messages")

@@ -44,16 +44,22 @@ import os
 import signal
 import sys
 import threading
+import time
 
-from decode.serving.app import ServerConfig, build_app  # noqa: F401 (the app; re-exported)
-from decode.options import HelpFormatter
-from decode.config import (MAX_LOGPROBS, MAX_STOP_IDS, DecodeConfigError, DoorOptions, Placement,
-                           add_decoding_arguments, check_int)
-from decode.serving.worker import Busy, EngineThread  # noqa: F401 (the engine thread; re-exported)
-from decode.serving.protocol import (APIError, parse_messages, parse_prompt,  # noqa: F401 (re-exported)
-                             parse_settings)
-from decode.text import TextStream  # noqa: F401 (the one stop handler; re-exported)
-from wedlm_jax import compile_cache
+from wedlm_jax import interrupts
+interrupts.early("wedlm-serve", __name__)   # Ctrl-C during the imports below: one line, 130
+
+from decode.serving.app import ServerConfig, build_app  # noqa: E402,F401 (the app; re-exported)
+from decode.options import HelpFormatter  # noqa: E402
+from decode.config import (MAX_LOGPROBS, MAX_STOP_IDS, DecodeConfigError, DoorOptions,  # noqa: E402
+                           Placement, add_decoding_arguments, check_int)
+from decode.serving.startup import Startup  # noqa: E402
+from decode.serving.worker import Busy, EngineThread  # noqa: E402,F401 (the engine thread; re-exported)
+from decode.serving.protocol import (APIError, parse_messages, parse_prompt,  # noqa: E402,F401
+                                     parse_settings)
+from decode.text import TextStream  # noqa: E402,F401 (the one stop handler; re-exported)
+from decode.tools.formats import FORMATS  # noqa: E402
+from wedlm_jax import compile_cache  # noqa: E402
 
 API_KEY_ENV = "WEDLM_API_KEY"
 log = logging.getLogger("wedlm-serve")
@@ -92,6 +98,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="info")
     p.add_argument("--log-prompts", action="store_true",
                    help="put each prompt's text in its finished-request log line (default: counts only)")
+    p.add_argument("--tool-call-parser", default=None, choices=sorted(FORMATS),
+                   help="read tool calls (`tools`) in this format (hermes: Qwen, WeDLM-8B-Instruct)")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="allow tool_choice 'auto' (free text, then calls under their schemas)")
     p.add_argument("--metrics-public", action="store_true",
                    help="serve GET /metrics without the API key (for a scraper inside the network)")
     Placement.add_arguments(p)
@@ -158,7 +168,10 @@ def load_decoder(args, opts: DoorOptions | None = None):
                        default_stop_ids=stops, defaults=opts.sampling, api_key=api_key(args),
                        slots=args.slots, method=args.method, window=args.window,
                        max_body_bytes=args.max_body_bytes, max_logprobs=args.max_logprobs,
-                       metrics_public=args.metrics_public)
+                       metrics_public=args.metrics_public,
+                       constraint_backend=opts.engine.constraint_backend,
+                       tool_parser=args.tool_call_parser,
+                       auto_tool_choice=args.enable_auto_tool_choice)
     return decoder, tokenizer, cfg
 
 
@@ -169,13 +182,28 @@ def scorer_for(decoder):
                                           decoder.static.dtype)
 
 
-def build_server(args, opts: DoorOptions | None = None):
-    """(engine, app, ServerConfig): load, compile, start the engine thread."""
+def build_server(args, opts: DoorOptions | None = None, startup: Startup | None = None):
+    """(engine, app, ServerConfig): load, compile, start the engine thread; `startup` (the
+    server's Startup, answering meanwhile) is told each phase and each program compiled."""
     from decode.engine.batcher import Batcher
     from decode.metrics import ServerMetrics
+    from decode.constraints.backends import warm
+    phase = startup.phase if startup is not None else log.info
+    phase("reading the checkpoint")
+    t0 = time.perf_counter()
     decoder, tokenizer, cfg = load_decoder(args, opts)
-    batcher = Batcher(decoder)
-    log.info("compiled in %.1f s", batcher.warm_up(cfg.capacity, every_bucket=not args.lazy_compile))
+    log.info("read the checkpoint in %.1f s", time.perf_counter() - t0)
+    batcher = Batcher(decoder, guided=True)   # structured outputs compiled with the rest
+    t0 = time.perf_counter()
+    warm(tokenizer, cfg.vocab_size)
+    log.info("read the vocabularies of structured outputs in %.1f s", time.perf_counter() - t0)
+    every = not args.lazy_compile
+    if startup is not None:
+        startup.expect(len(batcher.warm_up_programs(cfg.capacity, every)))
+    phase("compiling" + ("" if every else " (--lazy-compile: the smallest prompt bucket)"))
+    seconds = batcher.warm_up(cfg.capacity, every_bucket=every,
+                              progress=startup.progress if startup is not None else None)
+    log.info("compiled in %.1f s", seconds)
     metrics = ServerMetrics(batcher, cfg.model_name, args.method, log_prompts=args.log_prompts,
                             tokenizer=tokenizer)
     engine = EngineThread(batcher, max_pending=args.slots + args.max_queue,
@@ -183,7 +211,83 @@ def build_server(args, opts: DoorOptions | None = None):
     return engine, build_app(engine, tokenizer, cfg), cfg
 
 
+LOADING = "wedlm-serve: interrupted (Ctrl-C) while loading or compiling; not serving"
+
+
+def _load(args, opts: DoorOptions, startup: Startup, server, failure: list) -> None:
+    """The loading thread: build the server behind `startup`; a failure is put in `failure`
+    as (exit code, one line) and the HTTP server told to stop."""
+    from wedlm_jax.failures import out_of_memory
+    while not server.started and not server.should_exit:    # the port first: /health at once
+        time.sleep(0.01)
+    try:
+        compile_cache.enable(args.compile_cache)
+        engine, app, cfg = build_server(args, opts, startup)
+    except (DecodeConfigError, ValueError, FileNotFoundError) as e:
+        failure.append((2, f"wedlm-serve: error: {e}"))
+    except KeyboardInterrupt:
+        failure.append((130, "\n" + LOADING))
+    except Exception as e:  # noqa: BLE001 - told in one line; the process exits 1
+        oom = out_of_memory(e)
+        failure.append((1, f"wedlm-serve: error: out of device memory: {oom}; lower --capacity, "
+                           "--slots or --window" if oom is not None else
+                           f"wedlm-serve: error: loading failed: {type(e).__name__}: {e}"))
+    else:
+        startup.ready(engine, app)
+        log.info("serving %r (%s, W=%d, %d slots, capacity %d) on http://%s:%d%s",
+                 cfg.model_name, args.method, args.window, args.slots, cfg.capacity, args.host,
+                 args.port, " (API key required)" if cfg.api_key else "")
+        return
+    server.should_exit = True
+
+
+def _http_server(args, startup: Startup):
+    """The uvicorn server over `startup`: SIGTERM / SIGINT before ready end the process at once
+    (one line); once serving, new work is refused and in-flight requests drain."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        interrupted = False
+
+        def handle_exit(self, sig, frame):
+            if not startup.is_ready and not self.should_exit:
+                if sig == signal.SIGINT:
+                    interrupts.exit_now()
+                sys.stderr.write("wedlm-serve: stopped (SIGTERM) while loading or compiling; "
+                                 "not serving\n")
+                sys.stderr.flush()
+                os._exit(0)
+            engine = startup.engine
+            self.interrupted = self.interrupted or sig == signal.SIGINT
+            if engine is not None and engine.accepting:
+                engine.stop_accepting()
+                _drain_later(engine, args.shutdown_timeout)
+            super().handle_exit(sig, frame)
+
+    return Server(uvicorn.Config(startup, host=args.host, port=args.port, lifespan="off",
+                                 log_level=args.log_level, log_config=None,
+                                 timeout_graceful_shutdown=args.shutdown_timeout))
+
+
+def _drain_later(engine, timeout: float) -> None:
+    """What is still running shortly before uvicorn's own deadline is answered (a stream gets an
+    error event and [DONE]) instead of cut."""
+    grace = max(timeout - 1.0, 0.5 * timeout)
+    timer = threading.Timer(grace, lambda: log.warning(
+        "shutdown: %d request(s) still running after %.1f s were answered 503",
+        engine.drain(f"the server is shutting down; the request was stopped after "
+                     f"--shutdown-timeout {timeout:g} s"), grace))
+    timer.daemon = True
+    timer.start()
+
+
 def main(argv=None) -> int:
+    """The command; Ctrl-C at any moment ends it with 130 and one line (wedlm_jax.interrupts)."""
+    with interrupts.guard("wedlm-serve", LOADING):
+        return _main(argv)
+
+
+def _main(argv=None) -> int:
     from wedlm_jax import platforms
     platforms.choose()      # no backend whose hardware is absent (a libtpu lock, a CUDA error)
     args = _parser().parse_args(argv)
@@ -195,9 +299,8 @@ def main(argv=None) -> int:
             return dry_run_door(args, "wedlm-serve")
         import fastapi  # noqa: F401  (the optional `serve` extra)
         import prometheus_client  # noqa: F401  (the serve extra: GET /metrics)
-        import uvicorn
+        import uvicorn  # noqa: F401
         check_port(args.host, args.port)
-        compile_cache.enable(args.compile_cache)
     except (DecodeConfigError, ValueError) as e:
         print(f"wedlm-serve: error: {e}", file=sys.stderr)
         return 2
@@ -205,45 +308,33 @@ def main(argv=None) -> int:
         print(f"wedlm-serve: error: {e.name} is missing; install the serve extra: pip install -e "
               f"'.[serve]' in the repository", file=sys.stderr)
         return 2
-    try:
-        engine, app, cfg = build_server(args, opts)
-    except (DecodeConfigError, ValueError, FileNotFoundError) as e:
-        print(f"wedlm-serve: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\nwedlm-serve: interrupted (Ctrl-C) while loading or compiling; not serving",
-              file=sys.stderr)
-        return 130
+    return _serve(args, opts)
 
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig, frame):   # SIGTERM / SIGINT: refuse new work at once
-            if engine.accepting:
-                engine.stop_accepting()
-                # what is still running shortly before uvicorn's own deadline is answered (a
-                # stream gets an error event and [DONE]) instead of cut
-                grace = max(args.shutdown_timeout - 1.0, 0.5 * args.shutdown_timeout)
-                timer = threading.Timer(grace, lambda: log.warning(
-                    "shutdown: %d request(s) still running after %.1f s were answered 503",
-                    engine.drain(f"the server is shutting down; the request was stopped after "
-                                 f"--shutdown-timeout {args.shutdown_timeout:g} s"), grace))
-                timer.daemon = True
-                timer.start()
-            super().handle_exit(sig, frame)
 
-    server = Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                   timeout_graceful_shutdown=args.shutdown_timeout))
-    log.info("serving %r (%s, W=%d, %d slots, capacity %d) on http://%s:%d%s", cfg.model_name, args.method,
-             args.window, args.slots, cfg.capacity, args.host, args.port,
-             " (API key required)" if cfg.api_key else "")
-    # uvicorn re-raises the signal that stopped it once it is done; by then the shutdown was
-    # graceful, so that second delivery is swallowed here and the process exits 0
+def _serve(args, opts: DoorOptions) -> int:
+    """Open the port at once, load and compile behind it, serve until a signal or a failure."""
+    startup = Startup()
+    server = _http_server(args, startup)
+    failure: list = []
+    threading.Thread(target=_load, args=(args, opts, startup, server, failure),
+                     name="wedlm-load", daemon=True).start()
+    log.info("listening on http://%s:%d while loading: GET /health answers now (liveness), "
+             "GET /ready once every program is compiled (readiness)", args.host, args.port)
+    # uvicorn re-raises the signal that stopped it once it is done: the same handler takes it
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: None)
+        signal.signal(sig, server.handle_exit)
     try:
         server.run()
     finally:
-        engine.shutdown(timeout=args.shutdown_timeout)
-    return 0 if engine.error is None else 1
+        if startup.engine is not None:
+            startup.engine.shutdown(timeout=args.shutdown_timeout)
+    if failure:
+        print(failure[0][1], file=sys.stderr)
+        return failure[0][0]
+    if server.interrupted:
+        print("wedlm-serve: interrupted (Ctrl-C); stopped serving", file=sys.stderr)
+        return 130
+    return 0 if startup.engine is None or startup.engine.error is None else 1
 
 
 if __name__ == "__main__":

@@ -80,6 +80,8 @@ class EngineThread:
         track = self.metrics.track(request) if self.metrics is not None else None
         if track is not None:
             on_tokens = self.metrics.counting(track, on_tokens)
+            if request.automaton is not None:
+                self.metrics.count_constrained(request.automaton.backend)
         try:
             rid = self.batcher.submit(request, on_tokens=_guarded(on_tokens),
                                       on_finish=lambda fin: self._finished(fin, _guarded(on_finish),

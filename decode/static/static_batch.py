@@ -28,15 +28,17 @@ until every row is done; `on_commit` receives each row's new ids between chunks,
 within one chunk with what was decoded. Continuous batching (requests joining and leaving slots)
 is `decode.engine.batcher.Batcher` over the same Decoder.
 
-Metrics: per row, `steps` = forwards while the row was live, `n_gen` = tokens emitted, `n_fwd` =
-token slots those forwards processed for the row (AR: 1 per step), `tokens_per_forward = n_gen /
-steps`, `p_cache = n_gen / n_fwd`. Totals sum the rows; `loop_iterations` counts batched forwards.
+Metrics: per row, `steps` = forwards while the row was live, `n_gen` = tokens emitted,
+`token_slots` = token slots those forwards processed for the row (AR: 1 per step),
+`tokens_per_forward = n_gen / steps`, `p_cache = n_gen / token_slots`. Totals sum the rows;
+`loop_iterations` counts batched forwards.
 `compile_s` is the setup time (prefill included) of a call that compiled a program, else 0.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from typing import Callable, Sequence
 
@@ -50,10 +52,13 @@ from decode.engine.decoder import Decoder
 from decode.engine.state import Request
 from decode.engine.programs import compiled_count
 from decode.engine.plan import make_plan
+from wedlm_jax import interrupts
 from wedlm_jax import model as model_lib
 from wedlm_jax import quantize as quantize_lib
 from wedlm_jax.buckets import pow2_at_least
 from wedlm_jax.config import ModelConfig
+
+log = logging.getLogger(__name__)
 
 MIN_CAPACITY_BUCKET = 64
 STATIC_STEPS_PER_CALL = 32
@@ -71,9 +76,9 @@ def batch_bucket(batch: int, multiple: int = 1) -> int:
 
 @dataclasses.dataclass
 class RowStats:
-    steps: int
-    n_gen: int
-    n_fwd: int
+    steps: int          # forwards while the row was live
+    n_gen: int          # tokens emitted
+    token_slots: int    # token slots those forwards processed for the row
     tokens_per_forward: float
     p_cache: float
     finish: str  # 'stop' | 'length' (budget or capacity) | 'interrupted' (Ctrl-C came first)
@@ -85,9 +90,9 @@ class RowStats:
 class DecodeResult:
     tokens: list
     rows: list
-    steps: int
+    steps: int          # the rows' forwards, summed
     n_gen: int
-    n_fwd: int
+    token_slots: int    # the rows' token slots, summed
     tokens_per_forward: float
     p_cache: float
     loop_iterations: int
@@ -210,6 +215,10 @@ def generate(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]]
             raise DecodeConfigError(f"automata: {len(automata)} given for {len(prompts)} prompts")
         requests = [r if r is None else decoder.check_request(
             dataclasses.replace(r, automaton=a)) for r, a in zip(requests, automata)]
+        for i, r in enumerate(requests):
+            warning = None if r is None else r.bias_warning(f"prompt {i}")
+            if warning is not None:
+                log.warning(warning)
     if len(prompts) > decoder.slots:
         raise DecodeConfigError(f"{len(prompts)} prompts do not fit the decoder's {decoder.slots} slots")
     t_setup, programs = time.perf_counter(), compiled_count()
@@ -231,23 +240,26 @@ def generate(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]]
     done = np.asarray([r is None for r in requests])
     counters = counter_copies(state)   # the last chunk's, should Ctrl-C take the donated state
     try:
-        for _ in range(max_chunks):
-            if done.all():
-                break
-            state, res = decoder.generate(state)
-            counters = counter_copies(state)
-            done = res.done[:len(requests)]
-            iterations += res.steps
-            for i in live:
-                new = res.new_ids(i)
-                if new:
-                    tokens[i].extend(new)
-                    logprobs[i].extend(lp for lp, _ in res.new_logprobs(i))
-                    if on_commit is not None:
-                        on_commit(i, new)
-        if not done.all():
-            raise RuntimeError(f"decode loop stopped at its iteration cap ({iterations}) with "
-                               "rows unfinished")
+        with interrupts.graceful():   # Ctrl-C: the chunk in flight ends, its tokens kept
+            for _ in range(max_chunks):
+                if done.all():
+                    break
+                interrupts.check()
+                state, res = decoder.generate(state)
+                counters = counter_copies(state)
+                done = res.done[:len(requests)]
+                iterations += res.steps
+                for i in live:
+                    new = res.new_ids(i)
+                    if new:
+                        tokens[i].extend(new)
+                        logprobs[i].extend(lp for lp, _ in res.new_logprobs(i))
+                        if on_commit is not None:
+                            on_commit(i, new)
+            interrupts.check()        # asked during the last chunk: still told interrupted
+            if not done.all():
+                raise RuntimeError(f"decode loop stopped at its iteration cap ({iterations}) with "
+                                   "rows unfinished")
     except KeyboardInterrupt:
         interrupted = True
     wall = time.perf_counter() - t0
@@ -278,16 +290,16 @@ def _collect(tokens, host, requests, dc: DecodeConfig, wall, compile_s, iteratio
         finish = "stop" if ids and ids[-1] in stops else "length"
         if interrupted and live and not done_when_interrupted[r]:
             finish = "interrupted"
-        rows.append(RowStats(steps=steps, n_gen=len(ids), n_fwd=nfwd,
+        rows.append(RowStats(steps=steps, n_gen=len(ids), token_slots=nfwd,
                              tokens_per_forward=_ratio(len(ids), steps),
                              p_cache=_ratio(len(ids), nfwd), finish=finish,
                              accepted=int(acc_a[r]) if live else 0,
                              rejected=int(rej_a[r]) if live else 0))
     n_gen = sum(r.n_gen for r in rows)
     steps = sum(r.steps for r in rows)
-    n_fwd = sum(r.n_fwd for r in rows)
-    return DecodeResult(tokens=tokens, rows=rows, steps=steps, n_gen=n_gen, n_fwd=n_fwd,
-                        tokens_per_forward=_ratio(n_gen, steps), p_cache=_ratio(n_gen, n_fwd),
+    slots = sum(r.token_slots for r in rows)
+    return DecodeResult(tokens=tokens, rows=rows, steps=steps, n_gen=n_gen, token_slots=slots,
+                        tokens_per_forward=_ratio(n_gen, steps), p_cache=_ratio(n_gen, slots),
                         loop_iterations=iterations, wall_s=wall,
                         tokens_per_s=_ratio(n_gen, wall), compile_s=compile_s, method=dc.method,
                         accepted=sum(r.accepted for r in rows),

@@ -1,0 +1,115 @@
+"""Which backend enforces a request's constraint, chosen per request, behind one interface (the
+way an engine keeps its grammar backends apart from its scheduler):
+
+    device   the token automaton's tables (decode.constraints.automaton), read inside the decode
+             loop: no host round trip. Only for schemas whose every keyword the tables enforce
+             exactly (decode.constraints.keywords), and built within a time budget.
+    host     llguidance's parser (decode.constraints.host), asked once a step for the slots that
+             use it. Any schema llguidance enforces; anything else is refused by name.
+    auto     device where it is exact and ready in time, host otherwise.
+
+`compile_for(constraint, tokenizer, vocab_size, backend)` returns the compiled form (an
+`Automaton` or a host `Grammar`); both answer `.backend`, `.key`, `.initial`,
+`.next_state(state, token)` and `.matcher(stop_ids)`, the token-by-token walk that tests and the
+MaskBench runner use as the reference of what the decoder allows.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import threading
+
+from decode.config import CONSTRAINT_BACKENDS as BACKENDS
+from decode.config import DEVICE_TABLE, DecodeConfigError
+from decode.constraints import automaton as device_lib
+from decode.constraints import host as host_lib
+from decode.constraints.spec import Constraint
+
+DEVICE_BUDGET_S = 2.0          # a device build longer than this goes to the host backend (auto)
+MAX_DEVICE_REGEX = 20_000      # characters: longer regexes go to the host backend (auto)
+_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="device-tables")
+_PENDING: dict = {}
+_PENDING_LOCK = threading.Lock()
+
+
+def device_exact(constraint: Constraint):
+    """Raise a DecodeConfigError naming the first keyword the device tables do not enforce
+    exactly (JSON schemas; regexes and choices are exact)."""
+    if constraint.kind == "grammar":
+        constraint.to_regex()            # refused: a grammar is the host's
+    if constraint.kind != "json_schema":
+        return
+    from decode.constraints.keywords import check_device
+    check_device(json.loads(constraint.value), constraint.field)
+
+
+def _device(constraint: Constraint, tokenizer, budget_s: float | None):
+    """The Automaton, built on the pool; None when not ready within `budget_s` (the build goes
+    on and lands in the cache for the next request)."""
+    key = constraint.key()
+    with _PENDING_LOCK:
+        fut = _PENDING.get(key)
+        if fut is None:
+            fut = _POOL.submit(device_lib.for_tokenizer, constraint, tokenizer)
+            _PENDING[key] = fut
+            fut.add_done_callback(lambda _f: _forget(key))
+    try:
+        auto = fut.result(timeout=budget_s)
+    except concurrent.futures.TimeoutError:
+        return None
+    if auto.num_states > DEVICE_TABLE[0] or auto.num_classes > DEVICE_TABLE[1]:
+        raise DecodeConfigError(f"{constraint.field}: its automaton has {auto.num_states} states "
+                                f"x {auto.num_classes} token classes, above the device tables' "
+                                f"{DEVICE_TABLE[0]} x {DEVICE_TABLE[1]}; the host backend takes "
+                                f"it", constraint.field)
+    return auto
+
+
+def _forget(key):
+    with _PENDING_LOCK:
+        _PENDING.pop(key, None)
+
+
+def compile_for(constraint: Constraint, tokenizer, vocab_size: int | None = None,
+                backend: str = "auto",
+                budget_s: float | None = DEVICE_BUDGET_S):
+    """The compiled constraint for `backend` (module docstring). Errors are DecodeConfigErrors
+    naming the request's field and what is wrong."""
+    if backend not in BACKENDS:
+        raise DecodeConfigError(f"the constraint backend must be one of {', '.join(BACKENDS)}, "
+                                f"got {backend!r}", "backend")
+    if backend == "host":
+        return host_lib.compile_grammar(constraint, tokenizer, vocab_size)
+    try:
+        device_exact(constraint)
+        if backend == "auto" and len(constraint.to_regex()) > MAX_DEVICE_REGEX:
+            raise DecodeConfigError("large", constraint.field)
+    except DecodeConfigError:
+        if backend == "device":
+            raise
+        return host_lib.compile_grammar(constraint, tokenizer, vocab_size)
+    if backend == "auto":
+        try:
+            auto = _device(constraint, tokenizer, budget_s)
+        except DecodeConfigError:
+            auto = None      # the host's words say what is wrong, or the host takes it
+        return auto if auto is not None else host_lib.compile_grammar(constraint, tokenizer,
+                                                                      vocab_size)
+    auto = _device(constraint, tokenizer, budget_s)
+    if auto is None:
+        raise DecodeConfigError(f"{constraint.field}: the device tables were not built within "
+                                f"{budget_s:g} s; the host backend takes it", constraint.field)
+    return auto
+
+
+def backend_of(compiled) -> str:
+    return getattr(compiled, "backend", device_lib.NAME)
+
+
+def warm(tokenizer, vocab_size: int) -> None:
+    """Read the tokenizer's vocabulary for both backends (a server does it before it is ready,
+    so the first constrained request pays only its own constraint's build)."""
+    probe = Constraint.choice(["a"], "warm-up")
+    host_lib.compile_grammar(probe, tokenizer, vocab_size)
+    device_lib.for_tokenizer(probe, tokenizer)

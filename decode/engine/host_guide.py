@@ -1,0 +1,124 @@
+"""The host half of a Guide: slots whose constraint runs in a host parser (decode.constraints.host)
+are asked once a step, from inside the compiled decode loop (`jax.experimental.io_callback`), for
+how much of a token run their grammar takes and for the allowed tokens as a bitmask.
+
+A slot's parser lives in `TICKETS` under the ticket its Guide row carries. The device tells it,
+each step, the tokens the slot committed in the step before (`recent`): the parser consumes those,
+so it always stands after exactly the committed tokens; what a call validates or reads ahead is
+rolled back before it returns. A slot re-admitted gets a new ticket whose parser replays the
+tokens it had committed.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import io_callback
+
+log = logging.getLogger(__name__)
+MAX_TICKETS = 4096        # parsers kept (live slots touch theirs every step; the rest age out)
+
+
+class Tickets:
+    """ticket -> the slot's parser (least recently used dropped past MAX_TICKETS)."""
+
+    def __init__(self, size: int = MAX_TICKETS):
+        self.size, self.items = size, collections.OrderedDict()
+        self.lock, self.next = threading.Lock(), 1
+
+    def open(self, grammar, stop_ids, tokens=()) -> int:
+        matcher = grammar.matcher(stop_ids, tuple(tokens or ()))
+        with self.lock:
+            t, self.next = self.next, self.next + 1
+            self.items[t] = matcher
+            while len(self.items) > self.size:
+                self.items.popitem(last=False)
+        return t
+
+    def get(self, ticket: int):
+        with self.lock:
+            m = self.items.get(int(ticket))
+            if m is not None:
+                self.items.move_to_end(int(ticket))
+            return m
+
+
+TICKETS = Tickets()
+
+
+def _read_one(m, recent, k_recent, run, positions, words):
+    """(tokens of `run` the grammar takes, bits [positions, words]) for one slot's parser: after
+    all it takes (positions == 1), or after the first p of them at each position p."""
+    m.advance_all(recent[:k_recent])
+    k = m.validate(run)
+    bits = np.full((positions, words), -1, np.int32)
+
+    def put(p):                 # ids past the parser's vocabulary are never allowed
+        row = m.bits()[:words]
+        bits[p, :len(row)], bits[p, len(row):] = row, 0
+    if positions == 1:
+        taken = m.advance_all(run[:k])
+        put(0)
+    else:
+        taken, last = 0, min(k, positions - 1)
+        for p in range(last + 1):
+            put(p)
+            if p < last:
+                taken += m.advance_all(run[p:p + 1])
+    m.rollback(taken)
+    return k, bits
+
+
+def read_host(ticket, host, recent, recent_k, run, run_len, *, positions: int, words: int):
+    """NumPy side of `host_read` (the callback)."""
+    b = ticket.shape[0]
+    k_ok = np.zeros((b,), np.int32)
+    bits = np.full((b, positions, words), -1, np.int32)
+    for i in np.flatnonzero(host):
+        m = TICKETS.get(ticket[i])
+        try:
+            if m is None:
+                raise KeyError(f"no parser for ticket {int(ticket[i])}")
+            k_ok[i], bits[i] = _read_one(m, recent[i], int(recent_k[i]),
+                                         run[i, :int(run_len[i])], positions, words)
+        except Exception as e:          # a parser fault stops its slot only: nothing allowed
+            log.error("constraint parser of ticket %d failed: %s", int(ticket[i]), e)
+            k_ok[i], bits[i] = 0, 0
+    return k_ok, bits
+
+
+def host_read(g, run, run_len, positions: int, live):
+    """On the device: (k_ok [B], bits [B, positions, words]) from each live host slot's parser,
+    after it consumed the slot's recent tokens: k_ok of `run` [B, R] (its first run_len [B])
+    taken, and the allowed tokens after the first min(k_ok, p) of them at each position p
+    (positions == 1: after all k_ok). A step with no live host slot does not call the host."""
+    b = g.ticket.shape[0]
+    words = (g.klass.shape[1] + 31) // 32
+    shapes = (jax.ShapeDtypeStruct((b,), jnp.int32),
+              jax.ShapeDtypeStruct((b, positions, words), jnp.int32))
+    asked = g.host & live
+
+    def call(ticket, host, recent, recent_k, run, run_len):
+        return read_host(np.asarray(ticket), np.asarray(host), np.asarray(recent),
+                         np.asarray(recent_k), np.asarray(run), np.asarray(run_len),
+                         positions=positions, words=words)
+
+    def ask(_):
+        return io_callback(call, shapes, g.ticket, asked, g.recent, g.recent_k, run, run_len,
+                           ordered=True)
+
+    def skip(_):
+        return jnp.zeros((b,), jnp.int32), jnp.full((b, positions, words), -1, jnp.int32)
+    return jax.lax.cond(jnp.any(asked), ask, skip, None)
+
+
+def unpack_bits(bits, vocab: int):
+    """[.., words] int32 -> [.., vocab] bool on the device."""
+    v = jnp.arange(vocab, dtype=jnp.int32)
+    words = jnp.take(bits, v // 32, axis=-1)
+    return (jnp.right_shift(words, v % 32) & 1).astype(bool)

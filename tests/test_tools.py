@@ -1,0 +1,195 @@
+"""Tool calling through wedlm-serve with the official openai client: `tools`, `tool_choice`
+(required, a named function, auto, none) and `parallel_tool_calls`, the calls read back (whole
+and streamed) and always valid under their function's schema, the tool turn rendered by the
+chat template, and bad input refused by field. The demo model serves, with a chat template that
+renders tools in the hermes format (its weights never saw one: the grammar writes the calls)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jsonschema
+import pytest
+
+openai = pytest.importorskip("openai")
+
+from decode.config import DecodeConfig  # noqa: E402
+from decode.constraints.backends import compile_for  # noqa: E402
+from decode.serving import serve  # noqa: E402
+from decode.static.static_batch import generate  # noqa: E402
+from decode.tools.calls import split_calls  # noqa: E402
+from decode.tools.request import parse_tools  # noqa: E402
+from demo.eval import DEMO_MODEL, load_model  # noqa: E402
+from tests.live_server import serve_in_thread  # noqa: E402
+
+TEMPLATE = (
+    "{%- if tools %}<|system|>Functions:\n{%- for t in tools %}\n{{ t.function | tojson }}"
+    "{%- endfor %}\nCall one as <tool_call>\\n{\"name\": ..., \"arguments\": ...}\\n</tool_call>\n"
+    "{%- endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' and m.tool_calls %}<|assistant|>"
+    "{%- for c in m.tool_calls %}<tool_call>\n{\"name\": \"{{ c.function.name }}\", "
+    "\"arguments\": {{ c.function.arguments | tojson }}}\n</tool_call>{%- endfor %}\n"
+    "{%- elif m.role == 'tool' %}<|tool|>{{ m.content }}\n"
+    "{%- else %}<|{{ m.role }}|>{{ m.content }}\n{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}<|assistant|>{%- endif %}")
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "the weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "days"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {
+        "zone": {"type": "string", "pattern": "^[A-Z][a-z]{2,8}/[A-Z][a-z]{2,8}$"}},
+        "required": ["zone"], "additionalProperties": False}}}
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
+ASK = [{"role": "user", "content": "What is the weather in Oslo for 3 days?"}]
+
+
+@pytest.fixture(scope="module")
+def tool_model(tmp_path_factory):
+    """The demo model's folder with a chat template that renders tools (weights linked)."""
+    folder = tmp_path_factory.mktemp("tool-model")
+    for name in os.listdir(DEMO_MODEL):
+        src = os.path.join(DEMO_MODEL, name)
+        if name != "tokenizer_config.json" and os.path.isfile(src):
+            os.symlink(os.path.abspath(src), folder / name)
+    cfg = json.load(open(os.path.join(DEMO_MODEL, "tokenizer_config.json")))
+    cfg["chat_template"] = TEMPLATE
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def client(tool_model):
+    from decode.engine.batcher import Batcher
+    args = serve._parser().parse_args([
+        "--checkpoint", tool_model, "--slots", "2", "--window", "8", "--capacity", "1024",
+        "--model-name", "demo", "--tool-call-parser", "hermes", "--enable-auto-tool-choice",
+        "--lazy-compile"])
+    decoder, tokenizer, cfg = serve.load_decoder(args)
+    engine = serve.EngineThread(Batcher(decoder, guided=True), max_pending=16).start()
+    url, srv, thread, sock = serve_in_thread(serve.build_app(engine, tokenizer, cfg))
+    yield openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    srv.should_exit = True
+    thread.join(15)
+    engine.shutdown(timeout=15)
+    sock.close()
+
+
+def check_calls(calls, names=None):
+    for c in calls:
+        assert names is None or c.function.name in names
+        jsonschema.validate(json.loads(c.function.arguments), SCHEMAS[c.function.name])
+
+
+def test_required_call_round_trip(client):
+    """Call, tool result, final answer: the call is valid under its schema, the tool turn goes
+    back through the template, and tool_choice 'none' answers in text."""
+    out = client.chat.completions.create(model="demo", messages=ASK, tools=[WEATHER, TIME],
+                                         tool_choice="required", parallel_tool_calls=False,
+                                         max_tokens=96)
+    msg = out.choices[0].message
+    assert out.choices[0].finish_reason == "tool_calls" and msg.tool_calls
+    check_calls(msg.tool_calls)
+    history = ASK + [{"role": "assistant", "content": None, "tool_calls": [
+        c.model_dump() for c in msg.tool_calls]}] + [
+        {"role": "tool", "tool_call_id": c.id, "content": '{"sky": "clear"}'}
+        for c in msg.tool_calls]
+    final = client.chat.completions.create(model="demo", messages=history, tools=[WEATHER],
+                                           tool_choice="none", max_tokens=16)
+    assert final.choices[0].message.tool_calls is None
+    assert final.choices[0].finish_reason in ("stop", "length")
+
+
+def test_parallel_calls_each_valid(client):
+    """Parallel calls allowed: the demo model (never taught to stop) writes calls until its
+    budget; every complete one is returned, each valid, the cut one is not."""
+    out = client.chat.completions.create(model="demo", messages=ASK, tools=[WEATHER, TIME],
+                                         tool_choice="required", max_tokens=200)
+    calls = out.choices[0].message.tool_calls
+    assert len(calls) >= 2 and len({c.id for c in calls}) == len(calls)
+    check_calls(calls)
+
+
+def test_named_choice_streamed_equals_whole(client):
+    """A named function, one call (parallel off): the streamed deltas (index, id and name
+    first, then the arguments in pieces) add up to the whole answer's call."""
+    kw = dict(model="demo", messages=ASK, tools=[WEATHER, TIME], max_tokens=96,
+              tool_choice={"type": "function", "function": {"name": "get_time"}},
+              parallel_tool_calls=False)
+    whole = client.chat.completions.create(**kw)
+    calls = whole.choices[0].message.tool_calls
+    assert len(calls) == 1 and calls[0].function.name == "get_time"
+    check_calls(calls, {"get_time"})
+    name, args, reasons, first = None, "", [], None
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        if not chunk.choices:
+            continue
+        reasons.append(chunk.choices[0].finish_reason)
+        for tc in chunk.choices[0].delta.tool_calls or []:
+            first = first or tc
+            name = name or (tc.function.name if tc.function else None)
+            args += (tc.function.arguments or "") if tc.function else ""
+    assert first.id and first.function.name == "get_time" and first.index == 0
+    assert (name, args) == ("get_time", calls[0].function.arguments)
+    assert reasons[-1] == "tool_calls"
+
+
+def test_auto_answers_text_or_valid_calls(client):
+    out = client.chat.completions.create(model="demo", messages=ASK, tools=[WEATHER],
+                                         tool_choice="auto", max_tokens=32)
+    msg = out.choices[0].message
+    check_calls(msg.tool_calls or [])
+    assert msg.tool_calls or msg.content is not None
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"tools": [{"type": "function", "function": {"parameters": {}}}]}, "tools[0].function.name"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "frob"}}}]},
+     "tools[0].function.parameters"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}}}}]},
+     "tools[0].function.parameters.properties.a.uniqueItems"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice.function.name"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [WEATHER], "messages": ASK + [{"role": "tool", "tool_call_id": "x",
+                                              "content": "1"}]}, "messages[1].tool_call_id"),
+])
+def test_bad_tool_requests_are_400_by_field(client, extra, param):
+    kw = dict(model="demo", messages=ASK, max_tokens=8)
+    kw.update(extra)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(**kw)
+    assert e.value.body["param"] == param, e.value.body
+
+
+def test_a_template_without_tools_and_a_server_without_a_parser_refuse():
+    body = {"tools": [WEATHER]}
+    for parser, template, words in ((None, "{{ tools }}", "--tool-call-parser"),
+                                    ("hermes", "{{ messages }}", "does not render tools")):
+        with pytest.raises(Exception, match=words):
+            parse_tools(body, parser, True, template)
+
+
+def test_verified_tool_calls_equal_ar():
+    """Under a tool grammar (host backend), verified streaming gives AR's tokens."""
+    config, params, tok = load_model(DEMO_MODEL)
+    tools = parse_tools({"tools": [WEATHER, TIME], "tool_choice": "required"}, "hermes", False,
+                        "{{ tools }}")
+    compiled = compile_for(tools.constraint(), tok, config.vocab_size)
+    prompt = tok.encode("<|user|>weather in Lima for 2 days\n<|assistant|>")
+    stops = tuple(tok.default_stop_ids(config.eos_token_id))
+    out = {}
+    for method, window in (("verified", 8), ("ar", 1)):
+        dc = DecodeConfig(method=method, window=window, max_new_tokens=80, stop_token_ids=stops)
+        out[method] = list(generate(params, config, [prompt], dc, automata=[compiled]).tokens[0])
+    assert out["verified"] == out["ar"]
+    content, calls = split_calls(tools.fmt, tok.decode([t for t in out["ar"] if t not in stops]))
+    assert calls and content is None
+    for c in calls:
+        jsonschema.validate(json.loads(c["function"]["arguments"]), SCHEMAS[c["function"]["name"]])
+
