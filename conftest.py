@@ -2,7 +2,8 @@
 XLA's fast compile (tests/xla.py) and WEDLM_COMPILE_CACHE=off. The command-line programs turn on
 JAX's persistent compilation cache by default; the tests that count compiles must see them, so it
 is off unless a test names a folder. The train tests' subprocesses share a cache for the run
-(tests/synthetic/train_data.py), removed when the session ends.
+(tests/synthetic/train_data.py), removed when the session ends. A skipped test fails the run
+unless WEDLM_ALLOW_SKIPS=1.
 
 Each test module's compiled programs are let go when it ends (`jax.clear_caches()`): every
 XLA:CPU executable keeps ~6 memory mappings while jax's caches hold it, and a pytest-xdist worker
@@ -15,6 +16,7 @@ import os
 import pytest
 
 os.environ.setdefault("WEDLM_COMPILE_CACHE", "off")
+ALLOW_SKIPS = "WEDLM_ALLOW_SKIPS"
 
 from tests.xla import FAST_COMPILE  # noqa: E402 - before any test imports jax
 
@@ -27,6 +29,21 @@ def pytest_sessionfinish(session):
         import shutil
         from tests.synthetic.train_data import compilation_cache_dir
         shutil.rmtree(compilation_cache_dir(), ignore_errors=True)
+    _fail_on_skips(session)
+
+
+def _fail_on_skips(session) -> None:
+    """A skipped test fails the run (an `importorskip` whose package is missing would otherwise
+    drop tests silently on a broken install), unless WEDLM_ALLOW_SKIPS=1. Decided once, by the
+    process that reports (with -n, the controller: it holds every worker's results)."""
+    if hasattr(session.config, "workerinput") or os.environ.get(ALLOW_SKIPS) == "1":
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter is not None else []
+    if skipped and session.exitstatus == pytest.ExitCode.OK:
+        reporter.write_line(f"\n{len(skipped)} test(s) skipped: the full setup (`make setup`) runs "
+                            f"every test; {ALLOW_SKIPS}=1 allows skips", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(autouse=True, scope="module")

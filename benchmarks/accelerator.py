@@ -339,7 +339,7 @@ def run_train(plan: Plan, info: dict, peak: float, attention=None) -> list[dict]
             holder = {"state": state}
 
             def one():
-                holder["state"], m = fn(holder["state"], batch)
+                holder["state"], m = fn(holder["state"], batch)  # noqa: F821 - bound above, in this loop
                 return m["loss"]
             try:
                 t = median_time(one, max(2, plan.repeats // 3))
@@ -406,7 +406,6 @@ def run(args) -> dict:
     bad = [s for s in sections if s not in SECTIONS]
     if bad:
         raise SuiteError(f"--sections takes {', '.join(SECTIONS)}; got {', '.join(bad)}")
-    import jax
     info = device_info(args.device_memory_gib)
     plan = make_plan(info["platform"], info["memory_bytes"], smoke=args.smoke, model=args.model)
     out = args.out or os.path.join("benchmarks", "results", "accelerator",

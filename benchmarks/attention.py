@@ -78,7 +78,7 @@ def attention_case(length, *, heads, kv_heads, head_dim, block, tile, reps, dtyp
         row[f"{name}_peak_bytes"] = _memory(compiled)
         results[name] = fn(q, k, v, s)
         row[f"{name}_s"] = _time(fn, (q, k, v, s), reps)
-    (lt, gt), (ld, gd) = results["tiled"], results["dense"]
+    (_, gt), (_, gd) = results["tiled"], results["dense"]
     row["max_rel_err"] = max(float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
                              for a, b in zip(gt, gd))
     row["speedup"] = row["dense_s"] / row["tiled_s"]

@@ -2,6 +2,7 @@
 batch job, wedlm-serve, the demo).
 
     ckpt = OpenCheckpoint.open(folder, placement, method="streaming", mask_token_id=None)
+    ckpt = OpenCheckpoint.from_args(args)   # a door: its --checkpoint, --method, ... flags
     ...                                  # config.json and the tokenizer are read and checked;
                                          # check the requests against them here
     config, params, mesh = ckpt.load()   # then the weights, on the placement's mesh and dtype
@@ -17,41 +18,9 @@ import dataclasses
 import os
 import sys
 
-from decode.config import DecodeConfigError, Placement, is_int
+from decode.config import DecodeConfigError, Placement, mask_id_for
 from decode.text import TextTokenizer, load_tokenizer
-from wedlm_jax.config import ConfigError, ModelConfig
-from wedlm_jax.tokenizer import mask_token_rule
-
-
-def mask_id_for(config: ModelConfig, given: int | None, method: str, *, tokenizer=None,
-                source: str = "the model config", name: str = "mask_token_id",
-                announce=None) -> int:
-    """The [MASK] id to decode with, the one rule of every door and of the plan: `given` (the
-    option `name`, checked against the vocabulary), else the rule training shares
-    (`wedlm_jax.tokenizer.mask_token_rule`: the config's, the released checkpoints' for a `wedlm`
-    config with null — `announce`d once —, the `tokenizer`'s); AR decoding reads none (0).
-    DecodeConfigError naming mask_token_id when a window method finds none or the id lies
-    outside the vocabulary."""
-    if given is not None:
-        if not is_int(given) or not 0 <= int(given) < config.vocab_size:
-            raise DecodeConfigError(f"{name} {given!r} is outside the vocabulary "
-                                    f"[0, {config.vocab_size})", "mask_token_id")
-        return int(given)
-    if method == "ar":
-        return 0
-    try:
-        mask, origin = mask_token_rule(config, tokenizer, source, "mask_token_id=ID / --mask-token-id ID")
-    except ConfigError as e:
-        raise DecodeConfigError(str(e), "mask_token_id") from None
-    if mask is None:
-        raise DecodeConfigError(
-            f"method {method!r} needs a mask token id: {source} has no mask_token_id"
-            f"{'' if tokenizer is None else ', the tokenizer no mask token'} and none was given "
-            "(pass mask_token_id=... / --mask-token-id)", "mask_token_id")
-    if origin == "released" and announce is not None:
-        announce(f"{source} has mask_token_id null: decoding with [MASK] id {mask}, as the official "
-                 f"WeDLM engine does (--mask-token-id overrides)")
-    return mask
+from wedlm_jax.config import ModelConfig
 
 
 def check_quantized_folder(folder: str, placement: Placement, group: int) -> None:
@@ -98,6 +67,15 @@ class OpenCheckpoint:
                            announce=_stderr(prog))
         stops = tuple(tokenizer.default_stop_ids(config.eos_token_id)) if default_stops else ()
         return cls(folder, config, tokenizer, mask, stops, placement)
+
+    @classmethod
+    def from_args(cls, args, placement: Placement | None = None, **kw) -> "OpenCheckpoint":
+        """`open` with a door's flags: --checkpoint, --method, --mask-token-id, --no-default-stops
+        (`add_decoding_arguments`), on `placement` (default: the flags' own); `kw`: `open`'s prog
+        and tokenizer."""
+        return cls.open(args.checkpoint, placement or Placement.from_args(args), method=args.method,
+                        mask_token_id=args.mask_token_id, default_stops=not args.no_default_stops,
+                        **kw)
 
     def load(self):
         """(ModelConfig, params, mesh): the weights in the placement's dtype on its mesh (None: the

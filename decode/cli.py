@@ -185,9 +185,7 @@ def run(args) -> dict:
                                         "--kv-dtype at their defaults with it")
     tokenizer = load_tokenizer(args.checkpoint)
     read_inputs(tokenizer)          # the prompts and stops, refused before config.json is read
-    ckpt = OpenCheckpoint.open(args.checkpoint, placement, method=args.method,
-                               mask_token_id=args.mask_token_id, default_stops=not args.no_default_stops,
-                               tokenizer=tokenizer)
+    ckpt = OpenCheckpoint.from_args(args, placement, tokenizer=tokenizer)
     prompts = read["prompts"]
     stop_ids, cut_strings = read["stops"]
     config, params, _ = ckpt.load()

@@ -30,6 +30,7 @@ from wedlm_jax import quantize_scheme as scheme_rules
 from wedlm_jax.attention.table import KV_DTYPES
 from wedlm_jax.attention.table import CACHE_CHOICES
 from wedlm_jax.axis_rules import MESH_AXES
+from wedlm_jax.config import ConfigError, ModelConfig
 
 METHODS = ("streaming", "block", "ar", "verified")
 CONSTRAINT_BACKENDS = ("auto", "device", "host")   # decode.constraints.backends
@@ -54,9 +55,9 @@ MAX_WINDOW = 256
 #   compile time   Method (method, W, refill, prefill chunk) + EngineOptions (slots, steps per
 #                  call, capacity, ...) + Placement (dtype, mesh, attention backend, KV tile,
 #                  pages): what the Decoder's programs are built for;
-#   per request    Sampling (tau, lambda, temperature, top-k, top-p, sampling order, max new
-#                  tokens, stop ids, seed): runtime values, one set per request, on the device
-#                  as the decode state's `Settings` (decode/engine/state.py).
+#   per request    Sampling (its fields below are the list, `Sampling.options()`): runtime
+#                  values, one set per request, on the device as the decode state's
+#                  `SlotSettings` (decode/engine/state.py).
 
 
 def _stop_row(ids) -> list:
@@ -202,6 +203,19 @@ def useful_window(window: int, method: str, longest_budget: int) -> int:
     return max(1, min(window, longest_budget + (method == "verified")))
 
 
+def prompt_problem(ids: Sequence, vocab_size: int | None,
+                   capacity: int | None = None) -> str | None:
+    """What keeps token ids from being a prompt, in the words of every door: the first that is no
+    token id in the vocabulary (when `vocab_size` is given), or more ids than `capacity` (when
+    given); None when nothing."""
+    for t in ids:
+        if vocab_size is not None and not (is_int(t) and 0 <= t < vocab_size):
+            return f"token id {t!r} is outside the vocabulary [0, {vocab_size})"
+    if capacity is not None and len(ids) > capacity:
+        return f"{len(ids)} tokens, longer than the capacity {capacity}"
+    return None
+
+
 def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int, capacity: int | None) -> list[list[int]]:
     """Validate token-id prompts: non-empty list of non-empty lists of ids in [0, vocab_size), each no
     longer than `capacity` (when given)."""
@@ -212,13 +226,43 @@ def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int, capacity: i
         ids = [int(t) for t in p]
         if not ids:
             raise DecodeConfigError(f"prompt {i} is empty; every prompt needs at least one token")
-        bad = [t for t in ids if not 0 <= t < vocab_size]
-        if bad:
-            raise DecodeConfigError(f"prompt {i} has token id {bad[0]} outside the vocabulary [0, {vocab_size})")
-        if capacity is not None and len(ids) > capacity:
-            raise DecodeConfigError(f"prompt {i} has {len(ids)} tokens, longer than the capacity {capacity}")
+        problem = prompt_problem(ids, vocab_size, capacity)
+        if problem:
+            raise DecodeConfigError(f"prompt {i}: {problem}")
         out.append(ids)
     return out
+
+
+def mask_id_for(config: ModelConfig, given: int | None, method: str, *, tokenizer=None,
+                source: str = "the model config", name: str = "mask_token_id",
+                announce=None) -> int:
+    """The [MASK] id to decode with, the one rule of every door and of the plan: `given` (the
+    option `name`, checked against the vocabulary), else the rule training shares
+    (`wedlm_jax.tokenizer.mask_token_rule`: the config's, the released checkpoints' for a `wedlm`
+    config with null — `announce`d once —, the `tokenizer`'s); AR decoding reads none (0).
+    DecodeConfigError naming mask_token_id when a window method finds none or the id lies
+    outside the vocabulary."""
+    if given is not None:
+        if not is_int(given) or not 0 <= int(given) < config.vocab_size:
+            raise DecodeConfigError(f"{name} {given!r} is outside the vocabulary "
+                                    f"[0, {config.vocab_size})", "mask_token_id")
+        return int(given)
+    if method == "ar":
+        return 0
+    from wedlm_jax.tokenizer import mask_token_rule
+    try:
+        mask, origin = mask_token_rule(config, tokenizer, source, "mask_token_id=ID / --mask-token-id ID")
+    except ConfigError as e:
+        raise DecodeConfigError(str(e), "mask_token_id") from None
+    if mask is None:
+        raise DecodeConfigError(
+            f"method {method!r} needs a mask token id: {source} has no mask_token_id"
+            f"{'' if tokenizer is None else ', the tokenizer no mask token'} and none was given "
+            "(pass mask_token_id=... / --mask-token-id)", "mask_token_id")
+    if origin == "released" and announce is not None:
+        announce(f"{source} has mask_token_id null: decoding with [MASK] id {mask}, as the official "
+                 f"WeDLM engine does (--mask-token-id overrides)")
+    return mask
 
 
 # ------------------------------------------------------------------------------- placement

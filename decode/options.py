@@ -8,7 +8,7 @@ definition drives everything about it:
   the wire       `wire=True`: a request body (wedlm-serve) or a batch-job line may set it under
                  its own name (`wire_names`);
   the device     `device=OnDevice(...)`: a runtime option travels to the decode loop as one value
-                 per slot in the decode state's `Settings` (decode/engine/state.py builds the
+                 per slot in the decode state's `SlotSettings` (decode/engine/state.py builds the
                  struct and its rows from these definitions, `device_fields`).
 
 Adding a runtime sampling option is one `option(...)` field on Sampling and its use where the
@@ -37,7 +37,7 @@ class DecodeConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class OnDevice:
-    """How a runtime option travels to the decode loop: a `Settings` field (`name`, default the
+    """How a runtime option travels to the decode loop: a `SlotSettings` field (`name`, default the
     option's) of one `dtype` value per slot ([B]), or `width` values per slot ([B, width]), made
     from the option's value by `encode` (default: the value as is). A free slot holds the encoding
     of the option's default: its "off" value."""

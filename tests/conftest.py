@@ -60,7 +60,7 @@ def server(ckpt):
     decoder, tokenizer, cfg = serve.load_decoder(args)
     gate = Gate(Batcher(decoder))
     gate.inner.warm_up(CAPACITY, every_bucket=False)
-    engine = serve.Engine(gate, max_pending=SLOTS + 64, scorer=serve.scorer_for(decoder)).start()
+    engine = serve.EngineThread(gate, max_pending=SLOTS + 64, scorer=serve.scorer_for(decoder)).start()
     app = serve.build_app(engine, tokenizer, cfg)
     url, srv, thread, sock = serve_in_thread(app)
     yield dict(url=url, gate=gate, engine=engine, tokenizer=tokenizer, config=config, params=params,

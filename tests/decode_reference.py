@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from decode.config import DecodeConfig, DecodeConfigError, check_prompts
-from decode.engine.plan import mask_id_for
+from decode.config import mask_id_for
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.model import Transformer
 

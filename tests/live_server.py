@@ -67,5 +67,5 @@ def tiny_engine(path: str, capacity: int):
     decoder, tokenizer, cfg = serve.load_decoder(args)
     batcher = Batcher(decoder)
     batcher.warm_up(capacity, every_bucket=False)
-    engine = serve.Engine(batcher, max_pending=4 + 16, scorer=serve.scorer_for(decoder)).start()
+    engine = serve.EngineThread(batcher, max_pending=4 + 16, scorer=serve.scorer_for(decoder)).start()
     return engine, batcher, tokenizer, cfg

@@ -256,7 +256,7 @@ def test_ctrl_c_keeps_the_finished_results_and_says_how_many(ckpt, tmp_path, cap
     src = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "prompt": "one two", "max_tokens": 2 + 10 * i}
                                          for i in range(4)])
     out = tmp_path / "out.jsonl"
-    real, seen = Batcher.step, []
+    real = Batcher.step
 
     def step_then_ctrl_c(self):
         more = real(self)

@@ -17,7 +17,6 @@ import pytest
 from tests import plans
 from decode.engine.batcher import Batcher
 from decode.config import DecodeConfig, DecodeConfigError, Placement
-from decode.engine.decoder import Decoder
 from decode.engine.state import Request
 from decode.static.static_batch import generate
 from tests.synthetic import random_params

@@ -20,7 +20,6 @@ from tests import plans
 from decode.engine import sampling
 from decode.config import DecodeConfig, DecodeConfigError, Placement, Sampling
 from decode.config import DecodeConfig as _DecodeConfig
-from decode.engine.decoder import Decoder
 from decode.engine.state import Request
 from decode.engine.programs import compiled_count
 from decode.engine.state import settings_rows
@@ -206,7 +205,7 @@ def test_sampling_reproducible_and_top_k_one_is_greedy(params):
 
 
 def _rows(temperature, top_k, top_p, temper_first):
-    """One row's device Settings from its Sampling options."""
+    """One row's device SlotSettings from its Sampling options."""
     return settings_rows([Sampling(temperature=temperature, top_k=top_k, top_p=top_p,
                                    sampling_order="temper_first" if temper_first else "filter_first")])
 
@@ -282,9 +281,9 @@ def test_bad_inputs_fail_before_compiling(params):
     before = compiled_count()
     with pytest.raises(DecodeConfigError, match="prompt 1 is empty"):
         run(params, dc, prompts=[[1], []])
-    with pytest.raises(DecodeConfigError, match="prompt 0 has 41 tokens, longer than the capacity 40"):
+    with pytest.raises(DecodeConfigError, match="prompt 0: 41 tokens, longer than the capacity 40"):
         run(params, dc, prompts=[[1] * 41])
-    with pytest.raises(DecodeConfigError, match="token id 64 outside"):
+    with pytest.raises(DecodeConfigError, match="token id 64 is outside"):
         run(params, dc, prompts=[[1, 64]])
     with pytest.raises(DecodeConfigError, match="non-empty list"):
         run(params, dc, prompts=[])

@@ -210,7 +210,6 @@ def test_pallas_tile_fits_the_devices_shared_memory():
 
 
 def test_decoder_picks_the_pallas_tile_for_its_device():
-    from decode.engine.decoder import Decoder
     c = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=64, intermediate_size=64,
                     num_layers=1, num_heads=8, num_kv_heads=2, head_dim=128, qk_norm=True,
                     max_position_embeddings=8192, mask_token_id=63)

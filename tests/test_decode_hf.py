@@ -3,7 +3,6 @@ token for token (a tiny random Qwen3 saved with save_pretrained, read with load_
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM

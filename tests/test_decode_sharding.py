@@ -207,7 +207,8 @@ DOORS = textwrap.dedent('''
                                            "--model-name", "tiny", *extra])
         serve._check_args(args)
         decoder, tokenizer, cfg = serve.load_decoder(args)
-        engine = serve.Engine(Batcher(decoder), max_pending=4, scorer=serve.scorer_for(decoder)).start()
+        engine = serve.EngineThread(Batcher(decoder), max_pending=4,
+                                    scorer=serve.scorer_for(decoder)).start()
         client = TestClient(serve.build_app(engine, tokenizer, cfg))
         res[name] = [client.post("/v1/completions", json={"model": "tiny", "prompt": p, "max_tokens": 10,
                                                            "tau": 0.5}).json()["choices"][0]["text"]

@@ -167,7 +167,7 @@ def test_serve_door_takes_every_option(ckpt, seen):
     serve._check_args(args)
     decoder, tokenizer, cfg = serve.load_decoder(args)
     _decoder_took(seen["decoders"][-1], ENGINE)
-    engine = serve.Engine(Batcher(decoder), max_pending=4, scorer=serve.scorer_for(decoder)).start()
+    engine = serve.EngineThread(Batcher(decoder), max_pending=4, scorer=serve.scorer_for(decoder)).start()
     try:
         client = TestClient(serve.build_app(engine, tokenizer, cfg))
         per_request = {k: v for k, v in SAMPLING.items() if k not in defaults}

@@ -16,7 +16,6 @@ import pytest
 from tests import plans
 from decode.engine.batcher import Batcher
 from decode.config import DecodeConfigError
-from decode.engine.decoder import Decoder
 from decode.engine.state import Request
 from tests.synthetic import random_params
 from tests.decode_cases import CONFIG, paged_requests, run_requests
@@ -353,7 +352,6 @@ def test_the_servers_warm_up_compiles_every_live_slot_bucket(params):
     (every live-slot bucket and the every-slot program), pages mapped as they grow, and a long
     prompt (the warm-up's prompts reuse no prefix of one another, so every prompt bucket's
     prefill was compiled)."""
-    from decode.serving import serve
     from decode.engine.programs import compiled_count
     b = Batcher(_decoder(params, "streaming", "after", page_size=PAGE))
     b.warm_up(CAPACITY)

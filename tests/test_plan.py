@@ -10,10 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from decode.config import DecodeConfigError, EngineOptions, Placement
+from decode.config import DecodeConfigError, EngineOptions, Placement, mask_id_for
 from decode.engine.decoder import Decoder
 from decode.engine.state import Request
-from decode.engine.plan import Plan, make_plan, mask_id_for
+from decode.engine.plan import make_plan
 from tests.synthetic import random_params
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.model import unstack_layers

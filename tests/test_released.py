@@ -155,7 +155,7 @@ def test_one_mask_rule_for_training_and_decoding():
     """`mask_token_rule`, in order: the config's id, the released id for a `wedlm` config with
     null, the tokenizer's mask token inside the vocabulary, else none; training and the decoding
     door read it through the same function."""
-    from decode.checkpoint import mask_id_for as decode_mask
+    from decode.config import mask_id_for as decode_mask
     from train.data import DataError, resolve_mask_token_id as train_mask
     from wedlm_jax.tokenizer import load_tokenizer as load_tok, mask_token_rule
     demo = os.path.join(os.path.dirname(__file__), "..", "demo", "model")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 
-import numpy as np
 import pytest
 
 from tests import plans
@@ -26,7 +25,6 @@ def test_decode_config_bounds(field, value):
 
 
 def _decoder(ckpt, **kw):
-    from decode.engine.decoder import Decoder
     _, config, params = ckpt
     return plans.decoder(params, config, **dict(dict(method="streaming", window=4, slots=2, capacity=128,
                                                 steps_per_call=4, sampling=True), **kw))

@@ -185,7 +185,7 @@ def test_echo_and_logprobs_score_through_the_engine(server):
     assert r.status_code == 400 and "at most 64 per request" in r.json()["error"]["message"]
     r = bad(prompt=[[1, 2], [3, 4, 999]], max_tokens=0, echo=True)
     assert r.status_code == 400 and "prompt 1 of the batch" in r.json()["error"]["message"]
-    assert "token 2 is 999" in r.json()["error"]["message"]
+    assert "token id 999 is outside the vocabulary" in r.json()["error"]["message"]
     r = bad(max_tokens=0)
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
 

@@ -29,7 +29,7 @@ def server():
     decoder, tokenizer, cfg = serve.load_decoder(args)
     from decode.metrics import ServerMetrics
     batcher = Batcher(decoder)
-    engine = serve.Engine(batcher, max_pending=16, scorer=serve.scorer_for(decoder),
+    engine = serve.EngineThread(batcher, max_pending=16, scorer=serve.scorer_for(decoder),
                           metrics=ServerMetrics(batcher, "demo", "streaming")).start()
     app = serve.build_app(engine, tokenizer, cfg)
     url, srv, thread, sock = serve_in_thread(app)

@@ -107,7 +107,7 @@ def test_engine_batches_scoring_jobs_and_a_bad_one_fails_alone():
             raise ValueError("token id -1 is outside the vocabulary")
         return [{"n": len(q), "top": top_n} for q in seqs]
 
-    engine = serve.Engine(batcher=None, max_pending=4, scorer=scorer, score_batch=4)
+    engine = serve.EngineThread(batcher=None, max_pending=4, scorer=scorer, score_batch=4)
     got = {}
     jobs = [("a", [[1, 2]], 0), ("b", [[1], [2, 3]], 0), ("c", [[4]], 0), ("d", [[5, 6, 7]], 0),
             ("e", [[8]], 2)]

@@ -3,6 +3,8 @@ use, and `import decode` alone loads no engine (each name loads its module when 
 
 from __future__ import annotations
 
+import ast
+import pathlib
 import subprocess
 import sys
 
@@ -33,7 +35,7 @@ def test_one_import_gives_the_surface_and_loads_the_engine_only_when_used():
 
 def test_the_option_types_load_no_jax():
     """A door's options are parsed and checked before anything heavy loads: the option types and
-    their checks import no jax."""
+    their checks (the [MASK] rule, `mask_id_for`, too) import no jax."""
     script = (
         "import sys\n"
         "from decode import EngineOptions, Placement, Sampling\n"
@@ -44,7 +46,30 @@ def test_the_option_types_load_no_jax():
         "    Placement(quantize='int3')\n"
         "except Exception as e:\n"
         "    print(type(e).__name__, e)\n"
+        "from decode.config import mask_id_for\n"
         "print('jax' in sys.modules)\n")
     refused, loaded = run(script).strip().splitlines()
     assert refused.startswith("DecodeConfigError") and "int3" in refused, refused
     assert loaded == "False"
+
+
+def test_nothing_imports_upward_in_decode():
+    """The engine imports no door, server or job: in decode/, only the option modules (config.py,
+    options.py) are imported from outside the engine's folder; and no offline job imports the
+    server (lazy imports included)."""
+    root = pathlib.Path(__file__).resolve().parents[1] / "decode"
+
+    def imported(folder: str) -> set:
+        names = set()
+        for path in (root / folder).glob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    names.add(node.module)
+                elif isinstance(node, ast.Import):
+                    names.update(a.name for a in node.names)
+        return {n for n in names if n == "decode" or n.startswith("decode.")}
+
+    outside = {n for n in imported("engine") if not n.startswith("decode.engine")}
+    assert outside <= {"decode.config", "decode.options"}, outside
+    server = {n for n in imported("jobs") if n.startswith("decode.serving")}
+    assert not server, server

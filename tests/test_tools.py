@@ -70,7 +70,7 @@ def client(tool_model):
         "--model-name", "demo", "--tool-call-parser", "hermes", "--enable-auto-tool-choice",
         "--lazy-compile"])
     decoder, tokenizer, cfg = serve.load_decoder(args)
-    engine = serve.Engine(Batcher(decoder, guided=True), max_pending=16).start()
+    engine = serve.EngineThread(Batcher(decoder, guided=True), max_pending=16).start()
     url, srv, thread, sock = serve_in_thread(serve.build_app(engine, tokenizer, cfg))
     yield openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
     srv.should_exit = True

@@ -1,7 +1,6 @@
 """Training config, data pipeline and schedule: values, and every bad input erroring
 before anything is compiled (counted with a jax.monitoring compile listener)."""
 
-import json
 import os
 import subprocess
 import sys
@@ -194,7 +193,7 @@ def test_malformed_lines_error_or_skip(setup, tmp_path):
     bad = fixtures.write_jsonl(str(tmp_path / "bad.jsonl"), [
         {"text": "the cat"}, "{not json", {"text": 3}, {"prompt": "a"}, {"foo": "bar"},
         {"messages": [{"role": "user", "content": "hi"}]}, {"text": "a dog"}])
-    with pytest.raises(data_lib.DataError, match=rf"bad\.jsonl:2: not valid JSON"):
+    with pytest.raises(data_lib.DataError, match=r"bad\.jsonl:2: not valid JSON"):
         data_lib.load_documents([bad], info, vocab_size=96)
     docs = data_lib.load_documents([bad], info, vocab_size=96, skip_bad_lines=True)
     assert len(docs.tokens) == 2 and docs.num_lines == 7
@@ -296,3 +295,10 @@ def test_mesh_not_dividing_batch_program(setup, tmp_path):
                          timeout=120)
     assert "RESULT 2 0 4" in out.stdout, out.stdout + out.stderr
     assert "not divisible by the batch-sharding mesh axes data x fsdp = 4" in out.stderr
+
+
+def test_the_checks_allowed_values_are_the_models():
+    """train/checks.py names the remat policies without loading jax; they are the model's."""
+    from train import checks
+    from wedlm_jax.model import REMAT_POLICIES
+    assert checks.REMAT == REMAT_POLICIES

@@ -12,7 +12,6 @@ import sys
 import textwrap
 
 import jax
-import pytest
 import yaml
 
 from tests.synthetic import train_data as fixtures

@@ -87,7 +87,7 @@ def test_malformed_line_reports_file_line_or_skips(setup, tmp_path, capsys):
     bad = fixtures.write_jsonl(str(tmp_path / "bad.jsonl"), [
         {"text": "the cat"}, "{not json", {"text": 3}, {"text": "a dog"}])
     out = str(tmp_path / "p")
-    with pytest.raises(data_lib.DataError, match=rf"bad\.jsonl:2: not valid JSON"):
+    with pytest.raises(data_lib.DataError, match=r"bad\.jsonl:2: not valid JSON"):
         pt.pretokenize([bad], setup["tokenizer"], out, SEQ)
     assert not os.path.exists(out) and os.listdir(tmp_path) == ["bad.jsonl"]  # no temp left
     rc = pt.main(["--tokenizer", setup["tokenizer"], "--out", out, "--seq-len", str(SEQ), bad])

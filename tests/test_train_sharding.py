@@ -12,7 +12,6 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 
 from tests.synthetic.train_data import compilation_cache_dir
 from tests import xla
@@ -23,7 +22,6 @@ CACHE = compilation_cache_dir()
 
 def _worker(root: str, out: str) -> None:
     import jax
-    import jax.numpy as jnp
 
     from train import checkpoint as ckpt
     from train import data as data_lib

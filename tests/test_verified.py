@@ -234,8 +234,9 @@ def test_sampling_matches_ar_distribution():
             acc, rej = acc + res.accepted, rej + res.rejected
         toks = np.concatenate(toks)
         total = len(toks)
-        c12 = np.zeros((16, 16)); np.add.at(c12, (toks[:, 0], toks[:, 1]), 1)
-        c23 = np.zeros((16, 16)); np.add.at(c23, (toks[:, 1], toks[:, 2]), 1)
+        c12, c23 = np.zeros((16, 16)), np.zeros((16, 16))
+        np.add.at(c12, (toks[:, 0], toks[:, 1]), 1)
+        np.add.at(c23, (toks[:, 1], toks[:, 2]), 1)
         s12, df12 = _chi2(c12, total * joint.sum(2))
         s23, df23 = _chi2(c23, total * joint.sum(0))
         stats[method] = (s12 / _critical(df12), s23 / _critical(df23), acc, rej)

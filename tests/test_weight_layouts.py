@@ -16,7 +16,6 @@ from tests import plans
 from decode.engine import layouts
 from decode.engine.batcher import Batcher
 from decode.config import DecodeConfigError, Placement
-from decode.engine.decoder import Decoder
 from decode.engine.state import Request
 from tests.synthetic import random_params
 from wedlm_jax.config import ModelConfig

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from decode.config import DecodeConfig, DecodeConfigError, check_prompts
-from decode.engine.plan import mask_id_for
+from decode.config import mask_id_for
 from tests.decode_reference import entropy, FullForward
 from wedlm_jax.config import ModelConfig
 

@@ -7,13 +7,15 @@ from __future__ import annotations
 import math
 
 from wedlm_jax.dtypes import canonical
+from wedlm_jax.attention.table import IMPLEMENTATIONS
 from wedlm_jax.axis_rules import MESH_AXES
 
 OBJECTIVES = ("dual_stream", "plain", "ar_only")
 COMPUTE_DTYPES = ("bfloat16", "float32")
 PARAM_DTYPES = ("float32",)
-ATTENTION = ("dense", "tiled", "splash", "cudnn", "pallas", "auto")  # wedlm_jax.attention.backends
-REMAT = ("full", "save_dots", "none")  # the layer scan's remat policy (wedlm_jax.model.REMAT_POLICIES)
+ATTENTION = IMPLEMENTATIONS    # the kernel table's backends and auto (wedlm_jax/attention/table.py)
+# the layer scan's remat policy: wedlm_jax.model.REMAT_POLICIES (which loads jax), equal by a test
+REMAT = ("full", "save_dots", "none")
 
 
 def check_model(cfg, bad) -> None:

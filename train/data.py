@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import grain
 import numpy as np

@@ -31,6 +31,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from wedlm_jax.buckets import pow2_at_least
+
 XLA, PALLAS = "xla", "pallas"
 CHOICES = (XLA, PALLAS)    # how a model reads grouped kernels: dequantized, or a kernel here
 KERNELS = ("triton", "mosaic")
@@ -104,10 +106,6 @@ def for_plan(platform: str, group: int, devices: int) -> str:
             else XLA)
 
 
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
-
-
 def choose_splits(m_blocks: int, n_blocks: int, groups: int) -> int:
     """How many parts the input axis is cut into: the fewest that reach TARGET_PROGRAMS
     programs, a divisor of the number of groups (every part whole groups)."""
@@ -173,7 +171,7 @@ def _triton_matmul(x, values, scales, group: int, interpret: bool, splits: int |
     from jax.experimental import pallas as pl
     m, k = x.shape
     n = values.shape[1]
-    bm = min(max(16, _pow2_at_least(m)), MAX_BLOCK_M)
+    bm = min(max(16, pow2_at_least(m)), MAX_BLOCK_M)
     groups = k // group
     grid_n, grid_m = n // BLOCK_N, -(-m // bm)
     splits = splits or choose_splits(grid_m, grid_n, groups)

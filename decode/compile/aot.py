@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from decode.engine import layouts
 from wedlm_jax import model as model_lib
+from wedlm_jax.buckets import pow2_at_least
 from wedlm_jax.compiled import figures  # noqa: F401 (memory, cost and kernels of a program)
 from wedlm_jax.failures import format_bytes
 
@@ -241,7 +242,7 @@ def dry_run(config, target: str, engine, placement, *, device_memory_gib: float 
              f" layout; {engine.method} W {engine.window} refill {engine.refill}, {engine.slots} "
              f"slots x capacity {engine.capacity}"]
     capacity = engine.capacity
-    prompt = min(1 << max(capacity - 1, 1).bit_length(), capacity + 2 * engine.window)
+    prompt = min(pow2_at_least(capacity, 2), capacity + 2 * engine.window)
 
     made = {}
 

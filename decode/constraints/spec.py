@@ -128,6 +128,7 @@ def escape(text: str) -> str:
 # ------------------------------------------------------------------ the doors' request fields
 
 GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice"}
+FIELDS = ("response_format", "structured_outputs") + tuple(GUIDED)   # what from_fields reads
 
 
 def _structured(value, field: str) -> "Constraint | None":

@@ -23,9 +23,9 @@ request's first step there too (its window's first fill, which commits nothing:
 
 Compiled programs (decode/engine/programs.py): one prefill and one insert per prompt bucket (powers of
 two), one generate, one free; all keyed by the plan's `Static`, so Decoders with equal plans share
-them (jax's own cache) and nothing compiled reads module state. Per-request settings (tau, lambda,
-temperature, top-k, top-p, sampling order, max_new_tokens, stop ids, seed) are runtime values in
-the state (`decode.engine.state.Settings`). A request's random draws depend only on its seed and its own
+them (jax's own cache) and nothing compiled reads module state. A request's settings (the runtime
+options of `Sampling`, decode/config.py) are values in the state, one per slot
+(`decode.engine.state.SlotSettings`). A request's random draws depend only on its seed and its own
 step count, so its output does not depend on its slot or its neighbours.
 
 Prefill conventions: streaming / block write the prompt's rows 0..P-1 and start with a window of
@@ -52,9 +52,10 @@ from decode.engine.pages import static_batch_table
 from decode.engine.plan import Plan
 from decode.engine.programs import cache_axes
 from decode.engine.state import (DecodeState, Prefix, Request, ResultTokens, free_rows,
-                                 pow2_at_least, request_row)
+                                 request_row)
 from wedlm_jax import model as model_lib
 from wedlm_jax.attention import paged
+from wedlm_jax.buckets import pow2_at_least
 from wedlm_jax import quantize
 from wedlm_jax.quantize_scheme import QuantizeError
 from wedlm_jax.axis_rules import DEFAULT_RULES

@@ -10,9 +10,9 @@ method and the slots, `Placement` for the device side), the target (`mesh`: a ja
 devices may be a compile-only topology, or None for this process's first device) and the few
 settings only a program sets (the [MASK] id, whether sampled requests are accepted, the top
 log-probabilities carried, a memory budget), and resolves everything the compiled programs depend
-on: the mask id (`mask_id_for`, the one rule), the cache (dense, or pages of which size and how
-many), the attention kernel and its tiles, the cache rows, whether the weights' layers are
-stacked, the memory estimate against the budget. A setting that cannot work raises
+on: the mask id (`decode.config.mask_id_for`, the one rule), the cache (dense, or pages of which
+size and how many), the attention kernel and its tiles, the cache rows, whether the weights'
+layers are stacked, the memory estimate against the budget. A setting that cannot work raises
 `DecodeConfigError` naming it, before any weight is placed or anything compiles. The `Plan` is
 frozen: the Decoder and the ahead-of-time compiles (decode/compile/aot.py) read it, never change it.
 """
@@ -25,10 +25,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from decode.checkpoint import mask_id_for  # noqa: F401 (the one [MASK] rule)
 from decode.engine import layouts
 from decode.config import (MAX_LOGPROBS, DecodeConfigError, DoorOptions, EngineOptions, Placement,
-                           check_int, check_slots, is_int)
+                           check_int, check_slots, is_int, mask_id_for, prompt_problem)
 from decode.engine.memory import available_memory, estimate_memory
 from decode.engine.pages import pool_size
 from decode.engine.programs import Static
@@ -82,13 +81,9 @@ class Plan:
         prompt = r.prompt
         if isinstance(prompt, (str, bytes)) or not hasattr(prompt, "__len__") or len(prompt) == 0:
             raise DecodeConfigError("prompt must be a non-empty sequence of token ids", "prompt")
-        if not all(is_int(t) and 0 <= t < vocab for t in prompt):
-            bad = next(t for t in prompt if not (is_int(t) and 0 <= t < vocab))
-            raise DecodeConfigError(f"prompt: token id {bad!r} is outside the vocabulary [0, {vocab})",
-                                    "prompt")
-        if len(prompt) > self.capacity:
-            raise DecodeConfigError(f"prompt: {len(prompt)} tokens, longer than the capacity "
-                                    f"{self.capacity}", "prompt")
+        problem = prompt_problem(prompt, vocab, self.capacity)
+        if problem:
+            raise DecodeConfigError(f"prompt: {problem}", "prompt")
         if not (is_int(r.top_logprobs) and 0 <= r.top_logprobs <= self.static.spec.top_logprobs):
             raise DecodeConfigError(f"top_logprobs must be an int in [0, {self.static.spec.top_logprobs}] "
                                     f"(the Decoder's top_logprobs), got {r.top_logprobs!r}", "top_logprobs")

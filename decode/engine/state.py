@@ -46,10 +46,6 @@ class Request(Sampling):
                 "constraint wins (a token it requires is emitted whatever its bias)")
 
 
-def pow2_at_least(x: int, floor: int = 1) -> int:
-    return max(floor, 1 << max(0, int(x) - 1).bit_length())
-
-
 @struct.dataclass
 class KVCache:
     """The prefix KV cache and how much of it is final.
@@ -85,15 +81,15 @@ def _settings_type():
            + ", ".join(f"{d.name or n} [B{', %d' % d.width if d.width else ''}] {d.dtype}"
                        for n, _, d in DEVICE_FIELDS) + " (decode.options.OnDevice).")
     names = {d.name or n: jax.Array for n, _, d in DEVICE_FIELDS}
-    return struct.dataclass(type("Settings", (), {"__annotations__": names, "__doc__": doc,
+    return struct.dataclass(type("SlotSettings", (), {"__annotations__": names, "__doc__": doc,
                                                   "__module__": __name__}))
 
 
-Settings = _settings_type()
+SlotSettings = _settings_type()
 
 
-def settings_rows(requests) -> Settings:
-    """The Settings of NumPy arrays for len(requests) slots: row i holds requests[i]'s values
+def settings_rows(requests) -> SlotSettings:
+    """The SlotSettings of NumPy arrays for len(requests) slots: row i holds requests[i]'s values
     (a Request, or any Sampling: options it lacks are off), a free slot's (OFF) where it is None."""
     b, out = len(requests), {}
     for name, _, d in DEVICE_FIELDS:
@@ -102,7 +98,7 @@ def settings_rows(requests) -> Settings:
         for i, r in enumerate(requests):
             a[i] = OFF[key] if r is None or not hasattr(r, name) else _encode(d, getattr(r, name))
         out[key] = a
-    return Settings(**out)
+    return SlotSettings(**out)
 
 
 @struct.dataclass
@@ -157,7 +153,7 @@ class DecodeState:
     q:        [B, S, V] f32 or None: verified sampling's draft distributions (logical order).
     seen:     [B, V] i32 how often the row generated each token (emitted; its logit bias and
               penalties read it, decode.engine.sampling.adjust_logits).
-    settings: Settings.
+    settings: SlotSettings.
     guide:    decode.engine.guide.Guide or None: the slots' constraint automata (docs/algorithm.md
               §7); None when no request of the state has had one (no constraint code compiled).
     """
@@ -173,7 +169,7 @@ class DecodeState:
     rejected: jax.Array
     lps: TokenLogProbs
     seen: jax.Array
-    settings: Settings
+    settings: SlotSettings
     q: Any = None
     guide: Any = None
 

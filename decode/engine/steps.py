@@ -40,8 +40,6 @@ from decode.engine.sampling import (choose_tokens, logit_stats, row_keys, seen_c
                                     token_logprobs)
 from decode.engine.state import DecodeState, TokenLogProbs, keep_if_done
 
-from decode.config import REFILLS  # noqa: E402  (defined once, in decode.config)
-
 
 @dataclasses.dataclass(frozen=True)
 class StepSpec:

@@ -121,7 +121,6 @@ def verified_step(forward, params, st: DecodeState, spec: StepSpec, mask_id):
     greedy = adjusted_greedy(logits, s, seen, stats.greedy)
     a, pend = _verify_greedy(greedy, st.tok, c, idx)
     drafts = jnp.take_along_axis(greedy, inv, axis=1)
-    q_new = st.q
     if st.q is not None:
         def sampled(_):
             filt = filter_logits(adjust_logits(logits, s, seen()), s)

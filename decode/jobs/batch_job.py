@@ -187,8 +187,7 @@ def run_job(args) -> int:
     if n > 1:   # this process decodes on its own devices: new arrays go there, not to process 0's
         import jax
         jax.config.update("jax_default_device", jax.local_devices()[0])
-    ckpt = OpenCheckpoint.open(args.checkpoint, placement, method=args.method,   # no weights yet
-                               mask_token_id=args.mask_token_id, default_stops=not args.no_default_stops)
+    ckpt = OpenCheckpoint.from_args(args, placement)   # no weights yet
     model_config, tokenizer = ckpt.config, ckpt.tokenizer
     cli_stop_ids, _ = split_stop_strings(tokenizer, args.stop)
     base_ids = list(ckpt.default_stop_ids) + list(args.stop_id) + cli_stop_ids

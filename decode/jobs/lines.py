@@ -9,12 +9,12 @@ import dataclasses
 import json
 import os
 
-from decode.config import DecodeConfigError, Sampling
+from decode.config import DecodeConfigError, Sampling, prompt_problem
+from decode.constraints import spec
 
 SETTINGS = tuple(k for k in Sampling.options() if k != "stop_token_ids")   # a line's own settings
-CONSTRAINT_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex",
-                     "guided_choice")      # decode.constraints.spec.from_fields reads them
-FIELDS = ("id", "prompt", "messages", "max_tokens", "stop") + SETTINGS + CONSTRAINT_FIELDS
+# and the constraint's fields, those decode.constraints.spec.from_fields reads
+FIELDS = ("id", "prompt", "messages", "max_tokens", "stop") + SETTINGS + spec.FIELDS
 
 
 @dataclasses.dataclass
@@ -111,9 +111,9 @@ def _check_record(name, lineno, obj, seen: dict, tokenizer, defaults: Sampling,
         raise DecodeConfigError(f"{where}: field 'id' {rid!r} repeats {earlier}")
     seen[id_key(rid)] = (name, lineno)
     ids = _prompt_ids(obj, tokenizer, chat, where)
-    if vocab_size is not None and max(ids) >= vocab_size:
-        raise DecodeConfigError(f"{where}: field 'prompt' has token id {max(ids)} outside the "
-                                f"vocabulary [0, {vocab_size})")
+    problem = prompt_problem(ids, vocab_size, capacity)
+    if problem:
+        raise DecodeConfigError(f"{where}: field 'prompt': {problem}")
     if "max_tokens" in obj and "max_new_tokens" in obj:
         raise DecodeConfigError(f"{where}: give one of 'max_tokens' and 'max_new_tokens', not both")
     given = {k: obj[k] for k in SETTINGS if k in obj}
@@ -136,9 +136,6 @@ def _check_record(name, lineno, obj, seen: dict, tokenizer, defaults: Sampling,
         field = {"max_new_tokens": "max_tokens" if "max_tokens" in obj else "max_new_tokens",
                  "stop_token_ids": "stop"}.get(e.field, e.field)
         raise DecodeConfigError(f"{where}: field {field!r}: {e}") from None
-    if capacity is not None and len(ids) > capacity:
-        raise DecodeConfigError(f"{where}: field 'prompt' has {len(ids)} tokens, longer than the "
-                                f"capacity {capacity}")
     return Item(id=rid, line=lineno, prompt_ids=ids, sampling=sampling,
                 stop_strings=tuple(dict.fromkeys(list(base_stop_strings) + stops)),
                 automaton=_automaton(obj, tokenizer, where, vocab_size, backend))

@@ -180,9 +180,7 @@ def probe_checkpoint(args, need: Resources) -> None:
     def probe():
         from decode.checkpoint import OpenCheckpoint
         try:
-            OpenCheckpoint.open(args.checkpoint, DoorOptions.from_args(args).placement,
-                                method=args.method, mask_token_id=args.mask_token_id,
-                                default_stops=not args.no_default_stops)
+            OpenCheckpoint.from_args(args)
         except (DecodeConfigError, OSError, ValueError) as e:
             return str(e).splitlines()[0] if str(e) else type(e).__name__
         return None
@@ -253,8 +251,7 @@ def run_ray_job(args) -> dict:
     opts = DoorOptions.from_args(args)           # every option checked before anything starts
     need = Resources.from_args(args)
     out = PartFolder.open(args.output)            # writable, else refused here
-    ckpt = OpenCheckpoint.open(args.checkpoint, opts.placement, method=args.method,
-                               mask_token_id=args.mask_token_id, default_stops=not args.no_default_stops)
+    ckpt = OpenCheckpoint.from_args(args, opts.placement)
     tokenizer = ckpt.tokenizer
     cli_stop_ids, _ = split_stop_strings(tokenizer, args.stop)
     base_ids = list(dict.fromkeys(list(ckpt.default_stop_ids) + list(args.stop_id) + cli_stop_ids))
@@ -330,9 +327,7 @@ class Replica:
         from decode.jobs.batch_job import build_decoder
         from decode.jobs.part_folder import PartFolder
         opts = DoorOptions.from_args(args)
-        ckpt = OpenCheckpoint.open(args.checkpoint, opts.placement, method=args.method,
-                                   mask_token_id=args.mask_token_id,
-                                   default_stops=not args.no_default_stops)
+        ckpt = OpenCheckpoint.from_args(args, opts.placement)
         self.tokenizer = ckpt.tokenizer
         self.decoder = build_decoder(ckpt, opts, capacity)
         self.batcher = Batcher(self.decoder)

@@ -1,9 +1,9 @@
 """The OpenAI-compatible application of wedlm-serve (`build_app`): the HTTP routes over a started
-`decode.serving.worker.Engine`, their key check and body limits, and the small endpoints (models, the
-tokenizer's, health). The completion endpoints are `decode/serving/completions.py`, the protocol (parsing,
-errors) `decode/serving/protocol.py`, the metrics (GET /metrics) `decode/metrics.py`, the
-command that builds the engine and serves this app `decode/serving/serve.py` (its docstring has the
-design).
+`decode.serving.worker.EngineThread`, their key check and body limits, and the small endpoints
+(models, the tokenizer's, health). The completion endpoints are `decode/serving/completions.py`, the
+protocol (parsing, errors) `decode/serving/protocol.py`, the metrics (GET /metrics)
+`decode/metrics.py`, the command that builds the engine and serves this app
+`decode/serving/serve.py` (its docstring has the design).
 
 The handlers run on uvicorn's event loop and never touch the device: they parse (tokenizing off
 the loop), submit to the engine thread, and read the tokens it hands over.
@@ -19,7 +19,7 @@ import logging
 import time
 
 from decode.config import Sampling
-from decode.serving.worker import Engine
+from decode.serving.worker import EngineThread
 from decode.serving.protocol import APIError, bad, parse_detokenize, parse_tokenize
 
 log = logging.getLogger("wedlm-serve")
@@ -100,7 +100,7 @@ def describe_tokenizer(tokenizer, cfg: ServerConfig) -> dict:
             "unk_token": sp.get("unk_token"), "chat_template": tokenizer.chat_template}
 
 
-def health_report(engine: Engine, cfg: ServerConfig) -> tuple[dict, int]:
+def health_report(engine: EngineThread, cfg: ServerConfig) -> tuple[dict, int]:
     """(body, status): 200 while the engine serves, else 503 ('stopping' or 'error')."""
     b = engine.batcher
     status = "error" if engine.error else "ok" if engine.accepting else "stopping"
@@ -111,8 +111,8 @@ def health_report(engine: Engine, cfg: ServerConfig) -> tuple[dict, int]:
              "finished": dict(engine.finished)}, 200 if status == "ok" else 503)
 
 
-def build_app(engine: Engine, tokenizer, cfg: ServerConfig):
-    """The FastAPI application over a started `Engine`: its routes, each but /health checking
+def build_app(engine: EngineThread, tokenizer, cfg: ServerConfig):
+    """The FastAPI application over a started `EngineThread`: its routes, each but /health checking
     the key first (/metrics too unless `cfg.metrics_public`; served when the engine has metrics)
     (the completion endpoints' work: `decode.serving.completions.Completions`)."""
     from fastapi import FastAPI, Request as HTTPRequest

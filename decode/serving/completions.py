@@ -18,9 +18,9 @@ from decode.config import MAX_LOGPROBS, MAX_STOP_IDS, DecodeConfigError, Samplin
 from decode.constraints.backends import compile_for
 from decode.engine.state import Request
 from decode.serving.worker import Busy
-from decode.serving.protocol import (MAX_BATCH, APIError, Settings, bad, chat_logprobs_object, field_of,
-                             generated_scores, logprobs_object, parse_messages, parse_prompts,
-                             parse_settings)
+from decode.serving.protocol import (MAX_BATCH, APIError, RequestSettings, bad,
+                                     chat_logprobs_object, field_of, generated_scores,
+                                     logprobs_object, parse_messages, parse_prompts, parse_settings)
 from decode.text import TextStream, split_stop_strings
 from decode.tools.calls import CallStream, split_calls
 from decode.tools.request import parse_tools
@@ -42,7 +42,7 @@ def stats(fin, n_out: int):
             "p_cache": n_out / fin.n_fwd if fin.n_fwd else 0.0}
 
 
-def seeded(s: Settings, k: int) -> Settings:
+def seeded(s: RequestSettings, k: int) -> RequestSettings:
     """Choice k of a request's `n`: its own seed stream (the request's seed + k)."""
     if k == 0:
         return s
@@ -55,15 +55,15 @@ def sse(obj) -> str:
 
 
 class Completions:
-    """The completion endpoints over a started `decode.serving.worker.Engine`, its tokenizer and the
-    server's `decode.serving.app.ServerConfig`."""
+    """The completion endpoints over a started `decode.serving.worker.EngineThread`, its tokenizer
+    and the server's `decode.serving.app.ServerConfig`."""
 
     def __init__(self, engine, tokenizer, cfg):
         self.engine, self.tokenizer, self.cfg = engine, tokenizer, cfg
 
     # ------------------------------------------------------------------------------- the routes
 
-    def check_n(self, s: Settings) -> None:
+    def check_n(self, s: RequestSettings) -> None:
         """`n` choices run at once, one slot each: at most the server's slots."""
         if self.cfg.slots and s.n > self.cfg.slots:
             raise bad("n", f"'n' is at most this server's {self.cfg.slots} slots, got {s.n}")
@@ -90,7 +90,7 @@ class Completions:
                                       self.cfg.capacity, tools)                       # off the loop
         return await self.run(http, ids, s, chat=True, param="messages")
 
-    def with_tools(self, body: dict, s: Settings) -> Settings:
+    def with_tools(self, body: dict, s: RequestSettings) -> RequestSettings:
         """`s` with the request's tools (decode.tools) and, unless tool_choice is 'none', their
         grammar as its constraint; each function's parameters checked by the host backend."""
         from decode.constraints.spec import Constraint
@@ -112,7 +112,7 @@ class Completions:
 
     # ------------------------------------------------------------------ a request to the engine
 
-    async def compiled(self, s: Settings) -> Settings:
+    async def compiled(self, s: RequestSettings) -> RequestSettings:
         """`s` with its constraint compiled for the tokenizer (off the loop; cached by the
         constraint's hash), before any admission; a constraint that cannot be is a 400."""
         if s.constraint is None:
@@ -124,7 +124,7 @@ class Completions:
             raise bad(e.field, str(e)) from None
         return dataclasses.replace(s, automaton=auto)
 
-    def make_request(self, ids: list, s: Settings, param: str) -> Request:
+    def make_request(self, ids: list, s: RequestSettings, param: str) -> Request:
         """OpenAI's / vLLM's lengths: a prompt that leaves no room, or a named max_tokens that does
         not fit beside it, is a 400 context_length_exceeded; the server's default max_tokens is
         cut to the room left."""
@@ -262,8 +262,8 @@ class Completions:
             self.engine.cancel(rid)
             raise
 
-    async def stream(self, rid: int, q: asyncio.Queue, text: TextStream, head: dict, s: Settings,
-                     chat: bool, n_prompt: int):
+    async def stream(self, rid: int, q: asyncio.Queue, text: TextStream, head: dict,
+                     s: RequestSettings, chat: bool, n_prompt: int):
         """The server-sent events of a request: its text as chunks, then the finish reason (or
         the error), the usage when asked, and [DONE]."""
         obj = "chat.completion.chunk" if chat else "text_completion"
@@ -307,7 +307,7 @@ class Completions:
 
     # ------------------------------------------------------------------------------ the answers
 
-    async def run(self, http, ids: list, s: Settings, chat: bool, param: str):
+    async def run(self, http, ids: list, s: RequestSettings, chat: bool, param: str):
         """One prompt, generated: streamed, or answered whole with its `n` choices."""
         head = dict(id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex, created=int(time.time()),
                     model=self.cfg.model_name)
@@ -327,8 +327,8 @@ class Completions:
                                  choices=[r[0] for r in results], usage=usage(len(ids), n_out, fin),
                                  wedlm=stats(fin, results[0][1])))
 
-    async def one_choice(self, http, k: int, ids: list, request: Request, s: Settings, chat: bool,
-                         param: str):
+    async def one_choice(self, http, k: int, ids: list, request: Request, s: RequestSettings,
+                         chat: bool, param: str):
         """-> (choice k, its completion tokens, Finished) of one prompt; None when the client
         went away."""
         rid, q = self.submit(request, param)
@@ -353,7 +353,7 @@ class Completions:
                                                           scored, len(ids), s.logprobs)
         return choice, n_out, fin
 
-    async def scored_choices(self, http, prompts: list, s: Settings):
+    async def scored_choices(self, http, prompts: list, s: RequestSettings):
         """/v1/completions with `echo`, `logprobs` or several prompts: one choice per prompt (each
         generated as its own request through the engine; the prompt scored by the AR reading
         when echoed, the completion's log-probabilities as its decoding carried them)."""
@@ -366,7 +366,7 @@ class Completions:
         return JSONResponse(dict(head, object="text_completion", choices=[r[0] for r in results],
                                  usage=usage(n_prompt, n_out)))
 
-    async def scored_choice(self, http, i: int, ids: list, s: Settings):
+    async def scored_choice(self, http, i: int, ids: list, s: RequestSettings):
         """-> (choice, prompt tokens, completion tokens, Finished) of prompt `i`; None when the
         client went away."""
         out, sent, reason, fin = [], "", "length", None

@@ -7,7 +7,7 @@ import dataclasses
 import secrets
 from typing import Any
 
-from decode.config import MAX_LOGPROBS, DecodeConfigError, Sampling
+from decode.config import MAX_LOGPROBS, DecodeConfigError, Sampling, prompt_problem
 from decode.constraints.spec import from_fields as constraint_fields
 from decode.tools.request import tool_messages
 from wedlm_jax.tokenizer import TextError, check_text
@@ -39,7 +39,7 @@ def bad(param: str | None, message: str, code: str | None = "invalid_value") -> 
 # ----------------------------------------------------------------------------------- request parsing
 
 @dataclasses.dataclass
-class Settings:
+class RequestSettings:
     """A request's settings, validated: its Sampling (the server's defaults, overridden by the
     body; the stop ids come with the prompt) and how the answer is shaped."""
     sampling: Sampling
@@ -104,7 +104,7 @@ def parse_stop(stop) -> list:
 
 
 def parse_settings(body: dict, defaults: Sampling, max_tokens_names=("max_tokens",),
-                   scoring: bool = False, chat: bool = False) -> Settings:
+                   scoring: bool = False, chat: bool = False) -> RequestSettings:
     """The settings shared by both endpoints; raises APIError(400) naming the field. `defaults`:
     the server's (its command line); a body's values are checked by Sampling, the one definition
     of their bounds. `scoring`: the completions endpoint, which takes `logprobs`
@@ -171,11 +171,12 @@ def parse_settings(body: dict, defaults: Sampling, max_tokens_names=("max_tokens
             raise bad(max_tokens_name, str(e).replace("max_new_tokens", max_tokens_name)) from None
         raise bad(e.field, str(e)) from None
     max_given = any(body.get(name) is not None for name in max_tokens_names)
-    return Settings(sampling=sampling, max_tokens=sampling.max_new_tokens if "max_new_tokens" in given
-                    or not max_given else 0, stop=stop, stream=_bool(body, "stream"),
-                    include_usage=bool(opts and _bool(opts, "include_usage")),
-                    max_tokens_given=max_given, logprobs=logprobs, echo=echo, n=n,
-                    constraint=constraint)
+    max_tokens = sampling.max_new_tokens if "max_new_tokens" in given or not max_given else 0
+    return RequestSettings(sampling=sampling, max_tokens=max_tokens, stop=stop,
+                           stream=_bool(body, "stream"),
+                           include_usage=bool(opts and _bool(opts, "include_usage")),
+                           max_tokens_given=max_given, logprobs=logprobs, echo=echo, n=n,
+                           constraint=constraint)
 
 
 CHARS_PER_TOKEN_BOUND = 16   # a text this many times longer than the context is checked by a prefix
@@ -216,10 +217,9 @@ def parse_prompt(body: dict, tokenizer, vocab_size: int, context: int | None = N
     if isinstance(p, str):
         ids = encode_within(tokenizer, p, context)
     elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-        if not all(0 <= t < vocab_size for t in p):
-            j = next(j for j, t in enumerate(p) if not 0 <= t < vocab_size)
-            raise bad("prompt", f"'prompt' token ids must be in [0, {vocab_size}); token {j} is "
-                                f"{p[j]}")
+        problem = prompt_problem(p, vocab_size)
+        if problem:
+            raise bad("prompt", f"'prompt': {problem}")
         ids = list(p)
     else:
         raise bad("prompt", "'prompt' must be a string or a list of token ids (one prompt per request)",

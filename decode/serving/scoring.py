@@ -19,14 +19,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from decode.config import MAX_LOGPROBS, DecodeConfigError  # noqa: F401 (MAX_LOGPROBS: the bound)
+from decode.config import MAX_LOGPROBS  # noqa: F401 (the bound)
+from decode.config import DecodeConfigError, prompt_problem
 from wedlm_jax import model as model_lib
+from wedlm_jax.buckets import pow2_at_least
 
 MIN_LENGTH_BUCKET = 16
-
-
-def _bucket(n: int, least: int) -> int:
-    return max(least, 1 << max(n - 1, 0).bit_length())
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
@@ -59,18 +57,16 @@ def score(params, config, sequences, top_n: int = 0, dtype="float32") -> list[di
     for i, s in enumerate(seqs):
         if not s:
             raise DecodeConfigError(f"sequence {i} is empty")
-        bad = [t for t in s if isinstance(t, bool) or not isinstance(t, (int, np.integer))
-               or not 0 <= t < vocab]
-        if bad:
-            raise DecodeConfigError(f"sequence {i}: token id {bad[0]!r} is outside the vocabulary "
-                                    f"[0, {vocab})")
+        problem = prompt_problem(s, vocab)
+        if problem:
+            raise DecodeConfigError(f"sequence {i}: {problem}")
         if max_pos and len(s) > max_pos:
             raise DecodeConfigError(f"sequence {i} has {len(s)} tokens, past the model's "
                                     f"max_position_embeddings {max_pos}")
-    length = _bucket(max(len(s) for s in seqs), MIN_LENGTH_BUCKET)
+    length = pow2_at_least(max(len(s) for s in seqs), MIN_LENGTH_BUCKET)
     if max_pos:
         length = min(length, max(max_pos, max(len(s) for s in seqs)))
-    batch = _bucket(len(seqs), 1)
+    batch = pow2_at_least(len(seqs))
     tokens = np.zeros((batch, length), np.int32)
     for i, s in enumerate(seqs):
         tokens[i, :len(s)] = s

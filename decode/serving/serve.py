@@ -54,7 +54,7 @@ from decode.options import HelpFormatter  # noqa: E402
 from decode.config import (MAX_LOGPROBS, MAX_STOP_IDS, DecodeConfigError, DoorOptions,  # noqa: E402
                            Placement, add_decoding_arguments, check_int)
 from decode.serving.startup import Startup  # noqa: E402
-from decode.serving.worker import Busy, Engine  # noqa: E402,F401 (the engine thread; re-exported)
+from decode.serving.worker import Busy, EngineThread  # noqa: E402,F401 (the engine thread; re-exported)
 from decode.serving.protocol import (APIError, parse_messages, parse_prompt,  # noqa: E402,F401
                                      parse_settings)
 from decode.text import TextStream  # noqa: E402,F401 (the one stop handler; re-exported)
@@ -154,9 +154,7 @@ def load_decoder(args, opts: DoorOptions | None = None):
 
     opts = opts or DoorOptions.from_args(args)
     placement = opts.placement
-    ckpt = OpenCheckpoint.open(args.checkpoint, placement, method=args.method,
-                               mask_token_id=args.mask_token_id,
-                               default_stops=not args.no_default_stops, prog="wedlm-serve")
+    ckpt = OpenCheckpoint.from_args(args, placement, prog="wedlm-serve")
     tokenizer, stops = ckpt.tokenizer, ckpt.default_stop_ids
     if len(stops) > MAX_STOP_IDS:
         raise DecodeConfigError(f"the checkpoint's default stops are {len(stops)} ids, more than {MAX_STOP_IDS}")
@@ -208,8 +206,8 @@ def build_server(args, opts: DoorOptions | None = None, startup: Startup | None 
     log.info("compiled in %.1f s", seconds)
     metrics = ServerMetrics(batcher, cfg.model_name, args.method, log_prompts=args.log_prompts,
                             tokenizer=tokenizer)
-    engine = Engine(batcher, max_pending=args.slots + args.max_queue,
-                    scorer=scorer_for(decoder), metrics=metrics).start()
+    engine = EngineThread(batcher, max_pending=args.slots + args.max_queue,
+                          scorer=scorer_for(decoder), metrics=metrics).start()
     return engine, build_app(engine, tokenizer, cfg), cfg
 
 

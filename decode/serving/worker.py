@@ -1,9 +1,9 @@
-"""The engine of wedlm-serve: ONE thread owns the device and calls `Batcher.step()` (one jitted
-chunk of steps); request handlers only submit, cancel and receive tokens through callbacks, which
-must be cheap and thread-safe. Admission is bounded (`Busy` beyond `max_pending`); a device
-failure answers everyone in flight and stops admitting; `drain` answers what is left at shutdown.
-With `metrics` (decode.metrics.ServerMetrics) every request is counted on this thread
-from what its callbacks carry."""
+"""The engine thread of wedlm-serve (`EngineThread`): ONE thread owns the device and calls
+`Batcher.step()` (one jitted chunk of steps); request handlers only submit, cancel and receive
+tokens through callbacks, which must be cheap and thread-safe. Admission is bounded (`Busy` beyond
+`max_pending`); a device failure answers everyone in flight and stops admitting; `drain` answers
+what is left at shutdown. With `metrics` (decode.metrics.ServerMetrics) every request is counted on
+this thread from what its callbacks carry."""
 
 import logging
 import threading
@@ -30,7 +30,7 @@ def _guarded(callback):
     return call
 
 
-class Engine:
+class EngineThread:
     """The one thread that owns the device: admits requests (bounded), calls `Batcher.step()`,
     and hands tokens and finishes to the callbacks (which must be cheap and thread-safe)."""
 

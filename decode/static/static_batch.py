@@ -49,12 +49,13 @@ import numpy as np
 from decode.config import (DecodeConfig, DecodeConfigError, EngineOptions, Method, Placement,
                            Sampling, check_prompts, useful_window)
 from decode.engine.decoder import Decoder
-from decode.engine.state import Request, pow2_at_least
+from decode.engine.state import Request
 from decode.engine.programs import compiled_count
 from decode.engine.plan import make_plan
 from wedlm_jax import interrupts
 from wedlm_jax import model as model_lib
 from wedlm_jax import quantize as quantize_lib
+from wedlm_jax.buckets import pow2_at_least
 from wedlm_jax.config import ModelConfig
 
 log = logging.getLogger(__name__)

@@ -36,6 +36,7 @@ import numpy as np
 from wedlm_jax.attention import kv_quant
 from wedlm_jax.attention.core import NEG_SCORE, attend, cache_last_key, cache_mask
 from wedlm_jax.attention.table import BACKENDS, CUDNN, DENSE, PALLAS, TILED
+from wedlm_jax.buckets import pow2_at_least
 from wedlm_jax.attention.table import CACHE_IMPLEMENTATIONS as IMPLEMENTATIONS
 
 
@@ -151,10 +152,6 @@ def online_softmax_result(l, acc, q):
 
 def pow2_at_most(n: int) -> int:
     return 1 << (max(int(n), 1).bit_length() - 1)
-
-
-def pow2_at_least(n: int) -> int:
-    return 1 << (max(int(n), 1) - 1).bit_length()
 
 
 # Shared memory a Triton program may use, by CUDA compute capability (the vendor's "maximum shared

@@ -245,7 +245,7 @@ def _fwd_row(q, k, v, qs, ks, state, kv_index, kv_count, *, scale, tq, tk):
 def _bwd_row(q, k, v, o, lse, do, qs, ks, state, q_index, q_count, *, scale, tq, tk):
     """Tile layouts as `_fwd_row`; o, do like q; lse [nq, KVH, G, tq]. Returns dq (tile layout,
     f32), dk, dv [nk, KVH, tk, D] (f32)."""
-    kvh, g, d = q.shape[1], q.shape[2], q.shape[4]
+    kvh, d = q.shape[1], q.shape[4]
     nk = k.shape[1] // tk
     delta = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1)   # [nq, KVH, G, tq]
     k_tiles = k.reshape(kvh, nk, tk, d).transpose(1, 0, 2, 3)                   # [nk, KVH, tk, D]
