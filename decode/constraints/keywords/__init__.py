@@ -1,0 +1,53 @@
+"""Which JSON-schema keywords the device tables enforce exactly, and schemas nothing satisfies.
+
+A JSON schema reaches the device as outlines-core's regular expression (`spec.Constraint`), and
+outlines-core reads only part of a schema: each schema object is compiled by the first of
+`properties`, `allOf`, `anyOf`, `oneOf`, `prefixItems`, `enum`, `const`, `$ref`, `type` it holds,
+and of the rest only a few keywords per type (`minLength` / `maxLength` / `pattern` / `format`
+of strings, `items` / `minItems` / `maxItems` of arrays, `additionalProperties` /
+`minProperties` up to 1 and `maxProperties` 0 of free-form objects). Every other keyword is silently
+dropped, so the output could break its schema.
+
+    unsupported(schema)   [(path, reason)] for every keyword the tables do not enforce exactly
+    unsatisfiable(schema) (path, reason) of a part no instance satisfies, or None
+    check_device(schema, field)  a DecodeConfigError for the first of either, naming the field
+    safe_pattern(pattern) whether a `pattern` is in the subset the tables enforce exactly
+
+A keyword is accepted only where it is known exact (a whitelist per position, found by checking
+outlines-core's automaton against `jsonschema`); a keyword that cannot restrict the value there
+(`minimum` beside `"type": "string"`, `additionalProperties` beside `properties`, which
+outlines-core never extends) is fine. Keywords outside the JSON-schema vocabularies are
+annotations. Paths are dotted, from the schema root (`properties.price.minimum`). The device
+forbids some valid instances (properties in schema order, no extra properties beside
+`properties`, a pattern matched whole, no `\\u` escapes): a stricter output, never a wrong one.
+
+    schema.py       the keyword vocabulary, outlines-core's dispatch, $ref, produced/accepted types
+    instances.py    whether given values validate (`jsonschema`)
+    patterns.py     safe_pattern
+    overlap.py      whether a oneOf's branches are disjoint
+    audit.py        unsupported: the per-position whitelist walk
+    satisfiable.py  unsatisfiable
+"""
+
+from __future__ import annotations
+
+from decode.constraints.keywords.audit import unsupported
+from decode.constraints.keywords.patterns import safe_pattern
+from decode.constraints.keywords.satisfiable import unsatisfiable
+from decode.constraints.keywords.schema import join
+
+__all__ = ["check_device", "safe_pattern", "unsatisfiable", "unsupported"]
+
+
+def check_device(schema, field: str) -> None:
+    """Raise DecodeConfigError(`field.path: reason`) for the first unsatisfiable or unsupported
+    part of `schema`; None when the device tables enforce it exactly."""
+    from decode.config import DecodeConfigError
+    found = unsatisfiable(schema)
+    if found is None:
+        findings = unsupported(schema)
+        found = findings[0] if findings else None
+    if found is None:
+        return None
+    where = join(field, found[0]) if found[0] else field
+    raise DecodeConfigError(f"{where}: {found[1]}", where)
