@@ -32,6 +32,7 @@ from decode.text import (ChatTemplateError, json_lines, load_tokenizer,  # noqa:
                          split_stop_strings, stop_at_strings)
 from wedlm_jax.tokenizer import TextError  # noqa: E402
 from wedlm_jax import compile_cache, distributed  # noqa: E402
+from decode.tools.formats import FORMATS  # noqa: E402 (a jax-free table)
 from decode.jobs import ray_job  # noqa: E402 (its arguments only: ray is imported when --ray runs)
 
 
@@ -67,6 +68,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="draw each decoding step's window into this file (streaming, block, ar)")
     p.add_argument("--output", help="--input's results (JSONL, one line per request as it finishes; "
                                     "a rerun skips the ids already there)")
+    p.add_argument("--tool-call-parser", default=None, choices=sorted(FORMATS),
+                   help="--input: lines with `tools` read their calls in this format (hermes: "
+                        "Qwen, WeDLM-8B-Instruct); the output line gains tool_calls")
     p.add_argument("--metrics-file", default=None, metavar="PATH",
                    help="--input: write the job's counters and histograms here as JSON at the end "
                         "(decode/metrics.py's names; the summary line prints them too)")
@@ -294,7 +298,8 @@ def _main(argv=None) -> int:
         if args.input is not None:
             from decode.jobs.batch_job import run_job
             return run_job(args)
-        for flag, given in (("--output", args.output), ("--metrics-file", args.metrics_file)):
+        for flag, given in (("--output", args.output), ("--metrics-file", args.metrics_file),
+                            ("--tool-call-parser", args.tool_call_parser)):
             if given is not None:
                 raise DecodeConfigError(f"{flag} goes with --input (the batch job)")
         if distributed.settings(args, "wedlm-decode") is not None:

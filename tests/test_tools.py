@@ -193,3 +193,31 @@ def test_verified_tool_calls_equal_ar():
     for c in calls:
         jsonschema.validate(json.loads(c["function"]["arguments"]), SCHEMAS[c["function"]["name"]])
 
+
+
+def test_batch_job_lines_with_tools(tool_model, tmp_path, capsys):
+    """wedlm-decode --input: a line's messages, tools and tool_choice; its output line carries
+    the calls (valid under their schemas) beside a plain line; a bad tool line is refused by
+    file:line and field before loading; the parser flag alone is refused."""
+    from decode.cli import main
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    lines = [{"id": "t", "messages": ASK, "tools": [WEATHER, TIME], "tool_choice": "required",
+              "parallel_tool_calls": False, "max_tokens": 96},
+             {"id": "p", "prompt": "Count by 3 from 12 to 30:\n", "max_tokens": 8}]
+    src.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    args = ["--checkpoint", tool_model, "--window", "8", "--slots", "2", "--capacity", "1024"]
+    assert main(args + ["--input", str(src), "--output", str(out),
+                        "--tool-call-parser", "hermes"]) == 0
+    got = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert got["t"]["finish_reason"] == "tool_calls" and len(got["t"]["tool_calls"]) == 1
+    call = got["t"]["tool_calls"][0]["function"]
+    jsonschema.validate(json.loads(call["arguments"]), SCHEMAS[call["name"]])
+    assert "tool_calls" not in got["p"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(dict(lines[0], tool_choice={"type": "function",
+                                                          "function": {"name": "nope"}})) + "\n")
+    assert main(args + ["--input", str(bad), "--output", str(tmp_path / "o2.jsonl"),
+                        "--tool-call-parser", "hermes"]) == 2
+    assert "bad.jsonl:1: field 'tool_choice.function.name'" in capsys.readouterr().err
+    assert main(args + ["--prompt", "x", "--tool-call-parser", "hermes"]) == 2
+    assert "--tool-call-parser goes with --input" in capsys.readouterr().err

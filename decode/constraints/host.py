@@ -64,6 +64,7 @@ def grammar_text(constraint: Constraint) -> str:
 
 
 _UNIMPLEMENTED = re.compile(r'Unimplemented keys: \["([^"]+)"')
+_FORMAT = re.compile(r"Unknown format: (\S+)")
 
 
 def key_path(schema, key: str, path: str = "") -> str | None:
@@ -92,6 +93,11 @@ def readable(message: str, constraint: Constraint) -> tuple[str, str]:
         path = key_path(json.loads(constraint.value), m.group(1))
         if path:
             return f"{field}.{path}", f"{field}.{path}: not supported"
+    m = _FORMAT.search(message)
+    if m and constraint.kind == "json_schema":
+        path = key_path(json.loads(constraint.value), "format")
+        where = f"{field}.{path}" if path else field
+        return where, f"{where}: format {m.group(1)!r} is not supported"
     if "regex parse error" in message:
         detail = [ln.strip() for ln in message.splitlines() if ln.strip().startswith("error:")]
         first = detail[0][len("error:"):].strip() if detail else "invalid regular expression"

@@ -60,9 +60,8 @@ class Constraint:
         if not isinstance(schema, dict):
             raise DecodeConfigError(f"{field}: a JSON schema must be an object, got "
                                     f"{type(schema).__name__}", field)
-        c = Constraint("json_schema", json.dumps(schema), field)    # property order kept
-        c.to_regex()                      # unsupported schema features are refused here
-        return c
+        check_schema(schema, field)
+        return Constraint("json_schema", json.dumps(schema), field)   # property order kept
 
     @staticmethod
     def json_object(field: str = "response_format") -> "Constraint":
@@ -118,6 +117,18 @@ class Constraint:
         except (ValueError, TypeError) as e:
             raise DecodeConfigError(f"{self.field}: unsupported JSON schema ({e})",
                                     self.field) from None
+
+
+def check_schema(schema: dict, field: str) -> None:
+    """`schema` checked against its JSON Schema draft's metaschema: a value that is no schema is
+    refused at the door (a schema the backends cannot enforce is refused when compiled)."""
+    import jsonschema
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as e:
+        path = ".".join(str(p) for p in e.absolute_path)
+        raise DecodeConfigError(f"{field}{'.' + path if path else ''}: not a JSON schema "
+                                f"({e.message})", field) from None
 
 
 def escape(text: str) -> str:

@@ -193,7 +193,7 @@ def run_job(args) -> int:
     base_ids = list(ckpt.default_stop_ids) + list(args.stop_id) + cli_stop_ids
     items = read_input(args.input, tokenizer, opts.sampling, list(dict.fromkeys(base_ids)),
                        list(args.stop), args.chat, args.capacity, model_config.vocab_size,
-                       opts.engine.constraint_backend)
+                       opts.engine.constraint_backend, args.tool_call_parser)
     output = args.output if n == 1 else part_path(args.output, k, n)
     check_output(output, args.input)
     if metrics_file is not None and n > 1:
@@ -296,6 +296,19 @@ def _metrics_summary(metrics, path: str | None) -> None:
         print(f"wedlm-decode: metrics -> {path}", file=sys.stderr)
 
 
+def tool_calls(item, text: str, finish: str) -> dict:
+    """The line's finish_reason, and with tools its content and tool_calls (OpenAI's message
+    fields): 'tool_calls' when the output holds calls and ended at its stop."""
+    if item.tools is None or item.tools.choice == "none":
+        return dict(finish_reason=finish)
+    from decode.tools.calls import split_calls
+    content, calls = split_calls(item.tools.fmt, text)
+    if not calls:
+        return dict(finish_reason=finish)
+    return dict(finish_reason="tool_calls" if finish == "stop" else finish, content=content,
+                tool_calls=calls)
+
+
 def decode_all(batcher, todo, requests, tokenizer, write, progress: bool = True,
                metrics=None) -> dict:
     """Submit every request, step the batcher until all have finished and hand each result record
@@ -333,7 +346,7 @@ def decode_all(batcher, todo, requests, tokenizer, write, progress: bool = True,
         finish = "stop" if stopped else fin.finish
         if finish == "cancelled":
             raise RuntimeError(f"request {item.id!r} was cancelled without a stop string")
-        write(dict(id=item.id, text=text, token_ids=ids, finish_reason=finish,
+        write(dict(id=item.id, text=text, token_ids=ids, **tool_calls(item, text, finish),
                    prompt_tokens=len(item.prompt_ids), completion_tokens=len(ids),
                    cached_tokens=fin.cached_tokens, steps=fin.steps,
                    token_slots=fin.n_fwd))

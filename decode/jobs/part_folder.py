@@ -25,7 +25,11 @@ def parquet_schema(id_type: str):
                       ("token_ids", pa.list_(pa.int64())), ("finish_reason", pa.string()),
                       ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()),
                       ("cached_tokens", pa.int64()), ("steps", pa.int64()), ("token_slots", pa.int64()),
-                      ("error", pa.string())])
+                      ("error", pa.string()), ("content", pa.string()),
+                      ("tool_calls", pa.list_(pa.struct([
+                          ("id", pa.string()), ("type", pa.string()),
+                          ("function", pa.struct([("name", pa.string()),
+                                                  ("arguments", pa.string())]))])))])
 
 
 @dataclasses.dataclass

@@ -260,7 +260,7 @@ def run_ray_job(args) -> dict:
     records = list(read_records(args.input))
     items = check_records(records, tokenizer, opts.sampling, base_ids, list(args.stop), args.chat,
                           args.capacity, ckpt.config.vocab_size,
-                          opts.engine.constraint_backend)
+                          opts.engine.constraint_backend, args.tool_call_parser)
     if not items:
         raise DecodeConfigError(f"--input {args.input}: no prompts (every line is blank)")
     out.check_ids([(f"{f}:{line}", it.id) for (f, line, _), it in zip(records, items)])

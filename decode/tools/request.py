@@ -10,7 +10,7 @@ import json
 import re
 
 from decode.config import DecodeConfigError
-from decode.constraints.spec import Constraint
+from decode.constraints.spec import Constraint, check_schema
 from decode.tools.formats import FORMATS, CallFormat
 
 NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -68,24 +68,18 @@ def _function(i: int, tool) -> dict:
                                 f"or '-', got {name!r}", f"{where}.function.name")
     params = fn.get("parameters", NO_PARAMETERS)
     field = f"{where}.function.parameters"
-    _check_schema(params, field)
+    _parameters(params, field)
     out = {"name": name, "parameters": params}
     if isinstance(fn.get("description"), str):
         out["description"] = fn["description"]
     return out
 
 
-def _check_schema(params, field: str) -> None:
-    import jsonschema
+def _parameters(params, field: str) -> None:
     if not isinstance(params, dict):
         raise DecodeConfigError(f"{field} must be a JSON schema (an object), got "
                                 f"{type(params).__name__}", field)
-    try:
-        jsonschema.validators.validator_for(params).check_schema(params)
-    except jsonschema.SchemaError as e:
-        path = ".".join(str(p) for p in e.absolute_path)
-        raise DecodeConfigError(f"{field}: not a JSON schema ({e.message}"
-                                f"{' at ' + path if path else ''})", field) from None
+    check_schema(params, field)
 
 
 def _choice(value, names: list) -> str:
