@@ -190,3 +190,35 @@ def test_no_compile_on_a_constrained_request(demo):
                                automaton=c), on_finish=done.append)
     batcher.run_until_idle()
     assert len(done) == 2 and programs.compiled_count() == before
+
+
+@pytest.mark.parametrize("backend", ["device", "host"])
+def test_alternatives_never_list_a_forbidden_token(demo, backend):
+    """Streaming drafts carry the unrestricted reading's alternatives; the ones the constraint
+    forbade at their position are left out (as the server lists them), the committed token
+    kept wherever it was listed."""
+    from decode.constraints.backends import allowed_alternatives
+    from decode.engine.batcher import Batcher
+    config, params, tok = demo
+    prompts, _ = prompts_and_schemas(demo, 1)
+    stops = stop_ids(tok, config, REGIMES["records"])
+    plain = {"type": "object", "properties": {c: {"type": "string"} for c in ("name", "city")},
+             "required": ["name", "city"], "additionalProperties": False}
+    compiled = compile_for(Constraint.json_schema(plain), tok, config.vocab_size, backend)
+    dec = plans.decoder(params, config, method="streaming", window=8, slots=1, capacity=512,
+                        sampling=False, top_logprobs=5)
+    batcher, done = Batcher(dec), []
+    batcher.submit(Request(prompt=tuple(prompts[0]), max_new_tokens=64, stop_token_ids=stops,
+                           automaton=compiled, top_logprobs=5), on_finish=done.append)
+    batcher.run_until_idle()
+    tokens, tops = list(done[0].tokens), [top for _, top in done[0].logprobs]
+    kept = allowed_alternatives(compiled, stops, tokens, tops)
+    m, forbidden = compiled.matcher(stops), 0
+    for t, before, after in zip(tokens, tops, kept):
+        ok = m.allowed()
+        forbidden += sum(not ok[k] for k in before)
+        assert all(ok[k] for k in after) and set(after) <= set(before)
+        assert (t in after) == (t in before)
+        if not m.advance(t):
+            break
+    assert forbidden > 0      # the unrestricted drafts did list some: the filter is needed

@@ -113,3 +113,19 @@ def warm(tokenizer, vocab_size: int) -> None:
     probe = Constraint.choice(["a"], "warm-up")
     host_lib.compile_grammar(probe, tokenizer, vocab_size)
     device_lib.for_tokenizer(probe, tokenizer)
+
+
+def allowed_alternatives(compiled, stop_ids, tokens, tops: list) -> list:
+    """`tops` (per generated token, {id: log-probability} of its likeliest alternatives) with
+    every alternative the constraint forbade at that position left out: the matcher walks the
+    tokens as they were committed (a draft's alternatives come from the unrestricted reading)."""
+    m, out = compiled.matcher(stop_ids), []
+    for tok, top in zip(tokens, tops):
+        if top is None:
+            out.append(top)
+            continue
+        ok = m.allowed()
+        out.append({t: v for t, v in top.items() if t < len(ok) and ok[t]})
+        if not m.advance(int(tok)):
+            break
+    return out + list(tops[len(out):])

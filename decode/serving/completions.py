@@ -15,7 +15,7 @@ import uuid
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from decode.config import MAX_LOGPROBS, MAX_STOP_IDS, DecodeConfigError, Sampling
-from decode.constraints.backends import compile_for
+from decode.constraints.backends import allowed_alternatives, compile_for
 from decode.engine.state import Request
 from decode.serving.worker import Busy
 from decode.serving.protocol import (MAX_BATCH, APIError, RequestSettings, bad,
@@ -348,7 +348,7 @@ class Completions:
                   {"index": k, "text": text.sent, "logprobs": None, "finish_reason": reason})
         if chat and s.logprobs is not None:
             seq = list(ids) + list(text.ids[:n_out])
-            scored = await self.sequence_scores(ids, fin, n_out, s.logprobs, echo=False)
+            scored = await self.sequence_scores(ids, fin, n_out, s.logprobs, False, s.automaton)
             choice["logprobs"] = await asyncio.to_thread(chat_logprobs_object, self.tokenizer, seq,
                                                           scored, len(ids), s.logprobs)
         return choice, n_out, fin
@@ -381,7 +381,8 @@ class Completions:
                   "logprobs": None, "finish_reason": reason}
         if s.logprobs is not None:
             seq = list(ids) + list(out)
-            scored = await self.sequence_scores(ids, fin, len(out), s.logprobs, s.echo)
+            scored = await self.sequence_scores(ids, fin, len(out), s.logprobs, s.echo,
+                                                s.automaton)
             choice["logprobs"] = await asyncio.to_thread(logprobs_object, self.tokenizer, seq, scored,
                                                          0 if s.echo else len(ids), s.logprobs)
         return choice, len(ids), len(out), fin
@@ -410,11 +411,17 @@ class Completions:
         except DecodeConfigError as e:
             raise bad("prompt", str(e)) from None
 
-    async def sequence_scores(self, ids, fin, n_out: int, top_n: int, echo: bool) -> dict:
+    async def sequence_scores(self, ids, fin, n_out: int, top_n: int, echo: bool,
+                              automaton=None) -> dict:
         """`scored` (decode.serving.scoring's shape) for prompt + the first n_out generated tokens: the
         prompt's by the AR reading on the engine thread when `echo` (else None entries), the
-        generated tokens' as the decoding carried them (docs/algorithm.md §6)."""
+        generated tokens' as the decoding carried them (docs/algorithm.md §6), under a
+        constraint without the alternatives it forbade."""
         prompt = ((await self.engine_score([list(ids)], top_n))[0] if echo else
                   {"token_logprobs": [None] * len(ids), "top_logprobs": [None] * len(ids)})
         gen = generated_scores(fin.logprobs if fin is not None else [], n_out, top_n)
+        if automaton is not None and fin is not None:
+            gen["top_logprobs"] = await asyncio.to_thread(
+                allowed_alternatives, automaton, self.cfg.default_stop_ids, list(fin.tokens),
+                gen["top_logprobs"])
         return {k: list(prompt[k]) + gen[k] for k in ("token_logprobs", "top_logprobs")}
