@@ -253,3 +253,9 @@ def test_decoder_checks_with_the_same_definitions():
         assert str(e.value) == words
     with pytest.raises(DecodeConfigError, match=r"window must be an int in \[1, 256\], got 0"):
         plans.decoder({}, None, window=0)
+
+
+def test_serve_refuses_dry_run_flags_without_dry_run(capsys):
+    from decode.serving import serve
+    assert serve.main(["--checkpoint", "demo/model", "--topology", "h100"]) == 2
+    assert "--topology goes with --dry-run" in capsys.readouterr().err

@@ -16,7 +16,7 @@ request with the seed + its index; not with `stream`) and every Sampling option 
 by name (protocol.WIRE: temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty,
 repetition_penalty, logit_bias, seed, sampling_order and WeDLM's `tau` and `lam`), applied on the
 device inside the decode loop; method, window, slots and capacity are the server's. Answers also
-carry a `wedlm` object (steps, n_fwd, p_cache).
+carry a `wedlm` object (steps: forwards, token_slots, p_cache).
 
 Layout: `decode/serving/protocol.py` parses request bodies and words the errors (no device work),
 `decode/serving/worker.py` is the thread that owns the device, `decode/serving/app.py` the HTTP handlers, this
@@ -294,6 +294,7 @@ def _main(argv=None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
         opts = _check_args(args)
+        Placement.check_dry_run_flags(args)
         if args.dry_run:
             from decode.compile.aot import dry_run_door
             return dry_run_door(args, "wedlm-serve")
