@@ -166,6 +166,9 @@ def test_driver_killed_then_rerun_finishes_without_redoing_parts_parquet(cluster
     driver.stderr.close()
     first = {p: os.stat(p).st_mtime_ns for p in glob.glob(os.path.join(out, "part-*"))}
     assert 0 < len(first) < N // 2, err[-2000:]          # killed with some blocks done, not all
+    noisy = "constructor arguments in the object store"     # Ray's error-level line, explained
+    assert ray_job.RAY_NOTE in err and (noisy not in err or err.index(ray_job.RAY_NOTE) <
+                                         err.index(noisy)), err[-2000:]
     args = cli.parse_args(argv)
     deadline = time.time() + 60                          # the killed job's actors let go of the CPUs
     while time.time() < deadline and ray.available_resources().get("CPU", 0) < 2:

@@ -276,10 +276,19 @@ def run_ray_job(args) -> dict:
                     decode_tokens_per_s=0.0, driver_s_per_block=0.0, pids=set(), skipped=skipped)
     probe_checkpoint(args, need)
     capacity = args.capacity or max(len(it.prompt_ids) + it.sampling.max_new_tokens for it in items)
+    print(RAY_NOTE, file=sys.stderr)
     stats = _decode_blocks(args, need, blocks, capacity, out.url)
     stats["skipped"] = skipped
     _summary(stats, args.output)
     return stats
+
+
+# Ray's core worker logs one error-level line whenever an actor that may restart is created with
+# its constructor's arguments in the object store, which Ray Data's actor pool always does: on a
+# healthy run the job says so first, so the line reads as what it is
+RAY_NOTE = ("[ray] starting the replicas; Ray may log 'constructor arguments in the object store "
+            "and max_restarts > 0' at error level: expected (the driver holds those arguments "
+            "for the whole job, so a restarted replica finds them)")
 
 
 def _decode_blocks(args, need: Resources, blocks: list, capacity: int, url: str) -> dict:
