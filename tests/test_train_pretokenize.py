@@ -1,5 +1,5 @@
-"""The at-scale data path: `python -m train.pretokenize` (JSONL -> packed, sharded .npy folder) and
-`data.packed_dir` (those rows memory-mapped into the same Grain pipeline). The packed rows equal the
+"""The at-scale data path: `python -m train.pretokenize` (JSONL -> packed ArrayRecord shards) and
+`data.packed_dir` (those rows read into the same Grain pipeline). The packed rows equal the
 in-memory packing of the same files (file order), the pipeline yields the same global batches, bad
 lines report file:line, the writer holds one shard at a time, a bad folder stops the run before
 anything compiles, and wedlm-train trains from a packed folder."""
@@ -115,26 +115,22 @@ def test_malformed_line_reports_file_line_or_skips(setup, tmp_path, capsys):
 def test_writer_holds_one_shard(setup, tmp_path, monkeypatch):
     """With --shard-rows 2 every shard is written as soon as it is full: the writer never holds
     more than 2 rows, and shards are on disk while later rows are still being packed."""
+    from train import arrayrecord
     seen = []
-    add, flush = pt.ShardWriter.add, pt.ShardWriter.flush
+    write = arrayrecord.write_shard
 
-    def spy_add(self, *row):
-        assert self.fill < self.shard_rows == 2 and all(len(v) == 2 for v in self.buf.values())
-        seen.append(len([f for f in os.listdir(self.folder) if f.endswith(".tokens.npy")]))
-        add(self, *row)
+    def spy_write(folder, name, records):
+        assert len(records) <= 2
+        seen.append(len([f for f in os.listdir(folder) if f.endswith(arrayrecord.SUFFIX)]))
+        write(folder, name, records)
 
-    def spy_flush(self):
-        assert self.fill <= 2
-        flush(self)
-
-    monkeypatch.setattr(pt.ShardWriter, "add", spy_add)
-    monkeypatch.setattr(pt.ShardWriter, "flush", spy_flush)
+    monkeypatch.setattr(arrayrecord, "write_shard", spy_write)
     out = str(tmp_path / "p2")
     meta = pt.pretokenize(setup["files"], setup["tokenizer"], out, SEQ, shard_rows=2)
     n = meta["total_rows"]
-    assert len(seen) == n and seen == [i // 2 for i in range(n)]  # shards written incrementally
-    shards = sorted(f for f in os.listdir(out) if f.endswith(".npy"))
-    assert len(shards) == 3 * -(-n // 2) and len(meta["shards"]) == -(-n // 2) > 4
+    assert seen == list(range(-(-n // 2)))  # shards written incrementally
+    shards = sorted(f for f in os.listdir(out) if f.endswith(arrayrecord.SUFFIX))
+    assert len(shards) == -(-n // 2) == len(meta["shards"]) > 4
     assert [s["rows"] for s in meta["shards"]] == [2] * (n // 2) + [1] * (n % 2)
 
 
@@ -171,12 +167,13 @@ def test_bad_packed_dir_errors_before_compile(setup, tmp_path, capsys):
     assert "is not a folder" in err
     broken = str(tmp_path / "broken")
     shutil.copytree(setup["packed"], broken)
-    os.remove(os.path.join(broken, "shard_00001.maskable.npy"))
+    os.remove(os.path.join(broken, "shard_00000_0001.array_record"))
     err = _main_error(["--config", _config(setup, tmp_path, broken)], capsys)
-    assert "shard_00001.maskable.npy: missing (listed in" in err
-    np.save(os.path.join(broken, "shard_00001.maskable.npy"), np.zeros((5, 16), bool))
+    assert "shard_00000_0001.array_record: missing (listed in" in err
+    with open(os.path.join(broken, "shard_00000_0001.array_record"), "wb") as f:
+        f.write(b"not an array record")
     err = _main_error(["--config", _config(setup, tmp_path, broken)], capsys)
-    assert "shard_00001.maskable.npy: holds bool (5, 16)" in err and "states bool (5, 32)" in err
+    assert "shard_00000_0001.array_record: unreadable as ArrayRecord" in err
     os.remove(os.path.join(broken, "meta.json"))
     err = _main_error(["--config", _config(setup, tmp_path, broken)], capsys)
     assert "meta.json: missing" in err

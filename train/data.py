@@ -26,11 +26,11 @@ with the usual layout process `p` of `P` reads rows `p*B/P .. (p+1)*B/P - 1`, th
 `jax.make_array_from_process_local_data`. The
 iterator's Grain state (`get_state` / `set_state`) is saved with each checkpoint for exact resume.
 
-At scale (`data.packed_dir`): `python -m train.pretokenize` streams the files through the same line
-parser (`iter_documents`) and packer (`pack_rows`, documents in file order, no document shuffle) into
-shards of .npy arrays plus a meta.json; `open_packed` serves those rows memory-mapped, one shard map
-at a time, to the same `make_pipeline` (same row shuffle, global index mapping, per-process rows and
-resume state). `read_packed_meta` checks the folder before anything compiles.
+At scale (`data.packed_dir`): `python -m train.pretokenize` streams JSONL and Parquet through the
+same record parser (`iter_records`) and packer (`pack_rows`, documents in input order, no document
+shuffle) into ArrayRecord shards plus a meta.json; `open_packed` serves those rows (or a weighted
+mixture of several folders) to the same `make_pipeline` (same row shuffle, global index mapping,
+per-process rows and resume state). `read_packed_meta` checks the folder before anything compiles.
 """
 
 from __future__ import annotations
@@ -189,11 +189,10 @@ def check_files(files: Sequence[str]) -> None:
                         f"{', '.join(missing)}")
 
 
-def parse_line(line: str, info: TokenizerInfo, *, vocab_size: int,
-               append_eos: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """(token ids int32[n], trained bool[n]) of one non-blank JSONL line; `json.JSONDecodeError`,
+def parse_record(obj, info: TokenizerInfo, *, vocab_size: int,
+                 append_eos: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """(token ids int32[n], trained bool[n]) of one parsed record (a JSON object, a Parquet row);
     `ValueError` or `TypeError` with the reason when it is unusable."""
-    obj = json.loads(line.rstrip("\r\n"))
     ids, tr = tokenize_record(obj, info, append_eos)
     if len(ids) == 0:
         raise ValueError("tokenizes to nothing")
@@ -205,6 +204,14 @@ def parse_line(line: str, info: TokenizerInfo, *, vocab_size: int,
     return ids, tr
 
 
+def parse_line(line: str, info: TokenizerInfo, *, vocab_size: int,
+               append_eos: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """(token ids int32[n], trained bool[n]) of one non-blank JSONL line; `json.JSONDecodeError`,
+    `ValueError` or `TypeError` with the reason when it is unusable."""
+    obj = json.loads(line.rstrip("\r\n"))
+    return parse_record(obj, info, vocab_size=vocab_size, append_eos=append_eos)
+
+
 def iter_documents(files: Sequence[str], info: TokenizerInfo, *, vocab_size: int,
                    skip_bad_lines: bool = False, append_eos: bool = True,
                    skipped: list | None = None, counts: dict | None = None,
@@ -213,37 +220,58 @@ def iter_documents(files: Sequence[str], info: TokenizerInfo, *, vocab_size: int
     memory at a time. A bad line raises `DataError` with `file:line`, or (`skip_bad_lines`) is
     appended to `skipped`; `counts['lines']` counts the non-blank lines read. part=(k, n): only
     the lines whose index over all files is k mod n (one of n workers' share)."""
+    def items():
+        k, n = part
+        index = -1
+        for path in files:
+            with open(path, "rb") as f:          # bytes, decoded line by line: a bad byte costs
+                for lineno, raw in enumerate(f, 1):    # exactly its own line, named file:line
+                    index += 1
+                    if index % n == k:
+                        yield f"{path}:{lineno}", raw
+    yield from iter_records(items(), info, vocab_size=vocab_size, skip_bad_lines=skip_bad_lines,
+                            append_eos=append_eos, skipped=skipped, counts=counts)
+
+
+def iter_records(items, info: TokenizerInfo, *, vocab_size: int, skip_bad_lines: bool = False,
+                 append_eos: bool = True, skipped: list | None = None,
+                 counts: dict | None = None):
+    """(token ids, trained) of every usable item of `items`, pairs (where, record): `record` is a
+    JSONL line's bytes (decoded and parsed here) or an already parsed record (a dict: a Parquet
+    row); `where` names it in errors (`file:line`, `file:row`). Blank lines are not counted."""
     skipped = [] if skipped is None else skipped
     counts = {} if counts is None else counts
     counts.setdefault("lines", 0)
-    k, n = part
-    index = -1
-    for path in files:
-        with open(path, "rb") as f:          # bytes, decoded line by line: a bad byte costs
-            for lineno, raw in enumerate(f, 1):    # exactly its own line, named file:line
-                index += 1
-                if index % n != k or not raw.strip():
-                    continue
-                counts["lines"] += 1                 # every non-blank line, bad ones included
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    _bad(skipped, skip_bad_lines, f"{path}:{lineno}",
-                         f"not UTF-8 ({e.reason} at byte {e.start + 1} of the line)")
-                    continue
-                if not line.strip():
-                    counts["lines"] -= 1             # blank once decoded (unicode white space)
-                    continue
-                try:
-                    ids, tr = parse_line(line, info, vocab_size=vocab_size, append_eos=append_eos)
-                except json.JSONDecodeError as e:
-                    _bad(skipped, skip_bad_lines, f"{path}:{lineno}", f"not valid JSON ({e.msg} at "
-                                                                      f"column {e.colno})")
-                    continue
-                except (ValueError, TypeError) as e:
-                    _bad(skipped, skip_bad_lines, f"{path}:{lineno}", str(e))
-                    continue
-                yield ids, tr
+    for where, raw in items:
+        if isinstance(raw, bytes):
+            if not raw.strip():
+                continue
+            counts["lines"] += 1                 # every non-blank line, bad ones included
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                _bad(skipped, skip_bad_lines, where,
+                     f"not UTF-8 ({e.reason} at byte {e.start + 1} of the line)")
+                continue
+            if not line.strip():
+                counts["lines"] -= 1             # blank once decoded (unicode white space)
+                continue
+            try:
+                ids, tr = parse_line(line, info, vocab_size=vocab_size, append_eos=append_eos)
+            except json.JSONDecodeError as e:
+                _bad(skipped, skip_bad_lines, where, f"not valid JSON ({e.msg} at column {e.colno})")
+                continue
+            except (ValueError, TypeError) as e:
+                _bad(skipped, skip_bad_lines, where, str(e))
+                continue
+        else:
+            counts["lines"] += 1
+            try:
+                ids, tr = parse_record(raw, info, vocab_size=vocab_size, append_eos=append_eos)
+            except (ValueError, TypeError) as e:
+                _bad(skipped, skip_bad_lines, where, str(e))
+                continue
+        yield ids, tr
 
 
 def load_documents(files: Sequence[str], info: TokenizerInfo, *, vocab_size: int,
@@ -334,23 +362,32 @@ def rows_of_process(sharding, global_batch: int, seq_len: int) -> tuple[int, int
     return first, last - first
 
 
-def make_pipeline(rows: dict, global_batch: int, seed: int, *, first_row: int, local_rows: int,
+def row_stream(rows, seed: int) -> grain.MapDataset:
+    """Global example index g -> the row dict {tokens, segment_ids, maskable} it reads: the rows
+    shuffled with `seed` and repeated (reshuffled each epoch). `rows` may define its own stream
+    (`rows.row_stream(seed)`: a weighted mixture of packed folders, train/mixture.py)."""
+    if hasattr(rows, "row_stream"):
+        return rows.row_stream(seed)
+    order = grain.MapDataset.range(len(rows["tokens"])).shuffle(seed=seed).repeat()
+    return order.map(lambda src: {"tokens": rows["tokens"][src],
+                                  "segment_ids": rows["segment_ids"][src],
+                                  "maskable": rows["maskable"][src]})
+
+
+def make_pipeline(rows, global_batch: int, seed: int, *, first_row: int, local_rows: int,
                   num_batches: int | None = None) -> grain.IterDataset:
     """A Grain IterDataset of this process's part of each global batch: dicts of numpy arrays
     tokens/segment_ids/maskable [local_rows, L] and index int32 [local_rows] (global example
-    index g; the source row is the g-th of the shuffled, repeated rows)."""
-    n = len(rows["tokens"])
-    stream = grain.MapDataset.range(n).shuffle(seed=seed).repeat()
+    index g; the source row is the g-th of the shuffled, repeated rows: `row_stream`)."""
+    stream = row_stream(rows, seed)
 
     def row(k):
         step, j = divmod(int(k), local_rows)
         g = step * global_batch + first_row + j
-        src = stream[g]
-        return {"tokens": rows["tokens"][src], "segment_ids": rows["segment_ids"][src],
-                "maskable": rows["maskable"][src], "index": np.int32(g)}
+        return {**stream[g], "index": np.int32(g)}
 
     total = (num_batches if num_batches is not None else (2 ** 31 - 1) // global_batch) * local_rows
-    # Rows are in-memory numpy slices: read them inline (no prefetch threads racing ahead).
+    # Rows are read inline (no prefetch threads racing ahead): the Grain state stays exact.
     return grain.MapDataset.range(total).map(row).batch(local_rows, drop_remainder=True) \
         .to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
 
@@ -367,23 +404,13 @@ def to_global(local: dict, shardings: dict, global_batch: int) -> dict:
 
 # ------------------------------------------------------------------------------- packed folders
 #
-# `python -m train.pretokenize` writes the packed rows of a corpus once, as a folder of shards:
-#     meta.json                     format, seq_len, rows_per_shard, total_rows, shards [{name, rows}],
-#                                   tokenizer (folder, sha256 of tokenizer.json, vocab_size,
-#                                   mask_token_id), max_token_id, append_eos, source files,
-#                                   lines, skipped_lines (count and the first few)
-#     <name>.tokens.npy             int32 [rows, seq_len]
-#     <name>.segment_ids.npy        int32 [rows, seq_len]
-#     <name>.maskable.npy           bool  [rows, seq_len]
-# and `data.packed_dir` serves them through the same pipeline, memory-mapped shard by shard.
+# `python -m train.pretokenize` writes the packed rows of a corpus once (ArrayRecord shards plus a
+# meta.json, train/arrayrecord.py); `data.packed_dir` serves them through the same pipeline. The
+# readers, their checks and the older .npy layout are in train/packed.py; mixtures of several
+# packed folders in train/mixture.py. The functions below are their entry points.
 
-PACKED_FORMAT = "wedlm-packed-v1"
 PACKED_META = "meta.json"
 PACKED_ARRAYS = {"tokens": np.int32, "segment_ids": np.int32, "maskable": np.bool_}
-
-
-def shard_path(folder: str, name: str, key: str) -> str:
-    return os.path.join(folder, f"{name}.{key}.npy")
 
 
 def tokenizer_sha256(folder: str) -> str:
@@ -393,103 +420,20 @@ def tokenizer_sha256(folder: str) -> str:
 
 
 def read_packed_meta(folder: str, *, seq_len: int | None = None) -> dict:
-    """meta.json of a packed folder, checked against the shard files on disk (presence, dtype and
-    shape from the .npy headers; no data is read) and, when given, `seq_len`. DataError naming the
-    file otherwise."""
-    path = os.path.join(folder, PACKED_META)
-    if not os.path.isdir(folder):
-        raise DataError(f"data.packed_dir: {folder} is not a folder")
-    if not os.path.isfile(path):
-        raise DataError(f"{path}: missing (data.packed_dir must be a folder written by "
-                        f"`python -m train.pretokenize`)")
-    try:
-        with open(path) as f:
-            meta = json.load(f)
-    except (OSError, ValueError) as e:
-        raise DataError(f"{path}: unreadable ({e})") from None
-    need = ("format", "seq_len", "rows_per_shard", "total_rows", "shards", "tokenizer",
-            "max_token_id")
-    missing = [k for k in need if not isinstance(meta, dict) or k not in meta]
-    if missing:
-        raise DataError(f"{path}: missing key(s) {', '.join(missing)}")
-    if meta["format"] != PACKED_FORMAT:
-        raise DataError(f"{path}: format {meta['format']!r}, expected {PACKED_FORMAT!r}")
-    L = int(meta["seq_len"])
-    if seq_len is not None and L != seq_len:
-        raise DataError(f"{path}: rows were packed to seq_len {L}, but data.seq_len is {seq_len} "
-                        f"(pretokenize again with --seq-len {seq_len}, or set data.seq_len={L})")
-    total = 0
-    for shard in meta["shards"]:
-        rows = int(shard["rows"])
-        for key, dtype in PACKED_ARRAYS.items():
-            f = shard_path(folder, shard["name"], key)
-            if not os.path.isfile(f):
-                raise DataError(f"{f}: missing (listed in {path})")
-            try:
-                with open(f, "rb") as fh:
-                    version = np.lib.format.read_magic(fh)
-                    read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                            else np.lib.format.read_array_header_2_0)
-                    shape, _, dt = read(fh)
-            except (OSError, ValueError) as e:
-                raise DataError(f"{f}: not a .npy file ({e})") from None
-            if tuple(shape) != (rows, L) or np.dtype(dt) != np.dtype(dtype):
-                raise DataError(f"{f}: holds {np.dtype(dt).name} {tuple(shape)}, {path} states "
-                                f"{np.dtype(dtype).name} {(rows, L)}")
-        total += rows
-    if total != int(meta["total_rows"]) or total == 0:
-        raise DataError(f"{path}: the shards hold {total} rows, total_rows says "
-                        f"{meta['total_rows']}" if total else f"{path}: no rows")
-    return meta
+    """meta.json of a packed folder (or the combined meta of a mixture file), checked against its
+    shards and, when given, `seq_len`; DataError naming the file otherwise."""
+    from train import packed
+    return packed.read_packed_meta(folder, seq_len=seq_len)
 
 
 def check_packed_tokenizer(meta: dict, folder: str, info: TokenizerInfo, vocab_size: int) -> None:
     """The packed rows were tokenized with this tokenizer, and fit the model's vocabulary."""
-    path = os.path.join(folder, PACKED_META)
-    want = meta["tokenizer"].get("sha256")
-    have = tokenizer_sha256(info.folder)
-    if want != have:
-        raise DataError(f"{path}: the rows were tokenized with a different tokenizer.json "
-                        f"(sha256 {str(want)[:12]}..., from {meta['tokenizer'].get('folder')}) than "
-                        f"{info.folder}/tokenizer.json (sha256 {have[:12]}...)")
-    if int(meta["max_token_id"]) >= vocab_size:
-        raise DataError(f"{path}: token id {meta['max_token_id']} is outside the model vocabulary "
-                        f"[0, {vocab_size})")
+    from train import packed
+    packed.check_packed_tokenizer(meta, folder, info, vocab_size)
 
 
-class _ShardedRows:
-    """One array of a packed folder as a read-only sequence of rows: `len()`, and `[i]` reads row i
-    from its shard's memory map (at most `cache` shards mapped at once)."""
-
-    def __init__(self, folder: str, key: str, meta: dict, cache: int = 32):
-        self.folder, self.key = folder, key
-        self.names = [s["name"] for s in meta["shards"]]
-        self.starts = np.cumsum([0] + [int(s["rows"]) for s in meta["shards"]])
-        self.cache = cache
-        self.maps: dict = {}
-
-    def __len__(self) -> int:
-        return int(self.starts[-1])
-
-    def _map(self, k: int):
-        m = self.maps.pop(k, None)
-        if m is None:
-            m = np.load(shard_path(self.folder, self.names[k], self.key), mmap_mode="r")
-            if len(self.maps) >= self.cache:
-                self.maps.pop(next(iter(self.maps)))
-        self.maps[k] = m  # most recently used last
-        return m
-
-    def __getitem__(self, i):
-        i = int(i)
-        if not 0 <= i < len(self):
-            raise IndexError(f"row {i} of {len(self)}")
-        k = int(np.searchsorted(self.starts, i, side="right")) - 1
-        return np.array(self._map(k)[i - self.starts[k]])
-
-
-def open_packed(folder: str, meta: dict | None = None) -> dict:
-    """A packed folder as the `rows` of `make_pipeline`: {'tokens', 'segment_ids', 'maskable'}, each
-    a lazily memory-mapped sequence of rows."""
-    meta = read_packed_meta(folder) if meta is None else meta
-    return {k: _ShardedRows(folder, k, meta) for k in PACKED_ARRAYS}
+def open_packed(folder: str, meta: dict | None = None):
+    """A packed folder (or mixture) as the `rows` of `make_pipeline`: {'tokens', 'segment_ids',
+    'maskable'}, each a lazily read sequence of rows."""
+    from train import packed
+    return packed.open_packed(folder, meta)
