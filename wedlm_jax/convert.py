@@ -4,6 +4,8 @@
                   [--quantize int8|int4 [--quantize-group N]]   (wedlm_jax.checkpoints.quantized)
     wedlm-convert orbax-to-hf --orbax DIR --out DIR [--dtype bf16|f32] [--max-shard-size 5GB] [--force]
     (both: [--allow-nonfinite] to convert weights holding NaN/Inf)
+    wedlm-convert lora-merge --hf BASE --lora PEFT_DIR --out DIR [--dtype bf16|f32] [--force]
+                  (a PEFT LoRA adapter merged into its base: a Hugging Face folder; wedlm_jax.peft)
 
 The reading and writing is `wedlm_jax.checkpoints`'s; the command checks the output folder, its
 free space and the tokenizer before reading any weights, cleans up and exits with one line on
@@ -59,7 +61,12 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("orbax-to-hf", help="Orbax folder -> HF safetensors folder")
     b.add_argument("--orbax", required=True, help="Orbax checkpoint folder written by hf-to-orbax")
     b.add_argument("--max-shard-size", default="5GB", help="largest safetensors file (default 5GB)")
-    for s in (a, b):
+    m = sub.add_parser("lora-merge", help="HF base + PEFT LoRA folder -> merged HF folder")
+    m.add_argument("--hf", required=True, help="the base's Hugging Face folder")
+    m.add_argument("--lora", required=True, help="PEFT adapter folder (adapter_config.json, "
+                                                 "adapter_model.safetensors)")
+    m.add_argument("--max-shard-size", default="5GB", help="largest safetensors file (default 5GB)")
+    for s in (a, b, m):
         s.add_argument("--out", required=True, help="output folder (created atomically)")
         s.add_argument("--dtype", choices=tuple(DTYPE_ALIASES), default=None, metavar="DTYPE",
                        help=f"parameter dtype of the output: {allowed()} (default: as stored)")
@@ -108,15 +115,35 @@ def _cleanup_line(out: str, message: str) -> None:
           file=sys.stderr, flush=True)
 
 
+def _merge(args, needed: list) -> str:
+    """`lora-merge`: the adapter checked against the base's config before the weights load."""
+    from wedlm_jax import lora, peft
+    from wedlm_jax.config import ModelConfig
+    peft.load_peft(args.lora, ModelConfig.from_hf(args.hf))
+    config, params = load_hf_checkpoint(args.hf, dtype="f32", progress=not args.no_progress,
+                                        allow_nonfinite=args.allow_nonfinite)
+    spec, adapters = peft.load_peft(args.lora, config)
+    params = lora.fold(params, adapters, spec)
+    needed[0] = params_nbytes(params)
+    check_space(args.out, needed[0], "the merged checkpoint")
+    return save_hf_checkpoint(config, params, args.out, dtype=args.dtype,
+                              max_shard_size=args.max_shard_size, tokenizer_from=args.hf,
+                              force=args.force, progress=not args.no_progress, config_from=args.hf)
+
+
 def _convert(args, needed: list) -> int:
-    src = args.hf if args.command == "hf-to-orbax" else args.orbax
+    from wedlm_jax.lora_spec import LoraError
+    src = args.hf if args.command in ("hf-to-orbax", "lora-merge") else args.orbax
     try:
         if os.path.realpath(src) == os.path.realpath(args.out):
             raise CheckpointError(f"{args.out}: the output folder is the input folder; choose "
                                   f"another --out")
         check_writable(args.out, "--out")
         tokenizer_note = check_tokenizer(src)
-        if args.command == "hf-to-orbax" and args.quantize != "none":
+        if args.command == "lora-merge":
+            check_out_dir(os.path.abspath(args.out), args.force)
+            out = _merge(args, needed)
+        elif args.command == "hf-to-orbax" and args.quantize != "none":
             check_out_dir(os.path.abspath(args.out), args.force)
             out = quantized.convert_folder(
                 args.hf, args.out, args.quantize, args.quantize_group, dtype=args.dtype,
@@ -143,7 +170,8 @@ def _convert(args, needed: list) -> int:
             out = save_hf_checkpoint(config, params, args.out, max_shard_size=args.max_shard_size,
                                      tokenizer_from=args.orbax, force=args.force,
                                      progress=not args.no_progress, config_from=args.orbax)
-    except (ConfigError, CheckpointError, DiskFullError, FileNotFoundError, PermissionError) as e:
+    except (ConfigError, CheckpointError, DiskFullError, FileNotFoundError, PermissionError,
+            LoraError) as e:
         print(f"wedlm-convert: error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {out}" + (f" ({tokenizer_note})" if tokenizer_note else ""), file=sys.stderr)
