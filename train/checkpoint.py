@@ -141,6 +141,7 @@ def read_config(directory, step: int) -> dict:
 NON_MEANING = ("checkpoint.", "mesh.", "log_every", "metrics_file", "peak_flops", "log_mfu", "progress",
                "distributed", "attention", "attention_tile", "remat", "loss_chunk",
                "data.skip_bad_lines",
+               "lora.base_hash",    # compared by train.lora.check_base, after the base is read
                "steps")
 
 

@@ -123,6 +123,18 @@ def check_run(cfg, bad) -> None:
         bad("nonfinite_skips", f"must be >= 0, got {cfg.nonfinite_skips}")
 
 
+def check_lora(cfg, bad) -> None:
+    """lora.rank 0 (off) or a LoraSpec's ranges and targets (wedlm_jax.lora_spec)."""
+    from wedlm_jax.lora_spec import LoraError, LoraSpec
+    lo = cfg.lora
+    if lo.rank == 0:
+        return
+    try:
+        LoraSpec(lo.rank, lo.alpha, lo.dropout, lo.targets)
+    except LoraError as e:
+        bad(e.field, str(e).split(" ", 1)[1] if str(e).startswith(e.field) else str(e))
+
+
 STEP_MAX = 2 ** 31 - 1      # the train state's step counter is int32
 
 
@@ -147,4 +159,5 @@ def _numbers(tree, prefix=""):
             yield key, v
 
 
-CHECKS = (check_model, check_objective, check_optimizer, check_data, check_run, check_numbers)
+CHECKS = (check_model, check_objective, check_optimizer, check_data, check_run, check_numbers,
+          check_lora)

@@ -101,6 +101,19 @@ class CheckpointSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class LoraSection:
+    """Low-rank adapters (train/lora.py): rank 0 trains every weight; rank > 0 freezes the base
+    (held in compute_dtype) and trains adapters on `targets` (q, k, v, o, gate, up, down, their
+    *_proj names, or all-linear), scaled by alpha / rank, with dropout on their input."""
+    rank: int = 0
+    alpha: float = 16.0
+    dropout: float = 0.0
+    targets: tuple = ("all-linear",)
+    base_hash: str | None = None  # the frozen base's fingerprint: written into each checkpoint's
+                                  # config by the run; given, a run on another base is refused
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
     model: ModelSection = ModelSection()
     data: DataSection = DataSection()
@@ -108,6 +121,7 @@ class TrainConfig:
     optimizer: OptimizerSection = OptimizerSection()
     mesh: MeshSection = MeshSection()
     checkpoint: CheckpointSection = CheckpointSection()
+    lora: LoraSection = LoraSection()
     steps: int = 1000
     seed: int = 0
     compute_dtype: str = "bfloat16"
@@ -142,7 +156,8 @@ class TrainConfig:
 
 
 SECTIONS = {"model": ModelSection, "data": DataSection, "objective": ObjectiveSection,
-            "optimizer": OptimizerSection, "mesh": MeshSection, "checkpoint": CheckpointSection}
+            "optimizer": OptimizerSection, "mesh": MeshSection, "checkpoint": CheckpointSection,
+            "lora": LoraSection}
 
 
 def _to_plain(x):

@@ -112,6 +112,7 @@ def compile_step(cfg, mc, devices, scan_unroll: int = 1, compiler_options: dict 
     import jax
     import jax.numpy as jnp
 
+    from train import lora as lora_train
     from train import step as step_lib
     from train.config import mesh_shape
     from wedlm_jax.sharding import make_mesh
@@ -119,9 +120,9 @@ def compile_step(cfg, mc, devices, scan_unroll: int = 1, compiler_options: dict 
     shape = mesh_shape(cfg, len(devices))
     step_lib.attention_impl(cfg, backend=devices[0].platform)
     mesh = make_mesh(*shape, devices=devices)
-    opt = step_lib.make_optimizer(cfg)
-    shardings = step_lib.state_shardings(mc, opt, mesh)
-    state = step_lib.state_shapes(mc, opt, shardings)
+    opt, spec = step_lib.make_optimizer(cfg), lora_train.spec_of(cfg)
+    shardings = step_lib.state_shardings(mc, opt, mesh, lora=spec)
+    state = step_lib.state_shapes(mc, opt, shardings, lora=spec)
     bsh = step_lib.batch_shardings(mesh)
     b, length = cfg.data.global_batch_size, cfg.data.seq_len
     dtypes = {"tokens": jnp.int32, "segment_ids": jnp.int32, "maskable": jnp.bool_,
@@ -129,10 +130,11 @@ def compile_step(cfg, mc, devices, scan_unroll: int = 1, compiler_options: dict 
     batch = {k: jax.ShapeDtypeStruct((b,) if k == "index" else (b, length), dtypes[k],
                                      sharding=bsh[k]) for k in step_lib.BATCH_KEYS}
     fn = step_lib.make_train_step(cfg, mc, opt, mesh, shardings, mc.mask_token_id,
-                                  platform=devices[0].platform, scan_unroll=scan_unroll)
+                                  platform=devices[0].platform, scan_unroll=scan_unroll,
+                                  base=lora_train.base_shapes(cfg, mc, mesh) if spec else None)
     t0 = time.perf_counter()
     with jax.set_mesh(mesh):
-        lowered = fn.jitted.lower(state, batch)
+        lowered = fn.lower(state, batch)
     t1 = time.perf_counter()
     compiled = lowered.compile(compiler_options=compiler_options)
     t2 = time.perf_counter()

@@ -282,7 +282,7 @@ def _run(cfg, progress: bool = True) -> dict:
         interrupts.say(f"wedlm-train: interrupted (Ctrl-C) while exporting; the checkpoints are "
                        f"kept, {cfg.checkpoint.export_hf} was not written (rerun to export)")
         export_hf(prep["model_config"], loop.state["params"], cfg.checkpoint.export_hf,
-                  prep["tokenizer_dir"], jax.process_index() == 0, force=cfg.checkpoint.export_force)
+                  prep["tokenizer_dir"], jax.process_index() == 0, cfg.checkpoint.export_force, cfg)
     return {"records": loop.records, "state": loop.state, "model_config": prep["model_config"],
             "start_step": loop.start, "skipped_lines": prep["docs"].skipped,
             "already_done": False, "stopped": stopped}
@@ -294,6 +294,7 @@ def setup(cfg, prep: dict, progress: bool):
     import jax
 
     from train import data as data_lib
+    from train import lora as lora_train
     from train import step as step_lib
     from train.loop import Loop
     from wedlm_jax.sharding import make_mesh
@@ -303,13 +304,15 @@ def setup(cfg, prep: dict, progress: bool):
         log.warning("skipped %d malformed line(s) of %d; first: %s", len(prep["docs"].skipped),
                     prep["docs"].num_lines, prep["docs"].skipped[0])
     mesh = make_mesh(*prep["mesh_shape"])
-    opt = step_lib.make_optimizer(cfg)
-    shardings = step_lib.state_shardings(mc, opt, mesh)
-    mgr, found = restore(cfg, step_lib.state_shapes(mc, opt, shardings), primary)
+    opt, spec = step_lib.make_optimizer(cfg), lora_train.spec_of(cfg)
+    shardings = step_lib.state_shardings(mc, opt, mesh, lora=spec)
+    load = lambda sh: initial_params(cfg, mc, mesh, sh, progress and primary)  # noqa: E731
+    cfg, base = lora_train.frozen_base(cfg, mc, mesh, load)    # LoRA's, before any restore
+    mgr, found = restore(cfg, step_lib.state_shapes(mc, opt, shardings, lora=spec), primary)
     start, state, data_state = found if found is not None else (0, None, None)
     if state is None:
-        state = step_lib.init_state(initial_params(cfg, mc, mesh, shardings, progress and primary),
-                                    opt, shardings)
+        state = step_lib.init_state(lora_train.initial_adapters(cfg, mc) if spec else
+                                    load(shardings), opt, shardings)
     bsh = step_lib.batch_shardings(mesh)
     first_row, local_rows = data_lib.rows_of_process(bsh["tokens"], cfg.data.global_batch_size,
                                                      cfg.data.seq_len)
@@ -329,7 +332,7 @@ def setup(cfg, prep: dict, progress: bool):
     flops_step = step_lib.model_flops_per_row(mc, cfg.data.seq_len, cfg.objective.kind,
                                               cfg.objective.block_size) * cfg.data.global_batch_size
     return Loop(cfg=cfg, step_fn=step_lib.make_train_step(cfg, mc, opt, mesh, shardings,
-                                                          prep["mask_token_id"]),
+                                                          prep["mask_token_id"], base=base),
                 state=state, it=it, mgr=mgr, start=start, rows=rows,
                 to_batch=lambda local: data_lib.to_global(local, bsh, cfg.data.global_batch_size),
                 writer=MetricsWriter(metrics_path(cfg, start, primary), primary),
@@ -392,14 +395,19 @@ def progress_bar(cfg, start: int, show: bool):
     return tqdm(total=cfg.steps, initial=start, desc="train", dynamic_ncols=True)
 
 
-def export_hf(mc, params, out_dir, tokenizer_dir, primary: bool, force: bool = False) -> None:
-    """The final params as a Hugging Face folder (gathered to process 0 when multi-host)."""
+def export_hf(mc, params, out_dir, tokenizer_dir, primary: bool, force: bool = False,
+              cfg=None) -> None:
+    """The final params as a Hugging Face folder (gathered to process 0 when multi-host); a LoRA
+    run's adapters as a PEFT folder (train/lora.py)."""
     import jax
     from jax.experimental import multihost_utils
     from wedlm_jax.checkpoints import save_hf_checkpoint
     if jax.process_count() > 1:
         params = multihost_utils.process_allgather(params, tiled=True)
-    if primary:
+    if primary and cfg is not None and cfg.lora.rank:
+        from train.lora import export_peft
+        export_peft(cfg, mc, params, out_dir, force)
+    elif primary:
         save_hf_checkpoint(mc, params, out_dir, tokenizer_from=tokenizer_dir, force=force,
                            progress=False)
         log.info("exported Hugging Face checkpoint to %s", out_dir)

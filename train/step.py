@@ -33,9 +33,11 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from train import lora as lora_train
 from train.config import TrainConfig, compute_dtype
 from wedlm_jax.dtypes import dtype_name
 from wedlm_jax.attention import backends as attn_backends
+from wedlm_jax import lora as lora_lib
 from wedlm_jax import losses, masking
 from wedlm_jax import model as model_lib
 from wedlm_jax.config import ModelConfig
@@ -91,11 +93,12 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
 # ------------------------------------------------------------------------------- state, sharding
 
 def state_shardings(model_cfg: ModelConfig, opt: optax.GradientTransformation, mesh,
-                    rules=DEFAULT_RULES) -> dict:
+                    rules=DEFAULT_RULES, lora=None) -> dict:
     """NamedShardings of the train state: params from the logical axes table; optimizer moments
-    like their params; scalars (step, counts) replicated."""
-    shapes = model_lib.param_shapes(model_cfg)
-    params = tree_shardings(model_lib.param_logical_axes(model_cfg), shapes, mesh, rules)
+    like their params; scalars (step, counts) replicated. `lora`: a LoraSpec (train/lora.py),
+    whose adapters are then the state's params."""
+    shapes, axes = lora_train.trainable_trees(model_cfg, lora)
+    params = tree_shardings(axes, shapes, mesh, rules)
     replicated = NamedSharding(mesh, P())
     opt_shapes = jax.eval_shape(opt.init, shapes)
     opt_sh = optax.tree_utils.tree_map_params(
@@ -105,9 +108,9 @@ def state_shardings(model_cfg: ModelConfig, opt: optax.GradientTransformation, m
     return {"params": params, "opt_state": opt_sh, "step": replicated}
 
 
-def state_shapes(model_cfg: ModelConfig, opt, shardings: dict) -> dict:
+def state_shapes(model_cfg: ModelConfig, opt, shardings: dict, lora=None) -> dict:
     """Abstract state (ShapeDtypeStructs with shardings), e.g. as an Orbax restore target."""
-    shapes = model_lib.param_shapes(model_cfg)
+    shapes = lora_train.trainable_trees(model_cfg, lora)[0]
     tree = {"params": shapes, "opt_state": jax.eval_shape(opt.init, shapes),
             "step": jax.ShapeDtypeStruct((), jnp.int32)}
     return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
@@ -156,18 +159,23 @@ def make_loss_fn(cfg: TrainConfig, model_cfg: ModelConfig, platform: str | None 
                                   attention_tile=cfg.attention_tile,
                                   attention_block_size=cfg.objective.block_size,
                                   scan_unroll=scan_unroll)
+    if (spec := lora_train.spec_of(cfg)) is not None:
+        model = lora_lib.lora_model(model, spec)
     objective = OBJECTIVE_NAMES[cfg.objective.kind]
     w = float(cfg.objective.ar_weight)
 
-    def loss_fn(params, arr, totals):
+    def loss_fn(params, arr, totals, frozen=None):
+        """`frozen`: LoRA's (base, dropout key); `params` are then the adapters."""
+        variables, rngs = ({"params": params}, None) if frozen is None else \
+            lora_train.forward_variables(params, frozen, model.dtype)
         structure = {k: arr[k] for k in masking.STRUCTURE_KEYS}
         if cfg.loss_chunk:
-            hidden, head = model.apply({"params": params}, arr["tokens"], arr["positions"],
+            hidden, head = model.apply(variables, arr["tokens"], arr["positions"], rngs=rngs,
                                        structure=structure, objective=objective, return_hidden=True)
             terms = losses.chunked_loss_terms(
                 hidden, arr, cfg.loss_chunk, lambda h: model_lib.head_logits(h, head, model.dtype))
         else:
-            logits = model.apply({"params": params}, arr["tokens"], arr["positions"],
+            logits = model.apply(variables, arr["tokens"], arr["positions"], rngs=rngs,
                                  structure=structure, objective=objective)
             terms = losses.loss_terms(logits, arr)
         loss, _ = losses.combine(terms, w, objective=objective, totals=totals)
@@ -193,8 +201,9 @@ def make_step_fn(cfg: TrainConfig, model_cfg: ModelConfig, opt, mask_token_id: i
     grad_fn = jax.grad(loss_fn, has_aux=True)
     schedule = lr_schedule(cfg)
 
-    def step(state, batch):
+    def step(state, batch, base=None):
         params = state["params"]
+        key = lora_train.dropout_key(cfg, state["step"]) if base is not None else None
         keys = masking.row_keys(cfg.seed, state["step"], batch["index"])
         arr = masking.arrange_rows(
             objective, keys, batch["tokens"], batch["segment_ids"], batch["maskable"],
@@ -206,17 +215,19 @@ def make_step_fn(cfg: TrainConfig, model_cfg: ModelConfig, opt, mask_token_id: i
         micro = jax.lax.with_sharding_constraint(
             micro, jax.tree.map(lambda x: P(None, BATCH_AXES, *([None] * (x.ndim - 2))), micro))
 
-        def body(carry, mb):
-            g_acc, t_acc = carry
-            g, terms = grad_fn(params, mb, totals)
+        def body(carry, xs):
+            (g_acc, t_acc), (mb, i) = carry, xs
+            g, terms = grad_fn(params, mb, totals, frozen(i))
             return (jax.tree.map(jnp.add, g_acc, g), jax.tree.map(jnp.add, t_acc, terms)), None
 
         zeros_g = jax.tree.map(jnp.zeros_like, params)
         zeros_t = {k: jnp.zeros((), jnp.float32) for k in losses.TERM_KEYS}
+        frozen = lambda i: None if base is None else (  # noqa: E731 (LoRA: base, dropout key)
+            base, None if key is None else jax.random.fold_in(key, i))
         if accum == 1:
-            grads, terms = grad_fn(params, jax.tree.map(lambda x: x[0], micro), totals)
+            grads, terms = grad_fn(params, jax.tree.map(lambda x: x[0], micro), totals, frozen(0))
         else:
-            (grads, terms), _ = jax.lax.scan(body, (zeros_g, zeros_t), micro)
+            (grads, terms), _ = jax.lax.scan(body, (zeros_g, zeros_t), (micro, jnp.arange(accum)))
         loss, metrics = losses.combine(terms, w, objective=objective)
         grad_norm = optax.tree.norm(grads)
         updates, opt_state = opt.update(grads, state["opt_state"], params)
@@ -236,28 +247,33 @@ def make_step_fn(cfg: TrainConfig, model_cfg: ModelConfig, opt, mask_token_id: i
 
 def make_train_step(cfg: TrainConfig, model_cfg: ModelConfig, opt, mesh, shardings: dict,
                     mask_token_id: int | None, rules=DEFAULT_RULES, platform: str | None = None,
-                    scan_unroll: int = 1):
+                    scan_unroll: int = 1, base=None):
     """The jitted step: explicit in/out shardings on the ('data', 'fsdp', 'tensor') mesh, the
     state donated. Call it under `jax.set_mesh(mesh)` (`run_step` does). `platform`: the target
-    the attention is resolved for (default: the mesh's devices' platform)."""
+    the attention is resolved for (default: the mesh's devices' platform). `base`: LoRA's frozen
+    base (placed arrays or sharded ShapeDtypeStructs), an argument of every call, not donated;
+    `run_step.lower(state, batch)` lowers the step either way."""
     platform = platform or mesh.devices.flat[0].platform
     step = make_step_fn(cfg, model_cfg, opt, mask_token_id, platform, scan_unroll)
     replicated = NamedSharding(mesh, P())
 
-    def wrapped(state, batch):
+    def wrapped(state, batch, *frozen):
         with nn.logical_axis_rules(rules.as_flax_rules()):
-            return step(state, batch)
+            return step(state, batch, *frozen)
 
     metric_keys = ("loss", "mlm_loss", "ar_loss", "masked_accuracy", "masked_count", "ar_accuracy",
                    "grad_norm", "lr", "tokens") + (("skipped_update",) if cfg.nonfinite_skips else ())
-    jitted = jax.jit(wrapped, in_shardings=(shardings, batch_shardings(mesh)),
+    extra = () if base is None else (base,)
+    jitted = jax.jit(wrapped, in_shardings=(shardings, batch_shardings(mesh))
+                     + tuple(lora_train.sharding_tree(b) for b in extra),
                      out_shardings=(shardings, {k: replicated for k in metric_keys}),
                      donate_argnums=(0,))
 
     def run_step(state, batch):
         with jax.set_mesh(mesh):
-            return jitted(state, batch)
+            return jitted(state, batch, *extra)
     run_step.jitted = jitted
+    run_step.lower = lambda state, batch: jitted.lower(state, batch, *extra)
     return run_step
 
 

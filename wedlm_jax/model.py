@@ -220,7 +220,8 @@ def layer_stack(config: ModelConfig, dtype, param_dtype, remat="none",
     """The decoder layers as one `nn.scan` over `Block`: parameters stacked on a leading
     'layers' axis, so XLA runs (and FSDP gathers) one layer at a time. `unroll` layers per loop
     iteration (ahead-of-time cost analysis unrolls all: XLA counts a loop body once)."""
-    stack = nn.scan(_block(remat), variable_axes={"params": 0}, split_rngs={"params": True},
+    stack = nn.scan(_block(remat), variable_axes={"params": 0},
+                    split_rngs={"params": True, "dropout": True},   # (LoRA's dropout: per layer)
                     in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
                     length=config.num_layers, unroll=unroll,
                     metadata_params={nn.PARTITION_NAME: "layers"})
