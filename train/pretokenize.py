@@ -1,7 +1,7 @@
-"""`python -m train.pretokenize --tokenizer DIR --out DIR --seq-len L INPUTS...`: JSONL and Parquet ->
+"""`python -m train.pretokenize --tokenizer DIR --out DIR --seq-len L FILES...`: JSONL and Parquet ->
 ArrayRecord shards of packed rows plus a meta.json, the folder `data.packed_dir` reads.
 
-INPUTS are files, folders or globs, local or on any filesystem pyarrow opens (gs://, s3://):
+FILES are files, folders or globs, local or on any filesystem pyarrow opens (gs://, s3://):
 `.jsonl`, `.jsonl.gz`, `.jsonl.zst` and `.parquet` (train/sources.py). Records go through the same
 parsing, validation and tokenization as the in-memory path (`train.data.iter_records`: the formats
 `text`, `prompt`/`response`, `messages` with optional `tools`; `file:line` or `file:row N` errors;
