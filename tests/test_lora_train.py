@@ -116,3 +116,11 @@ def test_another_base_is_refused(paths, tmp_path):
         main_lib.run(_cfg(paths, **{**over, "lora.base_hash": "0123456789abcdef",
                                     "checkpoint.dir": str(tmp_path / "ck2")}), progress=False)
     assert os.path.isdir(tmp_path / "ck" / "2")
+
+
+def test_dry_run_reports_the_adapted_step(paths):
+    from train import dry_run
+    full = dry_run.report(_cfg(paths, **{"lora.rank": 0}), 1)
+    adapted = dry_run.report(_cfg(paths, **{"compute_dtype": "bf16"}), 1)
+    assert adapted["memory"]["argument"] < full["memory"]["argument"] / 2
+    assert adapted["step_flops_per_device"] > 0
