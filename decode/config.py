@@ -36,7 +36,7 @@ METHODS = ("streaming", "block", "ar", "verified")
 CONSTRAINT_BACKENDS = ("auto", "device", "host")   # decode.constraints.backends
 # the device tables' one shape (states, token classes): every constrained request's automaton is
 # padded to it, so one set of programs serves every constraint; a larger one takes the host
-DEVICE_TABLE = (512, 256)
+DEVICE_TABLE = (512, 512)
 REFILLS = ("before", "after")               # decode.engine.steps: when the window's masks are refilled
 SAMPLING_ORDERS = ("filter_first", "temper_first")   # decode.engine.sampling: filter vs temperature
 MAX_LOGPROBS = 20       # top alternatives per token (OpenAI's and vLLM's limit)

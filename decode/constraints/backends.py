@@ -66,6 +66,13 @@ def _device(constraint: Constraint, tokenizer, budget_s: float | None):
     return auto
 
 
+def _stricter(constraint: Constraint) -> bool:
+    if constraint.kind != "json_schema":
+        return False
+    from decode.constraints.keywords import stricter
+    return bool(stricter(json.loads(constraint.value)))
+
+
 def _forget(key):
     with _PENDING_LOCK:
         _PENDING.pop(key, None)
@@ -89,6 +96,11 @@ def compile_for(constraint: Constraint, tokenizer, vocab_size: int | None = None
         if backend == "device":
             raise
         return host_lib.compile_grammar(constraint, tokenizer, vocab_size)
+    if backend == "auto" and _stricter(constraint):
+        try:         # the tables would forbid valid instances: the host, where it takes it
+            return host_lib.compile_grammar(constraint, tokenizer, vocab_size)
+        except DecodeConfigError:
+            pass
     if backend == "auto":
         try:
             auto = _device(constraint, tokenizer, budget_s)

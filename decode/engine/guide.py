@@ -84,13 +84,17 @@ def mask(logits, g: Guide, states, bits=None, at=None):
     """logits [B, P, V] with the tokens not allowed in `states` [B, P] at a huge negative value
     (finite: the entropy's sum of p * log p stays a number; their probability is exactly 0);
     with host `bits` [B, P or 1, words], also those its parser forbids at positions `at`
-    [B, P] of host slots."""
+    [B, P] of host slots. A step where no slot holds a constraint leaves the logits alone
+    without computing the mask (a server's state keeps its Guide rows between constraints)."""
     low = jnp.asarray(jnp.finfo(logits.dtype).min / 2, logits.dtype)
-    ok = allowed(g, states)
-    if bits is not None:
-        apply = at & g.host[:, None]
-        ok = ok & (unpack_bits(bits, logits.shape[-1]) | ~apply[..., None])
-    return jnp.where(ok, logits, low)
+
+    def restrict(lg):
+        ok = allowed(g, states)
+        if bits is not None:
+            apply = at & g.host[:, None]
+            ok = ok & (unpack_bits(bits, lg.shape[-1]) | ~apply[..., None])
+        return jnp.where(ok, lg, low)
+    return jax.lax.cond(jnp.any(g.on | g.host), restrict, lambda lg: lg, logits)
 
 
 def _leading(x):

@@ -12,6 +12,7 @@ dropped, so the output could break its schema.
     unsatisfiable(schema) (path, reason) of a part no instance satisfies, or None
     check_device(schema, field)  a DecodeConfigError for the first of either, naming the field
     safe_pattern(pattern) whether a `pattern` is in the subset the tables enforce exactly
+    stricter(schema)      where the tables forbid valid instances (`auto` prefers the host there)
 
 A keyword is accepted only where it is known exact (a whitelist per position, found by checking
 outlines-core's automaton against `jsonschema`); a keyword that cannot restrict the value there
@@ -27,6 +28,7 @@ forbids some valid instances (properties in schema order, no extra properties be
     overlap.py      whether a oneOf's branches are disjoint
     audit.py        unsupported: the per-position whitelist walk
     satisfiable.py  unsatisfiable
+    strict.py       stricter
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ from decode.constraints.keywords.audit import unsupported
 from decode.constraints.keywords.patterns import safe_pattern
 from decode.constraints.keywords.satisfiable import unsatisfiable
 from decode.constraints.keywords.schema import join
+from decode.constraints.keywords.strict import stricter
 
-__all__ = ["check_device", "safe_pattern", "unsatisfiable", "unsupported"]
+__all__ = ["check_device", "safe_pattern", "stricter", "unsatisfiable", "unsupported"]
 
 
 def check_device(schema, field: str) -> None:
