@@ -405,7 +405,7 @@ def main(argv=None) -> dict:
                          "so each scheme's seconds are its own)")
     ap.add_argument("--platform", default="cpu", help="JAX_PLATFORMS of the servers")
     ap.add_argument("--start-timeout", type=float, default=600.0,
-                    help="seconds the servers may take to answer /health")
+                    help="seconds the servers may take to answer /ready")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per lm-eval run")
     ap.add_argument("--out", nargs="?", const=DEFAULT_OUT, default=None,
                     help=f"write the JSON here (default with no value: {DEFAULT_OUT})")

@@ -77,7 +77,7 @@ class Server:
         return self.log.read().decode(errors="replace")[-n:]
 
     def wait_ready(self, timeout=600):
-        """This server once /health answers (`start_seconds` set); RuntimeError with its log's
+        """This server once /ready answers (`start_seconds` set); RuntimeError with its log's
         tail when it exits first or the `timeout` passes."""
         import httpx
         deadline = time.time() + timeout
@@ -86,7 +86,7 @@ class Server:
                 raise RuntimeError(f"{self.name} server exited ({self.proc.returncode}): "
                                    + self.tail())
             try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                if httpx.get(self.url + "/ready", timeout=2).status_code == 200:
                     self.start_seconds = round(time.perf_counter() - self.t0, 1)
                     return self
             except httpx.TransportError:

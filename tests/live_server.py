@@ -31,20 +31,22 @@ def serve_in_thread(app, log_level="warning"):
 
 
 def start_subprocess_server(path, *args, env=None):
-    """(process, url): `python -m decode.serving.serve` on a free port, answering /health."""
+    """(process, url): `python -m decode.serving.serve` on a free port, once ready (/ready 200;
+    /health, liveness, answers from launch)."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "decode.serving.serve", "--checkpoint", path,
                              "--port", str(port), *args],
                             cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu", **(env or {})),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
+    deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:
         try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
+            if httpx.get(url + "/ready", timeout=1).status_code == 200:
                 break
         except httpx.TransportError:
-            time.sleep(0.2)
+            pass
+        time.sleep(0.2)
     return proc, url
 
 

@@ -314,7 +314,7 @@ def test_cli_and_batch_job_constraints(demo, tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     row = out["results"][0] if "results" in out else out
     jsonschema.validate(json.loads(row["text"]), schema)
-    for flags, words in [(["--regex", "(bad"], "--regex: cannot compile"),
+    for flags, words in [(["--regex", "(bad"], "--regex: unclosed group"),
                          (["--json-schema", str(tmp_path / "none.json")], "--json-schema"),
                          (["--regex", "a", "--choice", "b"], "give one constraint")]:
         assert main(["--checkpoint", DEMO_MODEL, "--prompt", "x", *flags]) == 2

@@ -18,7 +18,8 @@ from decode.config import (ENGINE_FLAGS, SAMPLING_FLAGS, DecodeConfigError, Engi
 from decode.engine.decoder import Decoder
 
 # a value other than the default for every option a door takes
-ENGINE = dict(method="block", window=4, refill="after", capacity=64, prefill_chunk=8, allow_long=True)
+ENGINE = dict(method="block", window=4, refill="after", capacity=64, prefill_chunk=8, allow_long=True,
+              constraint_backend="host")
 BATCHING = dict(slots=2, steps_per_call=3)                  # --input and wedlm-serve only
 SAMPLING = dict(tau=0.7, lam=0.05, sampling_order="temper_first", max_new_tokens=5,
                 temperature=0.5, top_k=3, top_p=0.9, seed=7, min_p=0.05, presence_penalty=0.5,
