@@ -17,9 +17,7 @@ import argparse
 import collections
 import datetime
 import json
-import socket
 import statistics
-import subprocess
 import sys
 import time
 
@@ -39,31 +37,14 @@ def parse_args(argv=None):
 
 
 def start_server(checkpoint: str):
-    """(openai client, the server process, its url): `wedlm-serve` on a free 127.0.0.1 port, once
-    /ready answers 200 (bounded wait)."""
-    import httpx
+    """(openai client, the server): `wedlm-serve` on a free 127.0.0.1 port, once ready."""
     import openai
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "decode.serving.serve", "--checkpoint",
-                             checkpoint, "--port", str(port), "--slots", "4", "--window", "8",
-                             "--capacity", "1024", "--model-name", "m", "--lazy-compile",
-                             "--metrics-public", "--log-level", "warning"])
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 900
-    while time.time() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(url + "/ready", timeout=5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    else:
-        proc.kill()
-        raise RuntimeError("wedlm-serve did not become ready")
-    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
-    return client, proc, url
+    from benchmarks.serve import Server
+    server = Server(checkpoint, ["--slots", "4", "--window", "8", "--capacity", "1024",
+                                 "--lazy-compile", "--metrics-public"]).wait_ready(900)
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
+                           timeout=300)
+    return client, server
 
 
 def backends_served(url: str) -> dict:
@@ -83,7 +64,7 @@ def one(client, schema, max_tokens: int) -> dict:
     rf = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
     t0 = time.perf_counter()
     try:
-        out = client.completions.create(model="m", prompt=PROMPT + json.dumps(schema)[:600] + "\n",
+        out = client.completions.create(model="demo", prompt=PROMPT + json.dumps(schema)[:600] + "\n",
                                         max_tokens=max_tokens, temperature=0,
                                         extra_body={"response_format": rf})
     except openai.BadRequestError as e:
@@ -116,15 +97,14 @@ def main(argv=None) -> int:
     if args.limit:
         import random
         docs = random.Random(args.seed).sample(docs, min(args.limit, len(docs)))
-    client, proc, url = start_server(args.checkpoint)
+    client, server = start_server(args.checkpoint)
     rows, t0 = [], time.perf_counter()
     try:
         for name, doc in docs:
             rows.append(dict(file=name, **one(client, doc["schema"], args.max_tokens)))
-        backends = backends_served(url)
+        backends = backends_served(server.url)
     finally:
-        proc.terminate()
-        proc.wait(60)
+        server.stop()
     counts = collections.Counter(r["status"] for r in rows)
     secs = [r["seconds"] for r in rows]
     print(f"{len(rows)} {args.prefix} schemas through wedlm-serve ({args.checkpoint}), "
