@@ -222,3 +222,13 @@ def test_alternatives_never_list_a_forbidden_token(demo, backend):
         if not m.advance(t):
             break
     assert forbidden > 0      # the unrestricted drafts did list some: the filter is needed
+
+
+def test_block_decoding_refuses_a_host_constraint(demo):
+    config, params, tok = demo
+    prompts, schemas = prompts_and_schemas(demo, 1)
+    g = compile_for(Constraint.json_schema(schemas[0]), tok, config.vocab_size)
+    dc = DecodeConfig(method="block", window=8, max_new_tokens=16,
+                      stop_token_ids=stop_ids(tok, config, REGIMES["records"]))
+    with pytest.raises(DecodeConfigError, match="block decoding does not take"):
+        generate(params, config, prompts, dc, automata=[g])

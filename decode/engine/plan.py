@@ -104,6 +104,12 @@ class Plan:
             raise DecodeConfigError("a constrained request needs a stop token id (the model's eos: "
                                     "its output ends there once the constraint is met)",
                                     "stop_token_ids")
+        if (getattr(r.automaton, "backend", "device") == "host"
+                and self.static.spec.method == "block"):
+            raise DecodeConfigError("block decoding does not take a constraint on the host "
+                                    "backend (its blocks never settle under the parser); use "
+                                    "streaming, verified or ar, or a schema the device tables "
+                                    "enforce", "constraint")
         if (getattr(r.automaton, "backend", "device") == "host" and self.mesh is not None
                 and self.mesh.size > 1):
             raise DecodeConfigError("a constraint on the host backend needs a single-device "
