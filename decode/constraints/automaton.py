@@ -44,7 +44,6 @@ class Automaton:
     build_s: float = 0.0
 
     backend = NAME
-    initial = 0
 
     @property
     def vocab_size(self) -> int:

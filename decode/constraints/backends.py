@@ -9,7 +9,7 @@ way an engine keeps its grammar backends apart from its scheduler):
     auto     device where it is exact and ready in time, host otherwise.
 
 `compile_for(constraint, tokenizer, vocab_size, backend)` returns the compiled form (an
-`Automaton` or a host `Grammar`); both answer `.backend`, `.key`, `.initial`,
+`Automaton` or a host `Grammar`); both answer `.backend`, `.key`,
 `.next_state(state, token)` and `.matcher(stop_ids)`, the token-by-token walk that tests and the
 MaskBench runner use as the reference of what the decoder allows.
 """
@@ -113,10 +113,6 @@ def compile_for(constraint: Constraint, tokenizer, vocab_size: int | None = None
         raise DecodeConfigError(f"{constraint.field}: the device tables were not built within "
                                 f"{budget_s:g} s; the host backend takes it", constraint.field)
     return auto
-
-
-def backend_of(compiled) -> str:
-    return getattr(compiled, "backend", device_lib.NAME)
 
 
 def warm(tokenizer, vocab_size: int) -> None:

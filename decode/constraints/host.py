@@ -118,7 +118,6 @@ class Grammar:
     tokenizer: object
     build_s: float = 0.0
     backend: str = NAME
-    initial: tuple = ()
 
     def next_state(self, state, token: int) -> tuple:
         return tuple(state or ()) + (int(token),)

@@ -175,21 +175,12 @@ def _sampling(obj: dict, rules: Rules, where: str):
 def _tools(obj: dict, rules: Rules, where: str):
     """The line's ToolRequest (None: no tools); each function's parameters checked by the host
     backend, as the server checks them."""
-    from decode.constraints.backends import compile_for
-    from decode.tools.request import parse_tools
+    from decode.tools.request import checked_tools
     try:
-        tools = parse_tools(obj, rules.tool_parser, True,
-                            getattr(rules.tokenizer, "chat_template", None))
-        for i, f in enumerate(tools.functions if tools is not None else ()):
-            compile_for(spec.Constraint.json_schema(
-                f["parameters"], f"tools[{i}].function.parameters"), rules.tokenizer,
-                rules.vocab_size, "host")
+        return checked_tools(obj, rules.tool_parser, True, rules.tokenizer, rules.vocab_size,
+                             spec.from_fields(obj) is not None)
     except DecodeConfigError as e:
         raise DecodeConfigError(f"{where}: field {e.field!r}: {e}", e.field) from None
-    if tools is not None and tools.constraint() is not None and spec.from_fields(obj) is not None:
-        raise DecodeConfigError(f"{where}: field 'tools': tools already constrain the output; "
-                                f"drop the line's response_format (or guided_*)")
-    return tools
 
 
 def _automaton(obj: dict, rules: Rules, where: str, tools=None):

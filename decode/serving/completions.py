@@ -23,7 +23,7 @@ from decode.serving.protocol import (MAX_BATCH, APIError, RequestSettings, bad,
                                      logprobs_object, parse_messages, parse_prompts, parse_settings)
 from decode.text import TextStream, split_stop_strings
 from decode.tools.calls import CallStream, split_calls
-from decode.tools.request import parse_tools
+from decode.tools.request import checked_tools
 
 DISCONNECT_POLL_S = 0.25   # how often a non-streaming request looks whether its client is still there
 
@@ -93,21 +93,13 @@ class Completions:
     def with_tools(self, body: dict, s: RequestSettings) -> RequestSettings:
         """`s` with the request's tools (decode.tools) and, unless tool_choice is 'none', their
         grammar as its constraint; each function's parameters checked by the host backend."""
-        from decode.constraints.spec import Constraint
         try:
-            tools = parse_tools(body, self.cfg.tool_parser, self.cfg.auto_tool_choice,
-                                self.tokenizer.chat_template)
-            if tools is None:
-                return s
-            for i, f in enumerate(tools.functions):
-                field = f"tools[{i}].function.parameters"
-                compile_for(Constraint.json_schema(f["parameters"], field), self.tokenizer,
-                            self.cfg.vocab_size, "host")
+            tools = checked_tools(body, self.cfg.tool_parser, self.cfg.auto_tool_choice,
+                                  self.tokenizer, self.cfg.vocab_size, s.constraint is not None)
         except DecodeConfigError as e:
             raise bad(e.field, str(e)) from None
-        if tools.constraint() is not None and s.constraint is not None:
-            raise bad("tools", "tools with tool_choice other than 'none' already constrain the "
-                               "output; drop response_format (or the guided_* field)")
+        if tools is None:
+            return s
         return dataclasses.replace(s, tools=tools, constraint=tools.constraint() or s.constraint)
 
     # ------------------------------------------------------------------ a request to the engine

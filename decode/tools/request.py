@@ -133,6 +133,25 @@ def parse_tools(body: dict, parser: str | None, auto: bool, template: str | None
     return ToolRequest(tuple(functions), picked, parallel, FORMATS[parser])
 
 
+def checked_tools(body: dict, parser: str | None, auto: bool, tokenizer, vocab_size,
+                  constrained: bool):
+    """`parse_tools` at a door: each function's parameters compiled by the host backend (a
+    keyword it cannot enforce refused by path), and tools that constrain the output refused
+    beside another constraint (`constrained`: the request has a response_format or guided_*)."""
+    from decode.constraints.backends import compile_for
+    tools = parse_tools(body, parser, auto, getattr(tokenizer, "chat_template", None))
+    if tools is None:
+        return None
+    for i, f in enumerate(tools.functions):
+        field = f"tools[{i}].function.parameters"
+        compile_for(Constraint.json_schema(f["parameters"], field), tokenizer, vocab_size, "host")
+    if tools.constraint() is not None and constrained:
+        raise DecodeConfigError("tools: tools with tool_choice other than 'none' already "
+                                "constrain the output; drop response_format (or guided_*)",
+                                "tools")
+    return tools
+
+
 def tool_messages(messages: list) -> list:
     """`messages` with their tool turns checked: a call has a name and JSON arguments; a tool
     message answers a call made before it (the chat template reads the arguments as objects:
