@@ -105,6 +105,37 @@ def test_host_matcher_follows_the_schema(demo):
         assert (ok and m.accepting()) == jsonschema.Draft202012Validator(schema).is_valid(inst)
 
 
+def test_masks_computed_together_equal_each_parsers_own(demo):
+    """host.masks_along (all slots' masks in llguidance's pool, along their drafts) gives, row by
+    row, what each matcher reports when walked one token at a time, stop ids included."""
+    from decode.constraints.host import masks_along
+    config, _, tok = demo
+    stops = [tok.eos_token_id]
+    schemas = [{"type": "integer", "minimum": 10}, {"type": "string", "maxLength": 4},
+               {"type": "array", "items": {"type": "boolean"}, "maxItems": 2}]
+    texts = ["123", '"ab"', "[true, false]"]
+    jobs, want = [], []
+    for schema, text in zip(schemas, texts):
+        g = compile_for(Constraint.json_schema(schema), tok, config.vocab_size, backend="host")
+        ids = tok.encode(text)
+        for cut in (0, 1, len(ids)):
+            m = g.matcher(stops)
+            draft = ids[:min(cut, 3)]
+            rows = []
+            for p in range(4):
+                m.advance_all(draft[:min(p, len(draft))])
+                rows.append(m.bits())
+                m.rollback(min(p, len(draft)))
+            jobs.append((m, draft)), want.append(rows)
+    got = masks_along(jobs, 4, (config.vocab_size + 31) // 32)
+    words = want[0][0].shape[0]
+    assert got.shape == (len(jobs), 4, (config.vocab_size + 31) // 32)
+    for j, rows in enumerate(want):
+        for p, row in enumerate(rows):
+            assert np.array_equal(got[j, p, :words], row), (j, p)
+    assert any(got[j, -1].any() for j in range(len(jobs)))
+
+
 def test_host_backend_equals_the_constrained_reference_loop(demo):
     """Verified streaming and AR under the host backend give constrained AR greedy's tokens."""
     config, params, tok = demo

@@ -20,6 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
 
+from decode.constraints.host import masks_along
+
 log = logging.getLogger(__name__)
 MAX_TICKETS = 4096        # parsers kept (live slots touch theirs every step; the rest age out)
 
@@ -51,45 +53,48 @@ class Tickets:
 TICKETS = Tickets()
 
 
-def _read_one(m, recent, k_recent, run, positions, words):
-    """(tokens of `run` the grammar takes, bits [positions, words]) for one slot's parser: after
-    all it takes (positions == 1), or after the first p of them at each position p."""
+def _take(m, recent, k_recent, run, positions):
+    """Feed one slot's parser its committed tokens and check `run`: (k taken, tokens consumed to
+    roll back, the draft its masks are read along)."""
     m.advance_all(recent[:k_recent])
     k = m.validate(run)
-    bits = np.full((positions, words), -1, np.int32)
-
-    def put(p):                 # ids past the parser's vocabulary are never allowed
-        row = m.bits()[:words]
-        bits[p, :len(row)], bits[p, len(row):] = row, 0
-    if positions == 1:
-        taken = m.advance_all(run[:k])
-        put(0)
-    else:
-        taken, last = 0, min(k, positions - 1)
-        for p in range(last + 1):
-            put(p)
-            if p < last:
-                taken += m.advance_all(run[p:p + 1])
-    m.rollback(taken)
-    return k, bits
+    if positions == 1:                  # the mask after all it takes
+        return k, m.advance_all(run[:k]), []
+    return k, 0, m.draft_of(run[:min(k, positions - 1)])
 
 
 def read_host(ticket, host, recent, recent_k, run, run_len, *, positions: int, words: int):
-    """NumPy side of `host_read` (the callback)."""
+    """NumPy side of `host_read` (the callback): each asked slot's parser is fed and checked in
+    turn, then all their masks are computed together (host.masks_along)."""
     b = ticket.shape[0]
     k_ok = np.zeros((b,), np.int32)
     bits = np.full((b, positions, words), -1, np.int32)
+    rows, jobs, undo = [], [], []
     for i in np.flatnonzero(host):
         m = TICKETS.get(ticket[i])
         try:
             if m is None:
                 raise KeyError(f"no parser for ticket {int(ticket[i])}")
-            k_ok[i], bits[i] = _read_one(m, recent[i], int(recent_k[i]),
-                                         run[i, :int(run_len[i])], positions, words)
+            k_ok[i], taken, draft = _take(m, recent[i], int(recent_k[i]),
+                                          run[i, :int(run_len[i])], positions)
+            rows.append(i), jobs.append((m, draft)), undo.append(taken)
         except Exception as e:          # a parser fault stops its slot only: nothing allowed
-            log.error("constraint parser of ticket %d failed: %s", int(ticket[i]), e)
+            _fault(ticket[i], e)
             k_ok[i], bits[i] = 0, 0
+    if jobs:
+        try:
+            bits[rows] = masks_along(jobs, positions, words)
+        except Exception as e:
+            for i in rows:
+                _fault(ticket[i], e)
+            k_ok[rows], bits[rows] = 0, 0
+        for (m, _), n in zip(jobs, undo):
+            m.rollback(n)
     return k_ok, bits
+
+
+def _fault(ticket, e) -> None:
+    log.error("constraint parser of ticket %d failed: %s", int(ticket), e)
 
 
 def host_read(g, run, run_len, positions: int, live):
