@@ -85,6 +85,22 @@ def test_shares_printed(setup, capsys):
     assert "token share" in out and f"{want:.1%}" in out and "70.0%" in out
 
 
+def test_dry_run_prints_the_mixtures_shares(setup, tmp_path):
+    """`wedlm-train --dry-run` on a mixture config prints the shares of the configured steps."""
+    from train import dry_run
+    from train.config import load_config
+    d = fixtures.tiny_config_dict(setup, **{"data.packed_dir": setup["mix"], "steps": 100})
+    del d["data"]["train_files"]
+    cfg = load_config(fixtures.write_config(str(tmp_path / "c.yaml"), d), [])
+    text = dry_run.mixture_shares(cfg)
+    meta = data_lib.read_packed_meta(setup["mix"])
+    assert text == mixture.format_shares(mixture.shares(meta, 100, cfg.data.global_batch_size))
+    assert "70.0%" in text and "epochs" in text
+    d["data"]["packed_dir"] = setup["web"]
+    assert dry_run.mixture_shares(load_config(fixtures.write_config(str(tmp_path / "p.yaml"),
+                                                                    d), [])) is None
+
+
 def test_train_from_mixture_and_refusals(setup, tmp_path, capsys):
     d = fixtures.tiny_config_dict(setup, **{"data.packed_dir": setup["mix"], "steps": 2,
                                             "checkpoint.dir": str(tmp_path / "run")})

@@ -216,10 +216,24 @@ def format_report(r: dict, device_memory_gib: float, source: str) -> tuple[str, 
     return "\n".join(lines), fits
 
 
+def mixture_shares(cfg) -> str | None:
+    """The token shares of `data.packed_dir` when it is a mixture file (meta.json and shard
+    indexes only), with the epochs of each folder the configured steps read; None otherwise."""
+    from train import mixture, packed
+    d = cfg.data
+    if not d.packed_dir or not packed.is_mixture(d.packed_dir):
+        return None
+    meta = mixture.read_mixture_meta(d.packed_dir, seq_len=d.seq_len)
+    return mixture.format_shares(mixture.shares(meta, cfg.steps, d.global_batch_size))
+
+
 def run(cfg, device_memory_gib: float, devices=None, topology=None, json_out=None,
         source: str = "config") -> int:
     """Compile, print, write JSON; 0 when the step fits, 1 when it does not (including a compile
     the target's compiler refuses for want of memory: that is the verdict, with its figures)."""
+    shares = mixture_shares(cfg)
+    if shares:
+        print(f"data mixture {cfg.data.packed_dir} over {cfg.steps} steps\n{shares}", flush=True)
     try:
         r = report(cfg, devices, topology)
     except Exception as e:   # noqa: BLE001 (only an out-of-memory compile is a verdict)

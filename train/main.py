@@ -86,6 +86,7 @@ def dry_run_main(args) -> int:
     memory, device count), then the devices are forced and the step compiled."""
     from train import dry_run
     from train.config import TrainConfigError
+    from train.data import DataError
     from wedlm_jax.config import ConfigError
     try:
         if args.device_memory is None or args.device_memory <= 0:
@@ -95,7 +96,7 @@ def dry_run_main(args) -> int:
             dry_run.force_host_devices(dry_run.devices_needed(cfg, args.devices))
         return dry_run.run(cfg, args.device_memory, args.devices, args.topology, args.json_out,
                            source=args.config or "the defaults")
-    except (TrainConfigError, ConfigError) as e:
+    except (TrainConfigError, DataError, ConfigError) as e:
         print(f"wedlm-train: error: {e}", file=sys.stderr)
         return 2
 
