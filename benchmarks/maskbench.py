@@ -18,9 +18,9 @@ for compile and walk together (past it the worker is killed and a new one starte
            the compiled constraint's matcher: each token must be in `allowed()` (each call timed:
            mask µs per token, per backend) and `advance` must return True; a valid instance must
            end `accepting()`
-A device-table build the auto backend stopped waiting for (compile_for's budget) goes on in the
-worker; it is let finish between schemas, untimed (up to --timeout, else the worker is replaced),
-so that the next schema's build does not queue behind it.
+The schemas follow one another in the worker as new schemas reach a server: a device-table build
+the auto backend stopped waiting for (compile_for's budget) goes on in the background, and while
+it runs compile_for gives the next exact schemas to the host at once (they do not queue behind it).
 Status (MaskBench's): "passing" (every valid instance accepted, every invalid one rejected),
 "validation error" (a valid instance rejected; reported before an invalidation error), "invalidation
 error" (an invalid instance accepted), "compile error", "timeout". An exception other than a
@@ -216,30 +216,8 @@ def run_schema(tok, doc: dict, backend: str = "auto", budget_s: float = 2.0) -> 
 
 # --------------------------------------------------------------------------- worker process
 
-def _pending() -> list:
-    """The device-table builds the auto budget gave up on, still running here."""
-    from decode.constraints import backends
-    return list(getattr(backends, "_PENDING", {}).values())
-
-
-def _drain(limit_s: float) -> bool:
-    """Wait up to `limit_s` for the pending builds (their results are not used): True when none
-    is left, so the next schema's build does not queue behind one."""
-    import concurrent.futures
-    end = time.monotonic() + limit_s
-    for fut in _pending():
-        try:
-            fut.result(timeout=max(0.0, end - time.monotonic()))
-        except concurrent.futures.TimeoutError:
-            return False
-        except Exception:     # noqa: BLE001, S110 - a failed build is over too
-            pass
-    return not _pending()
-
-
 def _serve(conn, tokenizer_dir: str, backend: str, budget_s: float) -> None:
-    """The worker: load the tokenizer once, then run the schemas sent until None (a
-    ("drain", seconds) message waits for the pending device builds)."""
+    """The worker: load the tokenizer once, then run the schemas sent until None."""
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     tok = check_tokenizer(tokenizer_dir)
     conn.send(("ready", tok.vocab_size))
@@ -247,11 +225,7 @@ def _serve(conn, tokenizer_dir: str, backend: str, budget_s: float) -> None:
         job = conn.recv()
         if job is None:
             return
-        if isinstance(job, tuple) and job[0] == "drain":
-            conn.send(_drain(job[1]))
-            continue
         row = run_schema(tok, job, backend, budget_s)
-        row["stale"] = bool(_pending())
         conn.send(row)
 
 
@@ -301,19 +275,7 @@ class Worker:
             self.stop()
             return {"status": "compile error", "backend": None, "compile_ms": None,
                     "error": f"the worker died (exit code {code})", "unexpected": True}
-        if row.pop("stale", False) and not self.drain(timeout_s):
-            self.stop()    # a device build left running would slow the schemas after it
         return row
-
-    def drain(self, timeout_s: float) -> bool:
-        """Let the worker finish the device builds left running (untimed, up to `timeout_s`)."""
-        self.conn.send(("drain", timeout_s))
-        if not self.conn.poll(timeout_s + 10):
-            return False
-        try:
-            return bool(self.conn.recv())
-        except EOFError:
-            return False
 
 
 # ---------------------------------------------------------------------------------- the run

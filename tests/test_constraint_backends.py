@@ -263,3 +263,34 @@ def test_block_decoding_refuses_a_host_constraint(demo):
                       stop_token_ids=stop_ids(tok, config, REGIMES["records"]))
     with pytest.raises(DecodeConfigError, match="block decoding does not take"):
         generate(params, config, prompts, dc, automata=[g])
+
+
+def test_auto_takes_the_host_at_once_while_the_builder_is_busy(demo, monkeypatch):
+    """A device build that outlives its budget goes on in the background; a request for another
+    schema meanwhile is not queued behind it (host at once, not after its own budget), and once
+    the builder is free the next request for that schema waits for its tables and gets them."""
+    import threading
+    import time
+
+    from decode.constraints import automaton, backends
+    config, _, tok = demo
+    slow, other = Constraint.regex("(ab|ba){2}x"), Constraint.regex("(cd|dc){2}y")
+    gate, real = threading.Event(), automaton.for_tokenizer
+
+    def build(c, t):
+        if c.key() == slow.key():
+            gate.wait(60)
+        return real(c, t)
+    monkeypatch.setattr(automaton, "for_tokenizer", build)
+    try:
+        assert compile_for(slow, tok, config.vocab_size, budget_s=0.2).backend == "host"
+        t0 = time.perf_counter()
+        assert compile_for(other, tok, config.vocab_size, budget_s=20).backend == "host"
+        assert time.perf_counter() - t0 < 5
+    finally:
+        gate.set()
+    for _ in range(600):
+        if not backends.pending_builds():
+            break
+        time.sleep(0.05)
+    assert compile_for(other, tok, config.vocab_size, budget_s=20).backend == "device"

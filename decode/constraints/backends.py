@@ -6,7 +6,8 @@ way an engine keeps its grammar backends apart from its scheduler):
              exactly (decode.constraints.keywords), and built within a time budget.
     host     llguidance's parser (decode.constraints.host), asked once a step for the slots that
              use it. Any schema llguidance enforces; anything else is refused by name.
-    auto     device where it is exact and ready in time, host otherwise.
+    auto     device where it is exact and ready in time, host otherwise (at once while the
+             device builder is busy with other schemas: nothing waits in its queue).
 
 `compile_for(constraint, tokenizer, vocab_size, backend)` returns the compiled form (an
 `Automaton` or a host `Grammar`); both answer `.backend`, `.key`,
@@ -28,6 +29,7 @@ from decode.constraints.spec import Constraint
 
 DEVICE_BUDGET_S = 2.0          # a device build longer than this goes to the host backend (auto)
 MAX_DEVICE_REGEX = 20_000      # characters: longer regexes go to the host backend (auto)
+MAX_QUEUED_BUILDS = 4          # device builds waiting or running at once (auto adds none past it)
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="device-tables")
 _PENDING: dict = {}
 _PENDING_LOCK = threading.Lock()
@@ -44,16 +46,23 @@ def device_exact(constraint: Constraint):
     check_device(json.loads(constraint.value), constraint.field)
 
 
-def _device(constraint: Constraint, tokenizer, budget_s: float | None):
+def _device(constraint: Constraint, tokenizer, budget_s: float | None, wait_behind: bool = True):
     """The Automaton, built on the pool; None when not ready within `budget_s` (the build goes
-    on and lands in the cache for the next request)."""
+    on and lands in the cache for the next request). With `wait_behind` False (auto), a build
+    that would queue behind another schema's is not waited for, and none is queued past
+    MAX_QUEUED_BUILDS: the host takes the request at once and a later one asks again."""
     key = constraint.key()
     with _PENDING_LOCK:
         fut = _PENDING.get(key)
         if fut is None:
+            behind = bool(_PENDING)
+            if behind and not wait_behind and len(_PENDING) >= MAX_QUEUED_BUILDS:
+                return None
             fut = _POOL.submit(device_lib.for_tokenizer, constraint, tokenizer)
             _PENDING[key] = fut
             fut.add_done_callback(lambda _f: _forget(key))
+            if behind and not wait_behind:
+                return None
     try:
         auto = fut.result(timeout=budget_s)
     except concurrent.futures.TimeoutError:
@@ -71,6 +80,12 @@ def _stricter(constraint: Constraint) -> bool:
         return False
     from decode.constraints.keywords import stricter
     return bool(stricter(json.loads(constraint.value)))
+
+
+def pending_builds() -> list:
+    """The device builds queued or running (futures)."""
+    with _PENDING_LOCK:
+        return list(_PENDING.values())
 
 
 def _forget(key):
@@ -103,7 +118,7 @@ def compile_for(constraint: Constraint, tokenizer, vocab_size: int | None = None
             pass
     if backend == "auto":
         try:
-            auto = _device(constraint, tokenizer, budget_s)
+            auto = _device(constraint, tokenizer, budget_s, wait_behind=False)
         except DecodeConfigError:
             auto = None      # the host's words say what is wrong, or the host takes it
         return auto if auto is not None else host_lib.compile_grammar(constraint, tokenizer,
