@@ -240,7 +240,8 @@ class Worker:
 
     def start(self) -> None:
         self.conn, child = self.ctx.Pipe()
-        self.proc = self.ctx.Process(target=_serve, args=(child, *self.args), daemon=True)
+        self.proc = self.ctx.Process(target=_serve, args=(child, *self.args))  # not daemonic:
+        # it starts the schema-regex child of decode.constraints.schema_regex
         self.proc.start()
         self.starts += 1
         child.close()

@@ -294,3 +294,30 @@ def test_auto_takes_the_host_at_once_while_the_builder_is_busy(demo, monkeypatch
             break
         time.sleep(0.05)
     assert compile_for(other, tok, config.vocab_size, budget_s=20).backend == "device"
+
+
+def test_a_schema_whose_regex_explodes_is_refused_for_the_device_not_fatal(demo):
+    """Optional properties, free-form objects among them, and the object itself again as array
+    items (MaskBench's Github_medium o33692, a mock server's config): outlines-core's regex of it
+    grows past gigabytes (it would abort the process). It is built in a child with bounded
+    memory: the device tables refuse it by name, `auto` gives it to the host, and this process
+    lives on."""
+    config, _, tok = demo
+    props = {"method": {"type": "string", "enum": ["GET", "POST", "PUT"]},
+             "delay": {"type": "integer"}, "name": {"type": "string"},
+             "category": {"type": "string"}, "getParameters": {"type": "object"},
+             "postParameters": {"type": "object"}, "postJson": {"type": "object"},
+             "responseCode": {"type": "integer"},
+             "alternatives": {"type": "array", "items": {"$ref": "#"}},
+             "redirect": {"type": "string"}, "generatesJson": {"type": "boolean"},
+             "hidden": {"type": "boolean"}, "responsePath": {"type": "string"},
+             "checkHeaders": {"type": "object"}}
+    c = Constraint.json_schema({"type": "object", "properties": props})
+    with pytest.raises(DecodeConfigError, match=r"json_schema: the schema's regular expression "
+                                                r"for the device tables is too large"):
+        compile_for(c, tok, config.vocab_size, backend="device", budget_s=60)
+    g = compile_for(c, tok, config.vocab_size)
+    assert g.backend == "host"
+    text = '{"name": "x", "postJson": {"k": [1]}, "alternatives": [{"delay": 3}]}'
+    assert g.matcher().advance_all(tok.encode(text)) == len(tok.encode(text))
+    assert Constraint.json_schema({"type": "integer"}).to_regex()    # the child came back

@@ -20,10 +20,10 @@ DATA = os.path.join(HERE, "data", "maskbench")
 ROOT = os.path.dirname(os.path.dirname(HERE))
 DEMO_TOKENIZER = os.path.join(ROOT, "demo", "model")
 N_FILES = 105
-# measured 2026-11-29: PASSING_MEASURED of 105 pass (the rest: compile errors for keywords the
-# compiler refuses, validation errors); the floor leaves room for the auto backend's choice
-# (device within 2 s, else host) moving with the machine's load
-PASSING_MEASURED = 87
+# measured 2026-11-29: PASSING_MEASURED of 105 pass (the rest: compile errors naming keywords
+# neither backend enforces); the floor leaves room for the auto backend's choice (device when
+# its tables are built within 2 s and the builder is free, else host) moving with the load
+PASSING_MEASURED = 90
 PASSING_FLOOR = PASSING_MEASURED - 4
 
 
@@ -44,9 +44,9 @@ def test_subset_statuses(report):
     assert totals["timeout"] == 0
     assert totals["passing"] >= PASSING_FLOOR, totals
     assert report["unexpected"] == [], report["unexpected"]
-    # both backends take part under auto, and refusals name what is wrong
+    # the host takes what the device tables are not ready for, and refusals name what is wrong
     backends = {r["backend"] for r in report["schemas"] if r["status"] == "passing"}
-    assert backends == {"device", "host"}
+    assert "host" in backends and backends <= {"device", "host"}
     for r in report["schemas"]:
         if r["status"] == "compile error":
             assert r["backend"] is None and r["error"]
@@ -59,7 +59,8 @@ def test_report_keys(report):
     assert set(report["compile_ms"]) == {"p50", "p90", "p99"}
     assert 0 < report["compile_ms"]["p50"] <= report["compile_ms"]["p90"] \
         <= report["compile_ms"]["p99"]
-    for backend in ("device", "host"):
+    assert "host" in report["mask_us"]
+    for backend in report["mask_us"]:
         m = report["mask_us"][backend]
         assert 0 < m["p50"] <= m["p99"] and m["tokens"] > 0
     names = [r["file"] for r in report["schemas"]]

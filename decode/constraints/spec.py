@@ -102,8 +102,9 @@ class Constraint:
         return hashlib.sha256(json.dumps([self.kind, self.value]).encode()).hexdigest()
 
     def to_regex(self) -> str:
-        """The regular expression the output must match (outlines-core for JSON)."""
-        from outlines_core.json_schema import build_regex_from_schema
+        """The regular expression the output must match (outlines-core for JSON, in a child
+        process: decode.constraints.schema_regex)."""
+        from decode.constraints.schema_regex import regex_from_schema
         if self.kind == "regex":
             return self.value
         if self.kind == "grammar":
@@ -112,11 +113,7 @@ class Constraint:
         if self.kind == "choice":
             return "(" + "|".join(escape(o) for o in self.value) + ")"
         schema = self.value if self.kind == "json_schema" else JSON_OBJECT_SCHEMA
-        try:
-            return build_regex_from_schema(schema, WHITESPACE)
-        except (ValueError, TypeError) as e:
-            raise DecodeConfigError(f"{self.field}: unsupported JSON schema ({e})",
-                                    self.field) from None
+        return regex_from_schema(schema, WHITESPACE, self.field)
 
 
 def check_schema(schema: dict, field: str) -> None:
