@@ -37,15 +37,15 @@ test: $(TEST_STAMP)
 demo: $(DEMO_STAMP)
 	$(PY) -m demo
 
-# XLA's GPU compiler without a GPU (compile-only: benchmarks.compile_for --compile-for h100,
+# XLA's GPU compiler without a GPU (compile-only: benchmarks.compiled.compile_for --compile-for h100,
 # --topology h100 of the dry runs, tests/test_gpu_compile.py), ~480 MB, in its own folder like
 # libtpu (part of the test setup); put it on PYTHONPATH:
-#   PYTHONPATH=.:$(GPU_COMPILER) JAX_PLATFORMS=cpu python -m benchmarks.compile_for --compile-for h100
+#   PYTHONPATH=.:$(GPU_COMPILER) JAX_PLATFORMS=cpu python -m benchmarks.compiled.compile_for --compile-for h100
 gpu-compiler: $(DEMO_STAMP)
 	$(INSTALL_GPU_COMPILER)
 
 # For a GPU machine without network access (Python 3.12 with jax for CUDA, flax, optax, orbax,
-# tokenizers): what it lacks to train and decode (demo/pipeline.py, benchmarks/on_gpu.py), grain and
+# tokenizers): what it lacks to train and decode (demo/pipeline.py, benchmarks/gpu/on_gpu.py), grain and
 # its two missing needs and qwix (the model's quantized projections), as wheels in .whl/ (git ignores
 # it), to copy there and install with `pip install --no-index .whl/*.whl`
 OFFLINE_WHEELS := grain==0.2.18 array_record==0.8.6 portpicker==1.6.0 qwix==0.1.8

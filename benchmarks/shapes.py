@@ -21,7 +21,7 @@ DECODE_SHAPES = {
                  num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128,
                  tie_word_embeddings=True),
 }
-# Qwen2.5-7B, the released WeDLM-7B's base, as configs/arch/qwen2.5-7b reads (benchmarks.compile_for
+# Qwen2.5-7B, the released WeDLM-7B's base, as configs/arch/qwen2.5-7b reads (benchmarks.compiled.compile_for
 # --model 7b; not in the suite's plan, which stays within one family)
 QWEN25_7B = dict(model_type="qwen2", qkv_bias=True, rope_theta=1000000.0, rms_norm_eps=1e-6,
                  max_position_embeddings=131072, vocab_size=152064, hidden_size=3584,

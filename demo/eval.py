@@ -1,5 +1,5 @@
 """The shipped demo model and how it is judged: one place for `make demo`, the experiments
-(benchmarks/demo_experiments.py) and the tests that decode with the trained weights.
+(benchmarks/demo_model/demo_experiments.py) and the tests that decode with the trained weights.
 
     check_model(folder)            every file the demo needs, verified (sha256 manifest) before use
     load_model(folder)             (config, params, tokenizer)

@@ -95,7 +95,7 @@ def main(argv=None) -> int:
                                            max_new_tokens=192))
     print("\ntok/fwd = tokens per forward; p_cache = tokens emitted / token slots computed; "
           "vs AR = this method's tokens/s over AR's (the wall-clock ratio for equal output).\nBENCHMARKS.md has the sweeps: "
-          "python -m benchmarks.demo_experiments all")
+          "python -m benchmarks.demo_model.demo_experiments all")
     return 0
 
 

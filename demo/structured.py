@@ -1,4 +1,4 @@
-"""The records regime with its schema (`make demo`, benchmarks/constraints.py): each held-out
+"""The records regime with its schema (`make demo`, benchmarks/structured/constraints.py): each held-out
 table's JSON lines constrained to its columns (docs/algorithm.md §7), beside the same prompts
 unconstrained."""
 

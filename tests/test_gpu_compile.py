@@ -1,6 +1,6 @@
 """The decode step compiled for an H100 by XLA's GPU compiler, no GPU needed: the Triton kernels
 read the cache in place (dense and paged). (The step's bytes with the weights per layer or stacked,
-measured with benchmarks/step_bytes.py's reading of the program, are its test:
+measured with benchmarks/compiled/step_bytes.py's reading of the program, are its test:
 benchmarks/tests/test_step_bytes.py.)
 
 Needs XLA's GPU compiler, which `make setup` installs into .venv/gpu-compiler (`make

@@ -227,7 +227,7 @@ COSTED_TRAIN = textwrap.dedent("""
 def test_a_train_step_compiled_to_be_costed_gets_libtpus_time_estimate():
     """libtpu puts -2 s into optimal_seconds for each op it offloads to a SparseCore (the train
     step's scatters on v5p); the program compiled with `estimate_options` keeps them on the
-    TensorCore and gets a time, with the same FLOPs (benchmarks.compile_for's train MFU)."""
+    TensorCore and gets a time, with the same FLOPs (benchmarks.compiled.compile_for's train MFU)."""
     d = {"model": {"config": dict(TPU_MODEL)},
          "data": {"train_files": ["absent.jsonl"], "seq_len": 256, "global_batch_size": 1},
          "objective": {"kind": "dual_stream", "block_size": 32},

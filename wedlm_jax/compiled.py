@@ -1,5 +1,5 @@
 """What a compiled program says about itself, read the same way by every dry run and benchmark
-(training's `train.dry_run`, decoding's `decode.compile.aot`, `benchmarks.compile_for`): XLA's memory
+(training's `train.dry_run`, decoding's `decode.compile.aot`, `benchmarks.compiled.compile_for`): XLA's memory
 analysis per device, its cost analysis where the compiler gives one, and the custom-call kernels
 it really emitted."""
 

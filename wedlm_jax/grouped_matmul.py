@@ -45,7 +45,7 @@ STAGES = 3            # the Triton pipeline depth
 # kernel runs. Mosaic (TPU): a prefill chunk or a wide batch of windows is compute-bound, where
 # XLA's gemm is expected to win over the kernel's simple tiles. Triton (GPU): measured at the 8B
 # shapes, the kernel ties or wins at 8 rows and XLA's gemm wins from 256 rows on (BENCHMARKS.md
-# section 8, `python -m benchmarks.on_gpu --parts probes,qmatmul`), so only AR-sized inputs take it
+# section 8, `python -m benchmarks.gpu.on_gpu --parts probes,qmatmul`), so only AR-sized inputs take it
 MAX_ROWS = {"mosaic": 512, "triton": 8}
 
 

@@ -1,4 +1,4 @@
-"""benchmarks.accelerator: the --smoke run (every section at tiny shapes on CPU) writes its JSON,
+"""benchmarks.compiled.accelerator: the --smoke run (every section at tiny shapes on CPU) writes its JSON,
 markdown and PNGs with consistent figures; the refusals (--smoke off CPU, no accelerator without
 --smoke, a shape larger than the device memory, an occupied --out) come before any work."""
 
@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from benchmarks import accelerator as acc
+from benchmarks.compiled import accelerator as acc
 from benchmarks.shapes import SMOKE_SHAPE, TRAIN_SHAPE, model_config
 
 GIB = acc.GIB
@@ -46,7 +46,7 @@ def test_smoke_run_writes_the_report(tmp_path, capsys):
     assert rep["convert"]["round_trip_equal"] and rep["convert"]["checkpoint_bytes"] > 0
     md = (out / "accelerator.md").read_text()
     assert "--smoke" in md and "## AR decode step" in md and "## Train step" in md
-    assert "python -m benchmarks.accelerator --smoke" in md
+    assert "python -m benchmarks.compiled.accelerator --smoke" in md
     for png in ("decode_roofline.png", "train_mfu.png", "window_curve.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -92,7 +92,7 @@ def test_plans_follow_the_device_memory():
 def test_a_failing_kernel_is_recorded_and_the_run_exits_nonzero(tmp_path, capsys, monkeypatch):
     """A kernel that fails on the device (e.g. a lowering error) costs its own entries only: the
     report is still written, the failure is in it, and the exit status is 1."""
-    import benchmarks.window_cost as wc
+    import benchmarks.decoding.window_cost as wc
 
     def fake_measure(config, params, windows, *a, attention="tiled", **kw):
         if attention == "tiled":

@@ -1,11 +1,11 @@
-"""benchmarks.attention at toy size: the tiled (tile-skipping) and the dense dual-stream attention
+"""benchmarks.training.attention at toy size: the tiled (tile-skipping) and the dense dual-stream attention
 compute the same gradients, and the tiled one visits only the tile pairs the mask allows."""
 
 from __future__ import annotations
 
 import json
 
-from benchmarks import attention
+from benchmarks.training import attention
 
 
 def test_tiled_and_dense_forward_backward_side_by_side(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""benchmarks.auto_layout: one layer of the 8B compiled for a v5p (libtpu, no TPU) with the
+"""benchmarks.compiled.auto_layout: one layer of the 8B compiled for a v5p (libtpu, no TPU) with the
 weights in the compiler's layouts against the default ones; `--compiler-option KEY=VALUE` values
 read as train overrides are, "default" handing the option back to libtpu (None over the Decoder's
 step options)."""
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from benchmarks.auto_layout import option
+from benchmarks.compiled.auto_layout import option
 from decode.engine import layouts
 from tests import tpu_compiler
 
@@ -22,7 +22,7 @@ def test_the_compilers_layouts_move_fewer_bytes_than_the_default_ones(tmp_path):
     """The default row-major weights make XLA copy them into its tile order inside the step; in
     the compiler's layouts the AR step of one 8B layer moves about its floor."""
     out = tmp_path / "al.json"
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.auto_layout", "--layers", "1",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.compiled.auto_layout", "--layers", "1",
                            "--methods", "ar", "--out", str(out)], env=tpu_compiler.env(),
                           capture_output=True, text=True, timeout=400, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]

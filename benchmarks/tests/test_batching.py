@@ -1,11 +1,11 @@
-"""benchmarks.batching at toy size on a demo-shaped model (conftest.py): static, continuous and
+"""benchmarks.decoding.batching at toy size on a demo-shaped model (conftest.py): static, continuous and
 paged continuous batching decode the same requests, every one to its whole budget."""
 
 from __future__ import annotations
 
 import json
 
-from benchmarks import batching
+from benchmarks.decoding import batching
 from demo.eval import load_model
 
 

@@ -1,4 +1,4 @@
-"""benchmarks.bfcl: BFCL's types as JSON Schema, the AST match on hand-made calls (ones that
+"""benchmarks.structured.bfcl: BFCL's types as JSON Schema, the AST match on hand-made calls (ones that
 pass and ones that must fail), bad input refused with exit 2, and an end-to-end run of the demo
 model's stand-in (benchmarks/tests/conftest.py: the demo's tokenizer and layout, tiny random
 weights, so programs compile in seconds) on a tiny data folder written here in BFCL's format
@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from benchmarks import bfcl
+from benchmarks.structured import bfcl
 from demo.eval import DEMO_MODEL
 
 AREA = {"name": "area", "description": "the area of a shape", "parameters": {

@@ -1,4 +1,4 @@
-"""benchmarks.compile_for: the report compiles for a TPU topology through libtpu (no TPU) at a toy
+"""benchmarks.compiled.compile_for: the report compiles for a TPU topology through libtpu (no TPU) at a toy
 shape, scales the cost to the whole depth, and refuses bad targets before compiling anything."""
 
 import json
@@ -12,7 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _run(*args):
-    return subprocess.run([sys.executable, "-m", "benchmarks.compile_for", *args],
+    return subprocess.run([sys.executable, "-m", "benchmarks.compiled.compile_for", *args],
                           env=tpu_compiler.env(), capture_output=True, text=True, timeout=400,
                           cwd=ROOT)
 
@@ -102,7 +102,7 @@ def test_unrolled_cost_takes_the_time_of_the_estimate_compile_where_libtpu_gives
 
 
 def test_step_ratios_roofline_and_libtpu():
-    from benchmarks.compile_for import derive
+    from benchmarks.compiled.compile_for import derive
     row = lambda method, roof, opt: dict(kind="decode", method=method, slots=8, cache="dense",
                                          roofline_s=roof, cost={"optimal_seconds": opt})
     ar, st, st_none = row("ar", 2.0, 4.0), row("streaming", 3.0, 5.0), row("streaming", 3.0, -1.0)
@@ -127,7 +127,7 @@ def test_bad_targets_are_named_before_compiling(tmp_path):
 def test_train_mfu_adds_the_attention_kernel_to_libtpus_estimate():
     """The step time is libtpu's optimal_seconds plus the uncounted attention kernel's FLOPs at
     peak; the roofline bound counts those FLOPs too; libtpu's 'no estimate' (<= 0) is no time."""
-    from benchmarks.compile_for import Target, train_mfu
+    from benchmarks.compiled.compile_for import Target, train_mfu
     t = Target(name="t", devices=(None, None), peak_flops=1e12, bandwidth=1e9, hbm=1)
     cost = {"flops": 4e12, "bytes accessed": 1e9, "optimal_seconds": 4.0}
     r = train_mfu(2e12, cost, t)

@@ -1,9 +1,9 @@
-"""benchmarks.convert at toy size: a generated Qwen3-shaped checkpoint through wedlm-convert both
+"""benchmarks.training.convert at toy size: a generated Qwen3-shaped checkpoint through wedlm-convert both
 ways and to bf16, each in its own measured process; the round trip gives the same tensors."""
 
 from __future__ import annotations
 
-from benchmarks import convert
+from benchmarks.training import convert
 from wedlm_jax.config import ModelConfig
 
 

@@ -1,4 +1,4 @@
-"""benchmarks.decode at toy size (--quick): the engine's step against one jitted forward, the
+"""benchmarks.decoding.decode at toy size (--quick): the engine's step against one jitted forward, the
 methods' tokens per forward on random weights, and our AR against transformers' greedy generate
 on the same tiny model (the same tokens)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from benchmarks import decode
+from benchmarks.decoding import decode
 
 
 def test_engine_overhead_methods_and_transformers(tmp_path):

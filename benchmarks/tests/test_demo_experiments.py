@@ -1,4 +1,4 @@
-"""benchmarks.demo_experiments on a demo-shaped model (conftest.py) at toy size (one regime, a few
+"""benchmarks.demo_model.demo_experiments on a demo-shaped model (conftest.py) at toy size (one regime, a few
 items): verified streaming gives AR greedy's tokens, the regimes beside the forward cost by W, their
 figure and the Markdown report; and the accuracy experiment's "right through the end value" count."""
 
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from benchmarks import demo_experiments as de
-from benchmarks.demo_experiments import through_end
+from benchmarks.demo_model import demo_experiments as de
+from benchmarks.demo_model.demo_experiments import through_end
 
 
 def test_verified_and_regimes_and_their_report(tmp_path, capsys, tiny_demo_model):
@@ -18,7 +18,7 @@ def test_verified_and_regimes_and_their_report(tmp_path, capsys, tiny_demo_model
               "--figures", d, "--model", tiny_demo_model]
     assert de.main(["verified", *common]) == 0
     res = json.loads((tmp_path / "demo_verified.json").read_text())
-    assert res["meta"]["command"] == ("python -m benchmarks.demo_experiments verified --items 2 "
+    assert res["meta"]["command"] == ("python -m benchmarks.demo_model.demo_experiments verified --items 2 "
                                       f"--repeats 1 --kinds counting --model {tiny_demo_model}")
     rows = res["results"]["counting"]
     assert rows["ar"]["n_items"] == rows["verified"]["same_as_ar"] == 2   # AR's tokens, per item
@@ -32,7 +32,7 @@ def test_verified_and_regimes_and_their_report(tmp_path, capsys, tiny_demo_model
     capsys.readouterr()
     assert de.main(["report", "--results", d]) == 0
     report = capsys.readouterr().out
-    assert "### verified: `python -m benchmarks.demo_experiments verified" in report
+    assert "### verified: `python -m benchmarks.demo_model.demo_experiments verified" in report
     assert "| counting | verified | 8 | 0.6 | 0.02 | 1 |" in report
     assert "Ceiling over AR at refill 'before'" in report
 

@@ -1,9 +1,9 @@
-"""benchmarks.forward at toy size: our jitted forward and transformers' on the same random weights
+"""benchmarks.training.forward at toy size: our jitted forward and transformers' on the same random weights
 give the same logits, each timed."""
 
 from __future__ import annotations
 
-from benchmarks import forward
+from benchmarks.training import forward
 
 
 def test_ours_and_transformers_forward_same_logits():

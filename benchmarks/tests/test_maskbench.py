@@ -1,4 +1,4 @@
-"""benchmarks.maskbench on a fixed subset of MaskBench's dev split (benchmarks/tests/data/maskbench:
+"""benchmarks.structured.maskbench on a fixed subset of MaskBench's dev split (benchmarks/tests/data/maskbench:
 7 files of at most 12 KB from each of its 15 sources, `random.Random(0).sample` over the sorted
 names), the demo tokenizer and the auto backend: no invalidation error, no timeout at 20 s, the
 passing count at its measured floor, the report's keys; the timeout path on one schema; bad input
@@ -13,7 +13,7 @@ import tarfile
 
 import pytest
 
-from benchmarks import maskbench
+from benchmarks.structured import maskbench
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, "data", "maskbench")
@@ -68,7 +68,7 @@ def test_report_keys(report):
     for r in report["schemas"]:
         assert {"file", "status", "backend", "compile_ms"} <= set(r)
         assert (r["status"] == "passing") == ("error" not in r)
-    assert report["command"].startswith("python -m benchmarks.maskbench ")
+    assert report["command"].startswith("python -m benchmarks.structured.maskbench ")
 
 
 def test_timeout_kills_and_restarts_the_worker():
@@ -110,5 +110,5 @@ def test_bad_input_is_one_line_exit_2(case, tmp_path, capsys):
         inputs = [str(tmp_path)]
     assert maskbench.main([*inputs, "--tokenizer", tokenizer, "--quiet"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("python -m benchmarks.maskbench: error: ")
+    assert err.count("\n") == 1 and err.startswith("python -m benchmarks.structured.maskbench: error: ")
     assert "Traceback" not in err

@@ -1,11 +1,11 @@
-"""benchmarks.on_gpu at tiny shapes on this CPU (--smoke): the same code paths a GPU runs,
+"""benchmarks.gpu.on_gpu at tiny shapes on this CPU (--smoke): the same code paths a GPU runs,
 so a device's minutes are not spent finding a bug in the script."""
 
 from __future__ import annotations
 
 import json
 
-from benchmarks import on_gpu
+from benchmarks.gpu import on_gpu
 
 
 def test_smoke_run_measures_every_backend_and_step(tmp_path):

@@ -1,4 +1,4 @@
-"""benchmarks.paged at toy size on a demo-shaped model (conftest.py): with prefix reuse a request
+"""benchmarks.decoding.paged at toy size on a demo-shaped model (conftest.py): with prefix reuse a request
 takes the shared prefix's whole pages from the cache, the paged pool holds more requests in flight
 than dense slots of the same memory, and the step is timed paged against dense."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from benchmarks import paged
+from benchmarks.decoding import paged
 
 
 def test_prefix_reuse_in_flight_and_step(tmp_path, tiny_demo_model):

@@ -1,4 +1,4 @@
-"""benchmarks.pareto: a small grid on a demo-shaped model (conftest.py), checked against decoding
+"""benchmarks.decoding.pareto: a small grid on a demo-shaped model (conftest.py), checked against decoding
 the same items directly; any checkpoint's "answer" items; bad arguments are one line and exit 2."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks import pareto
+from benchmarks.decoding import pareto
 from decode.config import DecodeConfig
 from demo.eval import decode_items, eval_items, load_model
 

@@ -1,11 +1,11 @@
-"""benchmarks.quantize, benchmarks.kv_int8 and benchmarks.quantize_heldout at toy size:
+"""benchmarks.quantized.quantize, benchmarks.quantized.kv_int8 and benchmarks.quantized.quantize_heldout at toy size:
 milliseconds per AR step of the demo model, float32 against int8 weights (the weights' bytes as
 the Decoder holds them) and against the int8 KV cache (the tokens kept, the KL, the cache's
 bytes); the held-out accuracies per scheme and their differences."""
 
 from __future__ import annotations
 
-from benchmarks import quantize
+from benchmarks.quantized import quantize
 
 
 def test_step_time_float32_against_int8(tmp_path):
@@ -19,7 +19,7 @@ def test_step_time_float32_against_int8(tmp_path):
 
 
 def test_int8_cache_against_the_float_cache(tmp_path):
-    from benchmarks import kv_int8
+    from benchmarks.quantized import kv_int8
     out = kv_int8.main(["--dtypes", "float32", "--tokens", "8", "--slots", "2", "--chunks", "1",
                         "--out", str(tmp_path / "kv.json")])
     row, = out["results"]
@@ -29,7 +29,7 @@ def test_int8_cache_against_the_float_cache(tmp_path):
 
 
 def test_heldout_per_scheme_and_its_differences(tmp_path, tiny_demo_model):
-    from benchmarks import quantize_heldout
+    from benchmarks.quantized import quantize_heldout
     out = quantize_heldout.main(["--model", tiny_demo_model, "--schemes", "none,int8", "--items",
                                  "2", "--batch", "2", "--out", str(tmp_path / "h.json")])
     assert set(out["results"]) == {"none", "int8"} and out["model"] == tiny_demo_model

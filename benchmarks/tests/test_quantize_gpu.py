@@ -13,7 +13,7 @@ from tests.gpu_compiler import run_for_the_gpu
 
 SCRIPT = textwrap.dedent("""
     import json
-    from benchmarks.step_bytes import hbm_traffic
+    from benchmarks.compiled.step_bytes import hbm_traffic
     from decode.compile import aot
     from decode.config import EngineOptions, Placement
     from wedlm_jax.config import ModelConfig

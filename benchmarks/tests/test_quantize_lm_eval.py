@@ -1,4 +1,4 @@
-"""benchmarks.quantize_lm_eval at toy size: lm-eval's CLI against an unquantized and an int8
+"""benchmarks.quantized.quantize_lm_eval at toy size: lm-eval's CLI against an unquantized and an int8
 `wedlm-serve` on the tiny demo-shaped model, two items per task built from its held-out set (the
 metrics of both servers, their differences, the JSON, every server stopped); the task data it
 builds; a bad argument refused (exit 2, one line) before any server starts."""
@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("lm_eval")
 pytest.importorskip("fastapi")
 
-from benchmarks import quantize_lm_eval as q  # noqa: E402
+from benchmarks.quantized import quantize_lm_eval as q  # noqa: E402
 
 
 @pytest.fixture
@@ -59,7 +59,7 @@ def test_none_against_int8_through_lm_eval(tmp_path, tiny_demo_model, started):
     assert 0 < change < 50
     saved = json.loads((tmp_path / "lm_eval.json").read_text())
     assert saved["results"] == out["results"] and saved["date"] and "core" in saved["machine"]
-    assert saved["command"].startswith("python -m benchmarks.quantize_lm_eval --model")
+    assert saved["command"].startswith("python -m benchmarks.quantized.quantize_lm_eval --model")
 
 
 def test_tasks_built_from_the_held_out_set(tmp_path, tiny_demo_model):

@@ -1,5 +1,5 @@
 """Quantized weights in the decode step compiled for a v5p by libtpu (no TPU needed), bytes
-read from the compiled program with benchmarks/step_bytes.py: per-channel int8 and int4 kernels
+read from the compiled program with benchmarks/compiled/step_bytes.py: per-channel int8 and int4 kernels
 are read as they are stored; grouped int4 kernels through the Mosaic kernel
 (wedlm_jax/grouped_matmul.py). The H100's twin: benchmarks/tests/test_quantize_gpu.py. Needs
 .venv/tpu-compiler (`make setup`)."""
@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TPU_BYTES = """
 import json
 from jax.experimental import topologies
-from benchmarks.step_bytes import hbm_traffic
+from benchmarks.compiled.step_bytes import hbm_traffic
 from decode.compile import aot
 from decode.config import EngineOptions, Placement
 from wedlm_jax.config import ModelConfig

@@ -1,9 +1,9 @@
-"""benchmarks/ray_scaling.py's arithmetic (the jobs themselves run in tests/ray_in_namespace.py): the
+"""benchmarks/doors/ray_scaling.py's arithmetic (the jobs themselves run in tests/ray_in_namespace.py): the
 driver's cost fitted from jobs of known cost, and the number of hosts it can feed."""
 
 import pytest
 
-from benchmarks.ray_scaling import driver_cost, median_run, scaling_bound
+from benchmarks.doors.ray_scaling import driver_cost, median_run, scaling_bound
 
 
 def job(wall, blocks, idle=0.02, per_block=0.005, tokens_per_s=100.0):

@@ -1,4 +1,4 @@
-"""benchmarks.serve at toy size: a demo-shaped model (conftest.py) behind the real server (a
+"""benchmarks.doors.serve at toy size: a demo-shaped model (conftest.py) behind the real server (a
 subprocess), concurrent streaming clients, and one request's time against generate() (the
 benchmark checks that both give the same text)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from benchmarks import serve
+from benchmarks.doors import serve
 
 
 def test_server_under_load_and_its_overhead(tmp_path, tiny_demo_model):

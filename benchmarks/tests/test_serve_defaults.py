@@ -1,4 +1,4 @@
-"""benchmarks.serve_defaults at toy size: the three servers (no tuning flags, the dense cache,
+"""benchmarks.doors.serve_defaults at toy size: the three servers (no tuning flags, the dense cache,
 sized for one request) on a tiny demo-shaped model, interleaved; they agree on every greedy text
 (the benchmark raises otherwise) and every figure the report reads is there."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from benchmarks import serve_defaults
+from benchmarks.doors import serve_defaults
 
 
 def test_three_servers_side_by_side(tmp_path, tiny_demo_model):

@@ -1,4 +1,4 @@
-"""benchmarks.serve_metrics at toy size: a demo-shaped model (conftest.py) behind the real server
+"""benchmarks.doors.serve_metrics at toy size: a demo-shaped model (conftest.py) behind the real server
 (a subprocess), plain and scraped windows interleaved, the scrapes parsed."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks import serve_metrics
+from benchmarks.doors import serve_metrics
 
 pytest.importorskip("prometheus_client")
 

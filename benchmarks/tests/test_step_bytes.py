@@ -1,4 +1,4 @@
-"""benchmarks/step_bytes.py's reading of an optimized HLO module: top-level instructions only
+"""benchmarks/compiled/step_bytes.py's reading of an optimized HLO module: top-level instructions only
 (not the insides of fusions), operand + result bytes, an in-place update counted as its update;
 the paged kernel's bytes the compiler does not count; the program itself for a TPU (libtpu) at one
 layer of the 8B; and with it, the GPU decode step's bytes with its weights per layer or stacked
@@ -10,7 +10,7 @@ import subprocess
 import sys
 import textwrap
 
-from benchmarks.step_bytes import instruction_bytes, kernel_not_counted, source_group
+from benchmarks.compiled.step_bytes import instruction_bytes, kernel_not_counted, source_group
 from tests import tpu_compiler
 from tests.gpu_compiler import run_for_the_gpu
 from wedlm_jax.config import ModelConfig
@@ -121,7 +121,7 @@ def test_the_paged_kernels_uncounted_bytes_are_live_kv_queries_and_output():
 
 
 def test_one_layer_of_the_8b_paged_step_for_a_v5p():
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.step_bytes", "--layers", "1",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.compiled.step_bytes", "--layers", "1",
                            "--method", "streaming", "--window", "8", "--page-size", "64",
                            "--top", "2"], env=tpu_compiler.env(), capture_output=True, text=True,
                           timeout=400, cwd=ROOT)
@@ -135,7 +135,7 @@ def test_one_layer_of_the_8b_paged_step_for_a_v5p():
 
 GPU_LAYERS = textwrap.dedent("""
     import json
-    from benchmarks.step_bytes import hbm_traffic
+    from benchmarks.compiled.step_bytes import hbm_traffic
     from decode.compile import aot
     from decode.config import EngineOptions, Placement
     from decode.engine import layouts

@@ -1,11 +1,11 @@
-"""benchmarks.step_time at toy size: milliseconds per decode step of the demo model, streaming and
+"""benchmarks.decoding.step_time at toy size: milliseconds per decode step of the demo model, streaming and
 AR, every slot live."""
 
 from __future__ import annotations
 
 import json
 
-from benchmarks import step_time
+from benchmarks.decoding import step_time
 
 
 def test_milliseconds_per_step_streaming_and_ar(capsys):

@@ -1,4 +1,4 @@
-"""The PyTorch peer's decode loop (benchmarks.torch_baseline) on a tiny random Qwen3 on this CPU:
+"""The PyTorch peer's decode loop (benchmarks.gpu.torch_baseline) on a tiny random Qwen3 on this CPU:
 its greedy tokens are transformers' own `generate`'s, and this project's AR decode of the same
 weights gives them too: the peer and the JAX runs decode the same model."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks import torch_baseline as tb
+from benchmarks.gpu import torch_baseline as tb
 
 
 def test_the_peers_tokens_are_transformers_and_ours(tmp_path):

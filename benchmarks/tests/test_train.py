@@ -1,4 +1,4 @@
-"""benchmarks.train at toy size: the train step's tokens/s and MFU, and the attention's share."""
+"""benchmarks.training.train at toy size: the train step's tokens/s and MFU, and the attention's share."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks import train
+from benchmarks.training import train
 
 
 def test_tiny_step_throughput_and_shares(tmp_path):

@@ -1,11 +1,11 @@
-"""benchmarks.verified at toy size (--quick): verified streaming gives AR greedy's tokens in every
+"""benchmarks.decoding.verified at toy size (--quick): verified streaming gives AR greedy's tokens in every
 regime, with more than one token per forward where the two readings agree."""
 
 from __future__ import annotations
 
 import json
 
-from benchmarks import verified
+from benchmarks.decoding import verified
 
 
 def test_verified_equals_ar_in_every_regime(tmp_path):

@@ -1,6 +1,6 @@
 """What one decoding forward costs by the number of slots it holds, and the speed-up over AR it
 allows: the ceiling every measured ratio is read against (`make demo` prints both, measured in the
-same run; `benchmarks/window_cost.py` prints the table).
+same run; `benchmarks/decoding/window_cost.py` prints the table).
 
 On an accelerator a forward of a few slots is memory-bound and S slots cost about what 1 does; on
 a CPU a small model is compute-bound and the forward grows with S, so a method that emits up to W
