@@ -83,6 +83,30 @@ class LoraOptions(Checked):
         """The table's rank (0 without --enable-lora)."""
         return (self.max_lora_rank or DEFAULT_MAX_RANK) if self.enable_lora else 0
 
+    def check_folders(self, base_name: str | None = None) -> None:
+        """Each --lora-modules folder's adapter_config.json read (no tensors: the shapes are
+        checked against the model when it loads): a DecodeConfigError naming the adapter and
+        the option it cannot serve (the rank bound, DoRA, ...), or a name the base model has."""
+        from wedlm_jax.lora_spec import LoraError
+        from wedlm_jax.peft import read_spec
+        for name, path in self.lora_modules:
+            if name == base_name:
+                raise DecodeConfigError(f"--lora-modules {name}={path}: {name!r} is the base "
+                                        "model's name", "lora_modules")
+            try:
+                read_spec(path, self.rank)
+            except LoraError as e:
+                raise DecodeConfigError(f"--lora-modules {name}: {e}", "lora_modules") from None
+
+    def load_into(self, adapters) -> None:
+        """Every --lora-modules adapter loaded into `adapters` (decode.engine.adapters.Adapters),
+        a DecodeConfigError naming the one that does not fit the model."""
+        for name, path in self.lora_modules:
+            try:
+                adapters.load(name, path)
+            except DecodeConfigError as e:
+                raise DecodeConfigError(f"--lora-modules {name}: {e}", "lora_modules") from None
+
     @classmethod
     def add_arguments(cls, parser, door: str) -> None:
         g = parser.add_argument_group("LoRA adapters (vLLM's flags)")

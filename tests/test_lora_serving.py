@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from decode.config import DecodeConfigError
 from decode.engine.batcher import Batcher
 from decode.engine.state import Request
 from decode.lora_options import LoraOptions
@@ -129,3 +130,107 @@ def test_verified_equals_ar_under_an_adapter(demo, adapters, prompts):
         dec.adapters.load("beta", adapters["beta"][2])
         got[method] = _run(Batcher(dec), [(p, "beta") for p in prompts])
     assert got["verified"] == got["ar"]
+
+
+def test_a_held_adapter_is_not_unloaded(demo, adapters):
+    dec = _decoder(demo, "ar")
+    dec.adapters.load("alpha", adapters["alpha"][2])
+    row = dec.adapters.acquire("alpha")
+    with pytest.raises(DecodeConfigError, match="in use by 1 request"):
+        dec.adapters.unload("alpha")
+    dec.adapters.release(row)
+    dec.adapters.unload("alpha")
+    with pytest.raises(DecodeConfigError, match="'alpha' does not exist"):
+        Batcher(dec).submit(Request(prompt=(1, 2)), adapter="alpha")
+
+
+# ------------------------------------------------------------------------------ the server
+
+@pytest.fixture(scope="module")
+def server(demo, adapters):
+    """wedlm-serve's app over the demo model with --enable-lora, 'alpha' loaded at start."""
+    pytest.importorskip("fastapi")
+    from decode.serving import serve
+    from tests.live_server import serve_in_thread
+    args = serve._parser().parse_args([
+        "--checkpoint", DEMO_MODEL, "--slots", "4", "--window", "4", "--capacity", "64",
+        "--no-default-stops", "--model-name", "demo", "--api-key", "key", "--enable-lora",
+        "--lora-modules", f"alpha={adapters['alpha'][2]}", "--max-loras", "2",
+        "--max-lora-rank", "8"])
+    decoder, tokenizer, cfg = serve.load_decoder(args)
+    batcher = Batcher(decoder)
+    batcher.warm_up(64, every_bucket=False)
+    engine = serve.EngineThread(batcher, max_pending=8, scorer=serve.scorer_for(decoder)).start()
+    url, srv, thread, sock = serve_in_thread(serve.build_app(engine, tokenizer, cfg))
+    yield url
+    srv.should_exit = True
+    thread.join(15)
+    engine.shutdown(timeout=15)
+    sock.close()
+
+
+def _post(url, path, body, key="key"):
+    import httpx
+    return httpx.post(url + path, json=body, timeout=120,
+                      headers={"Authorization": f"Bearer {key}"} if key else {})
+
+
+def _text(url, model, prompt):
+    r = _post(url, "/v1/completions", {"model": model, "prompt": list(prompt), "max_tokens": 10})
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == model
+    return r.json()["choices"][0]["text"]
+
+
+def _bad_folders(demo, adapters, root):
+    """{what: (PEFT folder, the words its refusal names)}: a rank above the bound, another base's
+    shapes, DoRA."""
+    import shutil
+    config = demo[0]
+    wide = LoraSpec(rank=16, alpha=16.0, targets=("q",))
+    other = config.replace(hidden_size=256)
+    dora = shutil.copytree(adapters["beta"][2], root / "dora")
+    with open(dora / "adapter_config.json") as f:
+        c = json.load(f)
+    with open(dora / "adapter_config.json", "w") as f:
+        json.dump(dict(c, use_dora=True), f)
+    return {"rank": (save_peft(config, random_adapter(config, wide, 3, 0.1), wide, root / "wide"),
+                     "r=16 is above the rank bound 8"),
+            "base": (save_peft(other, random_adapter(other, SPECS["beta"], 4, 0.1),
+                               SPECS["beta"], root / "other"), "shape (256, 8), the model needs (384, 8)"),
+            "dora": (str(dora), "use_dora=True")}
+
+
+def test_server_serves_adapters_by_model_name(server, demo, adapters, prompts, tmp_path):
+    from decode.engine import programs
+    url = server
+    import httpx
+    cards = httpx.get(url + "/v1/models", headers={"Authorization": "Bearer key"}).json()["data"]
+    assert [(c["id"], c["parent"]) for c in cards] == [("demo", None), ("alpha", "demo")]
+    base, alpha = _text(url, "demo", prompts[0]), _text(url, "alpha", prompts[0])
+    assert base != alpha
+    r = _post(url, "/v1/completions", {"model": "gamma", "prompt": "x", "max_tokens": 2})
+    assert r.status_code == 404 and "`gamma` does not exist" in r.json()["error"]["message"]
+    # a new adapter at run time: nothing compiles for it
+    before = programs.compiled_count() + lora_table.write_row._cache_size()
+    body = {"lora_name": "beta", "lora_path": str(adapters["beta"][2])}
+    assert _post(url, "/v1/load_lora_adapter", body, key=None).status_code == 401
+    r = _post(url, "/v1/load_lora_adapter", body)
+    assert r.status_code == 200 and "beta" in r.text, r.text
+    beta = _text(url, "beta", prompts[0])
+    assert beta not in (base, alpha)
+    assert programs.compiled_count() + lora_table.write_row._cache_size() == before
+    assert _post(url, "/v1/load_lora_adapter", body).status_code == 400      # loaded already
+    # refused by name before any device work
+    for what, (folder, words) in _bad_folders(demo, adapters, tmp_path).items():
+        r = _post(url, "/v1/load_lora_adapter", {"lora_name": what, "lora_path": str(folder)})
+        assert r.status_code == 400 and words in r.json()["error"]["message"], (what, r.text)
+    # unloaded: its name is gone, its row serves the next adapter
+    assert _post(url, "/v1/unload_lora_adapter", {"lora_name": "alpha"}).status_code == 200
+    assert _post(url, "/v1/unload_lora_adapter", {"lora_name": "alpha"}).status_code == 404
+    r = _post(url, "/v1/completions", {"model": "alpha", "prompt": "x", "max_tokens": 2})
+    assert r.status_code == 404
+    body = {"lora_name": "alpha2", "lora_path": str(adapters["alpha"][2])}
+    assert _post(url, "/v1/load_lora_adapter", body).status_code == 200
+    assert _text(url, "alpha2", prompts[0]) == alpha and _text(url, "demo", prompts[0]) == base
+    assert _text(url, "beta", prompts[0]) == beta
