@@ -234,3 +234,27 @@ def test_server_serves_adapters_by_model_name(server, demo, adapters, prompts, t
     assert _post(url, "/v1/load_lora_adapter", body).status_code == 200
     assert _text(url, "alpha2", prompts[0]) == alpha and _text(url, "demo", prompts[0]) == base
     assert _text(url, "beta", prompts[0]) == beta
+
+
+def test_batch_job_lines_name_adapters(demo, adapters, prompts, tmp_path, capsys):
+    from decode import cli
+    lines = [{"id": "a", "prompt": list(prompts[0]), "model": "alpha"},
+             {"id": "b", "prompt": list(prompts[0])}, {"id": "c", "prompt": list(prompts[1]),
+                                                        "model": "alpha"}]
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    flags = ["--checkpoint", DEMO_MODEL, "--input", str(src), "--method", "ar",
+             "--max-new-tokens", "12", "--no-default-stops", "--slots", "4", "--enable-lora",
+             "--lora-modules", f"alpha={adapters['alpha'][2]}", "--max-lora-rank", "8"]
+    assert cli.main(flags + ["--output", str(out)]) == 0
+    got = {r["id"]: r["token_ids"] for r in map(json.loads, out.read_text().splitlines())}
+    dec = _decoder(demo, "ar")
+    dec.adapters.load("alpha", adapters["alpha"][2])
+    want = _run(Batcher(dec), [(prompts[0], "alpha"), (prompts[0], None), (prompts[1], "alpha")])
+    assert [got["a"], got["b"], got["c"]] == [want[0], want[1], want[2]]
+    src.write_text(json.dumps({"prompt": "x", "model": "zeta"}) + "\n")
+    assert cli.main(flags + ["--output", str(tmp_path / "o2.jsonl")]) == 2
+    assert "in.jsonl:1: field 'model': 'zeta' is not an adapter of the job" in \
+        capsys.readouterr().err
+    assert cli.main(flags[:4] + ["--output", str(out), "--lora-modules", "x=y"]) == 2
+    assert "--lora-modules goes with --enable-lora" in capsys.readouterr().err
