@@ -1,5 +1,6 @@
 """wedlm-serve's LoRA adapters, as vLLM serves them (`--enable-lora`): a request's `model` names
-the base or a loaded adapter (`model_of`; an unknown name is a 404 naming it), GET /v1/models
+the base or a loaded adapter (`model_of`; an unknown name is a 404 naming it, as vLLM answers;
+without --enable-lora the server keeps its 400 naming the model it serves), GET /v1/models
 lists the adapters beside the base (`parent`: the base's id), and POST /v1/load_lora_adapter
 {"lora_name", "lora_path"} / POST /v1/unload_lora_adapter {"lora_name"} change them at run time.
 
