@@ -6,7 +6,8 @@ Input: one JSON object per line with `prompt` (a string or a list of token ids) 
 chat: the checkpoint's chat template), an optional `id` (string or int; default: the line number)
 and optional per-line settings overriding the command line's: max_new_tokens (or max_tokens), stop
 (a string or a list of strings) and every Sampling option by name (tau, lam, temperature, top_k,
-top_p, min_p, the penalties, logit_bias, seed, sampling_order). Blank lines are skipped.
+top_p, min_p, the penalties, logit_bias, seed, sampling_order), and `model`: a LoRA adapter of
+--lora-modules (with --enable-lora) or the base. Blank lines are skipped.
 Every line is checked (JSON, fields, settings, prompt length against the capacity) before the
 checkpoint is read; a bad line is named by its line number and field. As for a single prompt, the
 window is no wider than the longest max_new_tokens of the file (`decode.config.useful_window`): a

@@ -4,7 +4,8 @@
                                   --window 16 --api-key KEY]
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions (the checkpoint's chat template),
-GET /v1/models, GET /health, GET /metrics (Prometheus: decode/metrics.py), and the
+GET /v1/models, GET /health, GET /metrics (Prometheus: decode/metrics.py), with --enable-lora
+POST /v1/load_lora_adapter and /v1/unload_lora_adapter (decode/serving/lora_routes.py), and the
 tokenizer's: GET /tokenizer_info, POST /tokenize, POST /detokenize (vLLM's shapes; lm-eval's
 `tokenizer_backend=remote` uses them). Scoring: completions
 take `echo` and `logprobs` (0-20), chat `logprobs: true` and `top_logprobs`; the log-probabilities
