@@ -132,6 +132,18 @@ def test_verified_equals_ar_under_an_adapter(demo, adapters, prompts):
     assert got["verified"] == got["ar"]
 
 
+def test_without_lora_nothing_is_added(demo):
+    """No table in the weights, no adapter row in the state (the programs are today's), no
+    memory counted; with --enable-lora the table's bytes are."""
+    config, params, _ = demo
+    dec = plans.decoder(params, config, method="ar", slots=2, capacity=64, sampling=False)
+    assert dec.adapters is None and dec.init_state().lora is None
+    assert not lora_table.has_table(dec.params) and dec.memory_estimate["lora"] == 0
+    table = lora_table.table_shapes(config, 2, 8)
+    assert _decoder(demo, "ar").memory_estimate["lora"] == sum(
+        x.size * 4 for x in jax.tree.leaves(table))
+
+
 def test_a_held_adapter_is_not_unloaded(demo, adapters):
     dec = _decoder(demo, "ar")
     dec.adapters.load("alpha", adapters["alpha"][2])
