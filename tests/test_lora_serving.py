@@ -124,9 +124,14 @@ def test_adapters_and_base_in_one_batch_equal_solo(demo, adapters, prompts, meth
 
 
 def test_verified_equals_ar_under_an_adapter(demo, adapters, prompts):
+    """AR with one weight tree per layer (GPU's layout: the table unstacked too)."""
+    from wedlm_jax.model import unstack_layers
+    config, params, tok = demo
     got = {}
     for method in ("verified", "ar"):
-        dec = _decoder(demo, method)
+        dec = _decoder(demo if method == "verified" else
+                       (config, unstack_layers(params, config.num_layers), tok), method)
+        assert dec.static.stacked_layers == (method == "verified")
         dec.adapters.load("beta", adapters["beta"][2])
         got[method] = _run(Batcher(dec), [(p, "beta") for p in prompts])
     assert got["verified"] == got["ar"]
@@ -220,7 +225,7 @@ def test_server_serves_adapters_by_model_name(server, demo, adapters, prompts, t
     cards = httpx.get(url + "/v1/models", headers={"Authorization": "Bearer key"}).json()["data"]
     assert [(c["id"], c["parent"]) for c in cards] == [("demo", None), ("alpha", "demo")]
     base, alpha = _text(url, "demo", prompts[0]), _text(url, "alpha", prompts[0])
-    assert base != alpha
+    assert base != alpha and _text(url, "demo", prompts[0]) == base   # (a prefix hit's program)
     r = _post(url, "/v1/completions", {"model": "gamma", "prompt": "x", "max_tokens": 2})
     assert r.status_code == 404 and "`gamma` does not exist" in r.json()["error"]["message"]
     # a new adapter at run time: nothing compiles for it
@@ -246,6 +251,7 @@ def test_server_serves_adapters_by_model_name(server, demo, adapters, prompts, t
     assert _post(url, "/v1/load_lora_adapter", body).status_code == 200
     assert _text(url, "alpha2", prompts[0]) == alpha and _text(url, "demo", prompts[0]) == base
     assert _text(url, "beta", prompts[0]) == beta
+    assert programs.compiled_count() + lora_table.write_row._cache_size() == before
 
 
 def test_batch_job_lines_name_adapters(demo, adapters, prompts, tmp_path, capsys):
