@@ -52,6 +52,15 @@ def with_table(params, static, mesh=None):
     return lora_table.attach(params, table)
 
 
+def with_table_shapes(params, static):
+    """Abstract weights (ShapeDtypeStructs) with the adapter table's shapes beside them, laid out
+    as `with_table` lays the table out (ahead-of-time compiles: decode/compile/aot.py)."""
+    c = static.config
+    table = lora_table.table_shapes(c, static.max_loras, static.max_lora_rank,
+                                    jnp.dtype(static.dtype))
+    return lora_table.attach(params, _laid_out(static, table))
+
+
 def _zero(static):
     return _laid_out(static, lora_table.zero_rows(static.config, static.max_lora_rank))
 

@@ -453,6 +453,7 @@ class Decoder:
             params = quantize.quantize_params(params, st.quantize, st.quantize_group)
             if not st.stacked_layers:
                 params = model_lib.unstack_layers(params, self.model_config.num_layers)
+            params = adapters.with_table_shapes(params, st) if st.max_loras else params
             params, put = _on(dev, params), lambda tree: _on(dev, tree)
         else:
             rep = NamedSharding(self.mesh, P())
