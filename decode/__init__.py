@@ -8,6 +8,10 @@ loads no engine):
                         Request, make_plan, Decoder, Batcher, generate)
     from decode import Constraint, compile_for                 # structured outputs
     from decode import parse_tools, split_calls                # tool calling
+    from decode import LoraOptions                             # LoRA adapters, one batch:
+    #   plan = make_plan(config, engine, lora=LoraOptions(enable_lora=True, max_loras=4))
+    #   decoder = Decoder(params, plan); decoder.adapters.load("sql", "path/to/peft-folder")
+    #   Batcher(decoder).submit(Request(prompt=ids), adapter="sql")      # None: the base
 """
 
 import importlib
@@ -24,6 +28,7 @@ _SURFACE = {
     "Constraint": "decode.constraints.spec", "compile_for": "decode.constraints.backends",
     "parse_tools": "decode.tools.request", "ToolRequest": "decode.tools.request",
     "split_calls": "decode.tools.calls",
+    "LoraOptions": "decode.lora_options", "Adapters": "decode.engine.adapters",
 }
 
 __all__ = sorted(_SURFACE)

@@ -25,6 +25,7 @@ from wedlm_jax import interrupts
 interrupts.early("wedlm-decode", __name__)   # Ctrl-C during the imports below: one line, 130
 
 from decode.options import HelpFormatter  # noqa: E402
+from decode.lora_options import LoraOptions  # noqa: E402
 from decode.config import (DecodeConfigError, DoorOptions, EngineOptions, Placement,  # noqa: E402
                            add_decoding_arguments)
 from decode.checkpoint import OpenCheckpoint  # noqa: E402
@@ -74,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-file", default=None, metavar="PATH",
                    help="--input: write the job's counters and histograms here as JSON at the end "
                         "(decode/metrics.py's names; the summary line prints them too)")
+    LoraOptions.add_arguments(p, "wedlm-decode")
     Placement.add_arguments(p)
     Placement.add_dry_run_arguments(p, "wedlm-decode (--slots x --capacity, default capacity 2048)")
     distributed.add_arguments(p)     # --input on several hosts: each decodes its share of the lines
@@ -290,6 +292,9 @@ def _main(argv=None) -> int:
         if args.dry_run:
             from decode.compile.aot import dry_run_door
             return dry_run_door(args, "wedlm-decode")
+        if args.ray is not None and args.enable_lora:
+            raise DecodeConfigError("--enable-lora goes with the batch job in one process "
+                                    "(--input without --ray)")
         if args.ray is not None:     # the replicas compile (each with --compile-cache), not this driver
             stats = ray_job.run_ray_job(args)
             return 1 if stats["errors"] else 0
@@ -299,7 +304,8 @@ def _main(argv=None) -> int:
             from decode.jobs.batch_job import run_job
             return run_job(args)
         for flag, given in (("--output", args.output), ("--metrics-file", args.metrics_file),
-                            ("--tool-call-parser", args.tool_call_parser)):
+                            ("--tool-call-parser", args.tool_call_parser),
+                            ("--enable-lora", args.enable_lora or None)):
             if given is not None:
                 raise DecodeConfigError(f"{flag} goes with --input (the batch job)")
         if distributed.settings(args, "wedlm-decode") is not None:

@@ -25,6 +25,7 @@ from decode.options import (DOORS, INT32_MAX, MAX_STOP_IDS, Checked, DecodeConfi
                             OnDevice, add_option_arguments, check_float, check_int, check_value,
                             is_int, option)
 
+from decode.lora_options import LoraOptions
 from wedlm_jax.dtypes import DtypeError, dtype_name
 from wedlm_jax import quantize_scheme as scheme_rules
 from wedlm_jax.attention.table import KV_DTYPES
@@ -475,6 +476,7 @@ class DoorOptions:
     engine: EngineOptions
     sampling: Sampling
     placement: Placement
+    lora: LoraOptions = LoraOptions()     # decode/lora_options.py
 
     @classmethod
     def from_args(cls, args) -> "DoorOptions":
@@ -483,7 +485,7 @@ class DoorOptions:
         engine, sampling = EngineOptions(**EngineOptions.pick(args)), Sampling(**Sampling.pick(args))
         placement = Placement.from_args(args)
         check_slots(engine.slots, placement.batch_shards, "--slots")
-        return cls(engine, sampling, placement)
+        return cls(engine, sampling, placement, LoraOptions.from_args(args))
 
     @property
     def decode_config(self) -> DecodeConfig:

@@ -49,18 +49,19 @@ class OnDevice:
 
 def option(default, kind, help: str, *, low=None, high=None, low_open: bool = False,
            choices: tuple = (), optional: bool = False, doors: tuple = DOORS, wire: bool = False,
-           device=(), flag_choices: bool = False):
+           device=(), flag_choices: bool = False, nargs: str | None = None):
     """One option's definition: `kind` is int, float, str (one of `choices`), bool, 'ids' (stop
     token ids) or a function (name, value) -> the checked value; numbers lie in [low, high]
     ((low, high] with low_open; ints default high int32); `optional`: None is allowed (the door
     decides). `doors`: the commands whose flags take it; `wire`: a request may set it by name;
     `device`: an OnDevice (or a tuple of them) when it travels to the decode loop;
-    `flag_choices`: the flag itself refuses other values (argparse)."""
+    `flag_choices`: the flag itself refuses other values (argparse); `nargs`: the flag takes
+    several values (argparse's nargs)."""
     device = device if isinstance(device, tuple) else (device,)
     return dataclasses.field(default=default, metadata=dict(
         kind=kind, help=help, low=low, high=high, low_open=low_open, choices=tuple(choices),
         optional=optional, doors=tuple(doors), wire=wire, device=device,
-        flag_choices=flag_choices))
+        flag_choices=flag_choices, nargs=nargs))
 
 
 def check_value(name: str, value, meta):
@@ -186,6 +187,8 @@ def add_option_arguments(group, cls, names, *, flags=None, defaults=None, notes=
             group.add_argument(flag, dest=name, action="store_true", help=text)
             continue
         extra = dict(choices=m["choices"]) if m["flag_choices"] else {}
+        if m.get("nargs"):
+            extra["nargs"] = m["nargs"]
         group.add_argument(flag, dest=name, type=m["kind"] if m["kind"] in (int, float) else str,
                            default=(defaults or {}).get(name, defs[name].default), help=text,
                            **extra)

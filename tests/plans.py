@@ -12,7 +12,7 @@ from decode.engine.decoder import Decoder
 from decode.engine.plan import make_plan
 from wedlm_jax.model import layers_stacked
 
-PLAN_KEYS = ("mesh", "mask_token_id", "sampling", "top_logprobs", "memory_limit_bytes")
+PLAN_KEYS = ("mesh", "mask_token_id", "sampling", "top_logprobs", "memory_limit_bytes", "lora")
 
 
 def plan(config, params=None, **kw):

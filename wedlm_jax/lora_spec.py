@@ -20,6 +20,23 @@ PROJECTIONS = {"q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj",
 SHORT = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj",
          "gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
 ALL_LINEAR = "all-linear"
+
+
+def group_of(name: str) -> str:
+    """The parameter group under a layer ("attn" or "mlp") holding projection `name`."""
+    return "attn" if PROJECTIONS[name].startswith("self_attn") else "mlp"
+
+
+def projection_sizes(config) -> dict:
+    """{projection name: (fan in, fan out)} of a ModelConfig: its kernel's input and output
+    axes flattened (PEFT's lora_A is [r, fan in], lora_B [fan out, r])."""
+    c = config
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    return {"q_proj": (c.hidden_size, q), "k_proj": (c.hidden_size, kv),
+            "v_proj": (c.hidden_size, kv), "o_proj": (q, c.hidden_size),
+            "gate_proj": (c.hidden_size, c.intermediate_size),
+            "up_proj": (c.hidden_size, c.intermediate_size),
+            "down_proj": (c.intermediate_size, c.hidden_size)}
 MAX_RANK = 1024     # past this an adapter is no longer low-rank for any supported model
 
 

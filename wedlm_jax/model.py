@@ -43,6 +43,7 @@ from wedlm_jax.attention import core as attn_lib
 from wedlm_jax.attention import backends as attn_backends
 from wedlm_jax import masking
 from wedlm_jax.attention import kv_quant
+from wedlm_jax import lora_table
 from wedlm_jax.attention import paged
 from wedlm_jax import quantize
 from wedlm_jax.attention import tiled as tiled_lib
@@ -89,7 +90,7 @@ class Projection(nn.Module):
     quant_form: str = "einsum"   # how a quantized kernel enters the matmul (quantize.FORMS)
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, lora_index=None):
         n_in = len(self.in_axes)
         in_shape = x.shape[-n_in:]
         kernel = _param(self, "kernel", in_shape + self.out_shape, self.in_axes + self.out_axes,
@@ -103,6 +104,10 @@ class Projection(nn.Module):
             bias = _param(self, "bias", self.out_shape, self.out_axes, nn.initializers.zeros,
                           self.param_dtype)
             y = y + bias.astype(self.dtype)
+        if lora_index is not None and self.has_variable("params", "lora_a"):   # lora_table
+            y = y + lora_table.low_rank(x, self.get_variable("params", "lora_a"),
+                                        self.get_variable("params", "lora_b"), lora_index, n_in,
+                                        self.out_shape, self.dtype)
         return y
 
 
@@ -113,7 +118,8 @@ class Attention(nn.Module):
     quant_form: str = "einsum"
 
     @nn.compact
-    def __call__(self, x, cos, sin, mask, kv_cache=None, cache_len=None, layer=None):
+    def __call__(self, x, cos, sin, mask, kv_cache=None, cache_len=None, layer=None,
+                 lora_index=None):
         """kv_cache: the stacked cache {'k', 'v'} [L, B, R, KVH, D] and `layer` this layer's index
         in it (cache mode): the new K/V are written at rows cache_len[b].. of that layer in place,
         and attention reads that layer's live tiles from the stacked buffer."""
@@ -121,9 +127,12 @@ class Attention(nn.Module):
         proj = lambda name, out_axes, out_shape, bias, in_axes=("embed",): Projection(
             in_axes, out_axes, out_shape, bias, self.dtype, self.param_dtype, self.quant_form,
             name=name)
-        q = proj("q_proj", ("heads", "head_dim"), (c.num_heads, c.head_dim), c.qkv_bias)(x)
-        k = proj("k_proj", ("kv_heads", "head_dim"), (c.num_kv_heads, c.head_dim), c.qkv_bias)(x)
-        v = proj("v_proj", ("kv_heads", "head_dim"), (c.num_kv_heads, c.head_dim), c.qkv_bias)(x)
+        q = proj("q_proj", ("heads", "head_dim"), (c.num_heads, c.head_dim), c.qkv_bias)(
+            x, lora_index)
+        k = proj("k_proj", ("kv_heads", "head_dim"), (c.num_kv_heads, c.head_dim), c.qkv_bias)(
+            x, lora_index)
+        v = proj("v_proj", ("kv_heads", "head_dim"), (c.num_kv_heads, c.head_dim), c.qkv_bias)(
+            x, lora_index)
         if c.qk_norm:
             q = RMSNorm(c.rms_norm_eps, "head_dim", self.param_dtype, name="q_norm")(q)
             k = RMSNorm(c.rms_norm_eps, "head_dim", self.param_dtype, name="k_norm")(k)
@@ -146,7 +155,8 @@ class Attention(nn.Module):
         else:
             out = attn_lib.attend(q, k, v, mask, c.head_dim ** -0.5)
         out = _constrain(out, ("batch", "length", "heads", "head_dim"))
-        y = proj("o_proj", ("embed",), (c.hidden_size,), c.o_bias, ("heads", "head_dim"))(out)
+        y = proj("o_proj", ("embed",), (c.hidden_size,), c.o_bias, ("heads", "head_dim"))(
+            out, lora_index)
         return y, new_cache
 
 
@@ -157,14 +167,14 @@ class MLP(nn.Module):
     quant_form: str = "einsum"
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, lora_index=None):
         c = self.config
         dense = lambda name, i, o, n: Projection((i,), (o,), (n,), c.mlp_bias, self.dtype,
                                                  self.param_dtype, self.quant_form, name=name)
-        gate = dense("gate_proj", "embed", "mlp", c.intermediate_size)(x)
-        up = dense("up_proj", "embed", "mlp", c.intermediate_size)(x)
+        gate = dense("gate_proj", "embed", "mlp", c.intermediate_size)(x, lora_index)
+        up = dense("up_proj", "embed", "mlp", c.intermediate_size)(x, lora_index)
         h = _constrain(nn.silu(gate) * up, ("batch", "length", "mlp"))
-        return dense("down_proj", "mlp", "embed", c.hidden_size)(h)
+        return dense("down_proj", "mlp", "embed", c.hidden_size)(h, lora_index)
 
 
 class Block(nn.Module):
@@ -177,15 +187,15 @@ class Block(nn.Module):
     quant_form: str = "einsum"
 
     @nn.compact
-    def __call__(self, carry, cos, sin, mask, cache_len=None):
+    def __call__(self, carry, cos, sin, mask, cache_len=None, lora_index=None):
         x, kv_cache, layer = carry
         c = self.config
         h = RMSNorm(c.rms_norm_eps, "norm", self.param_dtype, name="input_norm")(x)
         h, new_cache = Attention(c, self.dtype, self.param_dtype, self.quant_form, name="attn")(
-            h, cos, sin, mask, kv_cache, cache_len, layer)
+            h, cos, sin, mask, kv_cache, cache_len, layer, lora_index)
         x = x + h
         h = RMSNorm(c.rms_norm_eps, "norm", self.param_dtype, name="post_attn_norm")(x)
-        x = x + MLP(c, self.dtype, self.param_dtype, self.quant_form, name="mlp")(h)
+        x = x + MLP(c, self.dtype, self.param_dtype, self.quant_form, name="mlp")(h, lora_index)
         return (_constrain(x, ("batch", "length", "embed")), new_cache, layer + 1), None
 
 
@@ -222,7 +232,7 @@ def layer_stack(config: ModelConfig, dtype, param_dtype, remat="none",
     iteration (ahead-of-time cost analysis unrolls all: XLA counts a loop body once)."""
     stack = nn.scan(_block(remat), variable_axes={"params": 0},
                     split_rngs={"params": True, "dropout": True},   # (LoRA's dropout: per layer)
-                    in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
+                    in_axes=(nn.broadcast,) * 5,
                     length=config.num_layers, unroll=unroll,
                     metadata_params={nn.PARTITION_NAME: "layers"})
     return stack(config, dtype, param_dtype, quant_form, name=name)
@@ -252,10 +262,12 @@ class Transformer(nn.Module):
     @nn.compact
     def __call__(self, tokens, positions, *, segment_ids=None, mask=None,
                  kv_cache: KVCache | None = None, cache_len=None,
-                 structure=None, objective: str = "dual", return_hidden: bool = False):
+                 structure=None, objective: str = "dual", return_hidden: bool = False,
+                 lora_index=None):
         """Logits [B, S, V] (float32), with the updated cache in cache mode. `return_hidden`:
         (final hidden states [B, S, E], head [E, V]) instead of logits, for a loss that forms the
-        logits a chunk at a time (`wedlm_jax.losses.chunked_loss_terms`); not in cache mode."""
+        logits a chunk at a time (`wedlm_jax.losses.chunked_loss_terms`); not in cache mode.
+        `lora_index` [B] int32: each sequence's row of the params' adapter table (lora_table)."""
         c = self.config
         if return_hidden and kv_cache is not None:
             raise ValueError("return_hidden is for training (no cache); cache mode returns logits")
@@ -277,13 +289,13 @@ class Transformer(nn.Module):
             carry = (x, kv_cache, jnp.zeros((), jnp.int32))
             carry, _ = layer_stack(c, self.dtype, self.param_dtype, self.remat,
                                    unroll=self.scan_unroll, quant_form=form)(
-                carry, cos, sin, mask, cache_len)
+                carry, cos, sin, mask, cache_len, lora_index)
         else:   # the layer index a Python int: a kernel can read its layer of the cache in place
             carry = (x, kv_cache, 0)
             for i in range(c.num_layers):
                 carry, _ = _block(self.remat)(c, self.dtype, self.param_dtype, form,
                                               name=f"layer_{i}")(
-                    carry, cos, sin, mask, cache_len)
+                    carry, cos, sin, mask, cache_len, lora_index)
         x, new_cache, _ = carry
         x = RMSNorm(c.rms_norm_eps, "norm", self.param_dtype, name="final_norm")(x)
         if c.tie_word_embeddings:

@@ -26,17 +26,14 @@ import re
 import numpy as np
 
 from wedlm_jax.config import ModelConfig
-from wedlm_jax.lora_spec import MAX_RANK, PROJECTIONS, LoraError, LoraSpec
+from wedlm_jax.lora_spec import (MAX_RANK, PROJECTIONS, LoraError, LoraSpec, group_of,
+                                 projection_sizes)
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 PREFIX = "base_model.model."
 _KEY = re.compile(r"(?:base_model\.model\.)?model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+_proj)\."
                   r"lora_([AB])(?:\.default)?\.weight\Z")
-
-
-def _group(name: str) -> str:
-    return "attn" if PROJECTIONS[name].startswith("self_attn") else "mlp"
 
 
 def peft_config(spec: LoraSpec, base: str | None) -> dict:
@@ -118,15 +115,7 @@ def read_spec(folder, max_rank: int = MAX_RANK) -> LoraSpec:
 
 def _expected(config: ModelConfig, name: str, rank: int) -> tuple[tuple, tuple]:
     """(lora_A shape, lora_B shape) of projection `name` at `rank`."""
-    c = config
-    sizes = {"q_proj": (c.hidden_size, c.num_heads * c.head_dim),
-             "k_proj": (c.hidden_size, c.num_kv_heads * c.head_dim),
-             "v_proj": (c.hidden_size, c.num_kv_heads * c.head_dim),
-             "o_proj": (c.num_heads * c.head_dim, c.hidden_size),
-             "gate_proj": (c.hidden_size, c.intermediate_size),
-             "up_proj": (c.hidden_size, c.intermediate_size),
-             "down_proj": (c.intermediate_size, c.hidden_size)}
-    fan_in, fan_out = sizes[name]
+    fan_in, fan_out = projection_sizes(config)[name]
     return (rank, fan_in), (fan_out, rank)
 
 
@@ -165,5 +154,5 @@ def _stack(found: dict, config: ModelConfig, spec: LoraSpec, path: str):
                 raise LoraError(f"{path}: no lora_{side} of {name} for layer(s) {missing[:8]} "
                                 f"(layers_to_transform is not supported)", name)
             stacked = np.stack([found[(i, name, side)].T for i in range(config.num_layers)])
-            tree["layers"].setdefault(_group(name), {}).setdefault(name, {})[leaf] = stacked
+            tree["layers"].setdefault(group_of(name), {}).setdefault(name, {})[leaf] = stacked
     return tree

@@ -85,6 +85,7 @@ class _Live:
     before: tuple = (0, 0, 0, 0)   # (steps, n_fwd, accepted, rejected) of its preempted runs
     base: int = 0              # tokens emitted before this admission (a preempted request's)
     preempted: int = 0
+    held: int = 0              # the LoRA adapter row it holds (0: none; decode.engine.adapters)
 
 
 class Batcher:
@@ -107,6 +108,8 @@ class Batcher:
         self.resets = 0             # device state rebuilt after a failed call
         self.preemptions = 0        # paged cache: requests sent back to the queue to free pages
         self._admissions = 0
+        # the LoRA adapters' names (a Decoder with an adapter table): `submit(adapter=NAME)`
+        self.adapters = decoder.adapters
 
     @property
     def num_waiting(self) -> int:
@@ -122,8 +125,25 @@ class Batcher:
         return ShardedPool(st.num_pages, st.page_size, st.page_shards) if st.paged else None
 
     def submit(self, request: Request, on_tokens: Callable | None = None,
-               on_finish: Callable | None = None) -> int:
-        """Validate (DecodeConfigError names the field) and queue a request; returns its id."""
+               on_finish: Callable | None = None, adapter: str | None = None) -> int:
+        """Validate (DecodeConfigError names the field) and queue a request; returns its id.
+        `adapter`: the name of a loaded LoRA adapter it decodes with (held until it ends)."""
+        held = 0
+        if adapter is not None:
+            if self.adapters is None:
+                raise DecodeConfigError(f"the model {adapter!r} does not exist (no LoRA adapters "
+                                        "are served: --enable-lora)", "model")
+            held = self.adapters.acquire(adapter)
+            request = dataclasses.replace(request, adapter=held)
+        try:
+            rid = self._queue(request, on_tokens, on_finish, held)
+        except BaseException:
+            if held:
+                self.adapters.release(held)
+            raise
+        return rid
+
+    def _queue(self, request: Request, on_tokens, on_finish, held: int) -> int:
         request = self.decoder.check_request(request)
         if self.pool is not None and self.decoder.pages_needed(request) > self.pool.per_shard:
             st = self.decoder.static
@@ -136,7 +156,8 @@ class Batcher:
         with self._lock:
             rid = self._next_id
             self._next_id += 1
-            self._waiting.append(_Live(rid, request, on_tokens, on_finish, time.perf_counter()))
+            self._waiting.append(_Live(rid, request, on_tokens, on_finish, time.perf_counter(),
+                                       held=held))
         warning = request.bias_warning(f"request {rid}")
         if warning is not None:
             log.warning(warning)
@@ -152,6 +173,9 @@ class Batcher:
         if live.pages:
             self.pool.release(live.pages)      # its slot is unmapped (or the state rebuilt) by now
             live.pages = []
+        if live.held:
+            self.adapters.release(live.held)
+            live.held = 0
         if live.on_finish is not None:
             live.on_finish(Finished(live.request_id, live.tokens, finish, steps, n_fwd, acc, rej,
                                     time.perf_counter() - live.submitted, error, live.cached_tokens,
@@ -281,7 +305,8 @@ class Batcher:
             else:
                 live.pages = pages
                 self.state = dec.prefill_into_slot(self.state, live.request, slot, pages, live.reused)
-                self.pool.publish(self._prefilled(live.request), pages)
+                if not live.request.adapter:   # an adapter's prompt pages are its own
+                    self.pool.publish(self._prefilled(live.request), pages)
         except Exception as e:  # noqa: BLE001 - this request fails alone
             error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
             if self._state_lost():
@@ -345,11 +370,12 @@ class Batcher:
         rows = self._prefilled(live.request)
         limit = len(rows) // pool.page_size
         need = dec.pages_for_call(len(rows), dec.end_of(live.request))
-        hit = pool.match(shard, rows, limit) if self.prefix_reuse else []
+        reuse = self.prefix_reuse and not live.request.adapter     # base pages: base K/V only
+        hit = pool.match(shard, rows, limit) if reuse else []
         # a longer prefix cached in another slot shard's pool: its pages past this shard's hit
         # are copied over (device to device) rather than prefilled again
         src = []
-        if self.prefix_reuse and dec.static.page_shards > 1:
+        if reuse and dec.static.page_shards > 1:
             cached = {d: pool.cached(d, rows, limit) for d in range(dec.static.page_shards)
                       if d != shard}
             other = max(cached, key=cached.get)

@@ -44,6 +44,7 @@ import numpy as np
 from jax.experimental.layout import Format, Layout
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from decode.engine import adapters
 from decode.engine import guide as guides
 from decode.engine import layouts
 from decode.engine import programs
@@ -92,7 +93,10 @@ class Decoder:
         if plan.mesh is not None:
             self._param_shardings = self._make_shardings(params)
             params = self._place(params, self._param_shardings)
+        if plan.static.max_loras:     # an empty LoRA adapter table (decode.engine.adapters)
+            params = adapters.with_table(params, plan.static, plan.mesh)
         self.params = params
+        self.adapters = adapters.Adapters(self) if plan.static.max_loras else None
         self.weight_layout = plan.weight_layout
         self._generate_compiled = None
         self.compiler_options = None          # the step's, when compiled here (layouts.step_options)
@@ -216,7 +220,8 @@ class Decoder:
         pb = self.prompt_bucket(len(prompt))
         tokens = np.zeros((1, pb), np.int32)
         tokens[0, :len(prompt)] = prompt
-        kv = self._call(programs.prefill, self.static, self.params, tokens, np.asarray([n0], np.int32))
+        kv = self._call(programs.prefill, self.static, self.params, tokens,
+                        np.asarray([n0], np.int32), row.lora)
         return Prefix(kv=kv, row=jax.tree.map(jnp.asarray, row))
 
     def start(self, requests, prompt_bucket: int | None = None) -> DecodeState:
@@ -448,6 +453,7 @@ class Decoder:
             params = quantize.quantize_params(params, st.quantize, st.quantize_group)
             if not st.stacked_layers:
                 params = model_lib.unstack_layers(params, self.model_config.num_layers)
+            params = adapters.with_table_shapes(params, st) if st.max_loras else params
             params, put = _on(dev, params), lambda tree: _on(dev, tree)
         else:
             rep = NamedSharding(self.mesh, P())

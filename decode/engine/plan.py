@@ -29,6 +29,7 @@ from decode.engine import layouts
 from decode.config import (MAX_LOGPROBS, DecodeConfigError, DoorOptions, EngineOptions, Placement,
                            check_int, check_slots, is_int, mask_id_for, prompt_problem)
 from decode.engine.memory import available_memory, estimate_memory
+from decode.lora_options import LoraOptions
 from decode.engine.pages import pool_size
 from decode.engine.programs import Static
 from decode.engine.state import Request
@@ -114,6 +115,10 @@ class Plan:
                 and self.mesh.size > 1):
             raise DecodeConfigError("a constraint on the host backend needs a single-device "
                                     "placement (the device tables work on any mesh)", "constraint")
+        if not (is_int(r.adapter) and 0 <= r.adapter <= self.static.max_loras):
+            raise DecodeConfigError(f"adapter must be a LoRA table row in [0, "
+                                    f"{self.static.max_loras}] (--max-loras), got {r.adapter!r}",
+                                    "adapter")
         return dataclasses.replace(r, prompt=tuple(int(t) for t in prompt))
 
     def replace(self, **static_fields) -> "Plan":
@@ -124,11 +129,13 @@ class Plan:
 def make_plan(model_config: ModelConfig, engine: EngineOptions, placement: Placement = Placement(),
               *, mesh=None, mask_token_id: int | None = None, sampling: bool = True,
               top_logprobs: int = 0, memory_limit_bytes: int | None = None,
-              stacked_params: bool = True, continuous: bool = False) -> Plan:
+              stacked_params: bool = True, continuous: bool = False,
+              lora: LoraOptions | None = None) -> Plan:
     """The Plan of a Decoder for `model_config` (see the module docstring). `stacked_params`:
     whether the weights it will get have their layers stacked (as loaded on every platform but
     GPU, decode.checkpoint). `continuous`: the Decoder serves a continuous-batching door (the
-    server, the batch job), whose default cache may differ (`paged.auto_page_size`)."""
+    server, the batch job), whose default cache may differ (`paged.auto_page_size`). `lora`:
+    the LoRA adapter table's shape (decode/lora_options.py; None or not enabled: no table)."""
     check_engine(model_config, engine)
     quantize_group = placement.check_model(model_config)
     method = engine.method
@@ -159,7 +166,8 @@ def make_plan(model_config: ModelConfig, engine: EngineOptions, placement: Place
         stacked_layers=(layouts.layers_stacked(device.platform, grouped == grouped_lib.PALLAS)
                         and stacked_params),
         quantize=placement.quantize, quantize_group=quantize_group, kv_dtype=placement.kv_dtype,
-        grouped_matmul=grouped)
+        grouped_matmul=grouped, max_loras=lora.rows if lora else 0,
+        max_lora_rank=lora.rank if lora else 0)
     memory = estimate_memory(static)
     check_memory(memory, memory_limit_bytes if memory_limit_bytes is not None
                  else available_memory(mesh), static)
@@ -168,6 +176,10 @@ def make_plan(model_config: ModelConfig, engine: EngineOptions, placement: Place
                                         placement.quantize != "none")
     except ValueError as e:
         raise DecodeConfigError(str(e), "weight_layout") from None
+    if static.max_loras and weight_layout == "compiler":
+        raise DecodeConfigError("--enable-lora takes --weight-layout default (the adapter table "
+                                "is written between steps, in the default layout)",
+                                "weight_layout")
     return Plan(static=static, model_config=model_config, engine=engine, placement=placement,
                 mask_id=mask_id,
                 steps_per_call=engine.steps_per_call, sampling=sampling, mesh=mesh,
@@ -181,7 +193,7 @@ def door_plan(opts: DoorOptions, model_config: ModelConfig, *, capacity: int, me
     the capacity it sized, the checkpoint's mask id and the mesh the weights were loaded on."""
     return make_plan(model_config, opts.engine.replace(capacity=capacity), opts.placement,
                      mesh=mesh, mask_token_id=mask_token_id, top_logprobs=top_logprobs,
-                     stacked_params=stacked_params, continuous=True)
+                     stacked_params=stacked_params, continuous=True, lora=opts.lora)
 
 
 def check_engine(config: ModelConfig, engine: EngineOptions) -> None:

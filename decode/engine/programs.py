@@ -65,6 +65,8 @@ class Static:
     quantize_group: int = 0
     kv_dtype: str = "auto"     # the KV cache's: auto (dtype) | int8 (wedlm_jax.attention.kv_quant)
     grouped_matmul: str = "xla"  # a grouped kernel's matmul: xla | pallas (wedlm_jax.grouped_matmul)
+    max_loras: int = 0         # LoRA adapter table rows besides the base (0: no table, no code)
+    max_lora_rank: int = 0     # the table's rank (wedlm_jax.lora_table)
 
     @property
     def cache_dtype(self):
@@ -95,9 +97,10 @@ class Static:
 STEPS = {"streaming": window_step, "block": window_step, "ar": ar_step, "verified": verified_step}
 
 
-def network(static: Static):
+def network(static: Static, adapter=None):
     """The network in cache mode: (params, tokens, positions, cache layers, n) -> (logits, layers).
-    Cache attention reads only the cache tiles holding live keys (`kv_tile` rows each)."""
+    Cache attention reads only the cache tiles holding live keys (`kv_tile` rows each).
+    `adapter` [B]: each row's LoRA table row (the state's `lora`; None: no adapter code)."""
     model = model_lib.Transformer(static.config, dtype=jnp.dtype(static.dtype),
                                   attention=static.attention, kv_tile=static.kv_tile,
                                   scan_unroll=static.scan_unroll, platform=static.platform,
@@ -105,7 +108,9 @@ def network(static: Static):
                                   grouped_matmul=static.grouped_matmul)
 
     def forward(params, tokens, positions, layers, n):
-        return model.apply({"params": params}, tokens, positions, kv_cache=layers, cache_len=n)
+        extra = {} if adapter is None else {"lora_index": adapter}
+        return model.apply({"params": params}, tokens, positions, kv_cache=layers, cache_len=n,
+                           **extra)
     return forward
 
 
@@ -128,13 +133,13 @@ def _constrain_state(static: Static, st):
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
-def prefill(static: Static, params, tokens, prefill_len):
+def prefill(static: Static, params, tokens, prefill_len, adapter=None):
     """K/V of rows 0..prefill_len-1 of one prompt ([1, Pb] tokens) in chunks; the trip count
     ceil(prefill_len / chunk) is a runtime value; the last chunk's start is pulled back inside the
-    buffer (recomputing final rows gives the same values)."""
+    buffer (recomputing final rows gives the same values). `adapter` [1]: its LoRA row."""
     pb = tokens.shape[1]
     chunk = min(static.prefill_chunk, pb)
-    forward = network(static)
+    forward = network(static, adapter)
     kv = model_lib.init_kv_cache(static.config, 1, pb, static.cache_dtype)
 
     def body(k, kv):
@@ -153,7 +158,7 @@ def prefill_into(static: Static, params, state: DecodeState, tokens, prefill_len
     the state's cache in chunks: the static-batch prefill (`Decoder.start`)."""
     pb = tokens.shape[1]
     chunk = min(static.prefill_chunk, pb)
-    forward = network(static)
+    forward = network(static, state.lora)
     b = tokens.shape[0]
 
     def body(k, layers):
@@ -199,7 +204,7 @@ def generate_loop(static: Static, k: int, params, state: DecodeState, mask_id, r
     then, not after the rest of the k steps (a request's time to first token is its prefill
     plus the steps that make its first commit)."""
     step = STEPS[static.spec.method]
-    forward = network(static)
+    forward = network(static, state.lora)     # a slot's adapter stays through the call
     b, e = static.slots, static.spec.emit_width
     fresh = ~state.done & (state.count == 0)
 
@@ -257,7 +262,7 @@ def generate_live(static: Static, k: int, params, state: DecodeState, idx, mask_
 def one_step(static: Static, params, state: DecodeState, mask_id):
     """One step with its aux (the trace and the cache-consistency checks)."""
     new, emitted, emitted_lps, k_emit, aux = STEPS[static.spec.method](
-        network(static), params, state, static.spec, mask_id)
+        network(static, state.lora), params, state, static.spec, mask_id)
     return new, dict(aux, emitted_tokens=emitted, emitted_lps=emitted_lps, emitted_count=k_emit)
 
 
@@ -303,7 +308,7 @@ def prefill_slot(static: Static, params, state: DecodeState, row: DecodeState, s
     last chunk (`_behind_suffix`): one pass over the weights less per admission."""
     pb = tokens.shape[1]
     chunk = min(static.prefill_chunk, pb)
-    forward = network(static)
+    forward = network(static, row.lora)
     table = state.cache.layers["table"].at[slot].set(pages)
 
     def body(k, pool):

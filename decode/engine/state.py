@@ -33,6 +33,8 @@ class Request(Sampling):
         device=(OnDevice("bool", "want_top", encode=lambda v: v > 0),)))
     automaton: Any = None           # a compiled constraint (decode.constraints.automaton), or None
     automaton_state: int = 0        # its state after the tokens already emitted (a readmission)
+    adapter: int = 0                # its row of the LoRA adapter table (0: the base model;
+                                    # decode.engine.adapters names the rows)
 
     def bias_warning(self, who: str) -> str | None:
         """A constraint and a negative logit_bias together: the constraint wins (a token it
@@ -156,6 +158,8 @@ class DecodeState:
     settings: SlotSettings.
     guide:    decode.engine.guide.Guide or None: the slots' constraint automata (docs/algorithm.md
               §7); None when no request of the state has had one (no constraint code compiled).
+    lora:     [B] i32 each slot's row of the LoRA adapter table (0: the base), or None when the
+              Decoder serves no adapters (no adapter code compiled; wedlm_jax.lora_table).
     """
     cache: KVCache
     tok: jax.Array
@@ -172,6 +176,7 @@ class DecodeState:
     settings: SlotSettings
     q: Any = None
     guide: Any = None
+    lora: Any = None
 
     @property
     def n(self) -> jax.Array:
@@ -210,7 +215,8 @@ def free_rows(static, mask_id: int) -> DecodeState:
         count=zeros.copy(), accepted=zeros.copy(), rejected=zeros.copy(),
         lps=TokenLogProbs.zeros(b, s, static.spec.top_logprobs), settings=settings,
         seen=np.zeros((b, static.config.vocab_size), np.int32),
-        q=(np.zeros((b, s, static.config.vocab_size), np.float32) if static.keep_q else None))
+        q=(np.zeros((b, s, static.config.vocab_size), np.float32) if static.keep_q else None),
+        lora=np.zeros((b,), np.int32) if static.max_loras else None)
 
 
 def request_row(static, r, mask_id: int, capacity: int):
@@ -239,7 +245,8 @@ def request_row(static, r, mask_id: int, capacity: int):
         end=one(end, np.int32), done=one(done, bool), steps=zero, n_fwd=zero, count=zero,
         accepted=zero, rejected=zero, lps=TokenLogProbs.zeros(1, s, static.spec.top_logprobs),
         settings=settings, seen=np.zeros((1, static.config.vocab_size), np.int32),
-        q=(np.zeros((1, s, static.config.vocab_size), np.float32) if static.keep_q else None))
+        q=(np.zeros((1, s, static.config.vocab_size), np.float32) if static.keep_q else None),
+        lora=one(r.adapter, np.int32) if static.max_loras else None)
     return r.prompt, n0, row
 
 

@@ -6,7 +6,8 @@ Input: one JSON object per line with `prompt` (a string or a list of token ids) 
 chat: the checkpoint's chat template), an optional `id` (string or int; default: the line number)
 and optional per-line settings overriding the command line's: max_new_tokens (or max_tokens), stop
 (a string or a list of strings) and every Sampling option by name (tau, lam, temperature, top_k,
-top_p, min_p, the penalties, logit_bias, seed, sampling_order). Blank lines are skipped.
+top_p, min_p, the penalties, logit_bias, seed, sampling_order), and `model`: a LoRA adapter of
+--lora-modules (with --enable-lora) or the base. Blank lines are skipped.
 Every line is checked (JSON, fields, settings, prompt length against the capacity) before the
 checkpoint is read; a bad line is named by its line number and field. As for a single prompt, the
 window is no wider than the longest max_new_tokens of the file (`decode.config.useful_window`): a
@@ -191,9 +192,12 @@ def run_job(args) -> int:
     model_config, tokenizer = ckpt.config, ckpt.tokenizer
     cli_stop_ids, _ = split_stop_strings(tokenizer, args.stop)
     base_ids = list(ckpt.default_stop_ids) + list(args.stop_id) + cli_stop_ids
+    base_name = os.path.basename(os.path.normpath(args.checkpoint))
+    opts.lora.check_folders(base_name)
     items = read_input(args.input, tokenizer, opts.sampling, list(dict.fromkeys(base_ids)),
                        list(args.stop), args.chat, args.capacity, model_config.vocab_size,
-                       opts.engine.constraint_backend, args.tool_call_parser)
+                       opts.engine.constraint_backend, args.tool_call_parser,
+                       (tuple(name for name, _ in opts.lora.lora_modules), base_name))
     output = args.output if n == 1 else part_path(args.output, k, n)
     check_output(output, args.input)
     if metrics_file is not None and n > 1:
@@ -219,6 +223,8 @@ def run_job(args) -> int:
 
     from decode.engine.batcher import Batcher
     decoder = build_decoder(ckpt, opts, capacity)
+    if decoder.adapters is not None:
+        opts.lora.load_into(decoder.adapters)
     requests = engine_requests(decoder, todo, args.input)
     batcher = Batcher(decoder)
     metrics = None
@@ -362,7 +368,8 @@ def decode_all(batcher, todo, requests, tokenizer, write, progress: bool = True,
     for item, req in zip(todo, requests):
         track = metrics.track(req) if metrics is not None else None
         counted = metrics.counting(track, on_tokens) if metrics is not None else on_tokens
-        rid = batcher.submit(req, on_tokens=counted, on_finish=on_finish)
+        rid = batcher.submit(req, on_tokens=counted, on_finish=on_finish,
+                             **({"adapter": item.adapter} if item.adapter else {}))
         live[rid] = (item, TextStream(tokenizer, item.stop_strings), track)
     t0 = time.perf_counter()
     try:

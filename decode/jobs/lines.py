@@ -16,7 +16,8 @@ SETTINGS = tuple(k for k in Sampling.options() if k != "stop_token_ids")   # a l
 # and the constraint's fields, those decode.constraints.spec.from_fields reads
 # and the tool-calling fields (decode.tools: the calls come back in the output line)
 TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")
-FIELDS = ("id", "prompt", "messages", "max_tokens", "stop") + SETTINGS + spec.FIELDS + TOOL_FIELDS
+FIELDS = (("id", "prompt", "messages", "max_tokens", "stop", "model") + SETTINGS + spec.FIELDS
+          + TOOL_FIELDS)
 
 
 @dataclasses.dataclass
@@ -30,6 +31,7 @@ class Item:
     stop_strings: tuple     # every stop string of the line (checked on the host, text cut before it)
     automaton: object = None  # the line's constraint, compiled (decode.constraints.backends)
     tools: object = None      # the line's tools (decode.tools.ToolRequest): calls read back
+    adapter: str | None = None  # the LoRA adapter its `model` names (None: the base model)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +47,8 @@ class Rules:
     vocab_size: int | None
     backend: str = "auto"
     tool_parser: str | None = None
+    adapters: tuple = ()          # the job's LoRA adapter names (--lora-modules)
+    base_name: str | None = None  # the base model's name a line's `model` may also give
 
 
 # ----------------------------------------------------------------------------------- input
@@ -55,17 +59,19 @@ def id_key(value) -> str:
 
 def read_input(path: str, tokenizer, defaults: Sampling, base_stop_ids: list, base_stop_strings: list,
                chat: bool, capacity: int | None, vocab_size: int | None = None,
-               backend: str = "auto", tool_parser: str | None = None) -> list[Item]:
+               backend: str = "auto", tool_parser: str | None = None,
+               models: tuple = ((), None)) -> list[Item]:
     """Parse and validate every line; raises one DecodeConfigError naming each bad line's
     `path:line` and field. `backend`: the constraint backend (decode.constraints.backends);
-    `tool_parser`: the tool-call format lines with `tools` are read in (decode.tools)."""
+    `tool_parser`: the tool-call format lines with `tools` are read in (decode.tools);
+    `models`: (the LoRA adapter names a line's `model` may give, the base model's name)."""
     from decode.text import json_lines
     if not os.path.isfile(path):
         raise DecodeConfigError(f"--input {path}: no such file")
     items = check_records(((path, n, obj) for n, obj in json_lines(path, keep_bad=True)),
                           tokenizer, defaults,
                           base_stop_ids, base_stop_strings, chat, capacity, vocab_size, backend,
-                          tool_parser)
+                          tool_parser, models)
     if not items:
         raise DecodeConfigError(f"--input {path}: no prompts (every line is blank)")
     return items
@@ -76,13 +82,14 @@ MAX_REPORTED = 20     # bad lines listed in one refusal; the rest are counted
 
 def check_records(records, tokenizer, defaults: Sampling, base_stop_ids: list, base_stop_strings: list,
                   chat: bool, capacity: int | None, vocab_size: int | None = None,
-                  backend: str = "auto", tool_parser: str | None = None) -> list[Item]:
+                  backend: str = "auto", tool_parser: str | None = None,
+                  models: tuple = ((), None)) -> list[Item]:
     """Validate (file, line, object) records, in order: the Items, or one DecodeConfigError
     listing every bad line (`file:line` and the field; the first MAX_REPORTED, then a count).
     An object may be a DecodeConfigError already (a line that is not JSON). An id may appear
     once across all the files."""
     rules = Rules(tokenizer, defaults, tuple(base_stop_ids), tuple(base_stop_strings), chat,
-                  capacity, vocab_size, backend, tool_parser)
+                  capacity, vocab_size, backend, tool_parser, tuple(models[0]), models[1])
     items, seen, errors = [], {}, []
     for name, lineno, obj in records:
         try:
@@ -141,7 +148,20 @@ def _check_record(name, lineno, obj, seen: dict, rules: Rules) -> Item:
     sampling, stops = _sampling(obj, rules, where)
     return Item(id=rid, line=lineno, prompt_ids=ids, sampling=sampling,
                 stop_strings=tuple(dict.fromkeys(list(rules.base_stop_strings) + stops)),
-                automaton=_automaton(obj, rules, where, tools), tools=tools)
+                automaton=_automaton(obj, rules, where, tools), tools=tools,
+                adapter=_adapter(obj, rules, where))
+
+
+def _adapter(obj: dict, rules: Rules, where: str):
+    """The LoRA adapter the line's `model` names (None: absent, or the base model's name)."""
+    model = obj.get("model")
+    if model is None or model == rules.base_name:
+        return None
+    if model not in rules.adapters:
+        known = ", ".join(rules.adapters) or "none: --enable-lora --lora-modules NAME=PATH"
+        raise DecodeConfigError(f"{where}: field 'model': {model!r} is not an adapter of the job "
+                                f"({known}) or the base model {rules.base_name!r}", "model")
+    return model
 
 
 def _sampling(obj: dict, rules: Rules, where: str):

@@ -17,9 +17,11 @@ import hmac
 import json
 import logging
 import time
+from typing import Any
 
 from decode.config import Sampling
 from decode.serving.worker import EngineThread
+from decode.serving.lora_routes import model_of
 from decode.serving.protocol import APIError, bad, parse_detokenize, parse_tokenize
 
 log = logging.getLogger("wedlm-serve")
@@ -42,6 +44,7 @@ class ServerConfig:
     constraint_backend: str = "auto"  # structured outputs: auto, device or host (--constraint-backend)
     tool_parser: str | None = None    # the tool-call format (--tool-call-parser), None: no tools
     auto_tool_choice: bool = False    # tool_choice 'auto' allowed (--enable-auto-tool-choice)
+    adapters: Any = None              # decode.engine.adapters.Adapters (--enable-lora), or None
 
 
 def check_auth(http, cfg: ServerConfig) -> None:
@@ -86,8 +89,13 @@ async def read_body(http, cfg: ServerConfig, need_model: bool = True) -> dict:
     if model is None and need_model:
         raise bad("model", "'model' is required", "missing_required_parameter")
     if model is not None and model != cfg.model_name:
-        raise bad("model", f"model {model!r} does not exist; this server serves {cfg.model_name!r}",
-                  "model_not_found")
+        try:
+            model_of(body, cfg)       # a loaded LoRA adapter, else (--enable-lora) vLLM's 404
+        except APIError:
+            if need_model and cfg.adapters is not None:
+                raise
+            raise bad("model", f"model {model!r} does not exist; this server serves "
+                               f"{cfg.model_name!r}", "model_not_found") from None
     return body
 
 
@@ -116,8 +124,9 @@ def build_app(engine: EngineThread, tokenizer, cfg: ServerConfig):
     the key first (/metrics too unless `cfg.metrics_public`; served when the engine has metrics)
     (the completion endpoints' work: `decode.serving.completions.Completions`)."""
     from fastapi import FastAPI, Request as HTTPRequest
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import JSONResponse, PlainTextResponse
     from decode.serving.completions import Completions
+    from decode.serving.lora_routes import load_adapter, model_cards, unload_adapter
 
     app = FastAPI(title="wedlm-serve")
     created = int(time.time())
@@ -160,8 +169,19 @@ def build_app(engine: EngineThread, tokenizer, cfg: ServerConfig):
     @app.get("/v1/models")
     async def models(http: HTTPRequest):
         check_auth(http, cfg)
-        return {"object": "list", "data": [{"id": cfg.model_name, "object": "model", "created": created,
-                                             "owned_by": "wedlm-jax", "max_model_len": cfg.capacity}]}
+        return {"object": "list", "data": model_cards(cfg, created)}
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(http: HTTPRequest):
+        check_auth(http, cfg)
+        body = await read_body(http, cfg, need_model=False)
+        return PlainTextResponse(await load_adapter(engine, cfg, body))
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(http: HTTPRequest):
+        check_auth(http, cfg)
+        body = await read_body(http, cfg, need_model=False)
+        return PlainTextResponse(await unload_adapter(engine, cfg, body))
 
     if engine.metrics is not None:
         from fastapi.responses import Response

@@ -17,6 +17,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from decode.config import MAX_LOGPROBS, MAX_STOP_IDS, DecodeConfigError, Sampling
 from decode.constraints.backends import allowed_alternatives, compile_for
 from decode.engine.state import Request
+from decode.engine.adapters import AdapterNotFound
+from decode.serving.lora_routes import model_of, not_found
 from decode.serving.worker import Busy
 from decode.serving.protocol import (MAX_BATCH, APIError, RequestSettings, bad,
                                      chat_logprobs_object, field_of, generated_scores,
@@ -68,8 +70,18 @@ class Completions:
         if self.cfg.slots and s.n > self.cfg.slots:
             raise bad("n", f"'n' is at most this server's {self.cfg.slots} slots, got {s.n}")
 
+    def with_adapter(self, body: dict, s: RequestSettings) -> RequestSettings:
+        """`s` with the LoRA adapter its `model` names (a 404 for an unknown name); prompt
+        scoring (`echo` with `logprobs`) reads the base model only."""
+        adapter = model_of(body, self.cfg)
+        if adapter is not None and s.echo and s.logprobs is not None:
+            raise bad("echo", "prompt log-probabilities (echo with logprobs) are the base "
+                              f"model's; not served under the LoRA adapter {adapter!r}")
+        return dataclasses.replace(s, adapter=adapter)
+
     async def completions(self, http, body: dict):
-        s = await self.compiled(parse_settings(body, self.cfg.defaults, scoring=True))
+        s = self.with_adapter(body, parse_settings(body, self.cfg.defaults, scoring=True))
+        s = await self.compiled(s)
         self.check_n(s)
         prompts = await asyncio.to_thread(parse_prompts, body, self.tokenizer, self.cfg.vocab_size,
                                           MAX_BATCH, self.cfg.capacity)               # off the loop
@@ -81,8 +93,8 @@ class Completions:
         return await self.scored_choices(http, prompts, s)
 
     async def chat_completions(self, http, body: dict):
-        s = parse_settings(body, self.cfg.defaults, ("max_tokens", "max_completion_tokens"),
-                           chat=True)
+        s = self.with_adapter(body, parse_settings(
+            body, self.cfg.defaults, ("max_tokens", "max_completion_tokens"), chat=True))
         s = await self.compiled(await asyncio.to_thread(self.with_tools, body, s))
         self.check_n(s)
         tools = s.tools.template_tools() if s.tools is not None else None
@@ -153,19 +165,23 @@ class Completions:
         except DecodeConfigError as e:
             raise bad(field_of(e, param), str(e)) from None
 
-    def submit(self, request: Request, param: str):
-        """-> (request id, asyncio queue of ('tokens', ids) / ('finish', Finished) / ('error', msg))."""
+    def submit(self, request: Request, param: str, adapter: str | None = None):
+        """-> (request id, asyncio queue of ('tokens', ids) / ('finish', Finished) / ('error', msg));
+        `adapter`: the LoRA adapter it decodes with."""
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
         put = lambda item: loop.call_soon_threadsafe(q.put_nowait, item)
         try:
             rid = self.engine.submit(request, on_tokens=lambda _rid, ids: put(("tokens", list(ids))),
                                      on_finish=lambda fin: put(("finish", fin)),
-                                     on_error=lambda msg, status=500: put(("error", (status, msg))))
+                                     on_error=lambda msg, status=500: put(("error", (status, msg))),
+                                     adapter=adapter)
         except Busy:
             raise APIError(429, f"the server is busy ({self.engine.max_pending} requests in flight); "
                                 "retry", type="rate_limit_error", code="rate_limit_exceeded",
                            headers={"Retry-After": "1"}) from None
+        except AdapterNotFound:          # unloaded since the body was read
+            raise not_found(adapter) from None
         except DecodeConfigError as e:
             raise bad(field_of(e, param), str(e)) from None
         except RuntimeError as e:
@@ -302,9 +318,9 @@ class Completions:
     async def run(self, http, ids: list, s: RequestSettings, chat: bool, param: str):
         """One prompt, generated: streamed, or answered whole with its `n` choices."""
         head = dict(id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex, created=int(time.time()),
-                    model=self.cfg.model_name)
+                    model=s.adapter or self.cfg.model_name)
         if s.stream:
-            rid, q = self.submit(self.make_request(ids, s, param), param)
+            rid, q = self.submit(self.make_request(ids, s, param), param, s.adapter)
             text = TextStream(self.tokenizer, s.stop)
             return StreamingResponse(self.stream(rid, q, text, head, s, chat, len(ids)),
                                      media_type="text/event-stream",
@@ -323,7 +339,7 @@ class Completions:
                          chat: bool, param: str):
         """-> (choice k, its completion tokens, Finished) of one prompt; None when the client
         went away."""
-        rid, q = self.submit(request, param)
+        rid, q = self.submit(request, param, s.adapter)
         text, reason, fin = await self.collect(http, rid, q, TextStream(self.tokenizer, s.stop),
                                                want_finish=s.logprobs is not None)
         if reason is None:
@@ -354,7 +370,8 @@ class Completions:
         if any(r is None for r in results):
             return JSONResponse({}, status_code=499)
         n_prompt, n_out = sum(r[1] for r in results), sum(r[2] for r in results)
-        head = dict(id="cmpl-" + uuid.uuid4().hex, created=int(time.time()), model=self.cfg.model_name)
+        head = dict(id="cmpl-" + uuid.uuid4().hex, created=int(time.time()),
+                    model=s.adapter or self.cfg.model_name)
         return JSONResponse(dict(head, object="text_completion", choices=[r[0] for r in results],
                                  usage=usage(n_prompt, n_out)))
 
@@ -363,7 +380,7 @@ class Completions:
         client went away."""
         out, sent, reason, fin = [], "", "length", None
         if s.max_tokens > 0:
-            rid, q = self.submit(self.make_request(ids, s, "prompt"), "prompt")
+            rid, q = self.submit(self.make_request(ids, s, "prompt"), "prompt", s.adapter)
             text, reason, fin = await self.collect(http, rid, q, TextStream(self.tokenizer, s.stop),
                                                    want_finish=s.logprobs is not None)
             if reason is None:

@@ -54,6 +54,7 @@ class RequestSettings:
     constraint: Any = None           # decode.constraints.spec.Constraint: what the output matches
     automaton: Any = None            # the constraint compiled for the server's tokenizer
     tools: Any = None                # chat: decode.tools.ToolRequest (calls read back from the text)
+    adapter: str | None = None       # the LoRA adapter `model` names (None: the base model)
 
 
 # a message's fields for tool calling, passed to the chat template (decode.tools.request)

@@ -4,7 +4,8 @@
                                   --window 16 --api-key KEY]
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions (the checkpoint's chat template),
-GET /v1/models, GET /health, GET /metrics (Prometheus: decode/metrics.py), and the
+GET /v1/models, GET /health, GET /metrics (Prometheus: decode/metrics.py), with --enable-lora
+POST /v1/load_lora_adapter and /v1/unload_lora_adapter (decode/serving/lora_routes.py), and the
 tokenizer's: GET /tokenizer_info, POST /tokenize, POST /detokenize (vLLM's shapes; lm-eval's
 `tokenizer_backend=remote` uses them). Scoring: completions
 take `echo` and `logprobs` (0-20), chat `logprobs: true` and `top_logprobs`; the log-probabilities
@@ -53,6 +54,7 @@ from decode.serving.app import ServerConfig, build_app  # noqa: E402,F401 (the a
 from decode.options import HelpFormatter  # noqa: E402
 from decode.config import (MAX_LOGPROBS, MAX_STOP_IDS, DecodeConfigError, DoorOptions,  # noqa: E402
                            Placement, add_decoding_arguments, check_int)
+from decode.lora_options import LoraOptions  # noqa: E402
 from decode.serving.startup import Startup  # noqa: E402
 from decode.serving.worker import Busy, EngineThread  # noqa: E402,F401 (the engine thread; re-exported)
 from decode.serving.protocol import (APIError, parse_messages, parse_prompt,  # noqa: E402,F401
@@ -104,6 +106,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="allow tool_choice 'auto' (free text, then calls under their schemas)")
     p.add_argument("--metrics-public", action="store_true",
                    help="serve GET /metrics without the API key (for a scraper inside the network)")
+    LoraOptions.add_arguments(p, "wedlm-serve")
     Placement.add_arguments(p)
     compile_cache.add_arguments(p)
     Placement.add_dry_run_arguments(p, "the server")
@@ -136,6 +139,7 @@ def _check_args(args) -> DoorOptions:
         raise DecodeConfigError(f"--port must be in [0, 65535], got {args.port}")
     if args.api_key is not None and not args.api_key.strip():
         raise DecodeConfigError("--api-key is empty")
+    opts.lora.check_folders(args.model_name)
     return opts
 
 
@@ -164,6 +168,9 @@ def load_decoder(args, opts: DoorOptions | None = None):
                                         top_logprobs=args.max_logprobs,
                                         stacked_params=layers_stacked(params)))
     name = args.model_name or os.path.basename(os.path.normpath(args.checkpoint))
+    if decoder.adapters is not None:
+        opts.lora.check_folders(name)
+        opts.lora.load_into(decoder.adapters)
     cfg = ServerConfig(model_name=name, capacity=decoder.capacity, vocab_size=config.vocab_size,
                        default_stop_ids=stops, defaults=opts.sampling, api_key=api_key(args),
                        slots=args.slots, method=args.method, window=args.window,
@@ -171,7 +178,7 @@ def load_decoder(args, opts: DoorOptions | None = None):
                        metrics_public=args.metrics_public,
                        constraint_backend=opts.engine.constraint_backend,
                        tool_parser=args.tool_call_parser,
-                       auto_tool_choice=args.enable_auto_tool_choice)
+                       auto_tool_choice=args.enable_auto_tool_choice, adapters=decoder.adapters)
     return decoder, tokenizer, cfg
 
 

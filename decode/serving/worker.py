@@ -43,6 +43,7 @@ class EngineThread:
         self.score_batch = score_batch   # sequences per scoring forward (jobs are batched)
         self.score_calls = 0             # scoring forwards run (one per batch of jobs)
         self._scores: list = []          # (sequences, top_n, on_done) waiting for the thread
+        self._jobs: list = []            # (fn, on_done): device work between steps (`call`)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._live: dict = {}            # request id -> on_error(message, status)
@@ -68,9 +69,10 @@ class EngineThread:
     def accepting(self) -> bool:
         return self._accepting and self.error is None
 
-    def submit(self, request, on_tokens, on_finish, on_error) -> int:
+    def submit(self, request, on_tokens, on_finish, on_error, adapter: str | None = None) -> int:
         """Raises Busy (queue full), RuntimeError (not accepting) or DecodeConfigError. The Batcher
-        is never called under this engine's lock (its callbacks take that lock: no lock-order cycle)."""
+        is never called under this engine's lock (its callbacks take that lock: no lock-order cycle).
+        `adapter`: the LoRA adapter's name it decodes with (None: the base model)."""
         with self._lock:
             if not self.accepting:
                 raise RuntimeError(self.error or "the server is shutting down")
@@ -85,7 +87,8 @@ class EngineThread:
         try:
             rid = self.batcher.submit(request, on_tokens=_guarded(on_tokens),
                                       on_finish=lambda fin: self._finished(fin, _guarded(on_finish),
-                                                                           track))
+                                                                           track),
+                                      **({} if adapter is None else {"adapter": adapter}))
         except BaseException:
             with self._lock:
                 self._pending -= 1
@@ -130,6 +133,25 @@ class EngineThread:
             self._scores.append((sequences, top_n, on_done))
         self._wake.set()
 
+    def call(self, fn, on_done) -> None:
+        """Run fn() on the engine thread between steps (work on the device's state, e.g. a LoRA
+        adapter's table row); on_done(its result, or the exception) is called from that thread."""
+        with self._lock:
+            if not self.accepting:
+                raise RuntimeError(self.error or "the server is shutting down")
+            self._jobs.append((fn, on_done))
+        self._wake.set()
+
+    def _run_jobs(self) -> None:
+        with self._lock:
+            jobs, self._jobs = self._jobs, []
+        for fn, on_done in jobs:
+            try:
+                result = fn()
+            except Exception as e:  # noqa: BLE001 - answered to the caller alone
+                result = e
+            _guarded(on_done)(result)
+
     def _run_scores(self) -> None:
         """Every scoring job waiting, batched: the jobs that ask for the same number of top
         alternatives share forwards of up to `score_batch` sequences; a batch that fails is
@@ -165,6 +187,7 @@ class EngineThread:
 
     def _loop(self):
         while True:
+            self._run_jobs()
             self._run_scores()
             with self._lock:
                 if self._stop and self._pending == 0:
