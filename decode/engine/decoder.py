@@ -427,8 +427,7 @@ class Decoder:
         size = next((b for b in self.live_buckets() if b >= len(live)), None)
         if size is None:
             return None
-        taken = set(live)
-        pad = [s for s in range(self.slots) if s not in taken][:size - len(live)]
+        pad = [s for s in range(self.slots) if s not in set(live)][:size - len(live)]
         return np.asarray(live + pad, np.int32)
 
     def step_with_aux(self, state: DecodeState):
@@ -447,14 +446,10 @@ class Decoder:
         st, dev = self.static, self.plan.device
         scalar = jax.ShapeDtypeStruct((), jnp.int32)
         host = self._host_free()
-        bare = _abstract(host.replace(cache=host.cache.replace(layers=None)))
+        bare = layouts.shapes_of(host.replace(cache=host.cache.replace(layers=None)))
         if self.mesh is None:
-            params = model_lib.param_shapes(self.model_config, jnp.dtype(st.dtype))
-            params = quantize.quantize_params(params, st.quantize, st.quantize_group)
-            if not st.stacked_layers:
-                params = model_lib.unstack_layers(params, self.model_config.num_layers)
-            params = adapters.with_table_shapes(params, st) if st.max_loras else params
-            params, put = _on(dev, params), lambda tree: _on(dev, tree)
+            params = layouts.abstract_weights(self.model_config, st, dev)
+            put = lambda tree: layouts.on_device(dev, tree)
         else:
             rep = NamedSharding(self.mesh, P())
             params = self.params
@@ -464,7 +459,7 @@ class Decoder:
             return (params, *put((jax.ShapeDtypeStruct((1, prompt_len), jnp.int32),
                                   jax.ShapeDtypeStruct((1,), jnp.int32))))
         state = bare.replace(cache=bare.cache.replace(layers=jax.eval_shape(self._empty_layers)))
-        state = _on(dev, state) if self.mesh is None else self._place(state, self._state_shardings(state))
+        state = layouts.on_device(dev, state) if self.mesh is None else self._place(state, self._state_shardings(state))
         if program == "generate":
             return (params, state, *put((scalar, scalar)))
         row = jax.tree.map(lambda x: jax.ShapeDtypeStruct((1,) + x.shape[1:], x.dtype), bare)
@@ -484,8 +479,7 @@ class Decoder:
         args = list(self.abstract_args(program, prompt_len=prompt_len))
         if params is not None:
             args[0] = params
-        fn = {"generate": programs.generate, "prefill": programs.prefill,
-              "admit": programs.prefill_slot}[program]
+        fn = dict(generate=programs.generate, prefill=programs.prefill, admit=programs.prefill_slot)[program]
         statics = (self.static, self.steps_per_call) if program == "generate" else (self.static,)
         if auto_weight_layouts:
             if program != "generate":
@@ -501,16 +495,6 @@ class Decoder:
         """`lower(program, **kw)` compiled with `compiler_options`."""
         with jax.default_device(self.plan.device):
             return self.lower(program, **kw).compile(compiler_options)
-
-
-def _abstract(tree):
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), tree)
-
-
-def _on(device, tree):
-    sharding = jax.sharding.SingleDeviceSharding(device)
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding),
-                        tree)
 
 
 __all__ = ["Decoder", "Request", "ResultTokens", "PROGRAMS", "pow2_at_least"]

@@ -27,13 +27,21 @@ are: jit follows a committed argument's layout, so they read them without a copy
                                given as None: the compiler's own default)
     choose(decoder)            (the compiled `generate`, the weights' formats it chose, its options)
     place(params, formats)     the weights in those formats (abstract shapes stay abstract)
+    abstract_weights(config, static, device)   the weights as ShapeDtypeStructs, in the form a
+                               Decoder on one device holds them (ahead-of-time compiles)
+    shapes_of(tree), on_device(device, tree)   a tree's ShapeDtypeStructs, or placed on one device
 """
 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from decode.config import WEIGHT_LAYOUTS
+from decode.engine import adapters
+from wedlm_jax import model as model_lib
+from wedlm_jax import quantize
 
 
 def resolve(choice: str, platform: str, quantized: bool = False) -> str:
@@ -108,3 +116,25 @@ def place(params, formats):
         return jax.tree.map(lambda x, f: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=f),
                             params, formats)
     return jax.device_put(params, formats)
+
+
+def shapes_of(tree):
+    """A tree's ShapeDtypeStructs (no placement)."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), tree)
+
+
+def on_device(device, tree):
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding),
+                        tree)
+
+
+def abstract_weights(model_config, static, device):
+    """The weights a Decoder of `static` holds on one `device`, as ShapeDtypeStructs: its dtype,
+    quantized, stacked or one tree per layer, with the adapter table when it has one."""
+    params = model_lib.param_shapes(model_config, jnp.dtype(static.dtype))
+    params = quantize.quantize_params(params, static.quantize, static.quantize_group)
+    if not static.stacked_layers:
+        params = model_lib.unstack_layers(params, model_config.num_layers)
+    params = adapters.with_table_shapes(params, static) if static.max_loras else params
+    return on_device(device, params)
