@@ -34,6 +34,37 @@ FORCE_FLAG = "--xla_force_host_platform_device_count"
 
 # ----------------------------------------------------------------------------- before JAX starts
 
+def add_arguments(parser) -> None:
+    """wedlm-train's dry-run options."""
+    d = parser.add_argument_group("dry run (train/dry_run.py): compile the step from abstract shapes, "
+                                "read no weights and no data")
+    d.add_argument("--dry-run", action="store_true",
+                   help="print per-device memory, FLOPs and compile time of the train step, and "
+                        "whether it fits --device-memory; exit 1 when it does not")
+    d.add_argument("--device-memory", type=float, help="GiB of memory per device (e.g. 80)")
+    d.add_argument("--devices", type=int,
+                   help="forced CPU devices (default: data x fsdp x tensor of the mesh)")
+    d.add_argument("--topology", help="an accelerator topology jax can describe without the "
+                                      "hardware, e.g. tpu:v5e:4x4 (needs libtpu)")
+    d.add_argument("--json", dest="json_out", help="also write the figures as JSON here")
+
+
+DRY_RUN_FLAGS = (("--device-memory", "device_memory"), ("--devices", "devices"),
+                 ("--topology", "topology"), ("--json", "json_out"))
+
+
+def refusal(args) -> str | None:
+    """The refusal of a dry-run flag given without --dry-run (it would be ignored), else None."""
+    if args.dry_run:
+        return None
+    for flag, name in DRY_RUN_FLAGS:
+        if getattr(args, name) is not None:
+            return (f"{flag} goes with --dry-run (compile the step and say if it fits); without "
+                    f"--dry-run it would be ignored: add --dry-run or drop {flag}")
+    return None
+
+
+
 def devices_needed(cfg, devices: int | None) -> int:
     """The device count of the dry run: --devices, else the mesh's (data=-1 counts as 1)."""
     from train.config import TrainConfigError

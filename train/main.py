@@ -33,6 +33,7 @@ import sys
 from wedlm_jax import interrupts
 interrupts.early("wedlm-train", __name__)   # Ctrl-C during the imports below: one line, 130
 
+from train import dry_run  # noqa: E402 (jax-free: the dry run forces devices before JAX starts)
 from wedlm_jax import distributed  # noqa: E402
 
 log = logging.getLogger("wedlm-train")
@@ -52,39 +53,13 @@ def parse_args(argv=None):
     distributed.add_arguments(p)
     p.add_argument("--force", action="store_true",
                    help="replace an existing checkpoint at checkpoint.export_hf")
-    d = p.add_argument_group("dry run (train/dry_run.py): compile the step from abstract shapes, "
-                                "read no weights and no data")
-    d.add_argument("--dry-run", action="store_true",
-                   help="print per-device memory, FLOPs and compile time of the train step, and "
-                        "whether it fits --device-memory; exit 1 when it does not")
-    d.add_argument("--device-memory", type=float, help="GiB of memory per device (e.g. 80)")
-    d.add_argument("--devices", type=int,
-                   help="forced CPU devices (default: data x fsdp x tensor of the mesh)")
-    d.add_argument("--topology", help="an accelerator topology jax can describe without the "
-                                      "hardware, e.g. tpu:v5e:4x4 (needs libtpu)")
-    d.add_argument("--json", dest="json_out", help="also write the figures as JSON here")
+    dry_run.add_arguments(p)
     return p.parse_intermixed_args(argv)   # overrides may come before and after options
-
-
-DRY_RUN_FLAGS = (("--device-memory", "device_memory"), ("--devices", "devices"),
-                 ("--topology", "topology"), ("--json", "json_out"))
-
-
-def without_dry_run(args) -> str | None:
-    """The refusal of a dry-run flag given without --dry-run (it would be ignored), else None."""
-    if args.dry_run:
-        return None
-    for flag, name in DRY_RUN_FLAGS:
-        if getattr(args, name) is not None:
-            return (f"{flag} goes with --dry-run (compile the step and say if it fits); without "
-                    f"--dry-run it would be ignored: add --dry-run or drop {flag}")
-    return None
 
 
 def dry_run_main(args) -> int:
     """`--dry-run`: everything checkable is checked before JAX starts (config, remat, device
     memory, device count), then the devices are forced and the step compiled."""
-    from train import dry_run
     from train.config import TrainConfigError
     from train.data import DataError
     from wedlm_jax.config import ConfigError
@@ -446,7 +421,7 @@ def _main(argv=None) -> int:
     args = parse_args(argv)
     if not args.verbose:        # Orbax's and absl's INFO lines (dozens a checkpoint)
         logging.getLogger("absl").setLevel(logging.WARNING)
-    refused = without_dry_run(args)
+    refused = dry_run.refusal(args)
     if refused is not None:
         print(f"wedlm-train: error: {refused}", file=sys.stderr)
         return 2
