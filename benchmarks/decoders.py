@@ -10,10 +10,12 @@ from decode.engine.plan import make_plan
 
 
 def decoder(params, config, *, page_size: int | None = None, num_pages: int | None = None,
-            sampling: bool = True, **engine) -> Decoder:
+            sampling: bool = True, lora=None, **engine) -> Decoder:
     """A float32 Decoder over `params` with these engine options (`engine`: method, window, slots,
     capacity, steps_per_call, ...), the cache `page_size` (0: dense; None: the platform's choice)
-    and `num_pages`; the [MASK] id is the model config's."""
+    and `num_pages`; `lora`: a decode.lora_options.LoraOptions (an adapter table); the [MASK] id
+    is the model config's."""
     plan = make_plan(config, EngineOptions(**engine),
-                     Placement(page_size=page_size, num_pages=num_pages), sampling=sampling)
+                     Placement(page_size=page_size, num_pages=num_pages), sampling=sampling,
+                     lora=lora)
     return Decoder(params, plan)
