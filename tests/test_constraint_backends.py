@@ -321,3 +321,34 @@ def test_a_schema_whose_regex_explodes_is_refused_for_the_device_not_fatal(demo)
     text = '{"name": "x", "postJson": {"k": [1]}, "alternatives": [{"delay": 3}]}'
     assert g.matcher().advance_all(tok.encode(text)) == len(tok.encode(text))
     assert Constraint.json_schema({"type": "integer"}).to_regex()    # the child came back
+
+
+def test_device_only_programs_hold_no_host_call(demo):
+    """A state guided for the device tables only (`--constraint-backend device`) compiles a step
+    without the host parser's callback (which would keep it out of JAX's persistent cache); the
+    default one holds it, and a device constraint decodes the same under both."""
+    import jax
+
+    from decode.engine import programs
+    config, params, tok = demo
+    dec = plans.decoder(params, config, method="streaming", window=4, slots=2, capacity=64,
+                        steps_per_call=2, sampling=False, page_size=0)
+
+    def step_text(parsers):
+        st = dec.init_state(guided=True, parsers=parsers)
+        return str(jax.make_jaxpr(programs.one_step, static_argnums=(0,))(
+            dec.static, dec.params, st, np.int32(dec.mask_id)))
+    assert "callback" in step_text(True) and "callback" not in step_text(False)
+    from decode.engine.batcher import Batcher
+    prompt = tuple(tok.encode("Count by 2 from 4 to 30:\n"))
+    auto = compile_for(Constraint.regex("[0-9]+(, [0-9]+){3}"), tok, config.vocab_size,
+                       backend="device")
+    outs = []
+    for parsers in (True, False):
+        b, done = Batcher(dec, guided=True, parsers=parsers), {}
+        b.submit(Request(prompt=prompt, max_new_tokens=12, automaton=auto,
+                         stop_token_ids=(tok.eos_token_id,)),
+                 on_finish=lambda f: done.setdefault("t", f.tokens))
+        b.run_until_idle()
+        outs.append(done["t"])
+    assert outs[0] == outs[1] and len(outs[0]) > 0

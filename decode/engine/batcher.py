@@ -91,19 +91,22 @@ class _Live:
 class Batcher:
     """Slot-based continuous batching over one Decoder."""
 
-    def __init__(self, decoder: Decoder, prefix_reuse: bool = True, guided: bool = False):
+    def __init__(self, decoder: Decoder, prefix_reuse: bool = True, guided: bool = False,
+                 parsers: bool = True):
         """`guided`: the state holds constraint rows from the start, so `warm_up` compiles the
-        programs a constrained request runs (a server: none compiles on a request's clock)."""
+        programs a constrained request runs (a server: none compiles on a request's clock);
+        `parsers` False: device tables only (no host call in the programs, which JAX's persistent
+        compile cache can then keep)."""
         self.decoder = decoder
         self.prefix_reuse = prefix_reuse
-        self.guided = guided
+        self.guided, self.parsers = guided, parsers
         self.pool = self._new_pool()
         self._lock = threading.Lock()
         self._waiting: collections.deque = collections.deque()
         self._cancelled: set = set()
         self._slots: list[_Live | None] = [None] * decoder.slots
         self._next_id = 0
-        self.state = decoder.init_state(guided)
+        self.state = decoder.init_state(guided, parsers)
         self.loop_iterations = 0
         self.resets = 0             # device state rebuilt after a failed call
         self.preemptions = 0        # paged cache: requests sent back to the queue to free pages
@@ -188,7 +191,7 @@ class Batcher:
     def _reset(self, error: str) -> None:
         """After a failed device call: every live request ends with 'error', the state is built
         anew, the queue is kept; the next `step` goes on with the waiting requests."""
-        self.state = self.decoder.init_state(self.guided)
+        self.state = self.decoder.init_state(self.guided, self.parsers)
         for slot, live in enumerate(self._slots):
             if live is not None:
                 self._slots[slot] = None

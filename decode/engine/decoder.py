@@ -194,12 +194,13 @@ class Decoder:
     def _host_free(self) -> DecodeState:
         return free_rows(self.static, self.mask_id)
 
-    def init_state(self, guided: bool = False) -> DecodeState:
+    def init_state(self, guided: bool = False, parsers: bool = True) -> DecodeState:
         """A state with every slot free (done); `guided`: with free constraint rows (the programs
-        it runs are those every constrained request runs)."""
+        it runs are those every constrained request runs), and the host parsers' call in them
+        unless `parsers` is False (device tables only)."""
         host = self._host_free()
         if guided:
-            host = guides.with_guide(host, self.model_config.vocab_size)
+            host = guides.with_guide(host, self.model_config.vocab_size, parsers)
         state = host.replace(cache=host.cache.replace(layers=self._empty_layers()))
         if self.mesh is None:
             return jax.tree.map(jnp.asarray, state)

@@ -40,7 +40,9 @@ class Guide:
     """Per slot: state [B] i32, on [B] bool, klass [B, V] i32, trans [B, N, C] i32 (N, C:
     DEVICE_TABLE): the device tables. host [B] bool, ticket [B] i32: the slot's
     parser on the host (decode.engine.host_guide), told the tokens committed in the step before
-    (recent [B, S], recent_k [B]); the step asks the host only when a live slot uses it."""
+    (recent [B, S], recent_k [B]); the step asks the host only when a live slot uses it.
+    parsers (static): whether the programs hold the host call at all (False: device tables only,
+    and no host callback, so the programs can be kept in JAX's persistent compile cache)."""
     state: jax.Array
     on: jax.Array
     klass: jax.Array
@@ -49,6 +51,7 @@ class Guide:
     ticket: jax.Array
     recent: jax.Array
     recent_k: jax.Array
+    parsers: bool = struct.field(pytree_node=False, default=True)
 
 
 # ----------------------------------------------------------------------------- on the device
@@ -209,12 +212,13 @@ def is_host(compiled) -> bool:
     return getattr(compiled, "backend", "device") == "host"
 
 
-def free_guide(b: int, vocab: int, span: int) -> Guide:
+def free_guide(b: int, vocab: int, span: int, parsers: bool = True) -> Guide:
     """b rows with no constraint, as NumPy arrays (the tables at their one shape, TABLE)."""
     n, c = TABLE
     z = lambda *shape: np.zeros(shape, np.int32)   # noqa: E731
     return Guide(state=z(b), on=np.zeros((b,), bool), klass=z(b, vocab), trans=z(b, n, c),
-                 host=np.zeros((b,), bool), ticket=z(b), recent=z(b, span), recent_k=z(b))
+                 host=np.zeros((b,), bool), ticket=z(b), recent=z(b, span), recent_k=z(b),
+                 parsers=parsers)
 
 
 def request_guide(compiled, stop_ids, vocab: int, span: int, start=0) -> Guide:
@@ -247,13 +251,13 @@ def attach(row, compiled, stop_ids, vocab: int, guided: bool = False, start=0):
     return row.replace(guide=request_guide(compiled, stop_ids, vocab, span, start))
 
 
-def with_guide(state, vocab: int):
+def with_guide(state, vocab: int, parsers: bool = True):
     """`state` with free Guide rows if it has none (a Decoder compiles its guided programs
     once, with the server's others: a constraint then never compiles on a request's clock)."""
     if state.guide is not None:
         return state
     xp = jnp if isinstance(state.done, jax.Array) else np
-    free = free_guide(state.done.shape[0], vocab, state.tok.shape[1])
+    free = free_guide(state.done.shape[0], vocab, state.tok.shape[1], parsers)
     return state.replace(guide=jax.tree.map(xp.asarray, free))
 
 
@@ -262,4 +266,5 @@ def conform(state, row, vocab: int):
     a state that gains one compiles its guided programs once); unchanged when neither has."""
     if state.guide is None and row.guide is None:
         return state, row
-    return with_guide(state, vocab), with_guide(row, vocab)
+    state, row = with_guide(state, vocab), with_guide(row, vocab)
+    return state, row.replace(guide=row.guide.replace(parsers=state.guide.parsers))

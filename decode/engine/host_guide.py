@@ -104,6 +104,8 @@ def host_read(g, run, run_len, positions: int, live):
     (positions == 1: after all k_ok). A step with no live host slot does not call the host."""
     b = g.ticket.shape[0]
     words = (g.klass.shape[1] + 31) // 32
+    if not g.parsers:               # device tables only: no host call in the program
+        return jnp.zeros((b,), jnp.int32), jnp.full((b, positions, words), -1, jnp.int32)
     shapes = (jax.ShapeDtypeStruct((b,), jnp.int32),
               jax.ShapeDtypeStruct((b, positions, words), jnp.int32))
     asked = g.host & live

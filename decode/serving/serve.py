@@ -200,7 +200,9 @@ def build_server(args, opts: DoorOptions | None = None, startup: Startup | None 
     t0 = time.perf_counter()
     decoder, tokenizer, cfg = load_decoder(args, opts)
     log.info("read the checkpoint in %.1f s", time.perf_counter() - t0)
-    batcher = Batcher(decoder, guided=True)   # structured outputs compiled with the rest
+    # structured outputs compiled with the rest; with --constraint-backend device no host parser
+    # call in the programs (then JAX's persistent cache keeps them for a restart)
+    batcher = Batcher(decoder, guided=True, parsers=opts.engine.constraint_backend != "device")
     t0 = time.perf_counter()
     warm(tokenizer, cfg.vocab_size)
     log.info("read the vocabularies of structured outputs in %.1f s", time.perf_counter() - t0)
