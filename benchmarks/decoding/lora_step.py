@@ -16,10 +16,10 @@ FLOPs; the loop body counted once). Prints and writes the table as JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
+from benchmarks import results_file
 
 VARIANTS = ("no adapters", "adapters, all slots on the base", "4 adapters over 8 slots")
 
@@ -101,10 +101,7 @@ def main(argv=None) -> dict:
     for n, v in out["variants"].items():
         print(f"{n:<34} {v['ms_per_step']:8.2f} ms/step  x{v['vs_no_adapters']:.3f}  "
               f"{v['bytes'] / 2**20:8.1f} MiB accessed  {v['flops'] / 1e9:7.2f} GFLOP")
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(out, f, indent=1)
-    return out
+    return results_file.write(a.out, out)
 
 
 if __name__ == "__main__":

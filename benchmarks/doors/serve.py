@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from benchmarks import results_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KINDS = ("counting", "arith", "code")
@@ -248,9 +249,7 @@ def main(argv=None) -> int:
               f"(fastest runs: {100 * o['best_overhead']:+.1f}%), "
               + ", ".join(f"{r['kind']} {1e3 * r['generate_s']:.0f}->{1e3 * r['server_s']:.0f} ms"
                           for r in o["rows"]))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+    results_file.write(args.json, out)
     return 0
 
 

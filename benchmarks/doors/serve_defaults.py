@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 
 from benchmarks.doors.serve import Server, closed_loop, demo_items, request_once
+from benchmarks import results_file
 
 SHORT = 32          # new tokens of a lone or shared-prefix request
 SERVERS = {"default": [], "dense": ["--page-size", "0"],
@@ -144,9 +144,7 @@ def main(argv=None) -> int:
     out = measure(args.model, args.rounds, args.concurrent, args.prefix_tokens,
                   ("--lazy-compile",) if args.lazy_compile else (), args.items)
     print(report(out))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+    results_file.write(args.json, out)
     return 0
 
 

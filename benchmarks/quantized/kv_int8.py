@@ -17,6 +17,7 @@ import argparse
 import json
 
 from benchmarks.probes import host_facts
+from benchmarks import results_file
 
 REGIMES = ("counting", "arith", "lists", "records", "code")
 
@@ -95,10 +96,7 @@ def main(argv=None) -> dict:
         print(json.dumps(row))
     out = dict(model="demo", method="ar", tokens=a.tokens, prompts=list(REGIMES), slots=a.slots,
                **host_facts(), results=rows)
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(out, f, indent=1)
-    return out
+    return results_file.write(a.out, out)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from benchmarks import results_file
 
 
 def run(schemes, items: int, batch: int, model: str) -> dict:
@@ -66,10 +67,7 @@ def main(argv=None) -> dict:
     report = dict(model=a.model, device=str(jax.devices()[0]), items_per_regime=a.items,
                   batch=a.batch, differences=differences(out), results=out)
     print(json.dumps(report["differences"], indent=1))
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(report, f, indent=1)
-    return report
+    return results_file.write(a.out, report)
 
 
 if __name__ == "__main__":

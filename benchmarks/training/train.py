@@ -41,6 +41,7 @@ from wedlm_jax.attention import backends as attn_backends
 from wedlm_jax import masking
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.sharding import make_mesh
+from benchmarks import results_file
 
 MODELS = {
     "tiny": dict(model_type="qwen3", vocab_size=256, hidden_size=64, intermediate_size=128,
@@ -190,10 +191,7 @@ def main(argv=None) -> dict:
     info["loadavg_at_end"] = os.getloadavg()
     print(json.dumps(info), flush=True)
     out = {"info": info, "results": results}
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
-    return out
+    return results_file.write(args.out, out)
 
 
 if __name__ == "__main__":
