@@ -135,3 +135,18 @@ def test_rows_do_not_depend_on_workers_and_rerun_resumes(corpus, tmp_path, monke
     assert_same_rows(str(tmp_path / "one"), out)
     with pytest.raises(data_lib.DataError, match="already holds a packed data folder"):
         pt.pretokenize(files, tok, out, SEQ, **kw)
+
+
+def test_uri_inputs_and_output_take_the_remote_path(corpus, tmp_path):
+    """Inputs and the output folder given as URIs (`file://`: the branch gs:// and s3:// take,
+    pyarrow's filesystem for listing and reading, shards written locally then uploaded to a
+    temporary name and moved) give the rows of the same local run."""
+    tok = corpus["tokenizer"]
+    pt.pretokenize([corpus["dir"]], tok, str(tmp_path / "local"), SEQ, shard_rows=4,
+                   text_column="body")
+    meta = pt.pretokenize(["file://" + corpus["dir"]], tok, "file://" + str(tmp_path / "remote"),
+                          SEQ, shard_rows=4, text_column="body")
+    assert all(f["path"].startswith("file://") for f in meta["source_files"])
+    assert sorted(os.listdir(tmp_path / "remote")) == sorted(os.listdir(tmp_path / "local"))
+    assert not [n for n in os.listdir(tmp_path / "remote") if "tmp" in n]
+    assert_same_rows(str(tmp_path / "local"), str(tmp_path / "remote"))
