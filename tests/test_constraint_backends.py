@@ -106,9 +106,9 @@ def test_host_matcher_follows_the_schema(demo):
 
 
 def test_masks_computed_together_equal_each_parsers_own(demo):
-    """host.masks_along (all slots' masks in llguidance's pool, along their drafts) gives, row by
+    """host_guide.masks_along (all slots' masks in llguidance's pool, along their drafts) gives, row by
     row, what each matcher reports when walked one token at a time, stop ids included."""
-    from decode.constraints.host import masks_along
+    from decode.engine.host_guide import masks_along
     config, _, tok = demo
     stops = [tok.eos_token_id]
     schemas = [{"type": "integer", "minimum": 10}, {"type": "string", "maxLength": 4},

@@ -55,7 +55,7 @@ def test_the_option_types_load_no_jax():
 
 def test_nothing_imports_upward_in_decode():
     """The engine imports no door, server or job: in decode/, only the option modules (config.py,
-    options.py) are imported from outside the engine's folder; and no offline job imports the
+    options.py, lora_options.py) are imported from outside the engine's folder; and no offline job imports the
     server (lazy imports included)."""
     root = pathlib.Path(__file__).resolve().parents[1] / "decode"
 
@@ -70,6 +70,6 @@ def test_nothing_imports_upward_in_decode():
         return {n for n in names if n == "decode" or n.startswith("decode.")}
 
     outside = {n for n in imported("engine") if not n.startswith("decode.engine")}
-    assert outside <= {"decode.config", "decode.options"}, outside
+    assert outside <= {"decode.config", "decode.options", "decode.lora_options"}, outside
     server = {n for n in imported("jobs") if n.startswith("decode.serving")}
     assert not server, server

@@ -4,7 +4,6 @@ its Earley parser matches token by token), for what the device tables cannot enf
 
     Grammar        a compiled, validated constraint (jax-free; cached by the constraint's hash)
     Matcher        one request's parser: allowed tokens, advance, accepting, rollback
-    masks_along    many parsers' masks along their drafts, computed together off the GIL
     llg_tokenizer  the tokenizer as llguidance reads it (built once per tokenizer)
 
 Whitespace between JSON tokens is what the device tables allow (at most one space), so both
@@ -15,7 +14,6 @@ schema's words (`minItems (5) is greater than maxItems (2)`), never the library'
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import re
 import threading
@@ -239,33 +237,6 @@ class Matcher:
 
     def accepting(self) -> bool:
         return bool(self.m.is_accepting())
-
-
-@functools.cache
-def executor():
-    """llguidance's thread pool (one per process)."""
-    import llguidance
-    return llguidance.LLExecutor()
-
-
-def masks_along(jobs, positions: int, words: int) -> np.ndarray:
-    """[len(jobs), positions, words] int32 for jobs [(Matcher, draft)], each draft shorter than
-    `positions` and taken by its grammar: row p holds the tokens allowed after the draft's first
-    min(p, len(draft)) tokens. All parsers' masks are computed together in llguidance's pool."""
-    import llguidance.numpy as lln
-    width = max([words] + [m.words for m, _ in jobs])
-    flat = np.zeros((len(jobs) * positions, width), np.int32)
-    heads = [(m.m, j * positions) for j, (m, d) in enumerate(jobs) if not d]
-    along = [(m.m, j * positions, list(d)) for j, (m, d) in enumerate(jobs) if d]
-    if heads:                           # llguidance takes no empty draft
-        lln.fill_next_token_bitmask_par(executor(), heads, flat)
-    if along:
-        lln.fill_next_token_bitmask_par_with_draft_tokens(executor(), along, flat)
-    out = flat.reshape(len(jobs), positions, width)
-    for j, (m, d) in enumerate(jobs):
-        m.fix_along(out[j, :len(d) + 1], d)
-        out[j, len(d) + 1:] = out[j, len(d)]
-    return np.ascontiguousarray(out[..., :words])
 
 
 def unpack(bits: np.ndarray, vocab_size: int) -> np.ndarray:

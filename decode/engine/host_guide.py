@@ -12,6 +12,7 @@ tokens it had committed.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 
@@ -19,8 +20,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
-
-from decode.constraints.host import masks_along
 
 log = logging.getLogger(__name__)
 MAX_TICKETS = 4096        # parsers kept (live slots touch theirs every step; the rest age out)
@@ -53,6 +52,34 @@ class Tickets:
 TICKETS = Tickets()
 
 
+@functools.cache
+def executor():
+    """llguidance's thread pool (one per process)."""
+    import llguidance
+    return llguidance.LLExecutor()
+
+
+def masks_along(jobs, positions: int, words: int) -> np.ndarray:
+    """[len(jobs), positions, words] int32 for jobs [(Matcher, draft)] (decode.constraints.host's
+    Matcher), each draft shorter than `positions` and taken by its grammar: row p holds the tokens
+    allowed after the draft's first min(p, len(draft)) tokens. All parsers' masks are computed
+    together in llguidance's pool."""
+    import llguidance.numpy as lln
+    width = max([words] + [m.words for m, _ in jobs])
+    flat = np.zeros((len(jobs) * positions, width), np.int32)
+    heads = [(m.m, j * positions) for j, (m, d) in enumerate(jobs) if not d]
+    along = [(m.m, j * positions, list(d)) for j, (m, d) in enumerate(jobs) if d]
+    if heads:                           # llguidance takes no empty draft
+        lln.fill_next_token_bitmask_par(executor(), heads, flat)
+    if along:
+        lln.fill_next_token_bitmask_par_with_draft_tokens(executor(), along, flat)
+    out = flat.reshape(len(jobs), positions, width)
+    for j, (m, d) in enumerate(jobs):
+        m.fix_along(out[j, :len(d) + 1], d)
+        out[j, len(d) + 1:] = out[j, len(d)]
+    return np.ascontiguousarray(out[..., :words])
+
+
 def _take(m, recent, k_recent, run, positions):
     """Feed one slot's parser its committed tokens and check `run`: (k taken, tokens consumed to
     roll back, the draft its masks are read along)."""
@@ -65,7 +92,7 @@ def _take(m, recent, k_recent, run, positions):
 
 def read_host(ticket, host, recent, recent_k, run, run_len, *, positions: int, words: int):
     """NumPy side of `host_read` (the callback): each asked slot's parser is fed and checked in
-    turn, then all their masks are computed together (host.masks_along)."""
+    turn, then all their masks are computed together (masks_along)."""
     b = ticket.shape[0]
     k_ok = np.zeros((b,), np.int32)
     bits = np.full((b, positions, words), -1, np.int32)

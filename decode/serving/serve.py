@@ -196,6 +196,7 @@ def build_server(args, opts: DoorOptions | None = None, startup: Startup | None 
     from decode.metrics import ServerMetrics
     from decode.constraints.backends import warm
     phase = startup.phase if startup is not None else log.info
+    opts = opts or DoorOptions.from_args(args)
     phase("reading the checkpoint")
     t0 = time.perf_counter()
     decoder, tokenizer, cfg = load_decoder(args, opts)
