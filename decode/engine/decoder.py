@@ -428,7 +428,7 @@ class Decoder:
         size = next((b for b in self.live_buckets() if b >= len(live)), None)
         if size is None:
             return None
-        pad = [s for s in range(self.slots) if s not in set(live)][:size - len(live)]
+        pad = sorted(set(range(self.slots)) - set(live))[:size - len(live)]
         return np.asarray(live + pad, np.int32)
 
     def step_with_aux(self, state: DecodeState):
