@@ -292,9 +292,6 @@ def _main(argv=None) -> int:
         if args.dry_run:
             from decode.compile.aot import dry_run_door
             return dry_run_door(args, "wedlm-decode")
-        if args.ray is not None and args.enable_lora:
-            raise DecodeConfigError("--enable-lora goes with the batch job in one process "
-                                    "(--input without --ray)")
         if args.ray is not None:     # the replicas compile (each with --compile-cache), not this driver
             stats = ray_job.run_ray_job(args)
             return 1 if stats["errors"] else 0

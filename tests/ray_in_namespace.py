@@ -180,3 +180,48 @@ def test_driver_killed_then_rerun_finishes_without_redoing_parts_parquet(cluster
     rows = parts(out)
     same_results(rows, reference)
     assert all(set(r) >= {"id", "text", "token_ids", "finish_reason", "prompt_tokens"} for r in rows)
+
+
+def test_lines_naming_an_adapter_decode_under_it_on_the_replicas(cluster, files, reference, tmp_path,
+                                                                capsys):
+    """--enable-lora --lora-modules: each replica loads the adapters; a line's `model` picks one
+    (or the base), with the single-process job's results; an unknown name is refused by the
+    driver, FILE:LINE."""
+    import jax
+    import numpy as np
+
+    from decode.checkpoint import OpenCheckpoint
+    from decode.config import Placement
+    from wedlm_jax import lora as lora_lib
+    from wedlm_jax.lora_spec import LoraSpec
+    from wedlm_jax.peft import save_peft
+    config = OpenCheckpoint.open(MODEL, Placement()).config
+    spec = LoraSpec(rank=4, alpha=8.0, targets=("all-linear",))
+    rng = np.random.default_rng(1)
+    tree = jax.tree.map(lambda s: (0.1 * rng.standard_normal(s.shape)).astype(np.float32),
+                        lora_lib.adapter_shapes(config, spec))
+    folder = save_peft(config, tree, spec, tmp_path / "alpha", base=MODEL)
+    lora = ["--enable-lora", "--lora-modules", f"alpha={folder}", "--max-lora-rank", "4"]
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"prompt": "one", "model": "zeta"}) + "\n")
+    argv = ["--checkpoint", MODEL, "--input", str(src), "--output", str(tmp_path / "o2"),
+            "--ray", cluster] + lora
+    assert cli.main(argv) == 2
+    assert f"{src}:1: field 'model': 'zeta' is not an adapter" in capsys.readouterr().err
+    lines = [dict(p, **({"model": "alpha"} if i % 2 else {})) for i, p in enumerate(prompts()[:6])]
+    src.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    single = tmp_path / "single.jsonl"
+    assert cli.main(["--checkpoint", MODEL, "--input", str(src), "--output", str(single)]
+                    + SMALL[:6] + lora) == 0
+    adapted = {r["id"]: r for r in map(json.loads, single.read_text().splitlines())}
+    out = tmp_path / "out"
+    args = cli.parse_args(["--checkpoint", MODEL, "--input", str(src), "--output", str(out),
+                           "--ray", cluster, "--replicas", "1", "--compile-cache", files["cache"]]
+                          + SMALL + lora)
+    assert ray_job.run_ray_job(args)["requests"] == len(lines)
+    same_results(parts(out), adapted)
+    base = [x["id"] for x in lines if "model" not in x]
+    assert all(adapted[i]["token_ids"] == reference[i]["token_ids"] for i in base)
+    changed = [x["id"] for x in lines if "model" in x
+               and adapted[x["id"]]["token_ids"] != reference[x["id"]]["token_ids"]]
+    assert len(changed) >= 2, changed          # the adapter's lines: not the base's tokens

@@ -21,4 +21,4 @@ pytest.importorskip("pyarrow")
 def test_ray_tests_pass_in_a_loopback_only_network_namespace():
     """tests/ray_in_namespace.py's tests, run by pytest in a fresh network namespace (only `lo`,
     up)."""
-    in_loopback_namespace("ray_in_namespace.py", 3, 1200)
+    in_loopback_namespace("ray_in_namespace.py", 4, 1200)

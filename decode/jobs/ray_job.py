@@ -18,6 +18,9 @@ object whole). A rerun of the same command skips the ids already in OUT, so a ki
 only the blocks in flight. On a cluster of several nodes, IN and OUT must be where every node sees
 them (a shared file system, or an object store): the read tasks and the replicas run anywhere.
 
+With --enable-lora --lora-modules NAME=PATH ..., every replica loads the adapters at start and a
+line's `model` picks one (or the base), as in the single-process job.
+
 Replicas (`Replica`): Ray Data's actor pool (`map_batches`, an `ActorPoolStrategy` of N actors) hands each
 free actor the next block; an actor opens the checkpoint once and decodes its blocks through one
 Decoder and continuous batcher. An actor whose process dies is restarted and its block retried
@@ -255,12 +258,15 @@ def run_ray_job(args) -> dict:
     tokenizer = ckpt.tokenizer
     cli_stop_ids, _ = split_stop_strings(tokenizer, args.stop)
     base_ids = list(dict.fromkeys(list(ckpt.default_stop_ids) + list(args.stop_id) + cli_stop_ids))
+    base_name = os.path.basename(os.path.normpath(args.checkpoint))
+    opts.lora.check_folders(base_name)           # every adapter folder read before Ray starts
     connect(args.ray)
     check_resources(args.replicas, need)
     records = list(read_records(args.input))
     items = check_records(records, tokenizer, opts.sampling, base_ids, list(args.stop), args.chat,
                           args.capacity, ckpt.config.vocab_size,
-                          opts.engine.constraint_backend, args.tool_call_parser)
+                          opts.engine.constraint_backend, args.tool_call_parser,
+                          (tuple(name for name, _ in opts.lora.lora_modules), base_name))
     if not items:
         raise DecodeConfigError(f"--input {args.input}: no prompts (every line is blank)")
     out.check_ids([(f"{f}:{line}", it.id) for (f, line, _), it in zip(records, items)])
@@ -339,6 +345,8 @@ class Replica:
         ckpt = OpenCheckpoint.from_args(args, opts.placement)
         self.tokenizer = ckpt.tokenizer
         self.decoder = build_decoder(ckpt, opts, capacity)
+        if self.decoder.adapters is not None:           # --enable-lora: the job's adapters, by name
+            opts.lora.load_into(self.decoder.adapters)
         self.batcher = Batcher(self.decoder)
         self.batcher.warm_up(capacity, every_bucket=not args.lazy_compile)   # not in the blocks' time
         self.out = PartFolder.at(url)
