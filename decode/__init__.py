@@ -12,6 +12,7 @@ loads no engine):
     #   plan = make_plan(config, engine, lora=LoraOptions(enable_lora=True, max_loras=4))
     #   decoder = Decoder(params, plan); decoder.adapters.load("sql", "path/to/peft-folder")
     #   Batcher(decoder).submit(Request(prompt=ids), adapter="sql")      # None: the base
+    #   generate(params, config, prompts, dc, decoder=decoder, adapters=["sql", None])
 """
 
 import importlib

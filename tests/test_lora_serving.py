@@ -276,3 +276,22 @@ def test_batch_job_lines_name_adapters(demo, adapters, prompts, tmp_path, capsys
         capsys.readouterr().err
     assert cli.main(flags[:4] + ["--output", str(out), "--lora-modules", "x=y"]) == 2
     assert "--lora-modules goes with --enable-lora" in capsys.readouterr().err
+
+
+def test_static_generate_names_an_adapter_per_prompt(demo, adapters, prompts):
+    """`generate(..., adapters=[...])`: each prompt under its adapter (or the base) gives the
+    continuous batch's tokens; the holds are given back; an unknown name is refused first."""
+    from decode.config import DecodeConfig
+    from decode.static.static_batch import generate
+    dec = _decoder(demo, "streaming")
+    dec.adapters.load("alpha", adapters["alpha"][2])
+    names = ["alpha", None, "alpha"]
+    dc = DecodeConfig(method="streaming", window=4, max_new_tokens=12, stop_token_ids=())
+    res = generate(demo[1], demo[0], prompts[:3], dc, decoder=dec, adapters=names)
+    want = _run(Batcher(dec), list(zip(prompts[:3], names)))
+    assert res.tokens == [want[0], want[1], want[2]]
+    assert res.tokens[0] != generate(demo[1], demo[0], prompts[:1], dc, decoder=dec).tokens[0]
+    assert [a.holds for a in dec.adapters.loaded()] == [0]
+    with pytest.raises(DecodeConfigError, match="'zeta' not loaded"):
+        generate(demo[1], demo[0], prompts[:2], dc, decoder=dec, adapters=["zeta", "alpha"])
+    assert [a.holds for a in dec.adapters.loaded()] == [0]

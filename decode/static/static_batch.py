@@ -191,7 +191,8 @@ def generate(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]]
              mask_token_id: int | None = None, placement: Placement = Placement(),
              on_commit: Callable | None = None, allow_long: bool = False,
              decoder: Decoder | None = None, prompt_bucket: int | None = None,
-             automata: Sequence | None = None) -> DecodeResult:
+             automata: Sequence | None = None,
+             adapters: Sequence[str | None] | None = None) -> DecodeResult:
     """Decode every prompt (token-id lists) as one static batch on a Decoder; see the module
     docstring.
 
@@ -206,24 +207,65 @@ def generate(params, model_config: ModelConfig, prompts: Sequence[Sequence[int]]
     prompts to at least this many tokens (one prefill program across batches of different
     prompt lengths; the tokens do not change). automata: per prompt a compiled constraint
     (decode.constraints.automaton.Automaton) or None: its output matches the constraint.
+    adapters: per prompt the name of a LoRA adapter loaded in `decoder` (a Decoder planned with
+    LoraOptions, `decoder.adapters.load(name, folder)`) or None for the base model.
     """
     dc = decode_config
     decoder, prompts, requests = _setup(params, model_config, prompts, dc, capacity,
                                         mask_token_id, placement, allow_long, decoder)
     if automata is not None:
-        if len(automata) != len(prompts):
-            raise DecodeConfigError(f"automata: {len(automata)} given for {len(prompts)} prompts")
-        requests = [r if r is None else decoder.check_request(
-            dataclasses.replace(r, automaton=a)) for r, a in zip(requests, automata)]
-        for i, r in enumerate(requests):
-            warning = None if r is None else r.bias_warning(f"prompt {i}")
-            if warning is not None:
-                log.warning(warning)
+        requests = _with_automata(decoder, requests, automata)
     if len(prompts) > decoder.slots:
         raise DecodeConfigError(f"{len(prompts)} prompts do not fit the decoder's {decoder.slots} slots")
-    t_setup, programs = time.perf_counter(), compiled_count()
     if prompt_bucket is not None and (not isinstance(prompt_bucket, int) or prompt_bucket < 1):
         raise DecodeConfigError(f"prompt_bucket must be an int >= 1, got {prompt_bucket!r}")
+    requests = _with_adapters(decoder, requests, adapters)
+    try:
+        return _run(decoder, requests, prompts, dc, prompt_bucket, on_commit)
+    finally:
+        for r in requests:
+            if r is not None and r.adapter:
+                decoder.adapters.release(r.adapter)
+
+
+def _with_automata(decoder, requests: list, automata: Sequence) -> list:
+    """Each request with its prompt's compiled constraint (checked by the decoder; a logit_bias
+    the constraint overrides is logged)."""
+    if len(automata) != len(requests):
+        raise DecodeConfigError(f"automata: {len(automata)} given for {len(requests)} prompts")
+    requests = [r if r is None else decoder.check_request(
+        dataclasses.replace(r, automaton=a)) for r, a in zip(requests, automata)]
+    for i, r in enumerate(requests):
+        warning = None if r is None else r.bias_warning(f"prompt {i}")
+        if warning is not None:
+            log.warning(warning)
+    return requests
+
+
+def _with_adapters(decoder, requests: list, names: Sequence | None) -> list:
+    """Each request with the LoRA adapter row its prompt's name holds (None: the base); an
+    unknown name, or names without a decoder serving adapters, refused before any is held."""
+    if names is None:
+        return requests
+    if len(names) != len(requests):
+        raise DecodeConfigError(f"adapters: {len(names)} given for {len(requests)} prompts")
+    if decoder.adapters is None and any(n is not None for n in names):
+        raise DecodeConfigError("adapters: the decoder serves no LoRA adapters (plan it with "
+                                "LoraOptions(enable_lora=True))", "adapters")
+    loaded = {a.name for a in decoder.adapters.loaded()} if decoder.adapters else set()
+    unknown = sorted({n for n in names if n is not None} - loaded)
+    if unknown:
+        raise DecodeConfigError(f"adapters: {', '.join(map(repr, unknown))} not loaded in the "
+                                "decoder", "adapters")
+    return [r if r is None or n is None else
+            dataclasses.replace(r, adapter=decoder.adapters.acquire(n))
+            for r, n in zip(requests, names)]
+
+
+def _run(decoder, requests: list, prompts, dc: DecodeConfig, prompt_bucket, on_commit):
+    """The static batch's loop: prefill every prompt, then chunks of steps until every row is
+    done (or Ctrl-C)."""
+    t_setup, programs = time.perf_counter(), compiled_count()
     state = decoder.start(requests, prompt_bucket)   # every prompt prefilled in one batched call
     state, _ = decoder.generate(state, 0)  # compiles the step program; runs no step
     live = [i for i, r in enumerate(requests) if r is not None]
