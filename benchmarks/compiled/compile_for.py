@@ -213,11 +213,15 @@ def prefill_row(config, t: Target, prompt_len: int) -> dict:
                 roofline_s=step, tokens_per_s=prompt_len / step if step else None)
 
 
-def train_row(t: Target, seq_len: int = 4096, shape: dict | None = None) -> dict:
+def train_row(t: Target, seq_len: int = 4096, shape: dict | None = None,
+              lora_rank: int = 0) -> dict:
     """The train step of `shape` (default benchmarks.shapes.TRAIN_SHAPE, the 1B class), one
     `seq_len` row per chip, fsdp over the chips: memory from the real (scanned, chunked-loss)
     program, cost and MFU estimates from the unrolled one compiled to be costed
-    (`wedlm_jax.compiled.estimate_options`: no SparseCore offload, whose ops libtpu does not cost)."""
+    (`wedlm_jax.compiled.estimate_options`: no SparseCore offload, whose ops libtpu does not cost).
+    `lora_rank` > 0: the LoRA step (adapters of that rank, alpha 2 x rank, on all seven
+    projections; the base frozen in bf16), its MFU left out (its model FLOPs are not the full
+    step's 6N a token)."""
     from benchmarks.shapes import TRAIN_SHAPE
     from train import dry_run, step as step_lib
     from train.config import config_from_dict
@@ -230,7 +234,9 @@ def train_row(t: Target, seq_len: int = 4096, shape: dict | None = None) -> dict
                  "global_batch_size": t.chips},
         "objective": {"kind": "dual_stream", "block_size": block, "ar_weight": 1.0},
         "mesh": {"data": 1, "fsdp": t.chips, "tensor": 1},
-        "compute_dtype": "bf16", "remat": "full", "loss_chunk": 1024}, "the train shape")
+        "compute_dtype": "bf16", "remat": "full", "loss_chunk": 1024,
+        **({"lora": {"rank": lora_rank, "alpha": 2.0 * lora_rank}} if lora_rank else {})},
+        "the train shape")
     platform = t.devices[0].platform
 
     def compile_train(c, unroll=1, options=None):
@@ -242,7 +248,7 @@ def train_row(t: Target, seq_len: int = 4096, shape: dict | None = None) -> dict
     mc = dry_run.model_config_for(cfg)
     attention = step_lib.attention_impl(cfg, backend=platform)
     row = dict(kind="train", seq_len=seq_len, rows_per_chip=1, attention=attention,
-               params=mc.num_params())
+               params=mc.num_params(), lora_rank=lora_rank)
     if "oom" in full:
         return dict(row, fits=False, oom=full["oom"])
     # cost from the program with the layer scan unrolled and the loss unchunked (cost_analysis
@@ -254,9 +260,11 @@ def train_row(t: Target, seq_len: int = 4096, shape: dict | None = None) -> dict
     # the cost: its FLOPs per chip as executed (remat full: the forward twice, then the backward)
     kernel_flops = 0.0 if attention == "dense" else (
         step_lib.attention_flops_per_row(mc, seq_len, "dual_stream", block) * 4 / 3)
+    times = train_mfu(model_flops, cost, t, kernel_flops)
+    if lora_rank:
+        times = {k: v for k, v in times.items() if not k.startswith("mfu")}
     return dict(row, memory=full["memory"], fits=full["memory"]["total"] <= t.hbm, cost=cost,
-                kernels=full["kernels"], kernel_flops=kernel_flops,
-                **train_mfu(model_flops, cost, t, kernel_flops))
+                kernels=full["kernels"], kernel_flops=kernel_flops, **times)
 
 
 def train_mfu(model_flops: float, cost: dict, t: Target, kernel_flops: float = 0.0) -> dict:
@@ -350,6 +358,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--train-model", default="1b", help="the train step's shape: 1b "
                     "(benchmarks.shapes.TRAIN_SHAPE) or a --model name (8b: the released "
                     "WeDLM-8B's)")
+    ap.add_argument("--train-lora", type=int, default=0, metavar="RANK",
+                    help="also the LoRA train step at this rank, beside the full step")
     ap.add_argument("--quantize", default="none", choices=("none", "int8", "int4"),
                     help="the decode programs' weights (wedlm_jax.quantize; int4 in groups of 64)")
     ap.add_argument("--quantize-group", type=int, default=None,
@@ -372,6 +382,8 @@ def main(argv=None) -> int:
         if not programs or programs - {"decode", "prefill", "train"}:
             raise TargetError(f"--programs {a.programs!r}: a comma-separated subset of decode, "
                               "prefill, train")
+        if a.train_lora < 0:
+            raise TargetError(f"--train-lora {a.train_lora}: a rank >= 1, or 0 for none")
         if not 0 < a.live <= a.capacity:
             raise TargetError(f"--live {a.live} must be in [1, --capacity {a.capacity}]")
         if a.page_size is not None and not 1 <= a.page_size <= a.capacity:
@@ -404,7 +416,10 @@ def main(argv=None) -> int:
         if not a.quick and "prefill" in programs:
             rows.append(prefill_row(config, t, 2048))
         if not a.quick and "train" in programs:
-            rows.append(train_row(t, shape=None if a.train_model == "1b" else shapes[a.train_model]))
+            shape = None if a.train_model == "1b" else shapes[a.train_model]
+            rows.append(train_row(t, shape=shape))
+            if a.train_lora:
+                rows.append(train_row(t, shape=shape, lora_rank=a.train_lora))
         derive(rows, a.tokens_per_forward)
         report["targets"].append(dict(
             target=t.name, chips=t.chips, hbm_gib=t.hbm / GIB, peak_tflops=t.peak_flops / 1e12,

@@ -99,8 +99,9 @@ def markdown(report: dict) -> str:
             elif r["kind"] == "prefill":
                 name, batch = f"prefill {r['prompt_len']} tokens", 1
             else:
-                name = (f"train {r['params'] / 1e9:.2f}B, {r['seq_len']}-token row, "
-                        f"{r['attention']}")
+                name = (f"train {r['params'] / 1e9:.2f}B"
+                        + (f" LoRA r{r['lora_rank']}" if r.get("lora_rank") else "")
+                        + f", {r['seq_len']}-token row, {r['attention']}")
                 batch = r["rows_per_chip"]
             if "oom" in r:
                 out.append(f"| {name} | {batch} | {r.get('chips_used', t['chips'])} | - | "
@@ -110,9 +111,11 @@ def markdown(report: dict) -> str:
             fmt = lambda v, f: "-" if v is None else format(v, f)
             if r["kind"] == "train":
                 extra = (f"step {ms_text(r.get('step_s'))} ms (libtpu + attention kernel "
-                         f"{ms_text(r.get('kernel_s'))} ms at peak): MFU {fmt(r.get('mfu'), '.0%')}"
+                         f"{ms_text(r.get('kernel_s'))} ms at peak)"
+                         + ("" if r.get("lora_rank") else f": MFU {fmt(r.get('mfu'), '.0%')}")
                          + (f" ({r['mfu_note']})" if r.get("mfu_note") else "")
-                         + f"; roofline bound {fmt(r.get('mfu_bound'), '.0%')}"
+                         + ("" if r.get("lora_rank") else
+                            f"; roofline bound {fmt(r.get('mfu_bound'), '.0%')}")
                          + (f" ({r['mfu_bound_note']})" if r.get("mfu_bound_note") else ""))
             else:
                 extra = fmt(r.get("tokens_per_s"), ".0f")

@@ -122,6 +122,8 @@ def test_bad_targets_are_named_before_compiling(tmp_path):
     proc = _run("--compile-for", "v5p:1x1x1", "--out", str(tmp_path / "busy"))
     assert proc.returncode == 2 and "holds files this report did not write" in proc.stderr
     assert (tmp_path / "busy" / "keep.txt").read_text() == "mine"
+    proc = _run("--compile-for", "v5p:1x1x1", "--train-lora", "-1", "--out", str(tmp_path / "l"))
+    assert proc.returncode == 2 and "--train-lora -1: a rank >= 1, or 0 for none" in proc.stderr
 
 
 def test_train_mfu_adds_the_attention_kernel_to_libtpus_estimate():
