@@ -1,5 +1,6 @@
 """Batch decoding on a mesh (batch over 'data', heads over 'tensor') gives the same tokens as one
-device, with the dense cache and with the paged one (a pool per slot shard). Runs in a subprocess with 4 forced CPU devices (the flag must be set before jax starts)."""
+device, with the dense cache and with the paged one (a pool per slot shard), and with LoRA
+adapters (the table replicated). Runs in a subprocess with 4 forced CPU devices (the flag must be set before jax starts)."""
 
 from __future__ import annotations
 
@@ -113,6 +114,32 @@ SCRIPT = textwrap.dedent('''
                 method=method, refill=refill, window=4, tau=2.5, lam=0.05,
                 max_new_tokens=r.max_new_tokens), capacity=40, placement=Placement(kv_tile=16)).tokens[0]
             for r in reqs[:4]], held=b.pool.num_held)
+    # LoRA adapters on the mesh (the adapter table replicated): an adapter and the base in one
+    # continuous batch, each request as on one device
+    import tempfile
+    from decode.lora_options import LoraOptions
+    from wedlm_jax import lora as lora_lib
+    from wedlm_jax.lora_spec import LoraSpec
+    from wedlm_jax.peft import save_peft
+    spec = LoraSpec(rank=4, alpha=8.0, targets=("all-linear",))
+    rng = np.random.default_rng(5)
+    tree = jax.tree.map(lambda s: (0.3 * rng.standard_normal(s.shape)).astype(np.float32),
+                        lora_lib.adapter_shapes(cfg, spec))
+    folder = save_peft(cfg, tree, spec, tempfile.mkdtemp() + "/a", base="toy")
+
+    def adapted(on_mesh, names):
+        dec = plans.decoder(params, cfg, window=4, slots=4, capacity=40, kv_tile=16,
+                            steps_per_call=3, mesh=on_mesh, sampling=False,
+                            lora=LoraOptions(enable_lora=True, max_loras=2, max_lora_rank=4))
+        dec.adapters.load("a", folder)
+        done, b = {}, Batcher(dec)
+        for r, name in zip(reqs[:4], names):
+            b.submit(r, on_finish=lambda f: done.__setitem__(f.request_id, f.tokens), adapter=name)
+        b.run_until_idle()
+        return [done[i] for i in range(4)]
+
+    names = ["a", None, "a", None]
+    out["lora"] = dict(sharded=adapted(mesh, names), one=adapted(None, names), base=alone[:4])
     # one weight tree per layer (what a GPU Decoder holds, decode/engine/layouts.py), laid out on the mesh
     from decode.engine import layouts
     layouts.layers_stacked = lambda platform, grouped_kernel=False: False
@@ -139,6 +166,10 @@ def test_mesh_data2_tensor2_same_tokens_as_one_device():
     assert paged["pool_spec"] == "P(None, None, 'tensor')", paged["pool_spec"]
     for method, r in out.pop("paged_data2_methods").items():
         assert r["sharded"] == r["one"] and r["held"] == 0, method
+    lora = out.pop("lora")
+    assert lora["sharded"] == lora["one"]
+    assert [lora["one"][i] for i in (1, 3)] == [lora["base"][i] for i in (1, 3)]   # the base rows
+    assert any(lora["one"][i] != lora["base"][i] for i in (0, 2))      # the adapter changes tokens
     flat = out.pop("per_layer_weights")
     assert flat["sharded"] == flat["one"] and flat["spec"] == "P(None, 'tensor')", flat["spec"]
     cross = out.pop("paged_cross_shard")
