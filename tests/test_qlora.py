@@ -92,8 +92,10 @@ def test_gradients_reach_the_adapters_only(tiny, scheme, group):
     ({"lora.base_quantize_group": -1}, r"lora\.base_quantize_group must be an int >= 0"),
     ({"lora.base_quantize": "none"}, r"lora\.base_quantize_group 8 needs a scheme: "
                                      r"lora\.base_quantize int8 or int4"),
-    ({"lora.rank": 0}, r"lora\.base_quantize 'int4' \(group 8\) quantizes LoRA's frozen base "
-                       r"and needs lora\.rank > 0"),
+    ({"lora.rank": 0}, r"lora\.base_quantize 'int4' quantizes LoRA's frozen base and needs "
+                       r"lora\.rank > 0"),
+    ({"lora.rank": 0, "lora.base_quantize": "none"}, r"lora\.base_quantize_group 8 needs "
+                                                     r"lora\.rank > 0"),
 ])
 def test_bad_settings_are_named(paths, over, match):
     with pytest.raises(TrainConfigError, match=match):
@@ -172,3 +174,5 @@ def test_dry_run_reports_the_quantized_base(paths):
     int4 = dry_run.report(_cfg(paths, **{"compute_dtype": "bf16"}), 1)
     assert int4["memory"]["argument"] < bf16["memory"]["argument"]
     assert int4["step_flops_per_device"] > 0
+    assert int4["lora"] == "rank 4 on q, v, o, down, the base frozen int4 (groups of 8)"
+    assert bf16["lora"].endswith("the base frozen in bf16")

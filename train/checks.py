@@ -131,10 +131,13 @@ def check_lora(cfg, bad) -> None:
     from wedlm_jax.quantize_scheme import QuantizeError, resolve_group
     lo = cfg.lora
     if lo.rank == 0:
-        if lo.base_quantize != "none" or lo.base_quantize_group is not None:
-            bad("lora.base_quantize", f"{lo.base_quantize!r} (group {lo.base_quantize_group}) "
-                                      f"quantizes LoRA's frozen base and needs lora.rank > 0; "
-                                      f"with lora.rank 0 every weight is trained in float")
+        if lo.base_quantize != "none":
+            bad("lora.base_quantize", f"{lo.base_quantize!r} quantizes LoRA's frozen base and "
+                                      f"needs lora.rank > 0; with lora.rank 0 every weight is "
+                                      f"trained in float")
+        if lo.base_quantize_group is not None:
+            bad("lora.base_quantize_group", f"{lo.base_quantize_group} needs lora.rank > 0 and "
+                                            f"lora.base_quantize int8 or int4")
         return
     try:
         LoraSpec(lo.rank, lo.alpha, lo.dropout, lo.targets)
