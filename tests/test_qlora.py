@@ -52,9 +52,10 @@ def tiny():
     return mc, spec, model_lib.random_params(mc), adapters, tokens
 
 
-def _forward(tiny, params, adapters):
+def _forward(tiny, params, adapters, platform=None):
     mc, spec, _, _, tokens = tiny
-    model = lora_lib.lora_model(model_lib.Transformer(mc), spec, dropout=0.0)
+    model = lora_lib.lora_model(model_lib.Transformer(mc, attention="dense", platform=platform),
+                                spec, dropout=0.0)
     positions = np.tile(np.arange(tokens.shape[1]), (tokens.shape[0], 1))
     return model.apply({"params": lora_lib.combine(params, adapters)}, tokens, positions)
 
@@ -71,6 +72,16 @@ def test_forward_is_the_dequantized_bases_plus_the_adapters(tiny, scheme, group)
     q_error = np.abs(np.asarray(_forward(tiny, qbase, zero) - _forward(tiny, params, zero))).max()
     off = np.abs(ours - np.asarray(_forward(tiny, params, adapters))).max()
     assert 0 < off < 3 * q_error < adapted          # off the float base's by its quantization
+
+
+@pytest.mark.parametrize("scheme,group", SCHEMES)
+def test_the_gpu_matmul_form_too(tiny, scheme, group):
+    """On GPU a per-channel kernel enters one 2-D gemm (quantize.matmul_form "gemm2d"): the
+    adapters' term is added there too."""
+    _, _, params, adapters, _ = tiny
+    qbase = quantize.quantize_params(params, scheme, group)
+    np.testing.assert_allclose(_forward(tiny, qbase, adapters, "gpu"),
+                               _forward(tiny, _dequantized(qbase), adapters), atol=2e-5)
 
 
 @pytest.mark.parametrize("scheme,group", SCHEMES)
