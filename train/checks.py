@@ -124,15 +124,30 @@ def check_run(cfg, bad) -> None:
 
 
 def check_lora(cfg, bad) -> None:
-    """lora.rank 0 (off) or a LoraSpec's ranges and targets (wedlm_jax.lora_spec)."""
+    """lora.rank 0 (off) or a LoraSpec's ranges and targets (wedlm_jax.lora_spec), and the frozen
+    base's quantization: decoding's schemes and group sizes (wedlm_jax.quantize_scheme; whether
+    the group tiles the model is checked with the model config, train.config.check_base_quantize)."""
     from wedlm_jax.lora_spec import LoraError, LoraSpec
+    from wedlm_jax.quantize_scheme import QuantizeError, resolve_group
     lo = cfg.lora
     if lo.rank == 0:
+        if lo.base_quantize != "none":
+            bad("lora.base_quantize", f"{lo.base_quantize!r} quantizes LoRA's frozen base and "
+                                      f"needs lora.rank > 0; with lora.rank 0 every weight is "
+                                      f"trained in float")
+        if lo.base_quantize_group is not None:
+            bad("lora.base_quantize_group", f"{lo.base_quantize_group} needs lora.rank > 0 and "
+                                            f"lora.base_quantize int8 or int4")
         return
     try:
         LoraSpec(lo.rank, lo.alpha, lo.dropout, lo.targets)
     except LoraError as e:
         bad(e.field, str(e).split(" ", 1)[1] if str(e).startswith(e.field) else str(e))
+    try:
+        resolve_group(lo.base_quantize, lo.base_quantize_group)
+    except QuantizeError as e:
+        bad(f"lora.base_{e.field}", str(e).split(" ", 1)[1].replace(
+            "scheme: quantize", "scheme: lora.base_quantize"))
 
 
 STEP_MAX = 2 ** 31 - 1      # the train state's step counter is int32

@@ -103,12 +103,17 @@ class CheckpointSection:
 @dataclasses.dataclass(frozen=True)
 class LoraSection:
     """Low-rank adapters (train/lora.py): rank 0 trains every weight; rank > 0 freezes the base
-    (held in compute_dtype) and trains adapters on `targets` (q, k, v, o, gate, up, down, their
-    *_proj names, or all-linear), scaled by alpha / rank, with dropout on their input."""
+    (held in compute_dtype, or quantized: `base_quantize`) and trains adapters on `targets` (q, k,
+    v, o, gate, up, down, their *_proj names, or all-linear), scaled by alpha / rank, with dropout
+    on their input."""
     rank: int = 0
     alpha: float = 16.0
     dropout: float = 0.0
     targets: tuple = ("all-linear",)
+    base_quantize: str = "none"  # none | int8 | int4: the frozen base quantized as decoding's
+                                 # --quantize does (QLoRA; wedlm_jax/quantize.py)
+    base_quantize_group: int | None = None  # decoding's --quantize-group: 0 per output channel,
+                                            # null the scheme's default (int4: 64, int8: 0)
     base_hash: str | None = None  # the frozen base's fingerprint: written into each checkpoint's
                                   # config by the run; given, a run on another base is refused
 
@@ -430,4 +435,15 @@ def model_config(cfg: TrainConfig):
             raise TrainConfigError(f"objective.mask_token_id {cfg.objective.mask_token_id} is outside "
                                    f"the vocabulary [0, {mc.vocab_size})")
         mc = mc.replace(mask_token_id=cfg.objective.mask_token_id)
+    check_base_quantize(cfg, mc)
     return mc
+
+
+def check_base_quantize(cfg: TrainConfig, mc) -> None:
+    """A TrainConfigError naming lora.base_quantize_group when its group does not tile every
+    projection's input axis of the model `mc` (wedlm_jax.quantize_scheme.check_model)."""
+    from wedlm_jax.quantize_scheme import QuantizeError, check_model
+    try:
+        check_model(mc, cfg.lora.base_quantize, cfg.lora.base_quantize_group)
+    except QuantizeError as e:
+        raise TrainConfigError(f"lora.base_{e}") from None

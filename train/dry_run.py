@@ -203,7 +203,19 @@ def report(cfg, devices_arg=None, topology=None) -> dict:
             "grad_accum": cfg.optimizer.grad_accum, "rows_per_device_microbatch": rows,
             "lower_s": lower_s, "compile_s": compile_s, "memory": compiled_lib.memory(compiled),
             "kernels": compiled_lib.kernels(compiled),
-            "step_flops_per_device": step_flops(compiled), "model_flops_per_step": model_flops}
+            "step_flops_per_device": step_flops(compiled), "model_flops_per_step": model_flops,
+            "lora": lora_summary(cfg)}
+
+
+def lora_summary(cfg) -> str | None:
+    """'rank 16 on all-linear, the base frozen int4 (groups of 64)' for a LoRA step, else None."""
+    if not cfg.lora.rank:
+        return None
+    from train.lora import base_scheme
+    from wedlm_jax.quantize import describe
+    scheme, group = base_scheme(cfg)
+    frozen = f"in {cfg.compute_dtype}" if scheme == "none" else describe(scheme, group)
+    return f"rank {cfg.lora.rank} on {', '.join(cfg.lora.targets)}, the base frozen {frozen}"
 
 
 def format_report(r: dict, device_memory_gib: float, source: str) -> tuple[str, bool]:
@@ -224,6 +236,7 @@ def format_report(r: dict, device_memory_gib: float, source: str) -> tuple[str, 
         f"tensor={r['mesh']['tensor']} on {r['devices']}; global batch {r['global_batch_size']} "
         f"rows, grad_accum {r['grad_accum']}: {r['rows_per_device_microbatch']} row(s) per device "
         f"per microbatch",
+        *([f"  lora         {r['lora']}"] if r.get("lora") else []),
         f"  compile      {r['lower_s']:.1f} s lowering + {r['compile_s']:.1f} s compiling",
         "  kernels      " + (", ".join(f"{k} x{n}" for k, n in r["kernels"].items())
                              or "none (plain XLA ops only)") + " (custom calls in the compiled HLO)",

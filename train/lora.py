@@ -11,6 +11,13 @@ on any mesh) and the fingerprint is written into every checkpoint's saved config
 (`lora.base_hash`); a run whose base differs from the one its checkpoint.dir was trained on is
 refused by name before anything is restored (`check_base`). A config may also set
 `lora.base_hash` itself to pin the base.
+
+QLoRA: with `lora.base_quantize` int8 or int4 the base, once cast to the compute dtype, is
+quantized by `wedlm_jax.quantize.quantize_params` (decoding's function and schemes, each float
+kernel freed once quantized) and placed in the shardings of its quantized shapes; the projections
+read it as decoding does, the adapters' term added beside (wedlm_jax/lora.py `Provider`). The
+fingerprint is the quantized base's (its integer values' and scales' bits), so a checkpoint
+trained on one quantization refuses to resume on another, or on the float base.
 """
 
 from __future__ import annotations
@@ -26,8 +33,10 @@ from jax.sharding import NamedSharding
 from train.config import compute_dtype
 from wedlm_jax import lora as lora_lib
 from wedlm_jax import model as model_lib
+from wedlm_jax import quantize
 from wedlm_jax.axis_rules import DEFAULT_RULES
 from wedlm_jax.lora_spec import LoraSpec
+from wedlm_jax.quantize_scheme import resolve_group
 from wedlm_jax.sharding import tree_shardings
 
 log = logging.getLogger("wedlm-train")
@@ -48,18 +57,39 @@ def trainable_trees(model_cfg, spec: LoraSpec | None):
             lora_lib.adapter_logical_axes(model_cfg, spec))
 
 
-def base_shardings(model_cfg, mesh, rules=DEFAULT_RULES):
-    """The base's NamedShardings: the full model's."""
+def float_shardings(model_cfg, mesh, rules=DEFAULT_RULES):
+    """The full model's NamedShardings (the float base is loaded in them)."""
     return tree_shardings(model_lib.param_logical_axes(model_cfg),
                           model_lib.param_shapes(model_cfg), mesh, rules)
 
 
+def base_scheme(cfg) -> tuple[str, int]:
+    """(scheme, group) the frozen base is held in: ("none", 0), or `lora.base_quantize` with its
+    group resolved as decoding resolves --quantize-group."""
+    lo = cfg.lora
+    return lo.base_quantize, resolve_group(lo.base_quantize, lo.base_quantize_group)
+
+
+def base_abstract(cfg, model_cfg):
+    """The frozen base as ShapeDtypeStructs without shardings: the params in the compute dtype,
+    quantized under `base_scheme` (QArrays of int8 / int4 values and compute-dtype scales)."""
+    shapes = model_lib.param_shapes(model_cfg, compute_dtype(cfg))
+    return quantize.quantize_params(shapes, *base_scheme(cfg))
+
+
+def base_shardings(cfg, model_cfg, mesh, rules=DEFAULT_RULES):
+    """The frozen base's NamedShardings: the model's logical axes, a quantized kernel's values and
+    scales both carrying its kernel's (`quantize.logical_axes`)."""
+    shapes = base_abstract(cfg, model_cfg)
+    axes = quantize.logical_axes(model_lib.param_logical_axes(model_cfg), shapes)
+    return tree_shardings(axes, shapes, mesh, rules)
+
+
 def base_shapes(cfg, model_cfg, mesh, rules=DEFAULT_RULES):
-    """The frozen base as ShapeDtypeStructs in the compute dtype with their shardings (the dry
-    run's argument)."""
-    dtype = compute_dtype(cfg)
-    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, dtype, sharding=sh),
-                        model_lib.param_shapes(model_cfg), base_shardings(model_cfg, mesh, rules))
+    """The frozen base as sharded ShapeDtypeStructs (the dry run's argument): compute dtype, or
+    quantized under `lora.base_quantize`."""
+    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                        base_abstract(cfg, model_cfg), base_shardings(cfg, model_cfg, mesh, rules))
 
 
 def initial_adapters(cfg, model_cfg):
@@ -68,7 +98,7 @@ def initial_adapters(cfg, model_cfg):
 
 
 def _leaf_hash(x):
-    bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
+    bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)   # int4 / int8 exact
     weights = jnp.arange(bits.size, dtype=jnp.uint32).reshape(bits.shape)
     return jnp.sum(bits * (weights * jnp.uint32(2654435761) + jnp.uint32(1)), dtype=jnp.uint32)
 
@@ -76,7 +106,8 @@ def _leaf_hash(x):
 def fingerprint(params) -> str:
     """16 hex digits naming `params` exactly: per weight, a position-weighted sum of its float32
     bits modulo 2^32 (integer sums: the same on every mesh and device count), hashed with the
-    tree's paths and shapes."""
+    tree's paths and shapes. A quantized kernel counts as its values and its scales (paths
+    `.qvalue`, `.scale`): a base quantized otherwise, or not, has another fingerprint."""
     flat = jax.tree_util.tree_flatten_with_path(params)[0]
     sums = jax.jit(lambda xs: [_leaf_hash(x) for x in xs])([x for _, x in flat])
     h = hashlib.sha256()
@@ -112,17 +143,23 @@ def check_base(cfg, base_hash: str) -> None:
 
 
 def frozen_base(cfg, model_cfg, mesh, load):
-    """(cfg with lora.base_hash set, the base in the compute dtype), or (cfg, None) without
-    LoRA: `load(shardings)` gives the float32 params in their shardings (each buffer freed once
-    cast); checked by `check_base`."""
+    """(cfg with lora.base_hash set, the base in the compute dtype, quantized under
+    `lora.base_quantize`), or (cfg, None) without LoRA: `load(shardings)` gives the float32
+    params in their shardings (each buffer freed once cast, each cast kernel once quantized);
+    checked by `check_base`."""
     if not cfg.lora.rank:
         return cfg, None
     dtype = compute_dtype(cfg)
-    params = load({"params": base_shardings(model_cfg, mesh)})
+    params = load({"params": float_shardings(model_cfg, mesh)})
     base = jax.tree.map(lambda x: x.astype(dtype), params)
     for x in jax.tree.leaves(params):
         if isinstance(x, jax.Array) and x.dtype != dtype and not x.is_deleted():
             x.delete()
+    scheme, group = base_scheme(cfg)
+    if scheme != "none":
+        base = quantize.quantize_params(base, scheme, group, free=True)
+        base = jax.device_put(base, base_shardings(cfg, model_cfg, mesh))
+        log.info("LoRA's frozen base quantized %s", quantize.describe(scheme, group))
     base_hash = fingerprint(base)
     check_base(cfg, base_hash)
     return dataclasses.replace(cfg, lora=dataclasses.replace(cfg.lora, base_hash=base_hash)), base

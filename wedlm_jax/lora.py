@@ -17,6 +17,15 @@ The projections call `jnp.einsum`; qwix's LoRA einsum records a debugging attrib
 which a linen module refuses outside setup, so `Provider` routes a projection's contraction
 through qwix's LoRA `dot_general` instead (the same product, the same adapter shapes).
 
+A quantized kernel (a `qwix.QArray` of wedlm_jax/quantize.py: QLoRA, the frozen base int8 / int4)
+is read by `quantize.projection_einsum`, whose inner einsum takes the kernel's integer values,
+not a parameter qwix would recognise, and scales the product after it. `Provider` therefore
+intercepts `projection_einsum` itself: a float kernel goes through the LoRA einsum as before; a
+quantized one through `projection_einsum` as decoding reads it, plus the adapters' term
+`(alpha / rank) * dropout(x) @ A @ B` (`low_rank`) in the compute dtype. The adapters of a
+quantized base are given (`combine`), never created by the forward: they are float, of the
+kernel's float shape (`adapter_shapes`).
+
 An adapter tree holds only the adapter leaves (nested dicts like the params); the base is kept
 apart (frozen in training, not in the optimizer). The adapters enter a forward in the compute
 dtype (`combine`): the layer scan's carry keeps one dtype.
@@ -30,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 import qwix
 
+from wedlm_jax import quantize
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.lora_spec import LoraError, LoraSpec
 
@@ -38,7 +48,26 @@ SUFFIXES = ("kernel_lora_a", "kernel_lora_b")
 
 class Provider(qwix.LoraProvider):
     """qwix's LoRA provider, a projection's einsum ("...ab,abc->...c": the input's trailing axes
-    against the kernel's leading ones) taken through its LoRA dot_general."""
+    against the kernel's leading ones) taken through its LoRA dot_general, and a projection's
+    quantized kernel given its adapters' term (`projection_einsum`)."""
+
+    def get_intercept_map(self):
+        return super().get_intercept_map() | {
+            "wedlm_jax.quantize.projection_einsum": self.projection_einsum}
+
+    def projection_einsum(self, spec: str, x, kernel, dtype, form: str = "einsum"):
+        """`quantize.projection_einsum` with the adapters of the current projection when the rule
+        targets it: a float kernel through the LoRA einsum, a quantized one read as decoding
+        reads it (inside an intercepted call, nothing is intercepted again) plus `low_rank`."""
+        x = x.astype(dtype)
+        if not isinstance(kernel, qwix.QArray):
+            return self.einsum(spec, x, kernel.astype(dtype))
+        y = quantize.projection_einsum(spec, x, kernel, dtype, form)
+        rule = self._get_current_rule_and_op_id("einsum", only_rule=True)[0]
+        if not isinstance(rule, qwix.LoraRule):
+            return y
+        n_out = len(spec.split("->")[1].lstrip("."))
+        return y + low_rank(x, kernel.qvalue.ndim - n_out, y.shape[y.ndim - n_out:], rule, dtype)
 
     def einsum(self, einsum_str, *operands, **kwargs):
         if len(operands) == 2 and einsum_str.startswith("...") and not kwargs:
@@ -50,6 +79,26 @@ class Provider(qwix.LoraProvider):
                 dims = ((tuple(range(x.ndim - n, x.ndim)), tuple(range(n))), ((), ()))
                 return self.dot_general(x, w, dims)
         return super().einsum(einsum_str, *operands, **kwargs)
+
+
+def low_rank(x, n_in: int, out_shape: tuple, rule, dtype):
+    """The adapters' term of the current projection (a linen module holding `kernel_lora_a`
+    [in, rank] and `kernel_lora_b` [rank, out] beside its kernel): x [..., *ins] (its `n_in`
+    trailing axes the kernel's inputs) as (alpha / rank) * dropout(x) @ A @ B [..., *out_shape]
+    in `dtype`, dropout from the module's "dropout" rng stream."""
+    module = nn.module._context.module_stack[-1]  # flax's current module (what qwix reads too)
+    a = module.get_variable("params", SUFFIXES[0])
+    b = module.get_variable("params", SUFFIXES[1])
+    if a is None or b is None:
+        raise LoraError(f"{'/'.join(module.path)}: a quantized kernel takes its adapters given "
+                        f"(combine); the forward does not create them")
+    if rule.dropout > 0:
+        keep = jax.random.bernoulli(module.make_rng("dropout"), 1.0 - rule.dropout, x.shape)
+        x = jnp.where(keep, x / (1.0 - rule.dropout), 0).astype(dtype)
+    lead = x.shape[:x.ndim - n_in]
+    h = jnp.einsum("...i,ir->...r", x.reshape(lead + (-1,)), nn.meta.unbox(a).astype(dtype))
+    y = jnp.einsum("...r,ro->...o", h, nn.meta.unbox(b).astype(dtype))
+    return y.reshape(lead + tuple(out_shape)) * jnp.asarray(rule.alpha / rule.rank, dtype)
 
 
 def module_regex(targets) -> str:
