@@ -168,6 +168,11 @@ def test_train_resume_export_refuse(paths, tmp_path):
     np.testing.assert_array_equal(adapters["layers"]["attn"]["q_proj"]["kernel_lora_b"],
                                   np.asarray(state["params"]["layers"]["attn"]["q_proj"]
                                              ["kernel_lora_b"]))
+    assert not ckpt.meaning_diff({"lora": {"base_quantize_group": None}},
+                                 {"lora": {"base_quantize_group": 64}})    # unset: the default
+    with pytest.raises(ckpt.ResumeError, match="refusing to resume on another base"):
+        main_lib.run(_cfg(paths, **{**over, "lora.base_quantize_group": 4, "steps": 6,
+                                    "checkpoint.dir": b_dir}), progress=False)   # by its hash
     for other in ({"lora.base_quantize": "int8", "lora.base_quantize_group": 0},
                   {"lora.base_quantize": "none", "lora.base_quantize_group": None}):
         with pytest.raises(ckpt.ResumeError, match=r"lora\.base_quantize: 'int[48]'"):

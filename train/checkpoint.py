@@ -142,6 +142,7 @@ NON_MEANING = ("checkpoint.", "mesh.", "log_every", "metrics_file", "peak_flops"
                "distributed", "attention", "attention_tile", "remat", "loss_chunk",
                "data.skip_bad_lines",
                "lora.base_hash",    # compared by train.lora.check_base, after the base is read
+               "lora.base_quantize_group",   # as the quantized base's hash (unset = the default)
                "steps")
 
 
