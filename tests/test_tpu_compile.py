@@ -301,6 +301,14 @@ def test_serve_dry_run_compiles_the_server_programs_for_a_topology(tmp_path):
     rc, out, err = _run(base + ["--topology", "v9x:2x2"])
     assert rc == 2 and "wedlm-serve: error: 'v9x:2x2': unknown target; accepted: TPU topologies" in err
     assert "Traceback" not in err
+    # --enable-lora: the adapter table among the weights, in the default layout (TPU's auto is
+    # the compiler's layouts otherwise); the compiler's layouts asked for with it are refused
+    rc, out, err = _run(base + ["--topology", "v5p:1x1x1", "--enable-lora", "--max-loras", "2"])
+    assert rc == 0 and "LoRA table 2 adapters x rank 16" in out, out + err[-3000:]
+    assert "weights default layout" in out
+    rc, out, err = _run(base + ["--topology", "v5p:1x1x1", "--enable-lora", "--weight-layout",
+                                "compiler"])
+    assert rc == 2 and "--enable-lora takes --weight-layout default or auto" in err, err[-2000:]
 
 
 def _decode_dry_run_args(tmp_path) -> list[str]:

@@ -23,6 +23,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from decode.config import DecodeConfigError
 from decode.engine import layouts
 from wedlm_jax import model as model_lib
 from wedlm_jax.buckets import pow2_at_least
@@ -63,7 +64,7 @@ def step_floor(static, live_rows: int, tensor: int = 1, batch_shards: int = 1) -
 
 
 def make_decoder(config, devices, engine, placement, *, scan_unroll: int = 1,
-                 compiler_options: dict | None = None, continuous: bool = False):
+                 compiler_options: dict | None = None, continuous: bool = False, lora=None):
     """A Decoder over abstract weights (shapes only) for `devices`, built as `engine`
     (EngineOptions: the method, slots and capacity; its programs compiled for one step a call) and
     `placement` (Placement: one device, or its ('data', 'fsdp', 'tensor') mesh over the first
@@ -71,7 +72,7 @@ def make_decoder(config, devices, engine, placement, *, scan_unroll: int = 1,
     resolved for the devices' platform: with "compiler" its `generate` is compiled here, with the
     weights' layouts left to the compiler, under `compiler_options`); `scan_unroll` layers per
     iteration of the layer scan; `continuous`: a continuous-batching door's plan (its "auto"
-    cache)."""
+    cache); `lora`: LoraOptions (the adapter table beside the weights)."""
     from decode.engine.decoder import Decoder
     from decode.engine.plan import make_plan
     from wedlm_jax.sharding import make_mesh
@@ -84,12 +85,12 @@ def make_decoder(config, devices, engine, placement, *, scan_unroll: int = 1,
     engine = engine.replace(steps_per_call=1, allow_long=True)
     plan = make_plan(config, engine, placement.replace(weight_layout="default"), mesh=mesh,
                      sampling=False, mask_token_id=config.vocab_size - 1,
-                     memory_limit_bytes=1 << 62, continuous=continuous)
+                     memory_limit_bytes=1 << 62, continuous=continuous, lora=lora)
     if scan_unroll != 1:
         plan = plan.replace(scan_unroll=scan_unroll)
     dec = Decoder(model_lib.param_shapes(config, jnp.dtype(placement.dtype)), plan)
-    if layouts.resolve(placement.weight_layout, devs[0].platform,
-                       placement.quantize != "none") == "compiler":
+    if layouts.resolve(placement.weight_layout, devs[0].platform, placement.quantize != "none",
+                       bool(lora and lora.enable_lora)) == "compiler":
         dec.use_compiler_layouts(compiler_options)
     return dec
 
@@ -102,12 +103,12 @@ def _shards(dec) -> tuple[int, int]:
 
 
 def generate_program(config, devices, engine, placement, *, scan_unroll: int = 1,
-                     compiler_options: dict | None = None, continuous: bool = False):
+                     compiler_options: dict | None = None, continuous: bool = False, lora=None):
     """(Decoder, compiled `generate` of k = 1) of `make_decoder`'s Decoder for the devices'
     platform, compiled with `compiler_options`; with the weights in the compiler's layouts, the
     program that chose them (its `input_formats[0][0]`: the weights' formats)."""
     dec = make_decoder(config, devices, engine, placement, scan_unroll=scan_unroll,
-                       compiler_options=compiler_options, continuous=continuous)
+                       compiler_options=compiler_options, continuous=continuous, lora=lora)
     compiled = dec.compiled_generate       # compiled already when the weights take its layouts
     if compiled is None:
         compiled = dec.compile("generate", compiler_options)
@@ -142,7 +143,7 @@ def compile_generate(config, devices, engine, placement, *, live_rows: int | Non
 
 def compile_prefill(config, devices, engine, placement, *, prompt_len: int = 2048,
                     weight_formats=None, compiler_options: dict | None = None,
-                    scan_unroll: int = 1) -> dict:
+                    scan_unroll: int = 1, lora=None) -> dict:
     """Compile the prefill of one `prompt_len`-token prompt by `make_decoder`'s Decoder and
     return its figures (engine None: one slot of capacity `prompt_len`, the prompt one chunk).
     Cost_analysis counts one chunk's pass of one layer: see `unrolled_cost`, and scale by the
@@ -151,7 +152,7 @@ def compile_prefill(config, devices, engine, placement, *, prompt_len: int = 204
     from decode.config import EngineOptions
     engine = engine or EngineOptions(slots=1, capacity=prompt_len, prefill_chunk=prompt_len)
     placement = placement.replace(weight_layout="default")   # `weight_formats` places them
-    dec = make_decoder(config, devices, engine, placement, scan_unroll=scan_unroll)
+    dec = make_decoder(config, devices, engine, placement, scan_unroll=scan_unroll, lora=lora)
     compiled = dec.compile("prefill", compiler_options, prompt_len=prompt_len,
                            params=_formatted(dec, "prefill", prompt_len, weight_formats))
     return dict(platform=dec.plan.device.platform, prompt_len=prompt_len,
@@ -214,13 +215,14 @@ def kv_not_counted(slots: int, config, live_rows: int, kv_tile: int, dtype: str,
 
 
 def dry_run(config, target: str, engine, placement, *, device_memory_gib: float | None = None,
-            who: str = "wedlm-serve", continuous: bool = True) -> tuple[str, bool]:
+            who: str = "wedlm-serve", continuous: bool = True, lora=None) -> tuple[str, bool]:
     """The programs a decoding door runs (one decode step of `generate`, one prompt's prefill at
     the largest bucket: with a paged cache its admission into pages, `compile_admission`)
     compiled for an accelerator (a TPU topology, or GPUs: wedlm_jax.targets) from config.json
     alone, laid out as `placement` says; (report text, fits). `continuous`: the door batches
     continuously (the server, the batch job), whose default cache may differ from a static
-    batch's. An out-of-memory compile is the verdict, not an error."""
+    batch's. `lora`: the door's LoraOptions (with --enable-lora the adapter table is among the
+    weights). An out-of-memory compile is the verdict, not an error."""
     devices, chip = describe_target(target)
     hbm = chip.hbm
     if placement.devices_needed > len(devices):
@@ -228,14 +230,19 @@ def dry_run(config, target: str, engine, placement, *, device_memory_gib: float 
                           f"{len(devices)}")
     limit = int(device_memory_gib * GIB) if device_memory_gib else hbm
     devs = devices[:placement.devices_needed]
-    layout = layouts.resolve(placement.weight_layout, devices[0].platform,
-                             placement.quantize != "none")
+    adapters = bool(lora and lora.enable_lora)
+    try:
+        layout = layouts.resolve(placement.weight_layout, devices[0].platform,
+                                 placement.quantize != "none", adapters)
+    except ValueError as e:
+        raise DecodeConfigError(str(e), "weight_layout") from None
     lines = [f"{who} dry run for {target}: {len(devs)} of its {len(devices)} chips, "
              f"{format_bytes(limit, 'GiB')} each; mesh data={placement.mesh[0]} "
              f"fsdp={placement.mesh[1]} "
              f"tensor={placement.mesh[2]}, {placement.dtype}"
              + (f" weights quantized {placement.quantize}" if placement.quantize != "none" else "")
              + (f", KV cache {placement.kv_dtype}" if placement.kv_dtype != "auto" else "")
+             + (f", LoRA table {lora.rows} adapters x rank {lora.rank}" if adapters else "")
              + ", cache attention "
              f"{placement.attention}, weights "
              f"{layout}"
@@ -247,7 +254,8 @@ def dry_run(config, target: str, engine, placement, *, device_memory_gib: float 
     made = {}
 
     def step():
-        dec, compiled = generate_program(config, devs, engine, placement, continuous=continuous)
+        dec, compiled = generate_program(config, devs, engine, placement, continuous=continuous,
+                                         lora=lora)
         made["decoder"] = dec
         lines[0] += step_note(dec, placement)
         return dict(generate_figures(dec, compiled), weight_formats=(
@@ -266,7 +274,7 @@ def dry_run(config, target: str, engine, placement, *, device_memory_gib: float 
                    (f"prefill of a {prompt}-token prompt", verdict(lambda: compile_prefill(
                        config, devs, engine.replace(prefill_chunk=min(engine.prefill_chunk, prompt)),
                        placement.replace(page_size=0, num_pages=None), prompt_len=prompt,
-                       weight_formats=formats)))]
+                       weight_formats=formats, lora=lora)))]
     fits, rows = verdict_lines(results, limit)
     return "\n".join(lines + rows), fits
 
@@ -323,7 +331,8 @@ def dry_run_door(args, who: str) -> int:
     import sys
     os.environ.setdefault("JAX_PLATFORMS", "cpu")   # compile-only devices: no local TPU backend
     from decode.checkpoint import check_quantized_folder
-    from decode.config import DecodeConfigError, EngineOptions, Placement
+    from decode.config import EngineOptions, Placement
+    from decode.lora_options import LoraOptions
     from wedlm_jax.config import ConfigError
     from wedlm_jax.checkpoints import CheckpointError, read_config
     try:
@@ -335,9 +344,11 @@ def dry_run_door(args, who: str) -> int:
         engine = EngineOptions(method=args.method, window=args.window, refill=args.refill,
                                slots=args.slots, capacity=args.capacity or DRY_RUN_CAPACITY,
                                prefill_chunk=args.prefill_chunk)
+        lora = LoraOptions.from_args(args)
         text, fits = dry_run(config, args.topology, engine, placement,
                              device_memory_gib=args.device_memory, who=who,
-                             continuous=who == "wedlm-serve" or bool(getattr(args, "input", None)))
+                             continuous=who == "wedlm-serve" or bool(getattr(args, "input", None)),
+                             lora=lora)
     except (DecodeConfigError, ConfigError, TargetError, FileNotFoundError, CheckpointError) as e:
         print(f"{who}: error: {e}", file=sys.stderr)
         return 2

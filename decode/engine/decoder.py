@@ -17,9 +17,8 @@ state (no host round trip inside; it stops early when every slot is done). Betwe
 hands out the new ids, frees finished slots and inserts waiting requests (`decode.engine.batcher`).
 prefill + insert are the dense cache's admission; a paged cache (the plan's page size: the
 default on TPU, and on CPU at the serving doors) admits with `prefill_into_slot` into pages the
-host hands out (`decode.engine.batcher` does both), and for streaming / block runs the
-request's first step there too (its window's first fill, which commits nothing:
-`decode.engine.programs.fills_at_prefill`).
+host hands out (`decode.engine.batcher` does both), and for streaming / block runs the request's
+first step there too (its window's first fill, committing nothing: `programs.fills_at_prefill`).
 
 Compiled programs (decode/engine/programs.py): one prefill and one insert per prompt bucket (powers of
 two), one generate, one free; all keyed by the plan's `Static`, so Decoders with equal plans share
@@ -94,7 +93,8 @@ class Decoder:
             self._param_shardings = self._make_shardings(params)
             params = self._place(params, self._param_shardings)
         if plan.static.max_loras:     # an empty LoRA adapter table (decode.engine.adapters)
-            params = adapters.with_table(params, plan.static, plan.mesh)
+            params = (adapters.with_table_shapes(params, plan.static) if layouts.is_abstract(params)
+                      else adapters.with_table(params, plan.static, plan.mesh))
         self.params = params
         self.adapters = adapters.Adapters(self) if plan.static.max_loras else None
         self.weight_layout = plan.weight_layout
@@ -159,8 +159,7 @@ class Decoder:
         return tree_shardings(quantize.logical_axes(axes, params), shapes, mesh, DEFAULT_RULES)
 
     def _place(self, tree, shardings):
-        if all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(tree)):
-            # shapes only (decode.compile.aot compiles ahead of time for devices that may not be here)
+        if layouts.is_abstract(tree):   # shapes only (decode.compile.aot: devices maybe not here)
             return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                                 tree, shardings)
         with jax.set_mesh(self.mesh):

@@ -44,11 +44,17 @@ from wedlm_jax import model as model_lib
 from wedlm_jax import quantize
 
 
-def resolve(choice: str, platform: str, quantized: bool = False) -> str:
+def resolve(choice: str, platform: str, quantized: bool = False, adapters: bool = False) -> str:
     """The weight layout a Decoder on `platform` uses: "compiler" (the layouts its compiled decode
-    step picks) or "default" (row-major, as loaded); `quantized`: the weights are."""
+    step picks) or "default" (row-major, as loaded); `quantized`: the weights are; `adapters`:
+    it holds a LoRA adapter table (written between steps: "auto" takes the default layout)."""
     if choice not in WEIGHT_LAYOUTS:
         raise ValueError(f"weight_layout {choice!r} is unknown; allowed: {', '.join(WEIGHT_LAYOUTS)}")
+    if choice == "compiler" and adapters:
+        raise ValueError("--enable-lora takes --weight-layout default or auto (the adapter table "
+                         "is written between steps, in the default layout)")
+    if choice == "auto" and adapters:
+        return "default"
     if choice == "auto":
         gpu = platform in ("gpu", "cuda", "rocm")
         return "compiler" if platform == "tpu" or (gpu and quantized) else "default"
@@ -127,6 +133,11 @@ def on_device(device, tree):
     sharding = jax.sharding.SingleDeviceSharding(device)
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding),
                         tree)
+
+
+def is_abstract(tree) -> bool:
+    """Whether `tree` is shapes only (ShapeDtypeStructs: weights for an ahead-of-time compile)."""
+    return all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(tree))
 
 
 def abstract_weights(model_config, static, device):

@@ -173,13 +173,9 @@ def make_plan(model_config: ModelConfig, engine: EngineOptions, placement: Place
                  else available_memory(mesh), static)
     try:
         weight_layout = layouts.resolve(placement.weight_layout, device.platform,
-                                        placement.quantize != "none")
+                                        placement.quantize != "none", bool(static.max_loras))
     except ValueError as e:
         raise DecodeConfigError(str(e), "weight_layout") from None
-    if static.max_loras and weight_layout == "compiler":
-        raise DecodeConfigError("--enable-lora takes --weight-layout default (the adapter table "
-                                "is written between steps, in the default layout)",
-                                "weight_layout")
     return Plan(static=static, model_config=model_config, engine=engine, placement=placement,
                 mask_id=mask_id,
                 steps_per_call=engine.steps_per_call, sampling=sampling, mesh=mesh,
