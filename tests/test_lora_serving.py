@@ -295,3 +295,38 @@ def test_static_generate_names_an_adapter_per_prompt(demo, adapters, prompts):
     with pytest.raises(DecodeConfigError, match="'zeta' not loaded"):
         generate(demo[1], demo[0], prompts[:2], dc, decoder=dec, adapters=["zeta", "alpha"])
     assert [a.holds for a in dec.adapters.loaded()] == [0]
+
+
+def test_prefix_pages_are_reused_under_the_same_adapter_only(demo, adapters, prompts):
+    """The paged cache's prefix reuse keys a prompt's pages by its adapter as well as its tokens:
+    a prompt sharing two full pages with an earlier one under the same adapter reuses them (and
+    decodes as without reuse); under another adapter, the base, or an adapter loaded again into
+    the same row, it reuses nothing."""
+    dec = _decoder(demo, "streaming", page_size=16)
+    for name in SPECS:
+        dec.adapters.load(name, adapters[name][2])
+    prefix = (tuple(prompts[0]) + tuple(prompts[1]))[:32]
+    tails = [tuple(prompts[2][:5]), tuple(prompts[3][:5]), tuple(prompts[2][5:10])]
+    batcher = Batcher(dec)
+
+    def one(prompt, name):
+        done = {}
+        batcher.submit(Request(prompt=prompt, max_new_tokens=12, stop_token_ids=()),
+                       on_finish=lambda f: done.setdefault("f", f), adapter=name)
+        batcher.run_until_idle()
+        return done["f"]
+
+    first = one(prefix + tails[0], "alpha")
+    assert first.cached_tokens == 0
+    again = one(prefix + tails[1], "alpha")
+    assert again.cached_tokens == 32
+    assert again.tokens == _run(Batcher(dec), [(prefix + tails[1], "alpha")])[0]   # no reuse
+    assert one(prefix + tails[2], "beta").cached_tokens == 0
+    assert one(prefix + tails[2], None).cached_tokens == 0
+    assert one(prefix + tails[0], None).cached_tokens == 32        # the base's own pages
+    dec.adapters.unload("alpha")
+    dec.adapters.load("alpha", adapters["beta"][2])                 # the same row, other weights
+    reloaded = one(prefix + tails[1], "alpha")
+    assert reloaded.cached_tokens == 0
+    assert reloaded.tokens == _run(Batcher(dec), [(prefix + tails[1], "beta")])[0]
+    batcher.pool.check()

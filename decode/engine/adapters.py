@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from decode.config import DecodeConfigError
+from decode.engine.pages import ROOT
 from decode.lora_options import check_name
 from wedlm_jax import lora_table
 from wedlm_jax import model as model_lib
@@ -84,6 +85,7 @@ class Loaded:
     path: str
     row: int
     spec: LoraSpec
+    serial: int = 0         # which load this is (the row's content, for the prefix cache's root)
     holds: int = 0          # requests holding the row (submitted, not finished)
 
 
@@ -98,6 +100,7 @@ class Adapters:
         self.decoder = decoder
         self.max_loras, self.max_rank = st.max_loras, st.max_lora_rank
         self._by_name: dict[str, Loaded] = {}
+        self._loads = 0
         self._lock = threading.Lock()
 
     def loaded(self) -> list[Loaded]:
@@ -133,7 +136,8 @@ class Adapters:
                                         f"(--max-loras {self.max_loras}): unload one first",
                                         "lora_name")
             write(self.decoder, free[0], rows)
-            self._by_name[name] = Loaded(name, str(path), free[0], spec)
+            self._loads += 1
+            self._by_name[name] = Loaded(name, str(path), free[0], spec, self._loads)
             return free[0]
 
     def load(self, name: str, path) -> int:
@@ -153,6 +157,18 @@ class Adapters:
             write(self.decoder, got.row, lora_table.zero_rows(self.decoder.model_config,
                                                                self.max_rank))
             del self._by_name[name]
+
+    def prefix_root(self, row: int):
+        """The root a prefix's pages computed under adapter `row` are cached under
+        (decode.engine.pages): one per load, so a row loaded again with another adapter shares
+        none of the pages its former adapter wrote; the base's (row 0) is pages.ROOT."""
+        if not row:
+            return ROOT
+        with self._lock:
+            got = next((a for a in self._by_name.values() if a.row == row), None)
+        if got is None:
+            raise DecodeConfigError(f"no LoRA adapter is loaded in row {row}", "model")
+        return ("lora", got.serial)
 
     def acquire(self, name: str) -> int:
         """A request's hold on `name`'s row (returned); AdapterNotFound for an unknown name."""

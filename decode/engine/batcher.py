@@ -42,7 +42,7 @@ import jax
 from decode.config import DecodeConfigError
 from decode.engine.decoder import Decoder
 from decode.engine.state import Request
-from decode.engine.pages import ShardedPool
+from decode.engine.pages import ROOT, ShardedPool
 
 log = logging.getLogger(__name__)
 
@@ -308,8 +308,7 @@ class Batcher:
             else:
                 live.pages = pages
                 self.state = dec.prefill_into_slot(self.state, live.request, slot, pages, live.reused)
-                if not live.request.adapter:   # an adapter's prompt pages are its own
-                    self.pool.publish(self._prefilled(live.request), pages)
+                self.pool.publish(self._prefilled(live.request), pages, self._root(live.request))
         except Exception as e:  # noqa: BLE001 - this request fails alone
             error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
             if self._state_lost():
@@ -344,6 +343,11 @@ class Batcher:
                 if live.on_tokens is not None:
                     live.on_tokens(live.request_id, new)
 
+    def _root(self, request: Request):
+        """The root its prompt's pages are cached under: its LoRA adapter's (K/V computed with
+        the adapter; decode.engine.adapters), or the base model's."""
+        return self.adapters.prefix_root(request.adapter) if request.adapter else ROOT
+
     def _prefilled(self, request: Request) -> tuple:
         """The prompt rows the prefill writes (AR and verified hold the last token back)."""
         held = 1 if self.decoder.method in ("ar", "verified") else 0
@@ -361,8 +365,9 @@ class Batcher:
         first = {}                                   # shard -> its first free slot
         for slot in free:
             first.setdefault(st.shard_of(slot), slot)
-        best = max(first, key=lambda d: (self.pool.cached(d, rows, limit) if self.prefix_reuse
-                                         else 0, self.pool.free_in(d), -d))
+        root = self._root(live.request)
+        best = max(first, key=lambda d: (self.pool.cached(d, rows, limit, root)
+                                         if self.prefix_reuse else 0, self.pool.free_in(d), -d))
         return first[best]
 
     def _pages_for(self, live: _Live, shard: int):
@@ -373,17 +378,17 @@ class Batcher:
         rows = self._prefilled(live.request)
         limit = len(rows) // pool.page_size
         need = dec.pages_for_call(len(rows), dec.end_of(live.request))
-        reuse = self.prefix_reuse and not live.request.adapter     # base pages: base K/V only
-        hit = pool.match(shard, rows, limit) if reuse else []
+        reuse, root = self.prefix_reuse, self._root(live.request)
+        hit = pool.match(shard, rows, limit, root) if reuse else []
         # a longer prefix cached in another slot shard's pool: its pages past this shard's hit
         # are copied over (device to device) rather than prefilled again
         src = []
         if reuse and dec.static.page_shards > 1:
-            cached = {d: pool.cached(d, rows, limit) for d in range(dec.static.page_shards)
+            cached = {d: pool.cached(d, rows, limit, root) for d in range(dec.static.page_shards)
                       if d != shard}
             other = max(cached, key=cached.get)
             if cached[other] > len(hit):
-                src = pool.match(other, rows, limit)
+                src = pool.match(other, rows, limit, root)
         more = pool.allocate(shard, max(need - len(hit), 0))
         if more is None:
             pool.release(hit + src)

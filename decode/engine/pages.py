@@ -8,8 +8,10 @@ and which full prompt pages can be shared by a later request with the same prefi
     pool.release(hit + pages)          # the sequence ended: its references go
 
 A page's content is named by its tokens and everything before them: the key of a full page is
-(key of the page before it, its page_size tokens), a chain that starts at ROOT. Keys are exact
-(tuples of ids, no hash that could collide). A page is in one of three states:
+(key of the page before it, its page_size tokens), a chain that starts at a root: ROOT, or the
+root a caller names for K/V that is not the base model's (a LoRA adapter's rows: the same tokens
+under another adapter are other content). Keys are exact (tuples of ids, no hash that could
+collide). A page is in one of three states:
 
     free      in no sequence, holding nothing anyone can ask for;
     held      referenced by at least one live sequence (`refs` > 0); a published page may be held
@@ -79,9 +81,9 @@ class PagePool:
         return -(-rows // self.page_size)
 
     # ------------------------------------------------------------------ prefix reuse
-    def _keys(self, tokens):
-        """The content keys of the full pages of `tokens`, in order."""
-        node, out, p = ROOT, [], self.page_size
+    def _keys(self, tokens, root=ROOT):
+        """The content keys of the full pages of `tokens` under `root`, in order."""
+        node, out, p = root, [], self.page_size
         for i in range(len(tokens) // p):
             key = (node, tuple(int(t) for t in tokens[i * p:(i + 1) * p]))
             out.append(key)
@@ -91,37 +93,39 @@ class PagePool:
                 break
         return out
 
-    def match(self, tokens, limit: int | None = None) -> list[int]:
+    def match(self, tokens, limit: int | None = None, root=ROOT) -> list[int]:
         """Take a reference on the cached full pages that start `tokens` (at most `limit` pages;
         callers keep at least the last prompt token out of the match, so the first forward has a
-        token to read). Returns the pages in order; they are the sequence's first pages."""
+        token to read). Returns the pages in order; they are the sequence's first pages. `root`:
+        the chain the prefix was published under."""
         self.stats.lookups += 1
-        pages = self._hits(tokens, limit)
+        pages = self._hits(tokens, limit, root)
         for page in pages:
             self._take(page)
         self.stats.hit_pages += len(pages)
         return pages
 
-    def cached(self, tokens, limit: int | None = None) -> int:
+    def cached(self, tokens, limit: int | None = None, root=ROOT) -> int:
         """How many pages `match` would give now (no reference taken, nothing counted)."""
-        return len(self._hits(tokens, limit))
+        return len(self._hits(tokens, limit, root))
 
-    def _hits(self, tokens, limit: int | None):
-        """The cached full pages that start `tokens`, in order (at most `limit`)."""
+    def _hits(self, tokens, limit: int | None, root=ROOT):
+        """The cached full pages that start `tokens` under `root`, in order (at most `limit`)."""
         pages = []
-        for key in self._keys(tokens):
+        for key in self._keys(tokens, root):
             page = self._page_of.get(key)
             if page is None or (limit is not None and len(pages) >= limit):
                 break
             pages.append(page)
         return pages
 
-    def publish(self, tokens, pages) -> int:
+    def publish(self, tokens, pages, root=ROOT) -> int:
         """After the rows of `tokens` are written into `pages` (the sequence's pages in order):
-        make its full pages shareable. A full page whose content is already published under
-        another page stays private (the first copy is the shared one). Returns pages published."""
+        make its full pages shareable under `root`. A full page whose content is already
+        published under another page stays private (the first copy is the shared one). Returns
+        pages published."""
         n = 0
-        node = ROOT
+        node = root
         p = self.page_size
         for i in range(min(len(tokens) // p, len(pages))):
             key = (node, tuple(int(t) for t in tokens[i * p:(i + 1) * p]))
@@ -239,8 +243,8 @@ class ShardedPool:
     def free_in(self, shard: int) -> int:
         return self.pools[shard].num_free
 
-    def cached(self, shard: int, tokens, limit: int | None = None) -> int:
-        return self.pools[shard].cached(tokens, limit)
+    def cached(self, shard: int, tokens, limit: int | None = None, root=ROOT) -> int:
+        return self.pools[shard].cached(tokens, limit, root)
 
     def _ids(self, shard: int, pages):
         return [shard * self.per_shard + p for p in pages]
@@ -253,18 +257,18 @@ class ShardedPool:
             by[page // self.per_shard].append(page % self.per_shard)
         return by
 
-    def match(self, shard: int, tokens, limit: int | None = None) -> list[int]:
-        return self._ids(shard, self.pools[shard].match(tokens, limit))
+    def match(self, shard: int, tokens, limit: int | None = None, root=ROOT) -> list[int]:
+        return self._ids(shard, self.pools[shard].match(tokens, limit, root))
 
     def allocate(self, shard: int, n: int) -> list[int] | None:
         got = self.pools[shard].allocate(n)
         return None if got is None else self._ids(shard, got)
 
-    def publish(self, tokens, pages) -> int:
+    def publish(self, tokens, pages, root=ROOT) -> int:
         by = self._local(pages)
         if len(by) > 1:
             raise PoolError(f"a sequence's pages span shards {sorted(by)}")
-        return sum(self.pools[d].publish(tokens, local) for d, local in by.items())
+        return sum(self.pools[d].publish(tokens, local, root) for d, local in by.items())
 
     def release(self, pages) -> None:
         for d, local in self._local(pages).items():
