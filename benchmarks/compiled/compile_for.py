@@ -110,10 +110,11 @@ def decode_programs(quick: bool) -> list[dict]:
 
 def decode_row(config, t: Target, prog: dict, capacity: int, live: int,
                page_size: int | None = None, quantize: str = "none",
-               quantize_group: int | None = None) -> dict:
+               quantize_group: int | None = None, lora=None) -> dict:
     """One decode program's figures: the dense cache (slots over nothing, heads over all chips)
     or, with `page_size`, the paged cache on one chip (its attention resolved for the target:
-    jax's ragged paged attention kernel on TPU)."""
+    jax's ragged paged attention kernel on TPU). `lora`: LoraOptions (the adapter table among the
+    weights, every slot's row gathered)."""
     from decode.compile import aot
     from decode.config import EngineOptions, Placement
     tensor = t.chips if config.num_kv_heads % t.chips == 0 and not page_size else 1
@@ -127,16 +128,17 @@ def decode_row(config, t: Target, prog: dict, capacity: int, live: int,
                           quantize_group=quantize_group)
     devices = list(t.devices[:tensor]) if mesh else [t.devices[0]]
     full = _verdict_or_raise(aot.compile_generate, config, devices, engine, placement,
-                             live_rows=live)
+                             live_rows=live, lora=lora)
     row = dict(prog, kind="decode", chips_used=len(devices), capacity=capacity, live_rows=live,
                quantize=quantize, quantize_group=quantize_group,
+               lora_rows=lora.rows if lora else 0, lora_rank=lora.rank if lora else 0,
                cache=f"paged {page_size}" if page_size else "dense",
                attention=attention_backends.resolve(attention, "cache", backend=platform,
                                                     dtype="bfloat16"))
     if "oom" in full:
         return dict(row, fits=False, oom=full["oom"])
-    cost = (hlo_cost(config, devices, engine, placement, live) if platform == "gpu"
-            else libtpu_cost(config, devices, engine, placement, live, row["attention"]))
+    cost = (hlo_cost(config, devices, engine, placement, live, lora) if platform == "gpu"
+            else libtpu_cost(config, devices, engine, placement, live, row["attention"], lora))
     step = roofline(cost, t)
     floor = full["floor"]["total"]
     return dict(row, memory=full["memory"], fits=full["memory"]["total"] <= t.hbm, cost=cost,
@@ -146,14 +148,15 @@ def decode_row(config, t: Target, prog: dict, capacity: int, live: int,
                 floor_s=floor / t.bandwidth, roofline_s=step)
 
 
-def libtpu_cost(config, devices, engine, placement, live: int, attention: str) -> dict:
+def libtpu_cost(config, devices, engine, placement, live: int, attention: str,
+                lora=None) -> dict:
     """A decode step's cost from libtpu's cost analysis of the whole-depth program, plus what it
     does not count: the live K/V tiles past the first of the tiled XLA attention (a loop of
     runtime trip count), or the ragged kernel's pages, queries and output (a custom call), and
     the grouped matmul kernel's values, scales, inputs and outputs and its matmuls' flops
     (Mosaic calls)."""
     from decode.compile import aot
-    cost = aot.unrolled_cost(aot.compile_generate, config, devices, engine, placement)
+    cost = aot.unrolled_cost(aot.compile_generate, config, devices, engine, placement, lora=lora)
     if not cost:
         return cost
     span = 1 if engine.method == "ar" else (2 if engine.refill == "before" else 1) * engine.window
@@ -178,7 +181,7 @@ def libtpu_cost(config, devices, engine, placement, live: int, attention: str) -
     return cost
 
 
-def hlo_cost(config, devices, engine, placement, live: int = 2048) -> dict:
+def hlo_cost(config, devices, engine, placement, live: int = 2048, lora=None) -> dict:
     """A decode step's cost where the compiler gives none (XLA:GPU): the whole-depth program's
     HBM traffic estimated from its instructions (`benchmarks.compiled.step_bytes.hbm_traffic`: operands and
     results of every top-level instruction, in-place updates as their update) plus the attention
@@ -186,7 +189,7 @@ def hlo_cost(config, devices, engine, placement, live: int = 2048) -> dict:
     custom calls name whole buffers); flops analytic (2 x weights x rows, the matmuls). {"from": "hlo", ...}."""
     from decode.compile import aot
     dec, compiled = aot.generate_program(config, devices, engine, placement,
-                                         scan_unroll=config.num_layers)
+                                         scan_unroll=config.num_layers, lora=lora)
     span = 1 if engine.method == "ar" else dec.static.span
     kernel = kernel_not_counted(engine.slots, span, config, live, placement.dtype)
     rows = engine.slots * span
@@ -358,6 +361,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--train-model", default="1b", help="the train step's shape: 1b "
                     "(benchmarks.shapes.TRAIN_SHAPE) or a --model name (8b: the released "
                     "WeDLM-8B's)")
+    ap.add_argument("--lora-rank", type=int, default=0, help="the decode programs with a LoRA "
+                    "adapter table of this rank (every slot's rows gathered; 0: none)")
+    ap.add_argument("--lora-adapters", type=int, default=4, help="its adapters (with --lora-rank)")
     ap.add_argument("--train-lora", type=int, default=0, metavar="RANK",
                     help="also the LoRA train step at this rank, beside the full step")
     ap.add_argument("--quantize", default="none", choices=("none", "int8", "int4"),
@@ -382,6 +388,9 @@ def main(argv=None) -> int:
         if not programs or programs - {"decode", "prefill", "train"}:
             raise TargetError(f"--programs {a.programs!r}: a comma-separated subset of decode, "
                               "prefill, train")
+        if a.lora_rank < 0 or a.lora_adapters < 1:
+            raise TargetError(f"--lora-rank {a.lora_rank} / --lora-adapters {a.lora_adapters}: "
+                              "a rank >= 0 and at least one adapter")
         if a.train_lora < 0:
             raise TargetError(f"--train-lora {a.train_lora}: a rank >= 1, or 0 for none")
         if not 0 < a.live <= a.capacity:
@@ -401,6 +410,10 @@ def main(argv=None) -> int:
     import importlib.metadata as md
 
     import jax
+
+    from decode.lora_options import LoraOptions
+    lora = (LoraOptions(enable_lora=True, max_loras=a.lora_adapters, max_lora_rank=a.lora_rank)
+            if a.lora_rank else None)
     config = model_config(shapes[a.model]).replace(max_position_embeddings=1 << 20)
     report = dict(command="python -m benchmarks.compiled.compile_for " + " ".join(argv or sys.argv[1:]),
                   jax=jax.__version__, libtpu=_version(md, "libtpu"),
@@ -409,7 +422,7 @@ def main(argv=None) -> int:
     for t in targets:
         t0 = time.perf_counter()
         rows = [decode_row(config, t, prog, a.capacity, a.live, page, a.quantize,
-                           a.quantize_group)
+                           a.quantize_group, lora)
                 for prog in decode_programs(a.quick)
                 for page in ((None,) if a.page_size is None else (None, a.page_size))
                 if "decode" in programs]

@@ -13,7 +13,8 @@ def ms_text(x) -> str:
 def program_name(r: dict) -> str:
     """A decode row's program as the report names it: method, window, refill, cache."""
     name = r["method"] if r["method"] == "ar" else f"{r['method']} W{r['window']} {r['refill']}"
-    return name + ("" if r["cache"] == "dense" else f", {r['cache']}")
+    return (name + ("" if r["cache"] == "dense" else f", {r['cache']}")
+            + (f", LoRA {r['lora_rows']} x r{r['lora_rank']}" if r.get("lora_rows") else ""))
 
 
 def plot(report: dict, path: str) -> str | None:
