@@ -361,8 +361,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--train-model", default="1b", help="the train step's shape: 1b "
                     "(benchmarks.shapes.TRAIN_SHAPE) or a --model name (8b: the released "
                     "WeDLM-8B's)")
-    ap.add_argument("--lora-rank", type=int, default=0, help="the decode programs with a LoRA "
-                    "adapter table of this rank (every slot's rows gathered; 0: none)")
+    ap.add_argument("--lora-rank", type=int, default=0, help="also every decode program with a "
+                    "LoRA adapter table of this rank (every slot's rows gathered; 0: none)")
     ap.add_argument("--lora-adapters", type=int, default=4, help="its adapters (with --lora-rank)")
     ap.add_argument("--train-lora", type=int, default=0, metavar="RANK",
                     help="also the LoRA train step at this rank, beside the full step")
@@ -422,9 +422,10 @@ def main(argv=None) -> int:
     for t in targets:
         t0 = time.perf_counter()
         rows = [decode_row(config, t, prog, a.capacity, a.live, page, a.quantize,
-                           a.quantize_group, lora)
+                           a.quantize_group, table)
                 for prog in decode_programs(a.quick)
                 for page in ((None,) if a.page_size is None else (None, a.page_size))
+                for table in ((None,) if lora is None else (None, lora))
                 if "decode" in programs]
         if not a.quick and "prefill" in programs:
             rows.append(prefill_row(config, t, 2048))
