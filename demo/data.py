@@ -2,11 +2,14 @@
 
     python -m demo.data --out data/demo [--force] [--vocab-size 512] [--train-mb 12]
                         [--mix counting=0.4,arith=0.24,lists=0.12,records=0.16,code=0.08]
+                        [--recipe 2]
 
 Sources
   counting, arith, lists, records   generated (demo/tasks.py says what each looks like): document i
             of the training split is drawn from seed i, held-out problems from HELDOUT_SEED + i, and
-            a training document holding a held-out prompt is skipped.
+            a training document holding a held-out prompt is skipped. `--recipe` (demo/tasks.py
+            RECIPE): 2 composes the records' names from syllables, 1 (the shipped weights' data)
+            draws them from 26 names; stats.json's settings record it.
   code      the Python standard library of the running interpreter (`sysconfig` "stdlib"), without
             site-packages, test/tests folders, idlelib, turtledemo and files that are not UTF-8;
             split by file: sha256 of the relative path, `--heldout-percent` of the files held out;
@@ -181,22 +184,26 @@ def _write_jsonl(path: str, records) -> None:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
 
 
-def generated_doc(kind: str, seed: int, skip=frozenset(), skip_headers=frozenset()) -> str:
+def generated_doc(kind: str, seed: int, skip=frozenset(), skip_headers=frozenset(),
+                  recipe: int = tasks.RECIPE) -> str:
     """The document of a generated kind drawn from `seed` ("" when it would hold a held-out
-    prompt: a counting header or a problem of the eval set)."""
+    prompt: a counting header or a problem of the eval set); `recipe`: tasks.RECIPES."""
     rng = random.Random(seed)
     if kind == "counting":
         doc = tasks.counting_doc(rng)
         return "" if doc.split("\n", 1)[0] in skip_headers else doc
-    return {"arith": tasks.arith_doc, "lists": tasks.lists_doc, "records": tasks.records_doc}[kind](rng, skip)
+    if kind == "records":
+        return tasks.records_doc(rng, skip, recipe)
+    return {"arith": tasks.arith_doc, "lists": tasks.lists_doc}[kind](rng, skip)
 
 
-def generate_share(kind: str, chars: float, worker: int, workers: int, skip, skip_headers) -> list[str]:
+def generate_share(kind: str, chars: float, worker: int, workers: int, skip, skip_headers,
+                   recipe: int = tasks.RECIPE) -> list[str]:
     """One worker's share of a kind: documents from seeds worker, worker + workers, ... until
     `chars` characters (the same documents for the same worker count)."""
     docs, got, seed = [], 0, worker
     while got < chars:
-        doc = generated_doc(kind, seed, skip, skip_headers)
+        doc = generated_doc(kind, seed, skip, skip_headers, recipe)
         seed += workers
         if doc:
             docs.append(doc)
@@ -218,13 +225,18 @@ def tokenizer_sample(train: list[dict], mb: float):
 def build(out: str, *, stdlib: str | None = None, force: bool = False, vocab_size: int = 512,
           heldout_percent: float = 5.0, train_mb: float = 12.0, mix: dict | None = None,
           eval_sizes: dict | None = None, seed: int = 0, workers: int = 1,
-          tokenizer_mb: float = 12.0, log=print) -> dict:
+          tokenizer_mb: float = 12.0, recipe: int = tasks.RECIPE, log=print) -> dict:
     """Build the whole data folder (see the module docstring); returns the stats dict.
-    `eval_sizes`: held-out items per kind (EVAL_KINDS), over EVAL_SIZES."""
+    `eval_sizes`: held-out items per kind (EVAL_KINDS), over EVAL_SIZES; `recipe`: how the
+    records' names are drawn (tasks.RECIPES; 1 rebuilds the shipped weights' data)."""
     t_start = time.perf_counter()
     out = os.path.abspath(out)
     mix = parse_mix(None) if mix is None else dict(mix)
     check_build(out, force, vocab_size, heldout_percent, train_mb, workers, tokenizer_mb)
+    try:
+        tasks.check_recipe(recipe)
+    except ValueError as e:
+        raise DemoDataError(str(e)) from None
     root = stdlib or stdlib_dir()
     want = {k: train_mb * 1e6 * mix.get(k, 0.0) for k in DEFAULT_MIX}
     train_files, held_files = split_code(root, heldout_percent, want["code"], log)
@@ -232,22 +244,25 @@ def build(out: str, *, stdlib: str | None = None, force: bool = False, vocab_siz
     if set(n) - set(EVAL_KINDS):
         raise DemoDataError(f"eval_sizes: unknown kinds {sorted(set(n) - set(EVAL_KINDS))}; "
                             f"allowed: {', '.join(EVAL_KINDS)}")
-    evals = tasks.heldout_items(HELDOUT_SEED, n["counting"], n["arith"], n["lists"], n["records"])
+    evals = tasks.heldout_items(HELDOUT_SEED, n["counting"], n["arith"], n["lists"], n["records"],
+                                recipe)
     evals += code_prompts(held_files, n["code"], seed)
     skip = {e["prompt"] for e in evals}
     skip_headers = {e["prompt"].split("\n", 1)[0] for e in evals if e["kind"] == "counting"}
     train = [{"text": t, "kind": "code"} for _, t in train_files]
-    train += generate_all(want, workers, skip, skip_headers)
+    train += generate_all(want, workers, skip, skip_headers, recipe)
     if not train:
         raise DemoDataError("the training split is empty (every --mix share that has data is 0)")
     random.Random(seed).shuffle(train)
     held = [{"text": t, "kind": "code"} for _, t in held_files]
     for kind in GENERATED:
         held += [{"text": d, "kind": kind} for i in range(50)
-                 if (d := generated_doc(kind, HELDOUT_SEED + 100_000 + i, skip, skip_headers))]
+                 if (d := generated_doc(kind, HELDOUT_SEED + 100_000 + i, skip, skip_headers,
+                                        recipe))]
     settings = dict(stdlib=root, heldout_percent=heldout_percent, train_mb=train_mb, mix=mix,
                     requested_vocab_size=vocab_size, seed=seed, heldout_seed=HELDOUT_SEED,
-                    python=sys.version.split()[0], workers=workers, tokenizer_mb=tokenizer_mb)
+                    python=sys.version.split()[0], workers=workers, tokenizer_mb=tokenizer_mb,
+                    recipe=recipe)
     return write_folder(out, train, held, evals, vocab_size, tokenizer_mb, settings, t_start)
 
 
@@ -286,9 +301,10 @@ def split_code(root: str, heldout_percent: float, code_chars: float, log) -> tup
     return sorted(chosen), held_files
 
 
-def generate_all(want: dict, workers: int, skip, skip_headers) -> list[dict]:
+def generate_all(want: dict, workers: int, skip, skip_headers,
+                 recipe: int = tasks.RECIPE) -> list[dict]:
     """The generated kinds' training documents, each kind's characters split over the workers."""
-    jobs = [(kind, want[kind] / workers, w, workers, skip, skip_headers)
+    jobs = [(kind, want[kind] / workers, w, workers, skip, skip_headers, recipe)
             for kind in GENERATED for w in range(workers)]
     if workers > 1:
         import multiprocessing
@@ -371,12 +387,15 @@ def main(argv=None) -> int:
                    help="processes generating the tasks (the documents depend on this count)")
     p.add_argument("--tokenizer-mb", type=float, default=12.0,
                    help="training characters (millions) the tokenizer's merges are learned from")
+    p.add_argument("--recipe", type=int, default=tasks.RECIPE, choices=tasks.RECIPES,
+                   help=f"how the records' names are drawn (default {tasks.RECIPE}: composed from "
+                        f"syllables; 1: the 26 names of the shipped weights' data)")
     a = p.parse_args(argv)
     try:
         stats = build(a.out, stdlib=a.stdlib, force=a.force, vocab_size=a.vocab_size,
                       heldout_percent=a.heldout_percent, train_mb=a.train_mb, mix=parse_mix(a.mix),
                       eval_sizes={k: getattr(a, f"eval_{k}") for k in EVAL_KINDS}, seed=a.seed,
-                      workers=a.workers, tokenizer_mb=a.tokenizer_mb)
+                      workers=a.workers, tokenizer_mb=a.tokenizer_mb, recipe=a.recipe)
     except DemoDataError as e:
         print(f"demo_data: error: {e}", file=sys.stderr)
         return 2

@@ -13,7 +13,8 @@ held-out prompt that the training generator happens to produce as well is skippe
             adds one column and the result so far, so every step reads only the line above it;
             the last line is "a op b = c".
   lists     "copy [..] -> [..]" and "sort [..] -> [..]" (3-8 numbers under 100).
-  records   a small table ("name | age | city" rows) rendered as JSON lines.
+  records   a small table ("name | age | city" rows) rendered as JSON lines; the names are
+            composed from syllables (recipe 2; recipe 1, the shipped weights', drew 26 names).
 
 Each `*_problem(rng)` returns (prompt, target): the document is prompt + target, and the held-out
 eval item asks for the target given the prompt.
@@ -148,8 +149,17 @@ def lists_doc(rng: random.Random, skip=frozenset()) -> str:
 
 # ----------------------------------------------------------------------------------- records
 
+# The data recipe: 1 drew every name from the 26 NAMES, which a tokenizer trained on the data can
+# learn as one token each (then a model may output one name for every row instead of copying);
+# 2 composes names of 2 or 3 SYLLABLES (18,252 of them), so a name is several tokens the model must
+# copy one by one. Only the names differ; a model folder's training.json records its recipe
+# (recipe_of: none recorded is 1, the recipe of the shipped weights).
+RECIPE = 2
+RECIPES = (1, 2)
 NAMES = ("Alice Bob Carol Dan Eve Frank Grace Heidi Ivan Judy Ken Laura Mike Nina Oscar Peggy "
          "Quinn Rita Sam Tina Uma Victor Wendy Xena Yuri Zoe").split()
+SYLLABLES = ("ka lo mi ra to ne su vi da re li no sa ma ri ta be ko lu ze fi go ha ju "
+             "pe wo").split()
 CITIES = "Paris Rome Oslo Lima Cairo Tokyo Delhi Berlin Madrid Vienna Dublin Quito".split()
 COLORS = "red blue green black white yellow orange purple".split()
 FIELDS = {"name": lambda r: r.choice(NAMES), "age": lambda r: r.randint(18, 90),
@@ -157,23 +167,56 @@ FIELDS = {"name": lambda r: r.choice(NAMES), "age": lambda r: r.randint(18, 90),
           "id": lambda r: r.randint(100, 999), "score": lambda r: r.randint(0, 100)}
 
 
-def records_problem(rng: random.Random) -> tuple[str, str]:
-    cols = ["name"] + rng.sample([f for f in FIELDS if f != "name"], rng.randint(1, 3))
-    rows = [{c: FIELDS[c](rng) for c in cols} for _ in range(rng.randint(2, 5))]
+def composed_name(rng: random.Random) -> str:
+    """2 or 3 SYLLABLES, capitalised ("Kalomi"): recipe 2's names."""
+    return "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3))).capitalize()
+
+
+def all_composed_names() -> set[str]:
+    """Every name composed_name can draw (distinct strings)."""
+    two = {a + b for a in SYLLABLES for b in SYLLABLES}
+    return {n.capitalize() for n in two | {ab + c for ab in two for c in SYLLABLES}}
+
+
+def check_recipe(recipe: int) -> int:
+    if recipe not in RECIPES:
+        raise ValueError(f"unknown data recipe {recipe!r}; recipes: {', '.join(map(str, RECIPES))}")
+    return recipe
+
+
+def recipe_of(settings: dict) -> int:
+    """The recipe a data build's settings (stats.json's, training.json's data.settings) record;
+    a build from before recipes were recorded is recipe 1."""
+    return check_recipe(settings.get("recipe", 1))
+
+
+def record_fields(recipe: int = RECIPE) -> dict:
+    """FIELDS with the recipe's name draw (the same keys in the same order: the same draws
+    otherwise)."""
+    name = FIELDS["name"] if check_recipe(recipe) == 1 else composed_name
+    return dict(FIELDS, name=name)
+
+
+def records_problem(rng: random.Random, recipe: int = RECIPE) -> tuple[str, str]:
+    fields = record_fields(recipe)
+    cols = ["name"] + rng.sample([f for f in fields if f != "name"], rng.randint(1, 3))
+    rows = [{c: fields[c](rng) for c in cols} for _ in range(rng.randint(2, 5))]
     table = "\n".join([" | ".join(cols)] + [" | ".join(str(r[c]) for c in cols) for r in rows])
     return f"Table:\n{table}\nJSON lines:\n", "\n".join(json.dumps(r) for r in rows)
 
 
-def records_doc(rng: random.Random, skip=frozenset()) -> str:
-    p, a = records_problem(rng)
+def records_doc(rng: random.Random, skip=frozenset(), recipe: int = RECIPE) -> str:
+    p, a = records_problem(rng, recipe)
     return "" if p in skip else p + a
 
 
 # ----------------------------------------------------------------------------------- held out
 
-def heldout_items(seed0: int, n_count: int, n_arith: int, n_lists: int, n_records: int) -> list[dict]:
+def heldout_items(seed0: int, n_count: int, n_arith: int, n_lists: int, n_records: int,
+                  recipe: int = RECIPE) -> list[dict]:
     """Held-out problems with exact targets, each from its own seed (seed0 + i): counting (prompt =
-    header + first numbers), arithmetic with 2-4 digit operands, lists, records."""
+    header + first numbers), arithmetic with 2-4 digit operands, lists, records (their names
+    drawn the recipe's way)."""
     items = []
     for i in range(n_count):
         p, t = counting_problem(random.Random(seed0 + i))
@@ -185,6 +228,6 @@ def heldout_items(seed0: int, n_count: int, n_arith: int, n_lists: int, n_record
         p, a = list_problem(random.Random(seed0 + i))
         items.append({"kind": "lists", "prompt": p, "target": a, "answer": a, "seed": seed0 + i})
     for i in range(n_records):
-        p, a = records_problem(random.Random(seed0 + i))
+        p, a = records_problem(random.Random(seed0 + i), recipe)
         items.append({"kind": "records", "prompt": p, "target": a, "answer": a, "seed": seed0 + i})
     return items

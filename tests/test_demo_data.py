@@ -96,6 +96,7 @@ def test_mix_and_sizes(built):
     assert len(_read(out / "train.jsonl")) == sum(s["documents"] for s in tr.values())
     assert all(set(d) == {"text"} for d in _read(out / "train.jsonl"))
     assert json.load(open(out / "stats.json"))["train"] == tr
+    assert stats["settings"]["recipe"] == tasks.RECIPE == 2       # names composed from syllables
 
 
 def test_tokenizer(built):
@@ -237,6 +238,8 @@ def test_bad_inputs(tmp_path, built):
         dd.parse_mix("arith=-1")
     assert dd.parse_mix("code=1,arith=3") == {"counting": 0.0, "arith": 0.75, "lists": 0.0,
                                               "records": 0.0, "code": 0.25}
+    with pytest.raises(dd.DemoDataError, match="unknown data recipe 3"):
+        dd.build(str(tmp_path / "o5"), stdlib=str(root), recipe=3)
     with pytest.raises(dd.DemoDataError, match="--train-mb must be > 0"):
         dd.build(str(tmp_path / "o4"), stdlib=str(root), train_mb=0)
     # the CLI: the error names the folder, exit code 2, nothing written
