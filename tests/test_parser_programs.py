@@ -166,3 +166,22 @@ def test_host_and_unconstrained_in_one_batch_as_alone(served, demo):
     host, free = run(b, *requests(demo))
     assert host.tokens == served["host"].tokens and free.tokens == served["free"].tokens
     assert len(COMPILES) == before
+
+
+def test_a_host_request_waits_only_for_the_programs_it_runs(served, demo):
+    """While the host parser's programs compile, a host-parser request is admitted once every
+    `generate` and its own prompt bucket's admission are compiled (the smallest bucket first);
+    a request without a host parser is never held."""
+    from decode.engine.parser_programs import ParserPrograms
+    host, free = requests(demo)
+    short = Request(prompt=host.prompt[-10:], max_new_tokens=8, stop_token_ids=host.stop_token_ids,
+                    automaton=host.automaton)            # prompt bucket 16; `host`'s is 32
+    family, seen = ParserPrograms(served["decoder"]), []
+    family.start(served["batcher"].state, [1, 16, 32, 64], progress=lambda name, s: seen.append(
+        (name, family.admits(short), family.admits(host), family.admits(free))))
+    assert family.wait(600) and family.error is None
+    names = [name for name, *_ in seen]
+    assert names == family.names([1, 16, 32, 64])
+    assert [(s, h, f) for _, s, h, f in seen] == \
+        [(False, False, True)] * 2 + [(True, False, True), (True, True, True), (True, True, True)]
+    assert family.admits(short) and family.admits(host)

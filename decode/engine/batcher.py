@@ -103,8 +103,7 @@ class Batcher:
         """`guided`: the state holds constraint rows from the start, so `warm_up` compiles the
         programs a constrained request runs (a server: none compiles on a request's clock);
         `parsers` False: device tables only (no host call in the programs, which JAX's persistent
-        compile cache can then keep; True: those programs are stepped only while a live
-        request needs a host parser, `parser_programs`)."""
+        compile cache keeps); True: with it only while a live request needs it (`parser_programs`)."""
         self.decoder = decoder
         self.prefix_reuse = prefix_reuse
         self.guided, self.parsers = guided, parsers

@@ -127,14 +127,16 @@ class ParserPrograms:
         self._done.set()
         return self.seconds
 
-    def start(self, state, lengths) -> None:
+    def start(self, state, lengths, progress=None) -> None:
         """Compile the family on a thread of its own (the shapes are read here, the caller's
-        thread: the state itself is never touched there); logged when it is done."""
+        thread: the state itself is never touched there); progress(name, seconds) there after
+        each program (default: a log line), a log line when all are compiled."""
         spec = jax.tree.map(abstract, state)
+        report = progress or (lambda name, seconds: log.info("compiled %s in %.1f s", name, seconds))
 
         def run():
             try:
-                self.compile(spec, lengths)
+                self.compile(spec, lengths, report)
                 if self._stop.is_set():
                     return
                 log.info("compiled the host constraint parser's programs in %.1f s: requests "
