@@ -1,12 +1,15 @@
 """A server's start, cold and again with its compile cache: seconds from launch to liveness
-(`GET /health` 200) and to readiness (`GET /ready` 200), polled every 0.2 s.
+(`GET /health` 200) and to readiness (`GET /ready` 200), polled every 0.2 s, and, where the host
+constraint parser's programs compile after ready, to `GET /ready`'s `host_parser_programs`
+"compiled".
 
     python -m benchmarks.doors.cold_start [--checkpoint demo/model] [--restarts 1]
         [--out benchmarks/results/cold_start.json] [-- SERVER OPTIONS...]
 
 The first start uses a fresh `--compile-cache` folder (everything compiled); each restart reuses
 it (JAX's persistent cache). The server listens on 127.0.0.1 and is stopped (SIGINT, then killed
-after 30 s) once ready; only the processes started here are stopped.
+after 30 s) once ready and its host parser's programs are compiled; only the processes started
+here are stopped.
 """
 
 from __future__ import annotations
@@ -36,6 +39,15 @@ def status(port: int, path: str) -> int | None:
         return None
 
 
+def host_parser(port: int) -> str | None:
+    """`GET /ready`'s host_parser_programs (None: not reported, or no answer)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as r:
+            return json.load(r).get("host_parser_programs")
+    except (OSError, ValueError):
+        return None
+
+
 def free_port() -> int:
     import socket
     with socket.socket() as s:
@@ -51,14 +63,19 @@ def one_start(checkpoint: str, cache: str, extra: list[str]) -> dict:
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     got = {}
     try:
-        while time.perf_counter() - t0 < LIMIT_S and "ready_s" not in got:
+        while time.perf_counter() - t0 < LIMIT_S and "done" not in got:
             if proc.poll() is not None:
                 raise RuntimeError(f"the server exited with {proc.returncode}")
             now = time.perf_counter() - t0
             if "health_s" not in got and status(port, "/health") == 200:
                 got["health_s"] = round(now, 2)
-            if "health_s" in got and status(port, "/ready") == 200:
+            if "health_s" in got and "ready_s" not in got and status(port, "/ready") == 200:
                 got["ready_s"] = round(now, 2)
+            family = host_parser(port) if "ready_s" in got else "compiling"
+            if family != "compiling":
+                if family == "compiled":
+                    got["host_parser_s"] = round(now, 2)
+                got["done"] = True
             time.sleep(0.2)
     finally:
         proc.send_signal(signal.SIGINT)
@@ -67,6 +84,7 @@ def one_start(checkpoint: str, cache: str, extra: list[str]) -> dict:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    got.pop("done", None)
     return got
 
 
@@ -84,8 +102,10 @@ def main(argv=None) -> int:
         for _ in range(a.restarts):
             runs.append(dict(one_start(a.checkpoint, cache, extra), cache="warm"))
     for r in runs:
+        host = (f", host parser's programs {r['host_parser_s']} s" if "host_parser_s" in r
+                else "")
         print(f"{r['cache']:>5} compile cache: liveness {r.get('health_s')} s, "
-              f"readiness {r.get('ready_s')} s")
+              f"readiness {r.get('ready_s')} s{host}")
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"checkpoint": a.checkpoint, "server_options": extra, "runs": runs}, f,

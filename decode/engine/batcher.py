@@ -26,6 +26,11 @@ restart from its seed). A request larger than the whole pool is refused at submi
 With slots over data x fsdp (a mesh), each slot shard has a pool of its own (`ShardedPool`): a
 request goes to a free slot of the shard holding the longest cached prefix of its prompt (then
 the most free pages), and a shard short of pages preempts only its own newest request.
+
+A guided Batcher with host parsers (a server's) steps with the programs holding the host parser's
+call only while a live request needs one (decode.engine.parser_programs); while those programs
+compile in the background (`warm_up(background=True)`), such requests wait in the queue and the
+others go past them.
 """
 
 from __future__ import annotations
@@ -40,7 +45,9 @@ from typing import Callable
 import jax
 
 from decode.config import DecodeConfigError
+from decode.engine import warm_up
 from decode.engine.decoder import Decoder
+from decode.engine.parser_programs import ParserPrograms, needs_parser, with_parsers
 from decode.engine.state import Request
 from decode.engine.pages import ROOT, ShardedPool
 
@@ -96,17 +103,18 @@ class Batcher:
         """`guided`: the state holds constraint rows from the start, so `warm_up` compiles the
         programs a constrained request runs (a server: none compiles on a request's clock);
         `parsers` False: device tables only (no host call in the programs, which JAX's persistent
-        compile cache can then keep)."""
+        compile cache keeps); True: with it only while a live request needs it (`parser_programs`)."""
         self.decoder = decoder
         self.prefix_reuse = prefix_reuse
         self.guided, self.parsers = guided, parsers
+        self.parser_programs = ParserPrograms(decoder) if guided and parsers else None
         self.pool = self._new_pool()
         self._lock = threading.Lock()
         self._waiting: collections.deque = collections.deque()
         self._cancelled: set = set()
         self._slots: list[_Live | None] = [None] * decoder.slots
         self._next_id = 0
-        self.state = decoder.init_state(guided, parsers)
+        self.state = self._new_state()
         self.loop_iterations = 0
         self.resets = 0             # device state rebuilt after a failed call
         self.preemptions = 0        # paged cache: requests sent back to the queue to free pages
@@ -122,6 +130,14 @@ class Batcher:
     @property
     def num_active(self) -> int:
         return sum(s is not None for s in self._slots)
+
+    def _new_state(self):
+        """Every slot free (a guided state's Guide without the host parser's call between calls)."""
+        return self.decoder.init_state(self.guided, self.parsers and self.parser_programs is None)
+
+    def _parsers(self, state, on: bool):
+        """`state` calling the host parser's programs or not (decode.engine.parser_programs)."""
+        return state if self.parser_programs is None else with_parsers(state, on)
 
     def _new_pool(self):
         st = self.decoder.static
@@ -191,7 +207,7 @@ class Batcher:
     def _reset(self, error: str) -> None:
         """After a failed device call: every live request ends with 'error', the state is built
         anew, the queue is kept; the next `step` goes on with the waiting requests."""
-        self.state = self.decoder.init_state(self.guided, self.parsers)
+        self.state = self._new_state()
         for slot, live in enumerate(self._slots):
             if live is not None:
                 self._slots[slot] = None
@@ -222,6 +238,8 @@ class Batcher:
         self._map_growth()
         self._admit_waiting()
         if self.num_active == 0:
+            if self.num_waiting and self.parser_programs is not None:
+                self.parser_programs.wait(0.1)   # what waits may be held: no busy loop
             return self.num_waiting > 0
         result = self._generate()
         if result is None:                     # the call failed: its requests ended
@@ -276,12 +294,15 @@ class Batcher:
             self._reset(f"mapping pages failed ({_failure(e)})")
 
     def _admit_waiting(self) -> None:
-        """Insert waiting requests into free slots, first come first served; with a paged cache
-        the head of the queue waits while the pool cannot give it its first pages."""
+        """Insert waiting requests into free slots, first come first served (past those held
+        while their host parser's programs compile); with a paged cache the first admissible
+        request waits while the pool cannot give it its first pages."""
         while True:
             free = [s for s, live in enumerate(self._slots) if live is None]
             with self._lock:
-                live = self._waiting[0] if self._waiting and free else None
+                at = next((i for i, w in enumerate(self._waiting) if self.parser_programs is None
+                           or self.parser_programs.admits(w.request)), None)
+                live = self._waiting[at] if at is not None and free else None
             if live is None:
                 return
             slot = self._slot_for(live, free)
@@ -291,7 +312,7 @@ class Batcher:
                 if pages is None:
                     return                     # the pool cannot hold it yet: it waits, first in line
             with self._lock:
-                self._waiting.popleft()
+                del self._waiting[at]
             if self._insert(live, slot, pages):
                 self._slots[slot] = live
                 live.admitted, self._admissions = self._admissions, self._admissions + 1
@@ -307,7 +328,9 @@ class Batcher:
                 self.state = dec.insert(dec.prefill(live.request), self.state, slot)
             else:
                 live.pages = pages
-                self.state = dec.prefill_into_slot(self.state, live.request, slot, pages, live.reused)
+                on = self._parsers(self.state, needs_parser(live.request))
+                on = dec.prefill_into_slot(on, live.request, slot, pages, live.reused)
+                self.state = self._parsers(on, False)
                 self.pool.publish(self._prefilled(live.request), pages, self._root(live.request))
         except Exception as e:  # noqa: BLE001 - this request fails alone
             error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
@@ -322,9 +345,11 @@ class Batcher:
     def _generate(self):
         """One generate call over the live slots (a paged cache steps only their bucket); None
         when it failed (its requests ended, the state rebuilt)."""
+        live = [s for s, x in enumerate(self._slots) if x is not None]
+        host = any(needs_parser(self._slots[s].request) for s in live)
         try:
-            self.state, result = self.decoder.generate(
-                self.state, live=[s for s, live in enumerate(self._slots) if live is not None])
+            state, result = self.decoder.generate(self._parsers(self.state, host), live=live)
+            self.state = self._parsers(state, False)
         except Exception as e:  # noqa: BLE001 - the device call failed: its requests end, we go on
             self._reset(f"the decoding step failed ({_failure(e)})")
             return None
@@ -461,34 +486,19 @@ class Batcher:
         while self.step():
             pass
 
-    def warm_up_programs(self, capacity: int, every_bucket: bool = True) -> list[str]:
-        """The names `warm_up` reports its programs by, in its order."""
-        lengths, n = [1], 16
-        while every_bucket and n <= 2 * capacity:
-            lengths.append(min(n, capacity))
-            n *= 2
-        names = [f"prompt bucket {length}" for length in dict.fromkeys(lengths)]
-        return names + (self.decoder.step_programs() if every_bucket else [])
+    def warm_up_programs(self, capacity: int, every_bucket: bool = True,
+                         background: bool = False) -> list[str]:
+        """The names `warm_up` reports its programs by, in its order (decode.engine.warm_up)."""
+        return warm_up.program_names(self, capacity, every_bucket, background)
 
-    def warm_up(self, capacity: int, every_bucket: bool = True, progress=None) -> float:
-        """Compile before serving: one short request per prompt bucket, one after the other (the
-        Decoder compiles prefill and insert once per power-of-two prompt bucket; each prompt its
-        own first token, so a paged cache reuses no prefix of another and prefills the whole
-        bucket), then the step programs (`Decoder.compile_steps`: generate for every live-slot
-        bucket, the page table's updates), so no client waits on a compile. every_bucket=False
-        compiles the smallest prompt bucket and what it runs only (the others compile on first
-        use). progress(name, seconds): after each program (names as `warm_up_programs`).
-        Returns the seconds it took."""
-        report = progress or (lambda name, seconds: None)
-        t0 = time.perf_counter()
-        vocab = self.decoder.model_config.vocab_size
-        buckets = [n for n in self.warm_up_programs(capacity, every_bucket)
-                   if n.startswith("prompt bucket ")]
-        for i, name in enumerate(buckets):
-            length, t1 = int(name.rsplit(" ", 1)[1]), time.perf_counter()
-            self.submit(Request(prompt=(i % vocab,) + (0,) * (length - 1), max_new_tokens=1))
-            self.run_until_idle()
-            report(name, time.perf_counter() - t1)
-        if every_bucket:
-            self.state = self.decoder.compile_steps(self.state, progress)
-        return time.perf_counter() - t0
+    def warm_up(self, capacity: int, every_bucket: bool = True, progress=None,
+                background: bool = False) -> float:
+        """Compile before serving (decode.engine.warm_up): one short request per prompt bucket
+        (the Decoder compiles prefill and insert once per power-of-two prompt bucket), then the
+        step programs (`Decoder.compile_steps`: generate for every live-slot bucket, the page
+        table's updates), then a guided Batcher's host-parser programs (`background`: on a
+        thread of their own, the requests that need them held in the queue meanwhile), so no
+        client waits on a compile. every_bucket=False compiles the smallest prompt bucket and
+        what it runs only (the others compile on first use). progress(name, seconds): after
+        each program (names as `warm_up_programs`). Returns the seconds it took."""
+        return warm_up.warm_up(self, capacity, every_bucket, progress, background)

@@ -201,19 +201,23 @@ def build_server(args, opts: DoorOptions | None = None, startup: Startup | None 
     t0 = time.perf_counter()
     decoder, tokenizer, cfg = load_decoder(args, opts)
     log.info("read the checkpoint in %.1f s", time.perf_counter() - t0)
-    # structured outputs compiled with the rest; with --constraint-backend device no host parser
-    # call in the programs (then JAX's persistent cache keeps them for a restart)
+    # structured outputs compiled with the rest, without the host parser's call (JAX's persistent
+    # cache keeps those programs for a restart); unless --constraint-backend device, the programs
+    # with it compile after ready, in the background, and the requests that need them wait
     batcher = Batcher(decoder, guided=True, parsers=opts.engine.constraint_backend != "device")
     t0 = time.perf_counter()
     warm(tokenizer, cfg.vocab_size)
     log.info("read the vocabularies of structured outputs in %.1f s", time.perf_counter() - t0)
     every = not args.lazy_compile
     if startup is not None:
-        startup.expect(len(batcher.warm_up_programs(cfg.capacity, every)))
+        startup.expect(len(batcher.warm_up_programs(cfg.capacity, every, background=True)))
     phase("compiling" + ("" if every else " (--lazy-compile: the smallest prompt bucket)"))
-    seconds = batcher.warm_up(cfg.capacity, every_bucket=every,
+    seconds = batcher.warm_up(cfg.capacity, every_bucket=every, background=True,
                               progress=startup.progress if startup is not None else None)
     log.info("compiled in %.1f s", seconds)
+    if batcher.parser_programs is not None and batcher.parser_programs.holding:
+        log.info("the host constraint parser's programs compile in the background; the requests "
+                 "that need them wait in the queue until then")
     metrics = ServerMetrics(batcher, cfg.model_name, args.method, log_prompts=args.log_prompts,
                             tokenizer=tokenizer)
     engine = EngineThread(batcher, max_pending=args.slots + args.max_queue,
@@ -243,7 +247,7 @@ def _load(args, opts: DoorOptions, startup: Startup, server, failure: list) -> N
                            "--slots or --window" if oom is not None else
                            f"wedlm-serve: error: loading failed: {type(e).__name__}: {e}"))
     else:
-        startup.ready(engine, app)
+        startup.ready(engine, app, engine.batcher.parser_programs)
         log.info("serving %r (%s, W=%d, %d slots, capacity %d) on http://%s:%d%s",
                  cfg.model_name, args.method, args.window, args.slots, cfg.capacity, args.host,
                  args.port, " (API key required)" if cfg.api_key else "")
@@ -339,6 +343,8 @@ def _serve(args, opts: DoorOptions) -> int:
     finally:
         if startup.engine is not None:
             startup.engine.shutdown(timeout=args.shutdown_timeout)
+            if startup.engine.batcher.parser_programs is not None:   # no compile left running
+                startup.engine.batcher.parser_programs.stop(timeout=args.shutdown_timeout)
     if failure:
         print(failure[0][1], file=sys.stderr)
         return failure[0][0]

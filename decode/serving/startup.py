@@ -4,12 +4,15 @@ compile on a thread behind it (decode/serving/serve.py), and `Startup` answers m
     startup = Startup()                  # the ASGI app uvicorn serves from launch
     startup.phase("reading the checkpoint")
     startup.progress(name, seconds)      # a program compiled: a log line, the bar on a terminal
-    startup.ready(engine, app)           # from now on every request goes to `app`
+    startup.ready(engine, app, parser_programs)   # from now on every request goes to `app`
 
 Probes: GET /health is liveness, 200 from launch (its `status` says "starting" until ready, then
 the engine's health report as before); GET /ready is readiness, 503 with Retry-After until every
-program is compiled, then 200 while the engine accepts work. Before ready every other path is 503
-with Retry-After and an OpenAI error body (code "unavailable"), never a refused connection.
+program is compiled, then 200 while the engine accepts work; its `host_parser_programs` says
+whether the programs with the host constraint parser's call, compiled after ready, are
+"compiling" (the requests that need them wait in the queue), "compiled", or left to compile "on
+first use". Before ready every other path is 503 with Retry-After and an OpenAI error body (code
+"unavailable"), never a refused connection.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class Startup:
         self.done = 0
         self.total = total_programs
         self.bar = None
+        self.parser_programs = None      # decode.engine.parser_programs.ParserPrograms, or None
 
     @property
     def is_ready(self) -> bool:
@@ -64,9 +68,10 @@ class Startup:
             self.bar.set_postfix_str(name)
         log.info("compiled %s in %.1f s (%d/%s)", name, seconds, self.done, self.total or "?")
 
-    def ready(self, engine, app) -> None:
+    def ready(self, engine, app, parser_programs=None) -> None:
         if self.bar is not None:
             self.bar.close()
+        self.parser_programs = parser_programs
         self.engine = engine
         self.app = app
         log.info("ready %.1f s after launch", self.elapsed())
@@ -80,8 +85,13 @@ class Startup:
         if not self.is_ready:
             return {**self._state(), "ready": False}, 503
         ok = self.engine.accepting
-        return ({"status": "ok" if ok else "stopping", "ready": ok,
-                 "seconds_since_launch": round(self.elapsed(), 1)}, 200 if ok else 503)
+        body = {"status": "ok" if ok else "stopping", "ready": ok,
+                "seconds_since_launch": round(self.elapsed(), 1)}
+        family = self.parser_programs
+        if family is not None:
+            body["host_parser_programs"] = ("compiled" if family.ready and not family.error else
+                                            "compiling" if family.holding else "on first use")
+        return body, 200 if ok else 503
 
     def unavailable(self) -> dict:
         """The OpenAI error body of a request that came before ready."""
