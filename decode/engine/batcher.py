@@ -10,27 +10,25 @@ and leave it the moment they finish, so no slot idles while a slower neighbour r
 the device) and the callbacks run on it: on_tokens(request_id, new_ids) after every chunk that
 gave the request ids, on_finish(Finished) once.
 
-With a paged Decoder (`page_size`), pages are taken from the pool (`decode.engine.pages.PagePool`, one
-per slot shard) as a sequence grows: at admission the pages its prompt and its first generate call can write
-(`Decoder.pages_for_call`), before every later call the pages that call can write, and all of them
-back when it ends; the full pages of a prompt prefix an earlier request computed are mapped instead
-of computed again (`prefix_reuse`; `Finished.cached_tokens` counts their rows). Live requests grow
-first, oldest first; a waiting request is admitted only from the pages left after that, and waits
-at the head of the queue (first come, first served) while the pool cannot give its first pages.
-When the live requests cannot all grow, the newest is preempted: its slot and pages are given
-back and it goes to the head of the queue as its prompt plus the tokens it has emitted, to be
-prefilled again and continue (its emitted tokens stand; AR and verified continue exactly as
-they would have; streaming and block start a fresh window there, and a sampled request's draws
-restart from its seed). A request larger than the whole pool is refused at submit.
+With a paged Decoder (`page_size`), pages come from the pool (`decode.engine.pages.PagePool`, one per
+slot shard) as a sequence grows: at admission what its prompt and first generate call can write
+(`Decoder.pages_for_call`), before every later call what that call can write, all back at its end;
+a prompt prefix's full pages an earlier request computed (under the same LoRA adapter, or both on
+the base) are mapped, not computed again (`prefix_reuse`; `Finished.cached_tokens`). Live
+requests grow first, oldest first; a waiting request is admitted from the pages left after that,
+waiting at the head of the queue (first come, first served) while the pool cannot give its first
+pages. When the live requests cannot all grow, the newest is preempted: its slot and pages go
+back and it heads the queue as its prompt plus the tokens it emitted, prefilled again to go on
+(its tokens stand; AR and verified continue exactly; streaming and block start a fresh window,
+a sampled request's draws restart from its seed). A request larger than the pool is refused.
 
 With slots over data x fsdp (a mesh), each slot shard has a pool of its own (`ShardedPool`): a
 request goes to a free slot of the shard holding the longest cached prefix of its prompt (then
 the most free pages), and a shard short of pages preempts only its own newest request.
 
 A guided Batcher with host parsers (a server's) steps with the programs holding the host parser's
-call only while a live request needs one (decode.engine.parser_programs); while those programs
-compile in the background (`warm_up(background=True)`), such requests wait in the queue and the
-others go past them.
+call only while a live request needs one (decode.engine.parser_programs); while they compile in
+the background (`warm_up(background=True)`) such requests wait and the others go past them.
 """
 
 from __future__ import annotations
@@ -369,8 +367,7 @@ class Batcher:
                     live.on_tokens(live.request_id, new)
 
     def _root(self, request: Request):
-        """The root its prompt's pages are cached under: its LoRA adapter's (K/V computed with
-        the adapter; decode.engine.adapters), or the base model's."""
+        """The root its prompt's pages are cached under: its LoRA adapter's, or the base's."""
         return self.adapters.prefix_root(request.adapter) if request.adapter else ROOT
 
     def _prefilled(self, request: Request) -> tuple:
