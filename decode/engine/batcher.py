@@ -189,10 +189,9 @@ class Batcher:
         steps, n_fwd, acc, rej = (a + b for a, b in zip(stats, live.before))
         if live.pages:
             self.pool.release(live.pages)      # its slot is unmapped (or the state rebuilt) by now
-            live.pages = []
         if live.held:
             self.adapters.release(live.held)
-            live.held = 0
+        live.pages, live.held = [], 0
         if live.on_finish is not None:
             live.on_finish(Finished(live.request_id, live.tokens, finish, steps, n_fwd, acc, rej,
                                     time.perf_counter() - live.submitted, error, live.cached_tokens,
