@@ -19,11 +19,6 @@ DEMO = os.path.join(ROOT, "demo", "model")
 BODY = {"model": "model", "prompt": "Count: 1, 2,", "max_tokens": 4}
 
 
-def _load_factor() -> float:
-    """2 s on an idle machine; stretched by how many runnable processes share each core."""
-    return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
-
-
 def _launch(port: int) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "decode.serving.serve", "--checkpoint", DEMO, "--port", str(port),
@@ -55,13 +50,12 @@ def _wait_ready(url: str, proc, seconds: float) -> bool:
 def test_liveness_at_once_readiness_after_the_compile():
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    t0 = time.monotonic()
     proc = _launch(port)
     try:
         health = _first_health(url, proc, 30)
         assert health is not None and health.status_code == 200, proc.poll()
-        took, bound = time.monotonic() - t0, 2.0 * _load_factor()
-        assert took < bound, f"liveness took {took:.1f} s, more than {bound:.1f} s"
+        # how soon is measured, not asserted (BENCHMARKS.md section 16): "starting" while the
+        # programs compile is the property
         assert health.json()["status"] == "starting"
         ready = httpx.get(url + "/ready", timeout=5)
         assert ready.status_code == 503 and int(ready.headers["retry-after"]) > 0
