@@ -1,8 +1,9 @@
 """Settings for every test process (and the subprocesses the tests start, which inherit them):
-XLA's fast compile (tests/xla.py) and WEDLM_COMPILE_CACHE=off. The command-line programs turn on
-JAX's persistent compilation cache by default; the tests that count compiles must see them, so it
-is off unless a test names a folder. The train tests' subprocesses share a cache for the run
-(tests/synthetic/train_data.py), removed when the session ends. A skipped test fails the run
+XLA's fast compile (tests/xla.py) and one persistent compilation cache for the whole run
+(tests/xla.py `share_compiled_programs`): a folder made once by the process that starts the run,
+shared by the pytest-xdist workers and every subprocess they start (the doors' programs, servers,
+training runs), removed when the run ends; never the user's own cache. The tests that assert
+"nothing compiled" count cache hits as compiles (tests/compiles.py). A skipped test fails the run
 unless WEDLM_ALLOW_SKIPS=1.
 
 Each test module's compiled programs are let go when it ends (`jax.clear_caches()`): every
@@ -15,20 +16,19 @@ import os
 
 import pytest
 
-os.environ.setdefault("WEDLM_COMPILE_CACHE", "off")
 ALLOW_SKIPS = "WEDLM_ALLOW_SKIPS"
 
-from tests.xla import FAST_COMPILE  # noqa: E402 - before any test imports jax
+from tests.xla import FAST_COMPILE, share_compiled_programs  # noqa: E402 - before jax is imported
 
 if FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip()
+_RUN_CACHE_MADE_HERE = share_compiled_programs(os.environ)
 
 
 def pytest_sessionfinish(session):
-    if "WEDLM_TEST_RUN" in os.environ:        # this process made a run cache
+    if _RUN_CACHE_MADE_HERE:                  # the run's cache, by the process that made it
         import shutil
-        from tests.synthetic.train_data import compilation_cache_dir
-        shutil.rmtree(compilation_cache_dir(), ignore_errors=True)
+        shutil.rmtree(_RUN_CACHE_MADE_HERE, ignore_errors=True)
     _fail_on_skips(session)
 
 

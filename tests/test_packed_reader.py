@@ -16,9 +16,7 @@ from train import packed
 from train import pretokenize as pt
 
 SEQ = 32
-COMPILES = []
-jax.monitoring.register_event_duration_secs_listener(
-    lambda name, *a, **k: COMPILES.append(name) if name.endswith("backend_compile_duration") else None)
+from tests.compiles import COMPILES  # noqa: E402 - every compile (or cache load) here
 
 
 def write_npy_folder(src: str, out: str) -> None:

@@ -21,9 +21,7 @@ from decode.engine.state import Request
 from demo.eval import DEMO_MODEL, REGIMES, load_model, stop_ids
 from tests import plans
 
-COMPILES: list = []     # every backend compile of this process
-jax.monitoring.register_event_duration_secs_listener(
-    lambda name, *a, **k: COMPILES.append(name) if name.endswith("backend_compile_duration") else None)
+from tests.compiles import COMPILES  # noqa: E402 - every compile (or cache load) here
 
 CAPACITY = 64
 PROMPT = "Table:\nname | age\nTina | 18\nHeidi | 82\nJSON lines:\n"

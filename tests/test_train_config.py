@@ -16,9 +16,7 @@ from train.config import TrainConfigError, load_config, mesh_shape
 from train.step import attention_pairs, decay_mask, lr_schedule, model_flops_per_row
 from tests import xla
 
-COMPILES = []
-jax.monitoring.register_event_duration_secs_listener(
-    lambda name, *a, **k: COMPILES.append(name) if name.endswith("backend_compile_duration") else None)
+from tests.compiles import COMPILES  # noqa: E402 - every compile (or cache load) here
 
 
 @pytest.fixture(scope="module")
@@ -287,6 +285,8 @@ def test_mesh_not_dividing_batch_program(setup, tmp_path):
         "n = []\n"
         "jax.monitoring.register_event_duration_secs_listener(lambda name, *a, **k: "
         "n.append(name) if name.endswith('backend_compile_duration') else None)\n"
+        "jax.monitoring.register_event_listener(lambda name, *a, **k: "     # a load from the run's cache
+        "n.append(name) if name == '/jax/compilation_cache/cache_hits' else None)\n"
         "from train.main import main\n"
         f"rc = main(['--config', {path!r}])\n"
         "print('RESULT', rc, len(n), jax.device_count())\n")

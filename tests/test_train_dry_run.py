@@ -18,9 +18,7 @@ from tests.synthetic import train_data as fixtures
 from train import main as main_lib
 from tests import xla
 
-COMPILES = []
-jax.monitoring.register_event_duration_secs_listener(
-    lambda name, *a, **k: COMPILES.append(name) if name.endswith("backend_compile_duration") else None)
+from tests.compiles import COMPILES  # noqa: E402 - every compile (or cache load) here
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

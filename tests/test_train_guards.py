@@ -19,9 +19,7 @@ from train import checkpoint as ckpt
 from tests.synthetic import train_data as fixtures
 from train import main as main_lib
 from train.config import TrainConfigError, load_config
-from tests.synthetic.train_data import compilation_cache_dir
 
-CACHE = compilation_cache_dir()
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +125,7 @@ time.sleep(600)
 
 def test_one_run_per_folder(trained, tmp_path):
     ck = str(tmp_path / "locked")
-    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=CACHE)
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
     holder = subprocess.Popen([sys.executable, "-c", LOCKER, ck], env=env, stdout=subprocess.PIPE,
                               text=True)
     try:

@@ -17,10 +17,8 @@ from tests.processes import wait_all
 from tests.synthetic import train_data as fixtures
 from train import main as main_lib
 from train.config import load_config
-from tests.synthetic.train_data import compilation_cache_dir
 from tests import xla
 
-CACHE = compilation_cache_dir()
 KEYS = ("loss", "mlm_loss", "ar_loss", "grad_norm", "masked_count", "tokens")
 
 
@@ -33,7 +31,7 @@ def _free_port() -> int:
 def launch(tmp_path, config, overrides, tag, timeout=400):
     """wedlm-train as 2 processes on 127.0.0.1 (2 CPU devices each); both must exit 0."""
     port = _free_port()
-    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=CACHE,
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
                XLA_FLAGS=xla.flags(2))
     procs = []
     for pid in range(2):

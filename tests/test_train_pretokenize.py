@@ -17,9 +17,7 @@ from train import main as main_lib
 from train import pretokenize as pt
 from train.config import TrainConfigError, load_config
 
-COMPILES = []
-jax.monitoring.register_event_duration_secs_listener(
-    lambda name, *a, **k: COMPILES.append(name) if name.endswith("backend_compile_duration") else None)
+from tests.compiles import COMPILES  # noqa: E402 - every compile (or cache load) here
 
 SEQ = 32
 

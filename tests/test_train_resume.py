@@ -20,9 +20,7 @@ from tests.synthetic import train_data as fixtures
 from train import main as main_lib
 from train import step as step_lib
 from train.config import TrainConfigError, load_config
-from tests.synthetic.train_data import compilation_cache_dir
 
-CACHE = compilation_cache_dir()
 
 KEYS = ("loss", "mlm_loss", "ar_loss", "grad_norm", "masked_count", "tokens", "lr")
 
@@ -61,7 +59,7 @@ sys.exit(main.main(sys.argv[1:]))
 
 def _killed_run(config, ck_dir, timeout=180):
     """wedlm-train in a subprocess that blocks once checkpoint 3 is committed; SIGKILL it then."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=CACHE)
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
     proc = subprocess.Popen([sys.executable, "-c", HANG_AT_3, "--config", config,
                              f"checkpoint.dir={ck_dir}"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

@@ -13,11 +13,9 @@ import sys
 
 import numpy as np
 
-from tests.synthetic.train_data import compilation_cache_dir
 from tests import xla
 
 HERE = os.path.abspath(__file__)
-CACHE = compilation_cache_dir()
 
 
 def _worker(root: str, out: str) -> None:
@@ -107,7 +105,7 @@ def test_eight_devices_match_one(tmp_path):
     out = str(tmp_path / "result.json")
     root = os.path.dirname(os.path.dirname(HERE))   # this checkout's packages (synthetic/ too)
     env = dict(os.environ, XLA_FLAGS=xla.flags(8),
-               JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=CACHE,
+               JAX_PLATFORMS="cpu",
                PYTHONPATH=os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     proc = subprocess.run([sys.executable, HERE, str(tmp_path), out], env=env, capture_output=True,
                           text=True, timeout=300)

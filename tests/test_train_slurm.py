@@ -16,7 +16,6 @@ import numpy as np
 from tests import xla
 from tests.processes import wait_all
 from tests.synthetic import train_data as fixtures
-from tests.synthetic.train_data import compilation_cache_dir
 from train import main as main_lib
 from train.config import load_config
 
@@ -51,7 +50,7 @@ def test_two_slurm_tasks_match_one_process(tmp_path):
     config = fixtures.write_config(str(tmp_path / "cfg.yaml"), cfg)
     ck = str(tmp_path / "multi")
     port = _free_slurm_port()
-    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=compilation_cache_dir(),
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
                XLA_FLAGS=xla.flags(1), PYTHONPATH=ROOT, CONFIG=config,
                WEDLM_TRAIN=_wedlm_train(tmp_path), SLURM_JOB_ID=str(port - SLURM_PORT_BASE),
                SLURM_STEP_NODELIST="127.0.0.1", SLURM_JOB_NODELIST="127.0.0.1", SLURM_NTASKS="2",

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from tests.synthetic import train_data as fixtures
-from tests.synthetic.train_data import compilation_cache_dir
 from train import checkpoint as ckpt
 from train import main as main_lib
 from train.config import load_config
@@ -52,7 +51,7 @@ def setup(tmp_path_factory):
 
 
 def _train(args, code=None, timeout=300):
-    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=compilation_cache_dir(), JAX_PLATFORMS="cpu")
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
     cmd = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "train.main", *args]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 

@@ -34,3 +34,30 @@ def fusion_emitters(environ: dict) -> dict:
     process that runs much bfloat16 code, which the older emitters make ~2-3x slower."""
     rest = environ.get("XLA_FLAGS", "").replace(NO_FUSION_EMITTERS, "").strip()
     return dict(environ, XLA_FLAGS=rest)
+
+
+RUN_CACHE = "WEDLM_TEST_COMPILE_CACHE"     # the run's folder, once made (inherited by workers)
+CACHE_MIN_COMPILE_SECONDS = "0.2"          # below it a program compiles about as fast as it loads
+CACHE_MAX_BYTES = str(16 << 30)            # a size limit turns on jax's file lock for every read
+                                           # and write: many processes share the folder
+
+
+def share_compiled_programs(environ) -> str | None:
+    """One persistent compilation cache for the whole test run, set in `environ` (os.environ, so
+    the pytest-xdist workers and every subprocess inherit it): the suite compiles the same small
+    programs in many tests and processes (a Decoder per fixture, a server per module, the doors'
+    CLIs), and after the first each loads. Made here when no run folder is set yet (returns its
+    path: the caller removes it when the run ends), else the inherited one is used (None).
+    XLA's flags are part of jax's cache key, so the fast-compile processes, the full-compile ones
+    and those with forced host devices never load each other's programs; programs with host
+    callbacks are never persisted (jax does not serialize them)."""
+    made = None
+    if not environ.get(RUN_CACHE):
+        import tempfile
+        made = environ[RUN_CACHE] = tempfile.mkdtemp(prefix="wedlm-test-xla-")
+    path = environ[RUN_CACHE]
+    environ["JAX_COMPILATION_CACHE_DIR"] = path
+    environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = CACHE_MIN_COMPILE_SECONDS
+    environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = CACHE_MAX_BYTES
+    environ["WEDLM_COMPILE_CACHE"] = path          # the doors' default (wedlm_jax/compile_cache.py)
+    return made

@@ -20,21 +20,6 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
                  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def compilation_cache_dir() -> str:
-    """This test run's compiled-program cache for the subprocesses a pytest-xdist worker starts
-    (pass it as JAX_COMPILATION_CACHE_DIR: the CLIs they run compile the same tiny programs again
-    and again): one dir per worker and run, nothing read from an earlier run (entries kept across
-    runs once crashed a worker in jax's cache read). The worker itself never turns the cache on:
-    with it on, every compile of every later test in the worker was serialized into it, and that
-    write crashed a worker (a segfault in jax's `put_executable_and_time`, twice in 2026-11).
-    The root conftest.py removes the dir when the worker's session ends."""
-    import tempfile
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    run = os.environ.setdefault(
-        "WEDLM_TEST_RUN", os.environ.get("PYTEST_XDIST_TESTRUNUID", "")[:12] or str(os.getpid()))
-    return os.path.join(tempfile.gettempdir(), f"wedlm-test-jax-cache-{run}-{worker}")
-
-
 def sentences(n: int, seed: int = 0, min_words: int = 4, max_words: int = 14) -> list[str]:
     rng = np.random.default_rng(seed)
     return [" ".join(rng.choice(WORDS, rng.integers(min_words, max_words + 1)))
