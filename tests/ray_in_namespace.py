@@ -52,7 +52,10 @@ def files(tmp_path_factory):
     src = d / "in.jsonl"
     src.write_text("".join(json.dumps(p) + "\n" for p in prompts()))
     pq.write_table(pa.Table.from_pylist(prompts()), d / "in.parquet")
-    return dict(dir=d, jsonl=str(src), parquet=str(d / "in.parquet"), cache=str(d / "xla"))
+    # the replicas' --compile-cache: the test run's own (tests/xla.py), where the reference job
+    # in this process has compiled the same programs, else one for this module
+    cache = os.environ.get("WEDLM_TEST_COMPILE_CACHE") or str(d / "xla")
+    return dict(dir=d, jsonl=str(src), parquet=str(d / "in.parquet"), cache=cache)
 
 
 @pytest.fixture(scope="module")

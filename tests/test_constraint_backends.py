@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 
-import jax
 import jsonschema
 import numpy as np
 import pytest

@@ -5,7 +5,6 @@ before anything compiles name the shard or meta.json at fault."""
 import json
 import os
 
-import jax
 import numpy as np
 import pytest
 

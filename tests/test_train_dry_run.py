@@ -11,7 +11,6 @@ import subprocess
 import sys
 import textwrap
 
-import jax
 import yaml
 
 from tests.synthetic import train_data as fixtures

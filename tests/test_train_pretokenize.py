@@ -7,7 +7,6 @@ anything compiles, and wedlm-train trains from a packed folder."""
 import json
 import os
 
-import jax
 import numpy as np
 import pytest
 
