@@ -169,7 +169,14 @@ def device_fields(cls) -> list:
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """The doors' --help: defaults shown, the epilog's lines kept as written."""
+    """The doors' --help: defaults shown once (an option whose help already says its default, or
+    whose default is None: nothing added), the epilog's lines kept as written."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "(default" in text.lower() or action.default is None:
+            return text
+        return super()._get_help_string(action)
 
 
 def add_option_arguments(group, cls, names, *, flags=None, defaults=None, notes=None) -> None:

@@ -55,7 +55,8 @@ def test_bad_lines_named_before_anything_loads(ckpt, tmp_path, capsys):
 
 
 def test_every_bad_line_reported_in_one_run(ckpt, tmp_path, capsys):
-    """Bad lines 2-5 (a field, JSON, a setting, an id): all four named in one refusal, exit 2,
+    """Bad lines 2-5 and 7 (a field, JSON, a setting, an id, a setting by its OpenAI name): all
+    five named in one refusal, each as the line spelled it, exit 2,
     nothing written; past MAX_REPORTED bad lines the rest are counted."""
     from decode.jobs.lines import MAX_REPORTED
     path = ckpt[0]
@@ -63,15 +64,16 @@ def test_every_bad_line_reported_in_one_run(ckpt, tmp_path, capsys):
     src = write_jsonl(tmp_path / "in.jsonl", ['{"id": 1, "prompt": "one two"}',
                                               '{"prompt": "hi", "temprature": 0.5}', "{not json",
                                               '{"prompt": "hi", "tau": -1}', '{"id": 1, "prompt": "hi"}',
-                                              '{"prompt": "three"}'])
+                                              '{"prompt": "three"}', '{"prompt": "x", "max_tokens": 0}'])
     code = cli.main(["--checkpoint", path, "--input", src, "--output", str(out)])
     err = capsys.readouterr().err
     assert code == 2 and not out.exists(), err
-    assert "4 bad input lines" in err, err
+    assert "5 bad input lines" in err, err
     for where in ("in.jsonl:2: field 'temprature'", "in.jsonl:3: not valid JSON",
-                  "in.jsonl:4: field 'tau'", "in.jsonl:5: field 'id'"):
+                  "in.jsonl:4: field 'tau'", "in.jsonl:5: field 'id'",
+                  "in.jsonl:7: field 'max_tokens': max_tokens must be"):   # the line's own name
         assert where in err, (where, err)
-    assert "in.jsonl:1:" not in err and "in.jsonl:6:" not in err
+    assert "in.jsonl:1:" not in err and "in.jsonl:6:" not in err and "max_new_tokens must" not in err
     n = MAX_REPORTED + 5
     src = write_jsonl(tmp_path / "many.jsonl", ['{"prompt": 5}'] * n)
     assert cli.main(["--checkpoint", path, "--input", src, "--output", str(out)]) == 2

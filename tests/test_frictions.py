@@ -3,7 +3,9 @@ written (wedlm-convert, wedlm-train), a missing or broken tokenizer at conversio
 a file told apart on stdout, --stream not printing the text twice on a terminal, the help and
 install hints that name real flags and commands."""
 
+import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -64,8 +66,18 @@ def test_prompt_texts_are_told_apart_and_stream_is_not_repeated(monkeypatch, cap
 
 
 def test_help_and_install_hints_name_real_things():
+    from decode import cli
     text = " ".join(serve._parser().format_help().split())
     assert "--port PORT TCP port to listen on (default 8000)" in text
+    for door in (serve._parser(), cli._parser()):      # each option says its default once
+        for action in door._actions:
+            if not action.help or action.help == argparse.SUPPRESS or action.dest == "help":
+                continue
+            shown = door._get_formatter()._get_help_string(action)     # as --help renders it
+            said = len(re.findall(r"(?<!%)\(default", shown.lower()))
+            assert said <= 1, (action.option_strings, shown)
+            if action.default is not None and action.default is not False:
+                assert said == 1, (action.option_strings, shown)
     for path, hint in (("decode/serving/serve.py", "'.[serve]' in the repository"),
                        ("decode/static/trace.py", "pip install -e '.[plot]'")):
         src = open(os.path.join(ROOT, path)).read()

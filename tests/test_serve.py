@@ -92,9 +92,13 @@ def test_stop_strings(server):
     r = s["client"].completions.create(model="tiny", prompt=ids, max_tokens=60, stop=[stop, "\u2603never"])
     assert r.choices[0].text == cut and r.choices[0].finish_reason == "stop"
     assert 0 < r.usage.completion_tokens < 60
-    streamed = "".join(ch.choices[0].text for ch in s["client"].completions.create(
-        model="tiny", prompt=ids, max_tokens=60, stop=stop, stream=True) if ch.choices)
-    assert streamed == cut
+    stats = r.model_extra["wedlm"]             # the statistics, as on every other answer
+    assert stats["steps"] >= 1 and stats["token_slots"] >= stats["steps"] and stats["p_cache"] > 0
+    chunks = list(s["client"].completions.create(model="tiny", prompt=ids, max_tokens=60, stop=stop,
+                                                 stream=True))
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == cut
+    last = [ch for ch in chunks if ch.choices and ch.choices[0].finish_reason][-1]
+    assert last.choices[0].finish_reason == "stop" and last.model_extra["wedlm"]["steps"] >= 1
     deadline = time.time() + 10        # the cancelled request leaves its slot
     while _health(s)["pending"] and time.time() < deadline:
         time.sleep(0.05)

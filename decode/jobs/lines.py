@@ -188,7 +188,8 @@ def _sampling(obj: dict, rules: Rules, where: str):
     except DecodeConfigError as e:
         field = {"max_new_tokens": "max_tokens" if "max_tokens" in obj else "max_new_tokens",
                  "stop_token_ids": "stop"}.get(e.field, e.field)
-        raise DecodeConfigError(f"{where}: field {field!r}: {e}") from None
+        message = str(e).replace(e.field, field, 1) if e.field else str(e)   # the line's own name
+        raise DecodeConfigError(f"{where}: field {field!r}: {message}") from None
     return sampling, stops
 
 

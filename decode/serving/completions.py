@@ -191,15 +191,14 @@ class Completions:
 
     # ------------------------------------------------------------------------- the token loop
 
-    async def events(self, rid: int, q: asyncio.Queue, text: TextStream, http=None,
-                     want_finish: bool = False):
+    async def events(self, rid: int, q: asyncio.Queue, text: TextStream, http=None):
         """The one token loop of request `rid`: its queue read into `text` (a stop string cancels
         the request), as events:
 
             ('text', delta)          new text (never empty)
-            ('done', (reason, fin))  the finish reason and Finished; fin is None when a stop string
-                                     ended it, unless `want_finish`: then its Finished (the
-                                     generated tokens' log-probabilities) is awaited all the same
+            ('done', (reason, fin))  the finish reason and Finished (after a stop string too: the
+                                     request is cancelled and its Finished awaited, so every
+                                     answer carries its statistics and log-probabilities)
             ('failed', message)      the request failed in the engine (the server goes on)
             ('error', APIError)      the engine failed or is stopping
             ('gone', None)           `http`'s client went away (when `http` is given, polled
@@ -231,9 +230,6 @@ class Completions:
                     yield "text", delta
                 if text.stopped:
                     self.engine.cancel(rid, reason="stop")
-                    if not want_finish:
-                        yield "done", ("stop", None)
-                        return
             elif kind == "finish" and val.finish == "error":
                 yield "failed", f"request {rid} failed in the engine ({val.error}); the server goes on"
                 return
@@ -251,12 +247,11 @@ class Completions:
                                         code="engine_failed" if status == 500 else "unavailable")
                 return
 
-    async def collect(self, http, rid: int, q: asyncio.Queue, text: TextStream,
-                      want_finish: bool = False):
+    async def collect(self, http, rid: int, q: asyncio.Queue, text: TextStream):
         """A request's tokens until it finishes: (text, finish reason, Finished); the reason is
         None when the client went away (the request is cancelled)."""
         try:
-            async for kind, val in self.events(rid, q, text, http, want_finish):
+            async for kind, val in self.events(rid, q, text, http):
                 if kind == "done":
                     reason, fin = val
                     return text, reason, fin
@@ -340,8 +335,7 @@ class Completions:
         """-> (choice k, its completion tokens, Finished) of one prompt; None when the client
         went away."""
         rid, q = self.submit(request, param, s.adapter)
-        text, reason, fin = await self.collect(http, rid, q, TextStream(self.tokenizer, s.stop),
-                                               want_finish=s.logprobs is not None)
+        text, reason, fin = await self.collect(http, rid, q, TextStream(self.tokenizer, s.stop))
         if reason is None:
             return None
         n_out = text.n_used
@@ -381,8 +375,7 @@ class Completions:
         out, sent, reason, fin = [], "", "length", None
         if s.max_tokens > 0:
             rid, q = self.submit(self.make_request(ids, s, "prompt"), "prompt", s.adapter)
-            text, reason, fin = await self.collect(http, rid, q, TextStream(self.tokenizer, s.stop),
-                                                   want_finish=s.logprobs is not None)
+            text, reason, fin = await self.collect(http, rid, q, TextStream(self.tokenizer, s.stop))
             if reason is None:
                 return None
             out, sent = text.ids[:text.n_used], text.sent
