@@ -71,7 +71,7 @@ def lm_eval_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("lm_eval")
     proc, url = start_subprocess_server(
         DEMO, "--slots", str(SLOTS), "--window", str(WINDOW), "--capacity", str(CAPACITY),
-        "--model-name", "demo", "--lazy-compile", "--no-compile-cache")
+        "--model-name", "demo", "--lazy-compile")   # the run's compile cache (tests/xla.py)
     try:
         assert proc.poll() is None, proc.stdout.read().decode()[-2000:]
         env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HF_HOME=str(out / "hf"),

@@ -39,3 +39,19 @@ def test_mfu_only_when_asked_for(tmp_path, monkeypatch):
     assert calls == [1]
     for r in given:
         assert r["mfu"] == pytest.approx(flops_step / r["step_time_s"] / (4.0e9 * jax.device_count()))
+
+
+def test_no_progress_shows_the_log_every_rows_as_lines(tmp_path, capsys):
+    """--no-progress takes the bar away, not the rows: every `log_every`-th step (and the last)
+    is one line on stderr, the same steps metrics.jsonl holds."""
+    import json
+    paths = fixtures.make_tiny_setup(str(tmp_path), num_docs=16)
+    path = fixtures.write_config(str(tmp_path / "c.yaml"), fixtures.tiny_config_dict(
+        paths, **{"steps": 5, "log_every": 2, "optimizer.lr": 1e-2,
+                  "metrics_file": str(tmp_path / "m.jsonl")}))
+    assert main_lib.main(["--config", path, "--no-progress"]) == 0
+    lines = [l for l in capsys.readouterr().err.splitlines() if l.startswith("train: step ")]
+    rows = [json.loads(l) for l in open(tmp_path / "m.jsonl")]
+    assert [r["step"] for r in rows] == [2, 4, 5]
+    assert [l.split()[2] for l in lines] == ["2/5", "4/5", "5/5"]
+    assert all(f"loss {r['loss']:.4f}" in l for r, l in zip(rows, lines))

@@ -88,7 +88,9 @@ def test_malformed_line_reports_file_line_or_skips(setup, tmp_path, capsys):
         pt.pretokenize([bad], setup["tokenizer"], out, SEQ)
     assert not os.path.exists(out) and os.listdir(tmp_path) == ["bad.jsonl"]  # no temp left
     rc = pt.main(["--tokenizer", setup["tokenizer"], "--out", out, "--seq-len", str(SEQ), bad])
-    assert rc == 2 and "bad.jsonl:2: not valid JSON" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert rc == 2 and "bad.jsonl:2: not valid JSON" in err
+    assert "(--skip-bad-lines skips such lines)" in err and "data.skip_bad_lines" not in err
     rc = pt.main(["--tokenizer", setup["tokenizer"], "--out", out, "--seq-len", str(SEQ),
                   "--skip-bad-lines", bad])
     assert rc == 0

@@ -37,7 +37,7 @@ def fusion_emitters(environ: dict) -> dict:
 
 
 RUN_CACHE = "WEDLM_TEST_COMPILE_CACHE"     # the run's folder, once made (inherited by workers)
-CACHE_MIN_COMPILE_SECONDS = "0.2"          # below it a program compiles about as fast as it loads
+CACHE_MIN_COMPILE_SECONDS = "0.5"          # below it a program compiles about as fast as it loads
 CACHE_MAX_BYTES = str(16 << 30)            # a size limit turns on jax's file lock for every read
                                            # and write: many processes share the folder
 

@@ -290,9 +290,13 @@ def load_documents(files: Sequence[str], info: TokenizerInfo, *, vocab_size: int
     return Documents(toks, trained, skipped, counts["lines"])
 
 
+SKIP_HINT = "(data.skip_bad_lines=true skips such lines)"   # the training config's way; a door
+                                                            # with its own flag names that instead
+
+
 def _bad(skipped: list, skip: bool, where: str, reason: str):
     if not skip:
-        raise DataError(f"{where}: {reason} (data.skip_bad_lines=true skips such lines)")
+        raise DataError(f"{where}: {reason} {SKIP_HINT}")
     skipped.append(f"{where}: {reason}")
 
 

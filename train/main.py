@@ -141,11 +141,14 @@ def prepare(cfg):
 # ----------------------------------------------------------------------------------- the run
 
 class MetricsWriter:
-    """JSONL (process 0) and TensorBoard when an implementation is installed."""
+    """JSONL (process 0) and TensorBoard when an implementation is installed; with
+    `console_steps` (no progress bar: --no-progress, progress=false) each row also as one line on
+    stderr, so `log_every` shows on the console as it does in the file."""
 
-    def __init__(self, path: str | None, enabled: bool):
+    def __init__(self, path: str | None, enabled: bool, console_steps: int = 0):
         self.file = None
         self.tb = None
+        self.console_steps = console_steps if enabled else 0      # the run's steps; 0: no line
         if not enabled:
             return
         if path:
@@ -162,6 +165,9 @@ class MetricsWriter:
                 self.tb = SummaryWriter(os.path.join(os.path.dirname(os.path.abspath(path)), "tb"))
 
     def write(self, record: dict):
+        if self.console_steps:
+            print(f"train: step {record['step']}/{self.console_steps} loss {record['loss']:.4f} "
+                  f"{record['tokens_per_s']:.0f} tok/s", file=sys.stderr, flush=True)
         if self.file:
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()
@@ -311,7 +317,8 @@ def setup(cfg, prep: dict, progress: bool):
                                                           prep["mask_token_id"], base=base),
                 state=state, it=it, mgr=mgr, start=start, rows=rows,
                 to_batch=lambda local: data_lib.to_global(local, bsh, cfg.data.global_batch_size),
-                writer=MetricsWriter(metrics_path(cfg, start, primary), primary),
+                writer=MetricsWriter(metrics_path(cfg, start, primary), primary,   # no bar: lines
+                                     0 if progress and cfg.progress else cfg.steps),
                 bar=progress_bar(cfg, start, progress and primary),
                 flops_per_peak=flops_step / (peak * jax.device_count()) if peak else None,
                 skipped_lines=prep["docs"].skipped)

@@ -149,6 +149,9 @@ def run_units(job: Job, units: list, todo: list[int], workers: int, ray: str | N
     return {k: pack_unit(*args) for args, k in zip(jobs, todo)}
 
 
+SKIP_HINT = "(--skip-bad-lines skips such lines)"       # this door's flag for data.py's hint
+
+
 def make_plan(inputs, job: Job, unit_bytes: int) -> tuple[dict, list]:
     """(plan.json's contents, the units) of the inputs: everything the rows depend on."""
     try:
@@ -245,7 +248,7 @@ def pretokenize(inputs, tokenizer: str, out: str, seq_len: int, *,
         if created and not finished_units(out, len(units)):
             fs, p = sources.filesystem(out)
             fs.delete_dir(p)             # nothing finished: leave nothing behind
-        raise data_lib.DataError(str(e)) from None
+        raise data_lib.DataError(str(e).replace(data_lib.SKIP_HINT, SKIP_HINT)) from None
     meta = make_meta(plan, [done[k] for k in range(len(units))], info, workers, ray)
     write_text(sources.join(out, data_lib.PACKED_META), json.dumps(meta, indent=1))
     return meta
