@@ -438,6 +438,42 @@ def test_bad_requests_get_400_naming_the_field(server):
     assert s["engine"].steps == steps and h["pending"] == 0 and h["status"] == "ok"  # never reached the engine
 
 
+def test_an_unrecognized_field_is_a_400_naming_it_and_every_accepted_one_is_taken(server):
+    """OpenAI's rule at both endpoints: a field the endpoint does not accept is refused by name
+    (never silently ignored), before anything reaches the engine; every documented field is
+    accepted (each with a value it takes)."""
+    from decode.serving.protocol import EXTENSION_FIELDS, OPENAI_FIELDS
+    s = server
+    steps = s["engine"].steps
+    for path, base in (("/v1/completions", {"prompt": "hi"}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
+        for extra in ({"frobnicate": 1}, {"ignore_eos": True}, {"temprature": 0.5}):
+            r = httpx.post(s["url"] + path, json=dict(base, model="tiny", max_tokens=4, **extra),
+                           timeout=10)
+            name = next(iter(extra))
+            assert r.status_code == 400, (path, extra, r.text)
+            err = r.json()["error"]
+            assert err["param"] == name and err["code"] == "unknown_parameter", err
+            assert f"unrecognized request argument supplied: {name!r}" in err["message"]
+            assert "tau" in err["message"] and "temperature" in err["message"]
+    assert s["engine"].steps == steps                      # refused before the engine
+    taken = dict(model="tiny", max_tokens=3, stream=False, n=1, stop=["\u2603never"], temperature=0.0,
+                 top_p=1.0, presence_penalty=0.0, frequency_penalty=0.0, logit_bias={}, seed=1,
+                 user="someone", tau=0.5, lam=0.02, top_k=0, min_p=0.0, repetition_penalty=1.0,
+                 sampling_order="filter_first", stream_options=None)
+    assert set(taken) - {"max_tokens"} <= set(OPENAI_FIELDS["completions"] + EXTENSION_FIELDS)
+    page = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                             "serving.md")).read()
+    assert all(f"`{name}`" in page for names in OPENAI_FIELDS.values() for name in names)
+    assert all(f"`{name}`" in page for name in EXTENSION_FIELDS)
+    r = httpx.post(s["url"] + "/v1/completions", json=dict(taken, prompt="hi"), timeout=30)
+    assert r.status_code == 200, r.text
+    r = httpx.post(s["url"] + "/v1/chat/completions", json=dict(
+        taken, messages=[{"role": "user", "content": "hi"}], max_completion_tokens=3,
+        max_tokens=None, parallel_tool_calls=True), timeout=30)
+    assert r.status_code == 200, r.text
+
+
 def test_requests_that_used_to_break_the_server(server):
     """A top_k beyond int32 is a 400 naming it (it used to reach the engine thread and
     stop it); a body over the limit is a 413 before it is read; JSON nested past the parser's

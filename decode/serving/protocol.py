@@ -63,6 +63,33 @@ TOOL_FIELDS = ("tool_calls", "tool_call_id", "name")
 WIRE = Sampling.wire_names()
 
 
+# Every field a body may carry, per endpoint: OpenAI's that this server reads (or refuses by name
+# with its own reason: suffix, functions, best_of other than n, ...), then this server's
+# extensions (WeDLM's tau and lam, vLLM's sampling and structured-output fields). Any other field
+# is a 400 naming it, as OpenAI answers an unrecognized argument (docs/serving.md lists them).
+OPENAI_SHARED = ("model", "stream", "stream_options", "n", "max_tokens", "stop", "temperature",
+                 "top_p", "presence_penalty", "frequency_penalty", "logit_bias", "seed", "user",
+                 "logprobs", "response_format")
+OPENAI_FIELDS = {
+    "completions": OPENAI_SHARED + ("prompt", "echo", "best_of", "suffix",
+                                    "top_logprobs", "tools", "tool_choice", "functions"),
+    "chat": OPENAI_SHARED + ("messages", "max_completion_tokens", "top_logprobs", "tools",
+                             "tool_choice", "parallel_tool_calls", "functions", "suffix", "echo",
+                             "best_of")}
+EXTENSION_FIELDS = tuple(n for n in WIRE if n not in OPENAI_SHARED) + (
+    "structured_outputs", "guided_json", "guided_regex", "guided_choice")
+
+
+def check_fields(body: dict, endpoint: str) -> None:
+    """A 400 naming the first field `endpoint` ("completions" or "chat") does not accept (a
+    `guided_*` name is left to the constraint's parser, which names what it does not implement)."""
+    accepted = OPENAI_FIELDS[endpoint] + EXTENSION_FIELDS
+    for name in body:
+        if name not in accepted and not (isinstance(name, str) and name.startswith("guided_")):
+            raise bad(name, f"unrecognized request argument supplied: {name!r}; this endpoint "
+                            f"accepts {', '.join(accepted)}", "unknown_parameter")
+
+
 def _int(body, name, default, low=None):
     v = body.get(name)
     if v is None:
@@ -112,6 +139,7 @@ def parse_settings(body: dict, defaults: Sampling, max_tokens_names=("max_tokens
     (0..MAX_LOGPROBS) and `echo` (with `max_tokens: 0`, the prompt is scored and nothing
     generated). `chat`: the chat endpoint, which takes `logprobs: true` and `top_logprobs`
     (0..MAX_LOGPROBS) for the generated tokens."""
+    check_fields(body, "chat" if chat else "completions")
     n = _int(body, "n", 1, 1)
     if body.get("best_of") is not None and _int(body, "best_of", n, 1) != n:
         raise bad("best_of", "'best_of' must equal 'n' (every choice is returned)", "unsupported_value")
