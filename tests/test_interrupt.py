@@ -61,3 +61,50 @@ def test_wedlm_train(tmp_path):
     cfg = fixtures.write_config(str(tmp_path / "cfg.yaml"),
                                 fixtures.tiny_config_dict(paths, steps=400))
     _check([sys.executable, "-m", "train.main", "--config", cfg], "wedlm-train")
+
+
+def test_wedlm_serve_second_ctrl_c_stops_at_once_while_a_request_drains():
+    """Ctrl-C while a request runs: the server stops taking work and lets it drain (up to
+    --shutdown-timeout, 30 s here); a second Ctrl-C ends it at once: the request in flight is
+    answered, exit 130, one line last."""
+    pytest.importorskip("fastapi")
+    import threading
+
+    import httpx
+
+    from tests.live_server import start_subprocess_server
+    proc, url = start_subprocess_server(DEMO, "--lazy-compile", "--no-default-stops",
+                                        "--shutdown-timeout", "30", "--slots", "2")
+    try:
+        answer = {}
+
+        def long_request():
+            try:
+                r = httpx.post(url + "/v1/completions", json={
+                    "model": "model", "prompt": "Count: 1, 2,", "max_tokens": 2000}, timeout=60)
+                answer["status"] = r.status_code
+            except httpx.HTTPError as e:
+                answer["error"] = repr(e)
+        t = threading.Thread(target=long_request, daemon=True)
+        t.start()
+        deadline = time.time() + 30
+        running = 'vllm:num_requests_running{model_name="model"} 1.0'
+        while time.time() < deadline and running not in httpx.get(url + "/metrics", timeout=5).text:
+            time.sleep(0.1)
+        assert not answer, answer                      # running, not refused
+        proc.send_signal(signal.SIGINT)
+        time.sleep(1.5)
+        assert proc.poll() is None                     # the first Ctrl-C drains
+        t0 = time.time()
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=10)
+        assert code == 130 and time.time() - t0 < 5
+        lines = proc.stdout.read().decode().strip().splitlines()
+        assert lines[-1] == "wedlm-serve: interrupted (Ctrl-C twice); stopped at once", lines[-5:]
+        assert not any("Traceback" in l for l in lines)
+        t.join(10)
+        assert answer and not t.is_alive(), answer     # the client was answered, not left hanging
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)

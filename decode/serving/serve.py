@@ -257,7 +257,8 @@ def _load(args, opts: DoorOptions, startup: Startup, server, failure: list) -> N
 
 def _http_server(args, startup: Startup):
     """The uvicorn server over `startup`: SIGTERM / SIGINT before ready end the process at once
-    (one line); once serving, new work is refused and in-flight requests drain."""
+    (one line); once serving, new work is refused and in-flight requests drain (up to
+    --shutdown-timeout); a second Ctrl-C answers what is in flight and exits at once, 130."""
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -272,6 +273,12 @@ def _http_server(args, startup: Startup):
                 sys.stderr.flush()
                 os._exit(0)
             engine = startup.engine
+            if sig == signal.SIGINT and self.interrupted:       # a second Ctrl-C: stop now
+                if engine is not None:
+                    engine.drain("the server was stopped (Ctrl-C twice)")
+                sys.stderr.write("wedlm-serve: interrupted (Ctrl-C twice); stopped at once\n")
+                sys.stderr.flush()
+                os._exit(130)
             self.interrupted = self.interrupted or sig == signal.SIGINT
             if engine is not None and engine.accepting:
                 engine.stop_accepting()
