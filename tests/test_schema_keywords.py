@@ -200,6 +200,23 @@ def test_unsatisfiable_schemas_are_named(schema, path, reason):
         check_device(schema, field)
 
 
+@pytest.mark.parametrize("backend", ["auto", "host", "device"])
+def test_an_unsatisfiable_schema_is_refused_by_its_path_on_every_backend(backend):
+    """A bound nothing meets inside a required property: every backend names the keyword's path
+    (the host's own parser would only say the required property is unsatisfiable)."""
+    from decode.constraints.backends import compile_for
+    from decode.constraints.spec import Constraint
+    from decode.text import load_tokenizer
+    from demo.eval import DEMO_MODEL
+    schema = {"type": "object", "properties": {"age": {"type": "integer", "minimum": 5,
+                                                       "maximum": 2}}, "required": ["age"]}
+    field = "response_format.json_schema.schema"
+    want = f"{field}.properties.age.minimum: minimum 5 > maximum 2"
+    with pytest.raises(DecodeConfigError, match="^" + want + "$") as e:
+        compile_for(Constraint.json_schema(schema, field), load_tokenizer(DEMO_MODEL), 512, backend)
+    assert e.value.field == f"{field}.properties.age.minimum"
+
+
 def test_satisfiable_bounds_pass():
     assert unsatisfiable({"type": "integer", "minimum": 3, "maximum": 3}) is None
     assert unsatisfiable({"type": "number", "const": 1}) is None

@@ -101,6 +101,9 @@ def compile_for(constraint: Constraint, tokenizer, vocab_size: int | None = None
     if backend not in BACKENDS:
         raise DecodeConfigError(f"the constraint backend must be one of {', '.join(BACKENDS)}, "
                                 f"got {backend!r}", "backend")
+    if constraint.kind == "json_schema":     # nothing satisfies it: refused by its keyword's path
+        from decode.constraints.keywords import check_satisfiable
+        check_satisfiable(json.loads(constraint.value), constraint.field)
     if backend == "host":
         return host_lib.compile_grammar(constraint, tokenizer, vocab_size)
     try:

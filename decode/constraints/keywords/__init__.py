@@ -39,18 +39,27 @@ from decode.constraints.keywords.satisfiable import unsatisfiable
 from decode.constraints.keywords.schema import join
 from decode.constraints.keywords.strict import stricter
 
-__all__ = ["check_device", "safe_pattern", "stricter", "unsatisfiable", "unsupported"]
+__all__ = ["check_device", "check_satisfiable", "safe_pattern", "stricter", "unsatisfiable",
+           "unsupported"]
+
+
+def check_satisfiable(schema, field: str) -> None:
+    """Raise DecodeConfigError(`field.path: reason`) for the first part of `schema` no instance
+    satisfies (refused on every backend: no output could be valid)."""
+    _refuse(unsatisfiable(schema), field)
 
 
 def check_device(schema, field: str) -> None:
     """Raise DecodeConfigError(`field.path: reason`) for the first unsatisfiable or unsupported
     part of `schema`; None when the device tables enforce it exactly."""
+    check_satisfiable(schema, field)
+    findings = unsupported(schema)
+    _refuse(findings[0] if findings else None, field)
+
+
+def _refuse(found, field: str) -> None:
+    if found is None:
+        return
     from decode.config import DecodeConfigError
-    found = unsatisfiable(schema)
-    if found is None:
-        findings = unsupported(schema)
-        found = findings[0] if findings else None
-    if found is None:
-        return None
     where = join(field, found[0]) if found[0] else field
     raise DecodeConfigError(f"{where}: {found[1]}", where)
