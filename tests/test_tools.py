@@ -105,13 +105,28 @@ def test_required_call_round_trip(client):
 
 
 def test_parallel_calls_each_valid(client):
-    """Parallel calls allowed: the demo model (never taught to stop) writes calls until its
-    budget; every complete one is returned, each valid, the cut one is not."""
+    """Parallel calls allowed under `required`: the output may end after any call (the demo
+    model, never taught tools, used to write calls until its budget); every call returned is
+    valid, each with its own id, and the answer ends as tool_calls, not at its length."""
     out = client.chat.completions.create(model="demo", messages=ASK, tools=[WEATHER, TIME],
                                          tool_choice="required", max_tokens=200)
     calls = out.choices[0].message.tool_calls
-    assert len(calls) >= 2 and len({c.id for c in calls}) == len(calls)
+    assert out.choices[0].finish_reason == "tool_calls"
+    assert len(calls) >= 1 and len({c.id for c in calls}) == len(calls)
     check_calls(calls)
+
+
+@pytest.mark.parametrize("parser", ["hermes", "llama3_json"])
+def test_several_calls_are_split_each_whole_a_cut_one_dropped(parser):
+    from decode.tools.formats import FORMATS
+    fmt = FORMATS[parser]
+    one = lambda city: fmt.open + json.dumps({"name": "get_weather", fmt.args_key: {  # noqa: E731
+        "city": city, "days": 2}}) + fmt.close
+    for tail in ("", fmt.sep, fmt.sep + one("Lima")[:-3]):      # nothing, a separator, a cut call
+        content, calls = split_calls(fmt, one("Oslo") + fmt.sep + one("Paris") + tail)
+        assert content is None and [json.loads(c["function"]["arguments"])["city"]
+                                    for c in calls] == ["Oslo", "Paris"], (tail, calls)
+        assert len({c["id"] for c in calls}) == 2
 
 
 def test_named_choice_streamed_equals_whole(client):
@@ -221,3 +236,49 @@ def test_batch_job_lines_with_tools(tool_model, tmp_path, capsys):
     assert "bad.jsonl:1: field 'tool_choice.function.name'" in capsys.readouterr().err
     assert main(args + ["--prompt", "x", "--tool-call-parser", "hermes"]) == 2
     assert "--tool-call-parser goes with --input" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("parser", ["hermes", "llama3_json"])
+def test_the_grammar_ends_a_named_call_after_one_and_lets_required_stop_after_any(parser):
+    """Token by token through the host matcher: a named function accepts exactly one call (a
+    second is refused, whatever parallel_tool_calls says); `required` with parallel calls may
+    end after any call, a trailing separator included; `auto` may end after a call too."""
+    from decode.tools.formats import FORMATS
+    from decode.constraints.host import compile_grammar
+    _, _, tok = load_model(DEMO_MODEL)
+    fmt = FORMATS[parser]
+    one = fmt.open + json.dumps({"name": "get_weather", fmt.args_key: {"city": "Oslo", "days": 3}}) \
+        + fmt.close
+
+    def accepts(choice, text: str) -> tuple[bool, bool]:
+        """(every token of `text` allowed, the output may end there)"""
+        body = {"tools": [WEATHER], "tool_choice": choice}
+        tools = parse_tools(body, parser, True, TEMPLATE)
+        m = compile_grammar(tools.constraint(), tok, None).matcher()
+        ids = tok.encode(text)
+        return m.advance_all(ids) == len(ids), m.accepting()
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    assert accepts(named, one) == (True, True)
+    assert not accepts(named, one + fmt.sep + one)[0]            # never a second call
+    assert accepts("required", one) == (True, True)
+    assert accepts("required", one + fmt.sep + one) == (True, True)
+    assert accepts("required", one + fmt.sep) == (True, True)     # may stop after the separator
+
+
+def test_named_choice_is_one_call_with_parallel_calls_allowed(client):
+    """A named function with parallel_tool_calls left at its default (true): one call, finish
+    `tool_calls` (it used to repeat the call until max_tokens), the same whole and streamed."""
+    kw = dict(model="demo", messages=ASK, tools=[WEATHER, TIME], max_tokens=200,
+              tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    whole = client.chat.completions.create(**kw)
+    calls = whole.choices[0].message.tool_calls
+    assert whole.choices[0].finish_reason == "tool_calls" and len(calls) == 1
+    check_calls(calls, {"get_weather"})
+    args, reasons = "", []
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        if chunk.choices:
+            reasons.append(chunk.choices[0].finish_reason)
+            for tc in chunk.choices[0].delta.tool_calls or []:
+                assert tc.index == 0
+                args += (tc.function.arguments or "") if tc.function else ""
+    assert args == calls[0].function.arguments and reasons[-1] == "tool_calls"

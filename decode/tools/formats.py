@@ -23,11 +23,15 @@ class CallFormat:
     trigger: str          # empty: a call stands only at the start of the output
 
     def lark(self, call_schema: dict, choice: str, parallel: bool) -> str:
-        """The Lark grammar (llguidance's dialect) of the output: `required` / a named function:
-        one call (or several, `parallel`); `auto`: free text, or text then calls from the
-        trigger on."""
+        """The Lark grammar (llguidance's dialect) of the output for `choice`: "named": exactly
+        one call (OpenAI's semantics for a named function, whatever `parallel` says);
+        "required": one call, or several with `parallel`, and the output may end after any of
+        them, a separator after the last included (a model that writes the separator out of
+        habit can still stop); "auto": free text, or text then calls from the trigger on."""
         call = f"{_lit(self.open)} %json {json.dumps(call_schema)} {_lit(self.close)}"
-        more = f' ({_lit(self.sep)} call)*' if parallel else ""
+        more = f' ({_lit(self.sep)} call)*' if parallel and choice != "named" else ""
+        if more and choice == "required":
+            more += f' ({_lit(self.sep)})?'
         lines = ["%llguidance {}", f"call: {call}", "TEXT: /(.|\\n)*/"]
         if choice != "auto":
             lines.append(f"start: call{more}")

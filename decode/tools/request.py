@@ -49,7 +49,7 @@ class ToolRequest:
         """The output's grammar (None under `none`: free text, no call parsed)."""
         if self.choice == "none":
             return None
-        choice = "auto" if self.choice == "auto" else "required"
+        choice = self.choice if self.choice in ("auto", "required") else "named"
         return Constraint.grammar(self.fmt.lark(self.call_schema(), choice, self.parallel),
                                   "tools")
 
