@@ -55,3 +55,20 @@ def test_splice_replaces_only_between_the_markers():
     assert table.splice(text, "new") == f"before\n{table.BEGIN}\nnew\n{table.END}\nafter\n"
     with pytest.raises(ValueError):
         table.splice("no markers", "new")
+
+
+def test_the_formats_paragraph_agrees_with_the_table(rows):
+    """The prose names formats the host enforces and formats refused everywhere: each as the
+    table (regenerated from the backends) says."""
+    import re
+    text = open(DOC, encoding="utf-8").read()
+    para = text[text.index("A format the device tables"):text.index("refused by name on every backend")]
+    enforced_part, refused_part = para.split("one neither enforces")
+    table_rows = rows[1]
+    for part, host_enforces in ((enforced_part, True), (refused_part, False)):
+        names = re.findall(r"`([a-z0-9-]+)`", re.search(r"\(([^)]*)\)", part).group(1))
+        assert names, part
+        for name in names:
+            device, host = table_rows[f"format: {name}"]
+            assert device.startswith("refused"), name
+            assert (host == "enforced") is host_enforces, (name, host)
