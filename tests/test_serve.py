@@ -359,7 +359,6 @@ def test_busy_request_of_a_client_that_leaves_is_cancelled_promptly(server):
 
 BAD = [
     ({"prompt": "hi"}, "model"),
-    ({"model": "gpt-4", "prompt": "hi"}, "model"),
     ({"model": "tiny"}, "prompt"),
     ({"model": "tiny", "prompt": 7}, "prompt"),
     ({"model": "tiny", "prompt": [1, 999]}, "prompt"),
@@ -429,6 +428,15 @@ def test_bad_requests_get_400_naming_the_field(server):
                         ({"model": "tiny", "messages": [{"role": "user", "content": "x" * 3000}]}, "messages")]:
         r = httpx.post(s["url"] + "/v1/chat/completions", json=body, timeout=10)
         assert r.status_code == 400 and r.json()["error"]["param"] == field, (body, r.text)
+    for path, body in (("/v1/completions", {"model": "gpt-4", "prompt": "hi"}),
+                       ("/v1/chat/completions", {"model": "gpt-4", "messages": [
+                           {"role": "user", "content": "hi"}]}),
+                       ("/tokenize", {"model": "gpt-4", "prompt": "hi"})):
+        r = httpx.post(s["url"] + path, json=body, timeout=10)     # OpenAI's and vLLM's 404
+        err = r.json()["error"]
+        assert r.status_code == 404 and err["code"] == "model_not_found", (path, r.text)
+        assert err["param"] == "model" and "`gpt-4` does not exist" in err["message"]
+        assert "This server serves 'tiny'" in err["message"]
     r = httpx.post(s["url"] + "/v1/completions", content=b"{not json", timeout=10)
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
     with pytest.raises(openai.BadRequestError) as e:

@@ -94,8 +94,8 @@ def test_vllm_fields_and_streaming(server):
     ({"structured_outputs": {"grammar": "root ::= x"}}, "structured_outputs.grammar"),
     ({"guided_json": "{not json"}, "guided_json"),
     ({"guided_grammar": "root ::= x"}, "guided_grammar"),
-    ({"guided_json": {"enum": []}}, "guided_json"),
-    ({"guided_json": {"type": "integer", "minimum": 10, "maximum": 3}}, "guided_json"),
+    ({"guided_json": {"enum": []}}, "guided_json.enum"),                  # the keyword's path
+    ({"guided_json": {"type": "integer", "minimum": 10, "maximum": 3}}, "guided_json.minimum"),
     ({"guided_json": {"type": "array", "uniqueItems": True}}, "guided_json.uniqueItems"),
     ({"guided_regex": "(?=a)b"}, "guided_regex"),
 ])

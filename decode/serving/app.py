@@ -89,13 +89,7 @@ async def read_body(http, cfg: ServerConfig, need_model: bool = True) -> dict:
     if model is None and need_model:
         raise bad("model", "'model' is required", "missing_required_parameter")
     if model is not None and model != cfg.model_name:
-        try:
-            model_of(body, cfg)       # a loaded LoRA adapter, else (--enable-lora) vLLM's 404
-        except APIError:
-            if need_model and cfg.adapters is not None:
-                raise
-            raise bad("model", f"model {model!r} does not exist; this server serves "
-                               f"{cfg.model_name!r}", "model_not_found") from None
+        model_of(body, cfg)     # a loaded LoRA adapter, else a 404 model_not_found (OpenAI's, vLLM's)
     return body
 
 

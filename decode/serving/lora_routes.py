@@ -18,9 +18,13 @@ from decode.engine.adapters import AdapterNotFound
 from decode.serving.protocol import APIError, bad
 
 
-def not_found(model) -> APIError:
-    """vLLM's answer to a `model` this server does not serve."""
-    return APIError(404, f"The model `{model}` does not exist.", param="model",
+def not_found(model, served=()) -> APIError:
+    """vLLM's answer to a `model` this server does not serve (with or without LoRA), naming
+    what it serves."""
+    names = f" This server serves {', '.join(map(repr, served))}." if served else ""
+    shown = model.encode("utf-8", "backslashreplace").decode() if isinstance(model, str) \
+        else repr(model)                          # a lone surrogate is shown, not sent
+    return APIError(404, f"The model `{shown}` does not exist.{names}", param="model",
                     type="NotFoundError", code="model_not_found")
 
 
@@ -33,7 +37,8 @@ def model_of(body: dict, cfg) -> str | None:
     if cfg.adapters is not None and isinstance(model, str) and any(
             a.name == model for a in cfg.adapters.loaded()):
         return model
-    raise not_found(model)
+    raise not_found(model, [cfg.model_name] + ([a.name for a in cfg.adapters.loaded()]
+                                               if cfg.adapters is not None else []))
 
 
 def model_cards(cfg, created: int) -> list:
