@@ -73,6 +73,8 @@ class OpenCheckpoint:
         """`open` with a door's flags: --checkpoint, --method, --mask-token-id, --no-default-stops
         (`add_decoding_arguments`), on `placement` (default: the flags' own); `kw`: `open`'s prog
         and tokenizer."""
+        if kw.get("tokenizer") is None and getattr(args, "chat_template", None):
+            kw["tokenizer"] = load_tokenizer(args.checkpoint, args.chat_template)
         return cls.open(args.checkpoint, placement or Placement.from_args(args), method=args.method,
                         mask_token_id=args.mask_token_id, default_stops=not args.no_default_stops,
                         **kw)

@@ -189,7 +189,7 @@ def run(args) -> dict:
                 raise DecodeConfigError("--trace steps through the decode on one device in "
                                         "float32; leave --dtype, --mesh, --quantize and "
                                         "--kv-dtype at their defaults with it")
-    tokenizer = load_tokenizer(args.checkpoint)
+    tokenizer = load_tokenizer(args.checkpoint, args.chat_template)
     read_inputs(tokenizer)          # the prompts and stops, refused before config.json is read
     ckpt = OpenCheckpoint.from_args(args, placement, tokenizer=tokenizer)
     prompts = read["prompts"]

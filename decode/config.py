@@ -463,6 +463,9 @@ def add_decoding_arguments(parser, door: str) -> None:
                    help="the [MASK] id (default: config.json's, else the tokenizer's <|mask|>)")
     g.add_argument("--no-default-stops", action="store_true",
                    help="do not stop at eos / <|im_end|> from the tokenizer and generation_config.json")
+    g.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="a Jinja chat template in place of the checkpoint's own (e.g. one that "
+                        "renders tools: configs/chat_templates/hermes.jinja, llama3_json.jinja)")
     r = parser.add_argument_group("per-request settings" + (" (a request's defaults)" if serve else ""))
     add_option_arguments(r, Sampling, SAMPLING_FLAGS[door],
                          flags={"max_new_tokens": "--max-tokens"} if serve else None)

@@ -12,6 +12,7 @@ the row. A stop string that tokenizes to nothing is an error.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from typing import Sequence
@@ -23,10 +24,36 @@ from wedlm_jax.tokenizer import DEFAULT_STOP_TOKENS, ChatTemplateError  # noqa: 
 TextTokenizer = tokenizer_lib.Tokenizer
 
 
-def load_tokenizer(folder) -> TextTokenizer:
-    return tokenizer_lib.load_tokenizer(
+def load_tokenizer(folder, chat_template: str | None = None) -> TextTokenizer:
+    """The checkpoint's tokenizer; with `chat_template` (a file: --chat-template), that template
+    in place of the folder's own."""
+    tokenizer = tokenizer_lib.load_tokenizer(
         folder, error=DecodeConfigError,
         hint=" (text prompts need the checkpoint's Hugging Face tokenizer)")
+    return tokenizer if chat_template is None else with_chat_template(tokenizer, chat_template)
+
+
+def read_chat_template(path: str, special: dict | None = None) -> str:
+    """The chat template in the file at `path` (--chat-template), checked before any model
+    loads: it must read and render a one-message conversation."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            template = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise DecodeConfigError(f"--chat-template {path}: cannot read it "
+                                f"({getattr(e, 'strerror', None) or e})", "chat_template") from None
+    try:
+        tokenizer_lib.render_chat(template, [{"role": "user", "content": "hi"}],
+                                  add_generation_prompt=True, special=special, source=path)
+    except ChatTemplateError as e:
+        raise DecodeConfigError(f"--chat-template {e}", "chat_template") from None
+    return template
+
+
+def with_chat_template(tokenizer: TextTokenizer, path: str) -> TextTokenizer:
+    """`tokenizer` with the chat template of the file at `path` in place of its folder's."""
+    template = read_chat_template(path, tokenizer.special)
+    return dataclasses.replace(tokenizer, chat_template=template, template_source=path)
 
 
 def split_stop_strings(tokenizer: TextTokenizer, strings: Sequence[str]) -> tuple[list[int], list[str]]:

@@ -185,9 +185,74 @@ def test_bad_tool_requests_are_400_by_field(client, extra, param):
 def test_a_template_without_tools_and_a_server_without_a_parser_refuse():
     body = {"tools": [WEATHER]}
     for parser, template, words in ((None, "{{ tools }}", "--tool-call-parser"),
-                                    ("hermes", "{{ messages }}", "does not render tools")):
+                                    ("hermes", "{{ messages }}", "does not render tools; start "
+                                     "with --chat-template FILE")):
         with pytest.raises(Exception, match=words):
             parse_tools(body, parser, True, template)
+
+
+SHIPPED = os.path.join(os.path.dirname(DEMO_MODEL), "..", "configs", "chat_templates")
+
+
+@pytest.mark.parametrize("parser", ["hermes", "llama3_json"])
+def test_shipped_chat_templates_render_tools_and_calls_the_parser_reads_back(parser):
+    """configs/chat_templates/PARSER.jinja lists every function in the system turn and writes an
+    assistant turn's calls (arguments as a string or an object) in the form PARSER splits back
+    into the same calls; the server's tool check takes the template."""
+    from decode.tools.formats import FORMATS
+    from wedlm_jax.tokenizer import render_chat
+    template = open(os.path.join(SHIPPED, f"{parser}.jinja")).read()
+    calls = [{"id": "a", "type": "function", "function": {
+                 "name": "get_weather", "arguments": json.dumps({"city": "Oslo", "days": 3})}},
+             {"id": "b", "type": "function", "function": {
+                 "name": "get_time", "arguments": {"zone": "Europe/Oslo"}}}]
+    tools = [WEATHER, TIME]
+    asked = render_chat(template, ASK, add_generation_prompt=True, tools=tools, special={})
+    whole = render_chat(template, ASK + [{"role": "assistant", "content": None,
+                                          "tool_calls": calls}],
+                        add_generation_prompt=False, tools=tools, special={})
+    assert all(json.dumps(t["function"]["name"]) in asked for t in tools) and ASK[0]["content"] in asked
+    assert whole.startswith(asked)                 # the generation prompt opens the model's turn
+    turn = whole[len(asked):].split("<|im_end|>")[0].split("<|eot_id|>")[0]
+    content, got = split_calls(FORMATS[parser], turn)
+    assert content is None and [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                                for c in got] == [("get_weather", {"city": "Oslo", "days": 3}),
+                                                  ("get_time", {"zone": "Europe/Oslo"})]
+    assert parse_tools({"tools": tools}, parser, True, template) is not None
+
+
+def test_chat_template_flag_at_the_doors_and_the_start_up_mismatches(tmp_path, capsys, caplog):
+    """--chat-template FILE replaces the checkpoint's template at both doors; an unreadable or
+    broken file, and --enable-auto-tool-choice without a parser, exit 2 with one line before
+    any model loads; a parser over a template that does not render tools warns once."""
+    import logging
+
+    from decode import cli
+    from decode.checkpoint import OpenCheckpoint
+    hermes = os.path.join(SHIPPED, "hermes.jinja")
+    args = serve._parser().parse_args(["--checkpoint", DEMO_MODEL, "--chat-template", hermes])
+    ckpt = OpenCheckpoint.from_args(args)
+    assert ckpt.tokenizer.chat_template == open(hermes).read()
+    assert ckpt.tokenizer.template_source == hermes
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% for m in messages %}")
+    for door, argv, says in (
+            (serve.main, ["--chat-template", str(tmp_path / "none.jinja")],
+             f"--chat-template {tmp_path / 'none.jinja'}: cannot read it"),
+            (serve.main, ["--chat-template", str(broken)], f"--chat-template {broken}"),
+            (serve.main, ["--enable-auto-tool-choice"],
+             "--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json)"),
+            (cli.main, ["--chat-template", str(tmp_path / "none.jinja"), "--prompt", "hi"],
+             "cannot read it")):
+        rc = door(["--checkpoint", DEMO_MODEL] + argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and says in err[-1] and "Traceback" not in "\n".join(err), (argv, err)
+    with caplog.at_level(logging.WARNING, logger="wedlm-serve"):
+        serve.load_decoder(serve._parser().parse_args([
+            "--checkpoint", DEMO_MODEL, "--tool-call-parser", "hermes", "--slots", "1",
+            "--capacity", "64"]))
+    warned = [r.getMessage() for r in caplog.records if "does not render tools" in r.getMessage()]
+    assert len(warned) == 1 and "--chat-template FILE" in warned[0], warned
 
 
 def test_verified_tool_calls_equal_ar():

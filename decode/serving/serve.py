@@ -139,6 +139,12 @@ def _check_args(args) -> DoorOptions:
         raise DecodeConfigError(f"--port must be in [0, 65535], got {args.port}")
     if args.api_key is not None and not args.api_key.strip():
         raise DecodeConfigError("--api-key is empty")
+    if args.chat_template:
+        from decode.text import read_chat_template
+        read_chat_template(args.chat_template)
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        raise DecodeConfigError("--enable-auto-tool-choice needs --tool-call-parser "
+                                f"({', '.join(sorted(FORMATS))})")
     opts.lora.check_folders(args.model_name)
     return opts
 
@@ -160,6 +166,11 @@ def load_decoder(args, opts: DoorOptions | None = None):
     placement = opts.placement
     ckpt = OpenCheckpoint.from_args(args, placement, prog="wedlm-serve")
     tokenizer, stops = ckpt.tokenizer, ckpt.default_stop_ids
+    if args.tool_call_parser and "tools" not in (tokenizer.chat_template or ""):
+        log.warning("--tool-call-parser %s: the chat template (%s) does not render tools, so "
+                    "requests with tools will be refused; start with --chat-template FILE "
+                    "(examples: configs/chat_templates/)", args.tool_call_parser,
+                    tokenizer.template_source if tokenizer.chat_template else "none")
     if len(stops) > MAX_STOP_IDS:
         raise DecodeConfigError(f"the checkpoint's default stops are {len(stops)} ids, more than {MAX_STOP_IDS}")
     config, params, mesh = ckpt.load()

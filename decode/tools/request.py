@@ -128,8 +128,9 @@ def parse_tools(body: dict, parser: str | None, auto: bool, template: str | None
     if not isinstance(parallel, bool):
         raise DecodeConfigError("parallel_tool_calls must be a boolean", "parallel_tool_calls")
     if not template or "tools" not in template:
-        raise DecodeConfigError("tools: this checkpoint's chat template does not render tools",
-                                "tools")
+        raise DecodeConfigError("tools: this checkpoint's chat template does not render tools; "
+                                "start with --chat-template FILE naming one that does (examples "
+                                "for each parser: configs/chat_templates/)", "tools")
     return ToolRequest(tuple(functions), picked, parallel, FORMATS[parser])
 
 
