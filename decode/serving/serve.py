@@ -274,6 +274,13 @@ def _http_server(args, startup: Startup):
 
     class Server(uvicorn.Server):
         interrupted = False
+        served = False          # uvicorn has stopped serving (it then replays the signals it took)
+
+        async def _serve(self, sockets=None):
+            try:
+                await super()._serve(sockets)
+            finally:
+                self.served = True
 
         def handle_exit(self, sig, frame):
             if not startup.is_ready and not self.should_exit:
@@ -284,7 +291,7 @@ def _http_server(args, startup: Startup):
                 sys.stderr.flush()
                 os._exit(0)
             engine = startup.engine
-            if sig == signal.SIGINT and self.interrupted:       # a second Ctrl-C: stop now
+            if sig == signal.SIGINT and self.interrupted and not self.served:   # a second Ctrl-C
                 if engine is not None:
                     engine.drain("the server was stopped (Ctrl-C twice)")
                 sys.stderr.write("wedlm-serve: interrupted (Ctrl-C twice); stopped at once\n")
