@@ -69,6 +69,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="draw each decoding step's window into this file (streaming, block, ar)")
     p.add_argument("--output", help="--input's results (JSONL, one line per request as it finishes; "
                                     "a rerun skips the ids already there)")
+    p.add_argument("--model-name", default=None,
+                   help="--input: the base model's name a line's `model` may give (default: the "
+                        "checkpoint folder's name), as wedlm-serve's --model-name")
     p.add_argument("--tool-call-parser", default=None, choices=sorted(FORMATS),
                    help="--input: lines with `tools` read their calls in this format (hermes: "
                         "Qwen, WeDLM-8B-Instruct); the output line gains tool_calls")

@@ -277,3 +277,21 @@ def test_ctrl_c_keeps_the_finished_results_and_says_how_many(ckpt, tmp_path, cap
     assert cli.main(["--checkpoint", path, "--input", src, "--output", str(out), "--slots", "1",
                      "--window", str(WINDOW), "--no-default-stops"]) == 0
     assert sorted(json.loads(x)["id"] for x in open(out)) == [0, 1, 2, 3]
+
+
+def test_model_name_names_the_base_model_a_line_may_give(ckpt, tmp_path, capsys):
+    """--model-name: a line's `model` may name the base model by it (as a client names
+    wedlm-serve's); without it the folder's name is the base's, and another name is refused by
+    line, naming the base."""
+    path = ckpt[0]
+    src = write_jsonl(tmp_path / "in.jsonl", ['{"id": "a", "prompt": "one two", "model": "mine", '
+                                              '"max_tokens": 3}'])
+    out = tmp_path / "out.jsonl"
+    assert cli.main(["--checkpoint", path, "--input", src, "--output", str(out),
+                     "--model-name", "mine"]) == 0
+    assert [json.loads(l)["id"] for l in out.read_text().splitlines()] == ["a"]
+    capsys.readouterr()
+    folder = os.path.basename(os.path.normpath(path))
+    assert cli.main(["--checkpoint", path, "--input", src, "--output", str(tmp_path / "o2")]) == 2
+    err = capsys.readouterr().err
+    assert "in.jsonl:1: field 'model': 'mine' is not an adapter" in err and repr(folder) in err, err

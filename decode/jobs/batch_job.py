@@ -192,7 +192,7 @@ def run_job(args) -> int:
     model_config, tokenizer = ckpt.config, ckpt.tokenizer
     cli_stop_ids, _ = split_stop_strings(tokenizer, args.stop)
     base_ids = list(ckpt.default_stop_ids) + list(args.stop_id) + cli_stop_ids
-    base_name = os.path.basename(os.path.normpath(args.checkpoint))
+    base_name = args.model_name or os.path.basename(os.path.normpath(args.checkpoint))
     opts.lora.check_folders(base_name)
     items = read_input(args.input, tokenizer, opts.sampling, list(dict.fromkeys(base_ids)),
                        list(args.stop), args.chat, args.capacity, model_config.vocab_size,

@@ -258,7 +258,7 @@ def run_ray_job(args) -> dict:
     tokenizer = ckpt.tokenizer
     cli_stop_ids, _ = split_stop_strings(tokenizer, args.stop)
     base_ids = list(dict.fromkeys(list(ckpt.default_stop_ids) + list(args.stop_id) + cli_stop_ids))
-    base_name = os.path.basename(os.path.normpath(args.checkpoint))
+    base_name = args.model_name or os.path.basename(os.path.normpath(args.checkpoint))
     opts.lora.check_folders(base_name)           # every adapter folder read before Ray starts
     connect(args.ray)
     check_resources(args.replicas, need)
