@@ -305,6 +305,7 @@ def _main(argv=None) -> int:
             return run_job(args)
         for flag, given in (("--output", args.output), ("--metrics-file", args.metrics_file),
                             ("--tool-call-parser", args.tool_call_parser),
+                            ("--model-name", args.model_name),
                             ("--enable-lora", args.enable_lora or None)):
             if given is not None:
                 raise DecodeConfigError(f"{flag} goes with --input (the batch job)")

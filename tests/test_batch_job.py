@@ -295,3 +295,5 @@ def test_model_name_names_the_base_model_a_line_may_give(ckpt, tmp_path, capsys)
     assert cli.main(["--checkpoint", path, "--input", src, "--output", str(tmp_path / "o2")]) == 2
     err = capsys.readouterr().err
     assert "in.jsonl:1: field 'model': 'mine' is not an adapter" in err and repr(folder) in err, err
+    assert cli.main(["--checkpoint", path, "--prompt", "hi", "--model-name", "mine"]) == 2
+    assert "--model-name goes with --input" in capsys.readouterr().err    # never taken and ignored

@@ -8,6 +8,7 @@ import secrets
 from typing import Any
 
 from decode.config import MAX_LOGPROBS, DecodeConfigError, Sampling, prompt_problem
+from decode.constraints.spec import FIELDS as CONSTRAINT_FIELDS
 from decode.constraints.spec import from_fields as constraint_fields
 from decode.tools.request import tool_messages
 from wedlm_jax.tokenizer import TextError, check_text
@@ -76,8 +77,7 @@ OPENAI_FIELDS = {
     "chat": OPENAI_SHARED + ("messages", "max_completion_tokens", "top_logprobs", "tools",
                              "tool_choice", "parallel_tool_calls", "functions", "suffix", "echo",
                              "best_of")}
-EXTENSION_FIELDS = tuple(n for n in WIRE if n not in OPENAI_SHARED) + (
-    "structured_outputs", "guided_json", "guided_regex", "guided_choice")
+EXTENSION_FIELDS = tuple(n for n in WIRE + CONSTRAINT_FIELDS if n not in OPENAI_SHARED)
 
 
 def check_fields(body: dict, endpoint: str) -> None:

@@ -61,6 +61,7 @@ from decode.serving.protocol import (APIError, parse_messages, parse_prompt,  # 
                                      parse_settings)
 from decode.text import TextStream  # noqa: E402,F401 (the one stop handler; re-exported)
 from decode.tools.formats import FORMATS  # noqa: E402
+from decode.tools.request import renders_tools  # noqa: E402
 from wedlm_jax import compile_cache  # noqa: E402
 
 API_KEY_ENV = "WEDLM_API_KEY"
@@ -166,7 +167,7 @@ def load_decoder(args, opts: DoorOptions | None = None):
     placement = opts.placement
     ckpt = OpenCheckpoint.from_args(args, placement, prog="wedlm-serve")
     tokenizer, stops = ckpt.tokenizer, ckpt.default_stop_ids
-    if args.tool_call_parser and "tools" not in (tokenizer.chat_template or ""):
+    if args.tool_call_parser and not renders_tools(tokenizer.chat_template):
         log.warning("--tool-call-parser %s: the chat template (%s) does not render tools, so "
                     "requests with tools will be refused; start with --chat-template FILE "
                     "(examples: configs/chat_templates/)", args.tool_call_parser,

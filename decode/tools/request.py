@@ -101,6 +101,11 @@ def _choice(value, names: list) -> str:
     return name
 
 
+def renders_tools(template: str | None) -> bool:
+    """Whether a chat template reads `tools` (what a request with tools needs)."""
+    return bool(template) and "tools" in template
+
+
 def parse_tools(body: dict, parser: str | None, auto: bool, template: str | None):
     """The request's ToolRequest (None: no tools). `parser`: the server's --tool-call-parser;
     `auto`: --enable-auto-tool-choice; `template`: the checkpoint's chat template."""
@@ -127,7 +132,7 @@ def parse_tools(body: dict, parser: str | None, auto: bool, template: str | None
     parallel = body.get("parallel_tool_calls", True)
     if not isinstance(parallel, bool):
         raise DecodeConfigError("parallel_tool_calls must be a boolean", "parallel_tool_calls")
-    if not template or "tools" not in template:
+    if not renders_tools(template):
         raise DecodeConfigError("tools: this checkpoint's chat template does not render tools; "
                                 "start with --chat-template FILE naming one that does (examples "
                                 "for each parser: configs/chat_templates/)", "tools")
