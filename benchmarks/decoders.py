@@ -5,8 +5,8 @@ then `Decoder(params, plan)`."""
 from __future__ import annotations
 
 from decode.config import EngineOptions, Placement
-from decode.engine.decoder import Decoder
-from decode.engine.plan import make_plan
+from decode.engine.runtime.decoder import Decoder
+from decode.engine.planning.plan import make_plan
 
 
 def decoder(params, config, *, page_size: int | None = None, num_pages: int | None = None,

@@ -22,14 +22,14 @@ _SURFACE = {
     "DecodeConfigError": "decode.config", "EngineOptions": "decode.config",
     "Placement": "decode.config", "Sampling": "decode.config",
     "OpenCheckpoint": "decode.checkpoint",
-    "Request": "decode.engine.state", "make_plan": "decode.engine.plan",
-    "Decoder": "decode.engine.decoder", "Batcher": "decode.engine.batcher",
+    "Request": "decode.engine.step.state", "make_plan": "decode.engine.planning.plan",
+    "Decoder": "decode.engine.runtime.decoder", "Batcher": "decode.engine.runtime.batcher",
     "generate": "decode.static.static_batch", "DecodeResult": "decode.static.static_batch",
     "RowStats": "decode.static.static_batch",
     "Constraint": "decode.constraints.spec", "compile_for": "decode.constraints.backends",
     "parse_tools": "decode.tools.request", "ToolRequest": "decode.tools.request",
     "split_calls": "decode.tools.calls",
-    "LoraOptions": "decode.lora_options", "Adapters": "decode.engine.adapters",
+    "LoraOptions": "decode.lora_options", "Adapters": "decode.engine.runtime.adapters",
 }
 
 __all__ = sorted(_SURFACE)

@@ -82,13 +82,13 @@ class OpenCheckpoint:
     def load(self):
         """(ModelConfig, params, mesh): the weights in the placement's dtype on its mesh (None: the
         default device), their layers stacked or one tree each as the platform's decode programs
-        take them (`decode.engine.layouts.layers_stacked`); the config carries the [MASK] id decided
+        take them (`decode.engine.planning.layouts.layers_stacked`); the config carries the [MASK] id decided
         here, so `generate(params, config, ...)` and a Decoder need no other argument for it.
         With the placement's `quantize`, the projections come quantized (wedlm_jax.quantize), the
         float copy dropped; a quantized folder's as stored (wedlm_jax.checkpoints.quantized)."""
         import jax
 
-        from decode.engine.layouts import layers_stacked
+        from decode.engine.planning.layouts import layers_stacked
         from wedlm_jax import grouped_matmul
         from wedlm_jax.checkpoints import checkpoint_kind, load_checkpoint
         from wedlm_jax.quantize import is_quantized, quantize_params

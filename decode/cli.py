@@ -21,7 +21,7 @@ import argparse
 import json
 import sys
 
-from wedlm_jax import interrupts
+from wedlm_jax.runtime import interrupts
 interrupts.early("wedlm-decode", __name__)   # Ctrl-C during the imports below: one line, 130
 
 from decode.options import HelpFormatter  # noqa: E402
@@ -32,7 +32,7 @@ from decode.checkpoint import OpenCheckpoint  # noqa: E402
 from decode.text import (ChatTemplateError, json_lines, load_tokenizer,  # noqa: E402
                          split_stop_strings, stop_at_strings)
 from wedlm_jax.tokenizer import TextError  # noqa: E402
-from wedlm_jax import compile_cache, distributed  # noqa: E402
+from wedlm_jax.runtime import compile_cache, distributed  # noqa: E402
 from decode.tools.formats import FORMATS  # noqa: E402 (a jax-free table)
 from decode.jobs import ray_job  # noqa: E402 (its arguments only: ray is imported when --ray runs)
 
@@ -276,15 +276,15 @@ LOADING = "wedlm-decode: interrupted (Ctrl-C) while loading or compiling; nothin
 
 
 def main(argv=None) -> int:
-    """The command; Ctrl-C at any moment ends it with 130 and one line (wedlm_jax.interrupts)."""
+    """The command; Ctrl-C at any moment ends it with 130 and one line (wedlm_jax.runtime.interrupts)."""
     with interrupts.guard("wedlm-decode", LOADING):
         return _main(argv)
 
 
 def _main(argv=None) -> int:
-    from wedlm_jax import platforms
+    from wedlm_jax.runtime import platforms
     platforms.choose()      # no backend whose hardware is absent (a libtpu lock, a CUDA error)
-    from wedlm_jax.failures import disk_full, out_of_memory
+    from wedlm_jax.runtime.failures import disk_full, out_of_memory
     parser = _parser()
     args = parser.parse_args(argv)
     if args.prompt is None and args.prompts_file is None and args.input is None and not args.dry_run:

@@ -11,7 +11,7 @@ Names follow docs/algorithm.md §3 and the paper: `window` (W), `tau` (entropy t
              committed whole (one forward in natural order) only once every slot is filled;
   ar         ordinary cached next-token decoding (the AR reading of the same network);
   verified   streaming drafts whose commits are verified by the AR reading of the same forward:
-             the output equals `ar` (decode/engine/verified.py).
+             the output equals `ar` (decode/engine/step/verified.py).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ CONSTRAINT_BACKENDS = ("auto", "device", "host")   # decode.constraints.backends
 # the device tables' one shape (states, token classes): every constrained request's automaton is
 # padded to it, so one set of programs serves every constraint; a larger one takes the host
 DEVICE_TABLE = (512, 512)
-REFILLS = ("before", "after")               # decode.engine.steps: when the window's masks are refilled
-SAMPLING_ORDERS = ("filter_first", "temper_first")   # decode.engine.sampling: filter vs temperature
+REFILLS = ("before", "after")               # decode.engine.step.steps: when the window's masks are refilled
+SAMPLING_ORDERS = ("filter_first", "temper_first")   # decode.engine.step.sampling: filter vs temperature
 MAX_LOGPROBS = 20       # top alternatives per token (OpenAI's and vLLM's limit)
 SEED_MAX = 2**32 - 1    # a request's seed is a uint32
 DECODE_ONLY = ("wedlm-decode",)   # options wedlm-serve takes with each request only
@@ -58,7 +58,7 @@ MAX_WINDOW = 256
 #                  pages): what the Decoder's programs are built for;
 #   per request    Sampling (its fields below are the list, `Sampling.options()`): runtime
 #                  values, one set per request, on the device as the decode state's
-#                  `SlotSettings` (decode/engine/state.py).
+#                  `SlotSettings` (decode/engine/step/state.py).
 
 
 def _stop_row(ids) -> list:
@@ -268,7 +268,7 @@ def mask_id_for(config: ModelConfig, given: int | None, method: str, *, tokenize
 
 # ------------------------------------------------------------------------------- placement
 
-WEIGHT_LAYOUTS = ("auto", "compiler", "default")                   # decode/engine/layouts.py
+WEIGHT_LAYOUTS = ("auto", "compiler", "default")                   # decode/engine/planning/layouts.py
 
 
 def parse_mesh(text: str) -> tuple[int, int, int]:
@@ -332,7 +332,7 @@ class Placement(Checked):
     weight_layout: str = option(
         "auto", str, "compiler: the weights in the layouts the compiled decode step picks (no "
         "relayout copies inside each step); default: row-major as loaded; auto: compiler on TPU, "
-        "default elsewhere (decode/engine/layouts.py)", choices=WEIGHT_LAYOUTS, flag_choices=True)
+        "default elsewhere (decode/engine/planning/layouts.py)", choices=WEIGHT_LAYOUTS, flag_choices=True)
     quantize: str = option(
         "none", str, "weight-only quantization of the projections: int8 (a scale per output "
         "channel) or int4 (a scale per --quantize-group inputs); the embedding and LM head int8 "

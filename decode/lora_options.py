@@ -1,8 +1,8 @@
 """The LoRA serving options (vLLM's flag names), defined once for every door that takes them
 (wedlm-serve, wedlm-decode's batch job): `--enable-lora`, `--lora-modules NAME=PATH ...`,
 `--max-loras N` (adapter table rows besides the base) and `--max-lora-rank R` (the table's rank).
-The table's shape is compile time (wedlm_jax.lora_table); which adapters fill it is not:
-decode.engine.adapters loads and unloads them at run time.
+The table's shape is compile time (wedlm_jax.lora.table); which adapters fill it is not:
+decode.engine.runtime.adapters loads and unloads them at run time.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import dataclasses
 import re
 
 from decode.options import Checked, DecodeConfigError, add_option_arguments, option
-from wedlm_jax.lora_spec import MAX_RANK
+from wedlm_jax.lora.spec import MAX_RANK
 
 LORA_DOORS = ("wedlm-decode", "wedlm-serve")
 DEFAULT_MAX_LORAS = 1        # vLLM's defaults
@@ -87,8 +87,8 @@ class LoraOptions(Checked):
         """Each --lora-modules folder's adapter_config.json read (no tensors: the shapes are
         checked against the model when it loads): a DecodeConfigError naming the adapter and
         the option it cannot serve (the rank bound, DoRA, ...), or a name the base model has."""
-        from wedlm_jax.lora_spec import LoraError
-        from wedlm_jax.peft import read_spec
+        from wedlm_jax.lora.spec import LoraError
+        from wedlm_jax.lora.peft import read_spec
         for name, path in self.lora_modules:
             if name == base_name:
                 raise DecodeConfigError(f"--lora-modules {name}={path}: {name!r} is the base "
@@ -99,7 +99,7 @@ class LoraOptions(Checked):
                 raise DecodeConfigError(f"--lora-modules {name}: {e}", "lora_modules") from None
 
     def load_into(self, adapters) -> None:
-        """Every --lora-modules adapter loaded into `adapters` (decode.engine.adapters.Adapters),
+        """Every --lora-modules adapter loaded into `adapters` (decode.engine.runtime.adapters.Adapters),
         a DecodeConfigError naming the one that does not fit the model."""
         for name, path in self.lora_modules:
             try:

@@ -8,11 +8,11 @@ definition drives everything about it:
   the wire       `wire=True`: a request body (wedlm-serve) or a batch-job line may set it under
                  its own name (`wire_names`);
   the device     `device=OnDevice(...)`: a runtime option travels to the decode loop as one value
-                 per slot in the decode state's `SlotSettings` (decode/engine/state.py builds the
+                 per slot in the decode state's `SlotSettings` (decode/engine/step/state.py builds the
                  struct and its rows from these definitions, `device_fields`).
 
 Adding a runtime sampling option is one `option(...)` field on Sampling and its use where the
-device reads it (decode/engine/sampling.py).
+device reads it (decode/engine/step/sampling.py).
 """
 
 from __future__ import annotations

@@ -96,7 +96,7 @@ def _quality(r: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from wedlm_jax import platforms
+    from wedlm_jax.runtime import platforms
     platforms.choose()      # no backend whose hardware is absent (a libtpu lock, a CUDA error)
     p = argparse.ArgumentParser(prog="python -m demo.heldout", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="a checkpoint folder (HF layout, with tokenizer)")

@@ -6,7 +6,7 @@
 
 Stages, each timed (OUT/stages.json), each a program a user runs the same way:
   data      python -m demo.data            generated tasks + stdlib code, tokenizer, held-out eval set
-  pack      python -m train.pretokenize    the training split packed into rows, one process a core
+  pack      python -m train.data.pretokenize    the training split packed into rows, one process a core
   pretrain  wedlm-train configs/demo_pretrain.yaml   AR only, from scratch; exported to HF
   convert   wedlm-convert hf-to-orbax, orbax-to-hf   the pretrained model there and back: the
                                            tensors and config.json must come back identical
@@ -119,7 +119,7 @@ def run(target: Target, out: str, force: bool = False, log=print) -> dict:
                                     "--workers", str(target.workers), "--train-mb",
                                     str(target.train_mb), *target.eval_args])
     pretrain = load_stage_config("demo_pretrain.yaml", target.pretrain)
-    stage("pack", command, "pack", [sys.executable, "-m", "train.pretokenize",
+    stage("pack", command, "pack", [sys.executable, "-m", "train.data.pretokenize",
                                     os.path.join(data, "train.jsonl"), "--tokenizer",
                                     os.path.join(data, "tokenizer"), "--out",
                                     os.path.join(data, "packed"), "--seq-len",
@@ -145,7 +145,7 @@ def run(target: Target, out: str, force: bool = False, log=print) -> dict:
 def prepare_out(out: str, force: bool, free_gb: float) -> None:
     """Refuse an OUT this pipeline did not make, or one it made without --force; check the free
     space; then start it afresh."""
-    from wedlm_jax.failures import check_space
+    from wedlm_jax.runtime.failures import check_space
     if os.path.lexists(out):
         if not os.path.isdir(out) or (os.listdir(out) and not os.path.exists(os.path.join(out, OWNED))):
             raise PipelineError(f"{out} exists and was not made by this pipeline (no {OWNED}); "

@@ -34,7 +34,7 @@ def quality_text(kind, params, config, res) -> str:
 
 
 def main(argv=None) -> int:
-    from wedlm_jax import platforms
+    from wedlm_jax.runtime import platforms
     platforms.choose()      # no backend whose hardware is absent (a libtpu lock, a CUDA error)
     ap = argparse.ArgumentParser(prog="python -m demo", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=DEMO_MODEL)

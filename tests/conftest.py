@@ -50,7 +50,7 @@ def server(ckpt):
     import openai
 
     from decode.serving import serve
-    from decode.engine.batcher import Batcher
+    from decode.engine.runtime.batcher import Batcher
     from tests.live_server import serve_in_thread
     from tests.serve_cases import CAPACITY, SLOTS, WINDOW, Gate
     path, config, params = ckpt

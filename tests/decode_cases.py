@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import random
 
-from decode.engine.state import Request
-from decode.engine.batcher import Batcher
+from decode.engine.step.state import Request
+from decode.engine.runtime.batcher import Batcher
 from wedlm_jax.config import ModelConfig
 
 CONFIG = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,

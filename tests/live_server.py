@@ -61,7 +61,7 @@ def tiny_engine(path: str, capacity: int):
     `path`: 4 slots, W 4, a queue of 16, no default stops, every prompt bucket's programs compiled
     (the engine thread started)."""
     from decode.serving import serve
-    from decode.engine.batcher import Batcher
+    from decode.engine.runtime.batcher import Batcher
     args = serve._parser().parse_args(["--checkpoint", path, "--slots", "4", "--window", "4",
                                        "--capacity", str(capacity), "--max-queue", "16",
                                        "--no-default-stops", "--model-name", "tiny",

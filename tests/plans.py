@@ -1,6 +1,6 @@
 """Decoders for the tests from one flat set of keywords: the engine's (decode.config.EngineOptions),
 the placement's (Placement) and the plan's own (mesh, mask_token_id, sampling, top_logprobs,
-memory_limit_bytes) split as `decode.engine.plan.make_plan` takes them. Test scaffolding: the doors and
+memory_limit_bytes) split as `decode.engine.planning.plan.make_plan` takes them. Test scaffolding: the doors and
 the library build the option objects themselves."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from decode.config import EngineOptions, Placement
-from decode.engine.decoder import Decoder
-from decode.engine.plan import make_plan
+from decode.engine.runtime.decoder import Decoder
+from decode.engine.planning.plan import make_plan
 from wedlm_jax.model import layers_stacked
 
 PLAN_KEYS = ("mesh", "mask_token_id", "sampling", "top_logprobs", "memory_limit_bytes", "lora")

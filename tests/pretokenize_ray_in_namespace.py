@@ -1,4 +1,4 @@
-"""`python -m train.pretokenize --ray` on a local two-CPU Ray cluster (127.0.0.1), run by
+"""`python -m train.data.pretokenize --ray` on a local two-CPU Ray cluster (127.0.0.1), run by
 tests/test_pretokenize_ray.py inside a network namespace holding only the loopback device (Ray's
 servers listen on every interface of the host whatever the node address). Not collected by the
 suite on its own (its name is not test_*.py)."""
@@ -17,8 +17,8 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
 from tests.synthetic import train_data as fixtures  # noqa: E402
-from train import data as data_lib  # noqa: E402
-from train import pretokenize as pt  # noqa: E402
+from train.data import pipeline as data_lib  # noqa: E402
+from train.data import pretokenize as pt  # noqa: E402
 
 INSIDE = "WEDLM_TEST_LOOPBACK_ONLY"      # set by tests/test_pretokenize_ray.py
 

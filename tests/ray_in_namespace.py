@@ -195,9 +195,9 @@ def test_lines_naming_an_adapter_decode_under_it_on_the_replicas(cluster, files,
 
     from decode.checkpoint import OpenCheckpoint
     from decode.config import Placement
-    from wedlm_jax import lora as lora_lib
-    from wedlm_jax.lora_spec import LoraSpec
-    from wedlm_jax.peft import save_peft
+    from wedlm_jax.lora import apply as lora_lib
+    from wedlm_jax.lora.spec import LoraSpec
+    from wedlm_jax.lora.peft import save_peft
     config = OpenCheckpoint.open(MODEL, Placement()).config
     spec = LoraSpec(rank=4, alpha=8.0, targets=("all-linear",))
     rng = np.random.default_rng(1)

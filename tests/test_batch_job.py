@@ -157,7 +157,7 @@ def test_a_request_the_engine_fails_on_is_an_error_result_and_the_job_goes_on(ck
     """One request's prefill raises inside the engine: its line is written with
     finish_reason 'error' and the reason, every other request is decoded as alone, the job exits 1
     with one line naming how many failed; a rerun does not decode it again."""
-    from decode.engine.decoder import Decoder
+    from decode.engine.runtime.decoder import Decoder
     path, config, params = ckpt
     tok = load_tokenizer(path)
     lines = [{"id": f"q{i}", "prompt": p, "max_tokens": 6} for i, p in
@@ -196,7 +196,7 @@ def test_input_honours_refill_prefill_chunk_and_sampling_order(ckpt, tmp_path, c
     """--refill, --prefill-chunk and --allow-long reach the batch job's Decoder, and
     --sampling-order (or a line's own `sampling_order`) its requests; greedy results equal
     generate() with the same settings."""
-    from decode.engine import decoder as decoder_lib
+    from decode.engine.runtime import decoder as decoder_lib
     path, config, params = ckpt
     made, seen = [], []
     real_init = decoder_lib.Decoder.__init__
@@ -253,7 +253,7 @@ def test_a_job_of_short_answers_narrows_the_window_as_a_single_prompt_does(ckpt,
 def test_ctrl_c_keeps_the_finished_results_and_says_how_many(ckpt, tmp_path, capsys, monkeypatch):
     """Ctrl-C in the batch job: the lines written so far are whole and counted, exit 130, and a
     rerun decodes only the rest."""
-    from decode.engine.batcher import Batcher
+    from decode.engine.runtime.batcher import Batcher
     path = ckpt[0]
     src = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "prompt": "one two", "max_tokens": 2 + 10 * i}
                                          for i in range(4)])

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from tests import plans
-from decode.engine.batcher import Batcher
+from decode.engine.runtime.batcher import Batcher
 from decode.config import DecodeConfig, DecodeConfigError, Placement
-from decode.engine.state import Request
+from decode.engine.step.state import Request
 from decode.static.static_batch import generate
 from tests.synthetic import random_params
 from wedlm_jax.config import ModelConfig
@@ -86,11 +86,11 @@ def test_greedy_equals_alone_under_random_arrivals(params, method, refill):
 
 
 def test_a_decoder_holding_one_weight_tree_per_layer_gives_the_same_tokens(params, monkeypatch):
-    """What a Decoder on GPU does (decode/engine/layouts.py: one buffer per layer's weight, layers
+    """What a Decoder on GPU does (decode/engine/planning/layouts.py: one buffer per layer's weight, layers
     unrolled), forced here on CPU: the same tokens under random arrivals, dense and paged, and
     the server's scorer reads its weights as they are."""
     import jax
-    from decode.engine import layouts
+    from decode.engine.planning import layouts
     from decode.serving.scoring import score
     monkeypatch.setattr(layouts, "layers_stacked", lambda platform, grouped_kernel=False: False)
     requests = _requests(5, seed=3)
@@ -112,7 +112,7 @@ def test_a_checkpoint_opened_for_gpu_is_loaded_one_tree_per_layer(tmp_path, monk
     tree each on GPU, forced here), and a Decoder keeps such weights as they are (no stacked copy
     ever made); on CPU both trees decode to the same tokens."""
     import jax
-    from decode.engine import layouts
+    from decode.engine.planning import layouts
     from decode.checkpoint import OpenCheckpoint
     from tests.tiny_checkpoint import make_checkpoint
     folder, config, _ = make_checkpoint(tmp_path)

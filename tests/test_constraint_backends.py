@@ -14,7 +14,7 @@ import pytest
 from decode.config import DecodeConfig, DecodeConfigError
 from decode.constraints.backends import compile_for
 from decode.constraints.spec import Constraint
-from decode.engine.state import Request
+from decode.engine.step.state import Request
 from decode.static.static_batch import generate
 from demo.eval import DEMO_MODEL, REGIMES, eval_items, load_model, stop_ids
 from tests import plans
@@ -110,7 +110,7 @@ def test_host_matcher_follows_the_schema(demo):
 def test_masks_computed_together_equal_each_parsers_own(demo):
     """host_guide.masks_along (all slots' masks in llguidance's pool, along their drafts) gives, row by
     row, what each matcher reports when walked one token at a time, stop ids included."""
-    from decode.engine.host_guide import masks_along
+    from decode.engine.step.host_guide import masks_along
     config, _, tok = demo
     stops = [tok.eos_token_id]
     schemas = [{"type": "integer", "minimum": 10}, {"type": "string", "maxLength": 4},
@@ -180,7 +180,7 @@ def test_both_backends_in_one_streaming_batch(demo):
 def test_continuous_batching_on_the_host_backend(demo):
     """The Batcher (paged, two slots) with host-backed requests that queue behind each other:
     each output validates (a slot's parser is its request's, from its first token)."""
-    from decode.engine.batcher import Batcher
+    from decode.engine.runtime.batcher import Batcher
     config, params, tok = demo
     prompts, schemas = prompts_and_schemas(demo, 3)
     stops = stop_ids(tok, config, REGIMES["records"])
@@ -202,7 +202,7 @@ def test_no_compile_on_a_constrained_request(demo):
     """A Batcher built `guided` (as wedlm-serve builds it) compiles in `warm_up` every program a
     constrained request runs: a device-table request and a host-parser request after it compile
     nothing (the host parser's programs were compiled ahead of time: no backend compile)."""
-    from decode.engine.batcher import Batcher
+    from decode.engine.runtime.batcher import Batcher
     config, params, tok = demo
     prompts, schemas = prompts_and_schemas(demo, 2)
     stops = stop_ids(tok, config, REGIMES["records"])
@@ -230,7 +230,7 @@ def test_alternatives_never_list_a_forbidden_token(demo, backend):
     forbade at their position are left out (as the server lists them), the committed token
     kept wherever it was listed."""
     from decode.constraints.backends import allowed_alternatives
-    from decode.engine.batcher import Batcher
+    from decode.engine.runtime.batcher import Batcher
     config, params, tok = demo
     prompts, _ = prompts_and_schemas(demo, 1)
     stops = stop_ids(tok, config, REGIMES["records"])
@@ -330,7 +330,7 @@ def test_device_only_programs_hold_no_host_call(demo):
     default one holds it, and a device constraint decodes the same under both."""
     import jax
 
-    from decode.engine import programs
+    from decode.engine.step import programs
     config, params, tok = demo
     dec = plans.decoder(params, config, method="streaming", window=4, slots=2, capacity=64,
                         steps_per_call=2, sampling=False, page_size=0)
@@ -340,7 +340,7 @@ def test_device_only_programs_hold_no_host_call(demo):
         return str(jax.make_jaxpr(programs.one_step, static_argnums=(0,))(
             dec.static, dec.params, st, np.int32(dec.mask_id)))
     assert "callback" in step_text(True) and "callback" not in step_text(False)
-    from decode.engine.batcher import Batcher
+    from decode.engine.runtime.batcher import Batcher
     prompt = tuple(tok.encode("Count by 2 from 4 to 30:\n"))
     auto = compile_for(Constraint.regex("[0-9]+(, [0-9]+){3}"), tok, config.vocab_size,
                        backend="device")

@@ -17,9 +17,9 @@ from decode.config import DecodeConfig, DecodeConfigError
 from decode.constraints.automaton import compile_constraint
 from decode.constraints.spec import Constraint, from_fields
 from decode.constraints.vocab import vocabulary_bytes
-from decode.engine.batcher import Batcher
+from decode.engine.runtime.batcher import Batcher
 from decode.static.static_batch import generate
-from decode.engine.state import Request
+from decode.engine.step.state import Request
 from demo.eval import DEMO_MODEL, REGIMES, eval_items, load_model, stop_ids
 from demo.tasks import list_problem
 from tests import plans

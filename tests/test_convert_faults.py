@@ -25,7 +25,7 @@ from wedlm_jax.checkpoints import tensors
 from wedlm_jax.checkpoints.folders import host_tag
 from wedlm_jax import safetensors_io as st
 from wedlm_jax.config import ModelConfig
-from wedlm_jax.failures import format_bytes
+from wedlm_jax.runtime.failures import format_bytes
 
 CONFIG = ModelConfig(model_type="qwen3", vocab_size=96, hidden_size=32, intermediate_size=64,
                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True)

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 
 from tests import plans
-from decode.engine import sampling
+from decode.engine.step import sampling
 from decode.config import DecodeConfig, DecodeConfigError, Placement, Sampling
 from decode.config import DecodeConfig as _DecodeConfig
-from decode.engine.state import Request
-from decode.engine.programs import compiled_count
-from decode.engine.state import settings_rows
+from decode.engine.step.state import Request
+from decode.engine.step.programs import compiled_count
+from decode.engine.step.state import settings_rows
 from decode.static.static_batch import generate, trace_steps
 from tests.decode_cases import CAP, CONFIG, PROMPTS, TILE
 from tests.decode_reference import FullForward, reference_generate

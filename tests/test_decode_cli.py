@@ -132,7 +132,7 @@ def test_decode_bounds_refused_or_limited_before_compiling(ckpt, capsys, tmp_pat
     the model's positions, or past memory, is refused before anything compiles; a trace into a
     missing folder is refused before decoding."""
     from decode.config import MAX_WINDOW
-    from decode.engine.programs import compiled_count
+    from decode.engine.step.programs import compiled_count
     from decode.static.static_batch import static_decoder
     path, config, params = ckpt
     code, out, err = _cli(capsys, "--checkpoint", path, "--prompt", "one two", "--window", "100000")
@@ -196,7 +196,7 @@ def test_interrupt_stops_within_a_chunk_and_keeps_the_text(ckpt, monkeypatch, ca
 def test_interrupt_inside_a_call_keeps_the_tokens_handed_out_before_it(ckpt, monkeypatch, capsys):
     """Ctrl-C while a generate call holds the donated state (its buffers are gone): the rows keep
     the tokens of the chunks before it, and wedlm-decode prints them and exits 130."""
-    from decode.engine.decoder import Decoder
+    from decode.engine.runtime.decoder import Decoder
     path, config, params = ckpt
     real, calls = Decoder.generate, []
 

@@ -38,8 +38,8 @@ SCRIPT = textwrap.dedent('''
                            sharded_steps=sharded.steps, tpf=one.tokens_per_forward)
     # continuous batching on the mesh: 6 requests through 2 slots (one per data shard), inserted
     # into the sharded state as slots free; every request equals its own one-device decode
-    from decode.engine.batcher import Batcher
-    from decode.engine.state import Request
+    from decode.engine.runtime.batcher import Batcher
+    from decode.engine.step.state import Request
     from tests import plans
     reqs = [Request(prompt=tuple(p), max_new_tokens=n, tau=2.5, lam=0.05)
             for p, n in zip(prompts + prompts[:2], (12, 3, 9, 5, 7, 1))]
@@ -118,9 +118,9 @@ SCRIPT = textwrap.dedent('''
     # continuous batch, each request as on one device
     import tempfile
     from decode.lora_options import LoraOptions
-    from wedlm_jax import lora as lora_lib
-    from wedlm_jax.lora_spec import LoraSpec
-    from wedlm_jax.peft import save_peft
+    from wedlm_jax.lora import apply as lora_lib
+    from wedlm_jax.lora.spec import LoraSpec
+    from wedlm_jax.lora.peft import save_peft
     spec = LoraSpec(rank=4, alpha=8.0, targets=("all-linear",))
     rng = np.random.default_rng(5)
     tree = jax.tree.map(lambda s: (0.3 * rng.standard_normal(s.shape)).astype(np.float32),
@@ -140,8 +140,8 @@ SCRIPT = textwrap.dedent('''
 
     names = ["a", None, "a", None]
     out["lora"] = dict(sharded=adapted(mesh, names), one=adapted(None, names), base=alone[:4])
-    # one weight tree per layer (what a GPU Decoder holds, decode/engine/layouts.py), laid out on the mesh
-    from decode.engine import layouts
+    # one weight tree per layer (what a GPU Decoder holds, decode/engine/planning/layouts.py), laid out on the mesh
+    from decode.engine.planning import layouts
     layouts.layers_stacked = lambda platform, grouped_kernel=False: False
     b, flat_got = through_batcher(reqs)
     kernel = b.decoder.params["layer_0"]["mlp"]["gate_proj"]["kernel"]
@@ -231,7 +231,7 @@ DOORS = textwrap.dedent('''
     # wedlm-serve on a mesh: the same greedy completions as on one device
     from fastapi.testclient import TestClient
     from decode.serving import serve
-    from decode.engine.batcher import Batcher
+    from decode.engine.runtime.batcher import Batcher
     for name, extra in (("serve_one", []), ("serve_data2_tensor2", ["--mesh", "data=2,tensor=2"])):
         args = serve._parser().parse_args(["--checkpoint", path, "--slots", "2", "--window", "4",
                                            "--capacity", "64", "--no-default-stops",

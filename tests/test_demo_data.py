@@ -101,7 +101,7 @@ def test_mix_and_sizes(built):
 
 def test_tokenizer(built):
     from tokenizers import Tokenizer
-    from train.data import find_mask_token, load_tokenizer
+    from train.data.pipeline import find_mask_token, load_tokenizer
     root, out, stats = built
     tok = Tokenizer.from_file(str(out / "tokenizer" / "tokenizer.json"))
     assert stats["special_tokens"] == {"<|endoftext|>": 0, "<|pad|>": 1, "<|mask|>": 2}
@@ -263,7 +263,7 @@ def test_force_replaces(tmp_path, built):
 
 def test_demo_configs(built, tmp_path):
     from train.main import prepare
-    from train.pretokenize import pretokenize
+    from train.data.pretokenize import pretokenize
     root, out, stats = built
     pre = load_config("configs/demo_pretrain.yaml")
     ada = load_config("configs/demo_adapt.yaml")

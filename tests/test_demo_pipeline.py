@@ -127,9 +127,9 @@ def test_ship_makes_a_checked_demo_folder(run, tmp_path):
 
 
 def test_parallel_packing_keeps_every_document(run, tmp_path):
-    """train.pretokenize --workers 2 packs the same documents as one worker (rows differ)."""
-    from train.data import open_packed
-    from train.pretokenize import pretokenize
+    """train.data.pretokenize --workers 2 packs the same documents as one worker (rows differ)."""
+    from train.data.pipeline import open_packed
+    from train.data.pretokenize import pretokenize
     out, _ = run
     data = out / "data"
 

@@ -21,7 +21,7 @@ from decode import cli as decode_cli
 from decode.config import DoorOptions
 from decode.serving import serve
 from train import main as train_main
-from train import pretokenize
+from train.data import pretokenize
 from train.config import load_config
 from wedlm_jax import convert
 
@@ -31,9 +31,9 @@ DEMO = os.path.join(ROOT, "demo", "model")
 PLACEHOLDERS = {"DIR": DEMO, "N": "2", "i": "0", "KEY": "secret", "configs/NAME.yaml":
                 "configs/tiny_cpu.yaml", "checkpoints/Qwen3-8B": DEMO}
 TOOLS = {"wedlm-convert": "convert", "wedlm-decode": "decode", "wedlm-serve": "serve",
-         "wedlm-train": "train", "train.main": "train", "train.pretokenize": "pretokenize"}
+         "wedlm-train": "train", "train.main": "train", "train.data.pretokenize": "pretokenize"}
 HELP_MODULES = ("wedlm_jax.convert", "decode.cli", "decode.serving.serve", "train.main",
-                "train.pretokenize")
+                "train.data.pretokenize")
 
 
 def _one_line(block: str) -> list[str]:

@@ -15,7 +15,7 @@ from decode.serving import serve
 from decode.static import static_batch
 from decode.config import (ENGINE_FLAGS, SAMPLING_FLAGS, DecodeConfigError, EngineOptions, Method,
                            Placement, Sampling)
-from decode.engine.decoder import Decoder
+from decode.engine.runtime.decoder import Decoder
 
 # a value other than the default for every option a door takes
 ENGINE = dict(method="block", window=4, refill="after", capacity=64, prefill_chunk=8, allow_long=True,
@@ -159,7 +159,7 @@ def test_input_door_takes_every_option(ckpt, seen, tmp_path, capsys):
 
 def test_serve_door_takes_every_option(ckpt, seen):
     from fastapi.testclient import TestClient
-    from decode.engine.batcher import Batcher
+    from decode.engine.runtime.batcher import Batcher
     names = {**SERVE_FLAGS}
     defaults = {k: v for k, v in SAMPLING.items() if k in SAMPLING_FLAGS["wedlm-serve"]}
     args = serve._parser().parse_args(["--checkpoint", ckpt[0], "--model-name", "tiny", *_flags(ENGINE),

@@ -18,9 +18,9 @@ SCRIPT_IN_PLACE = textwrap.dedent("""
     from decode.compile import aot
     from decode.config import EngineOptions, Placement
     from wedlm_jax.attention import cache as ca
-    from wedlm_jax.compiled import figures
+    from wedlm_jax.runtime.compiled import figures
     from wedlm_jax.config import ModelConfig
-    from wedlm_jax.targets import describe_target
+    from wedlm_jax.runtime.targets import describe_target
     config = ModelConfig(model_type="qwen3", vocab_size=512, hidden_size=256, intermediate_size=512,
                          num_layers=2, num_heads=8, num_kv_heads=2, head_dim=128, qk_norm=True)
     dev = describe_target("h100")[0][0]
@@ -59,7 +59,7 @@ SCRIPT_PAGED = textwrap.dedent("""
     from decode.compile import aot
     from decode.config import EngineOptions, Placement
     from wedlm_jax.config import ModelConfig
-    from wedlm_jax.targets import describe_target
+    from wedlm_jax.runtime.targets import describe_target
     config = ModelConfig(model_type="qwen3", vocab_size=512, hidden_size=256, intermediate_size=512,
                          num_layers=2, num_heads=8, num_kv_heads=2, head_dim=128, qk_norm=True)
     dev = describe_target("h100")[0][0]

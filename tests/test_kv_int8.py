@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from decode.config import DecodeConfig, DecodeConfigError, Placement
-from decode.engine.plan import int8_cache
+from decode.engine.planning.plan import int8_cache
 from decode.static.static_batch import generate
 from tests import plans
 from tests.decode_cases import CONFIG as PAGED_CONFIG, paged_requests, run_requests
@@ -162,7 +162,7 @@ def test_demo_greedy_ar_int8_cache_keeps_the_continuation(demo_prompts):
 
 def test_doors_decode_with_the_int8_cache(ckpt, tmp_path, capsys, monkeypatch):
     from decode import cli
-    from decode.engine import decoder as decoder_lib
+    from decode.engine.runtime import decoder as decoder_lib
     from decode.text import load_tokenizer
     from tests.batch_lines import write_jsonl
     path, config, params = ckpt

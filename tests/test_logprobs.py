@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from tests import plans
-from decode.engine.batcher import Batcher
+from decode.engine.runtime.batcher import Batcher
 from decode.config import DecodeConfig, DecodeConfigError, Placement
-from decode.engine.state import Request
+from decode.engine.step.state import Request
 from decode.serving.scoring import score
 from decode.static.static_batch import generate, trace_steps
 from tests.decode_cases import CAP, CONFIG, PROMPTS, TILE

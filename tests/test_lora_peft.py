@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from tests.synthetic.hf import make_hf_model
-from wedlm_jax import lora as lora_lib
-from wedlm_jax import peft as peft_lib
+from wedlm_jax.lora import apply as lora_lib
+from wedlm_jax.lora import peft as peft_lib
 from wedlm_jax.checkpoints import load_hf_checkpoint
-from wedlm_jax.lora_spec import LoraError, LoraSpec
+from wedlm_jax.lora.spec import LoraError, LoraSpec
 from wedlm_jax.model import Transformer
 
 peft = pytest.importorskip("peft")

@@ -20,16 +20,16 @@ import numpy as np
 import pytest
 
 from decode.config import DecodeConfigError
-from decode.engine.batcher import Batcher
-from decode.engine.state import Request
+from decode.engine.runtime.batcher import Batcher
+from decode.engine.step.state import Request
 from decode.lora_options import LoraOptions
 from demo.eval import DEMO_MODEL, load_model
 from tests import plans
-from wedlm_jax import lora as lora_lib
-from wedlm_jax import lora_table
-from wedlm_jax.lora_spec import LoraSpec
+from wedlm_jax.lora import apply as lora_lib
+from wedlm_jax.lora import table as lora_table
+from wedlm_jax.lora.spec import LoraSpec
 from wedlm_jax.model import Transformer
-from wedlm_jax.peft import save_peft
+from wedlm_jax.lora.peft import save_peft
 
 SPECS = {"alpha": LoraSpec(rank=4, alpha=8.0, targets=("all-linear",)),
          "beta": LoraSpec(rank=8, alpha=8.0, targets=("q", "v", "down"))}
@@ -219,7 +219,7 @@ def _bad_folders(demo, adapters, root):
 
 
 def test_server_serves_adapters_by_model_name(server, demo, adapters, prompts, tmp_path):
-    from decode.engine import programs
+    from decode.engine.step import programs
     url = server
     import httpx
     cards = httpx.get(url + "/v1/models", headers={"Authorization": "Bearer key"}).json()["data"]

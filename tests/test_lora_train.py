@@ -15,7 +15,8 @@ from train import lora as lora_train
 from train import main as main_lib
 from train import step as step_lib
 from train.config import TrainConfigError, config_from_dict
-from wedlm_jax import masking, peft
+from wedlm_jax import masking
+from wedlm_jax.lora import peft
 from wedlm_jax import model as model_lib
 from wedlm_jax.config import ModelConfig
 

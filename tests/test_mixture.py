@@ -1,6 +1,6 @@
-"""Mixtures of packed folders (`data.packed_dir: mix.yaml`, train/mixture.py): rows drawn in the
+"""Mixtures of packed folders (`data.packed_dir: mix.yaml`, train/data/mixture.py): rows drawn in the
 weights' proportions through Grain's mix, the same order under the same seed, exact resume from
-the Grain state, the shares printed by `python -m train.mixture`, training from a mixture, and
+the Grain state, the shares printed by `python -m train.data.mixture`, training from a mixture, and
 folders that do not belong together refused by name."""
 
 import json
@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from tests.synthetic import train_data as fixtures
-from train import data as data_lib
+from train.data import pipeline as data_lib
 from train import main as main_lib
-from train import mixture
-from train import pretokenize as pt
+from train.data import mixture
+from train.data import pretokenize as pt
 
 SEQ = 32
 

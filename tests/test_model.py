@@ -215,7 +215,7 @@ def test_scanned_equals_looped(params):
 
 def test_one_tree_per_layer_equals_the_stack(params):
     """`Transformer(stacked_layers=False)` over `unstack_layers(params)` (GPU decoding's weights:
-    decode/engine/layouts.py) equals the layer scan over the stacked params, full forward and cache
+    decode/engine/planning/layouts.py) equals the layer scan over the stacked params, full forward and cache
     mode; `unstack_layers` takes arrays, shapes and logical axes alike and its tree is the one
     the unstacked model's init makes."""
     from tests.looped_model import looped_apply

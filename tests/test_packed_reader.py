@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from tests.synthetic import train_data as fixtures
-from train import data as data_lib
+from train.data import pipeline as data_lib
 from train import main as main_lib
-from train import packed
-from train import pretokenize as pt
+from train.data import packed
+from train.data import pretokenize as pt
 
 SEQ = 32
 from tests.compiles import COMPILES  # noqa: E402 - every compile (or cache load) here
@@ -116,4 +116,4 @@ def test_checks_name_the_fault_before_compiling(setup, tmp_path, capsys):
     err = error(f"data.tokenizer={other}")
     assert "broken/meta.json: the rows were tokenized with a different tokenizer.json" in err
     os.remove(os.path.join(broken, "meta.json"))
-    assert "broken/meta.json: missing (an unfinished `python -m train.pretokenize` run" in error()
+    assert "broken/meta.json: missing (an unfinished `python -m train.data.pretokenize` run" in error()

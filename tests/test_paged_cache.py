@@ -1,4 +1,4 @@
-"""The paged KV cache's pieces: the host page pool with prefix reuse (decode/engine/pages.py),
+"""The paged KV cache's pieces: the host page pool with prefix reuse (decode/engine/runtime/pages.py),
 checked by brute force against a shadow of what every page holds, and the device side
 (wedlm_jax/attention/paged.py) against the dense cache and against jax's own reference of the TPU
 ragged paged attention kernel."""
@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from decode.engine.pages import PagePool, PoolError, ShardedPool
+from decode.engine.runtime.pages import PagePool, PoolError, ShardedPool
 from wedlm_jax.attention import paged as pa
 from wedlm_jax.attention.core import cache_write
 from wedlm_jax.attention.cache import attend_cache_dense
@@ -409,7 +409,7 @@ def test_a_gpu_server_pages_its_cache_unless_the_cache_is_int8():
     import types
 
     from decode.config import EngineOptions, Placement
-    from decode.engine.plan import StepSpec, cache_choice
+    from decode.engine.planning.plan import StepSpec, cache_choice
     from wedlm_jax.config import ModelConfig
     config = ModelConfig(model_type="qwen3", vocab_size=512, hidden_size=256,
                          intermediate_size=512, num_layers=2, num_heads=8, num_kv_heads=2,

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from tests import plans
-from decode.engine.batcher import Batcher
+from decode.engine.runtime.batcher import Batcher
 from decode.config import DecodeConfigError
-from decode.engine.state import Request
+from decode.engine.step.state import Request
 from tests.synthetic import random_params
 from tests.decode_cases import CONFIG, paged_requests, run_requests
 
@@ -279,7 +279,7 @@ def test_a_live_slot_bucket_steps_its_slots_alone_with_the_tokens_of_every_slot(
     (gathered, stepped over the shared pool, scattered back): the tokens, log-probabilities and
     the whole state after it (pool included) are those of a call over every slot; one program
     per bucket, whichever slots are live."""
-    from decode.engine.programs import compiled_count
+    from decode.engine.step.programs import compiled_count
     dec = plans.decoder(params, CONFIG, method=method, window=4, refill=refill, slots=8,
                   capacity=CAPACITY, steps_per_call=3, kv_tile=16, page_size=PAGE,
                   sampling=sampling, top_logprobs=2)
@@ -331,7 +331,7 @@ def test_a_slot_left_out_of_a_live_bucket_does_not_move(params):
 def test_a_live_slot_bucket_updates_the_pool_in_place(params):
     """The bucket program gathers the live slots' rows, never the pool: compiled for two pool
     sizes, the donated pool is aliased to the output and the temporaries do not grow with it."""
-    from decode.engine.programs import generate_live
+    from decode.engine.step.programs import generate_live
     memory = []
     for pages in (64, 512):
         dec = _decoder(params, "streaming", "before", page_size=PAGE, num_pages=pages)
@@ -352,7 +352,7 @@ def test_the_servers_warm_up_compiles_every_live_slot_bucket(params):
     (every live-slot bucket and the every-slot program), pages mapped as they grow, and a long
     prompt (the warm-up's prompts reuse no prefix of one another, so every prompt bucket's
     prefill was compiled)."""
-    from decode.engine.programs import compiled_count
+    from decode.engine.step.programs import compiled_count
     b = Batcher(_decoder(params, "streaming", "after", page_size=PAGE))
     b.warm_up(CAPACITY)
     before = compiled_count()

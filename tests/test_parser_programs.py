@@ -1,4 +1,4 @@
-"""A server's programs without the host parser's call (decode/engine/parser_programs.py): a guided
+"""A server's programs without the host parser's call (decode/engine/runtime/parser_programs.py): a guided
 Batcher warms up with the Guide's `parsers` False (programs JAX's persistent cache can keep),
 compiles the host parser's programs after that on a thread of its own, holds the requests that
 need them meanwhile (the others go past), and then decodes them as the host parser always did."""
@@ -14,10 +14,10 @@ import pytest
 
 from decode.constraints.backends import compile_for
 from decode.constraints.spec import Constraint
-from decode.engine import programs
-from decode.engine.batcher import Batcher
-from decode.engine.parser_programs import abstract
-from decode.engine.state import Request
+from decode.engine.step import programs
+from decode.engine.runtime.batcher import Batcher
+from decode.engine.runtime.parser_programs import abstract
+from decode.engine.step.state import Request
 from demo.eval import DEMO_MODEL, REGIMES, load_model, stop_ids
 from tests import plans
 
@@ -170,7 +170,7 @@ def test_a_host_request_waits_only_for_the_programs_it_runs(served, demo):
     """While the host parser's programs compile, a host-parser request is admitted once every
     `generate` and its own prompt bucket's admission are compiled (the smallest bucket first);
     a request without a host parser is never held."""
-    from decode.engine.parser_programs import ParserPrograms
+    from decode.engine.runtime.parser_programs import ParserPrograms
     host, free = requests(demo)
     short = Request(prompt=host.prompt[-10:], max_new_tokens=8, stop_token_ids=host.stop_token_ids,
                     automaton=host.automaton)            # prompt bucket 16; `host`'s is 32

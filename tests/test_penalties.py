@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from decode.config import MAX_LOGIT_BIAS, DecodeConfig, DecodeConfigError, Sampling
-from decode.engine import sampling
-from decode.engine.state import Request, settings_rows
-from decode.engine.steps import reads_before
+from decode.engine.step import sampling
+from decode.engine.step.state import Request, settings_rows
+from decode.engine.step.steps import reads_before
 
 V = 40
 
@@ -182,7 +182,7 @@ def test_a_constraint_wins_over_a_negative_bias_and_the_request_is_warned(demo, 
 
     from decode.constraints.backends import compile_for
     from decode.constraints.spec import Constraint
-    from decode.engine.batcher import Batcher
+    from decode.engine.runtime.batcher import Batcher
     from decode.text import load_tokenizer
     from demo.eval import DEMO_MODEL
     from tests import plans
@@ -192,7 +192,7 @@ def test_a_constraint_wins_over_a_negative_bias_and_the_request_is_warned(demo, 
     required = tok.encode("yes")[0]
     batcher = Batcher(plans.decoder(params, config, method="ar", slots=2, capacity=64))
     stops = (tok.eos_token_id if tok.eos_token_id is not None else 0,)
-    with caplog.at_level(logging.WARNING, logger="decode.engine.batcher"):
+    with caplog.at_level(logging.WARNING, logger="decode.engine.runtime.batcher"):
         batcher.submit(Request(prompt=(1, 2), logit_bias={str(required): -100}, automaton=yes,
                                stop_token_ids=stops))
         batcher.submit(Request(prompt=(1, 2), logit_bias={str(required): 5}, automaton=yes,

@@ -1,4 +1,4 @@
-"""The decoding plan (decode/engine/plan.py): every static decision made and checked once, before any
+"""The decoding plan (decode/engine/planning/plan.py): every static decision made and checked once, before any
 weight is placed; the Decoder built from (params, plan) and its ahead-of-time surface."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from decode.config import DecodeConfigError, EngineOptions, Placement, mask_id_for
-from decode.engine.decoder import Decoder
-from decode.engine.state import Request
-from decode.engine.plan import make_plan
+from decode.engine.runtime.decoder import Decoder
+from decode.engine.step.state import Request
+from decode.engine.planning.plan import make_plan
 from tests.synthetic import random_params
 from wedlm_jax.config import ModelConfig
 from wedlm_jax.model import unstack_layers

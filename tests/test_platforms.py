@@ -1,4 +1,4 @@
-"""wedlm processes start no JAX backend whose hardware is absent (wedlm_jax/platforms.py): with
+"""wedlm processes start no JAX backend whose hardware is absent (wedlm_jax/runtime/platforms.py): with
 libtpu installed on a machine without a TPU they never open libtpu (its machine-wide lock stays
 free for a dry run beside them), with a CUDA plugin and no GPU they start on the CPU."""
 
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tests import tpu_compiler
-from wedlm_jax import platforms
+from wedlm_jax.runtime import platforms
 
 
 @pytest.mark.parametrize("cuda, tpu, gpu, want", [
@@ -37,7 +37,7 @@ def test_a_cpu_process_with_libtpu_installed_never_opens_it():
     assert tpu_compiler.installed(), "make setup installs the TPU compiler into .venv/tpu-compiler"
     env = {k: v for k, v in tpu_compiler.env().items()
            if k not in ("JAX_PLATFORMS", "ALLOW_MULTIPLE_LIBTPU_LOAD")}
-    code = ("import os\nfrom wedlm_jax import platforms\nplatforms.choose()\nimport jax\n"
+    code = ("import os\nfrom wedlm_jax.runtime import platforms\nplatforms.choose()\nimport jax\n"
             "print(os.environ['JAX_PLATFORMS'], jax.devices()[0].platform)")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=120)

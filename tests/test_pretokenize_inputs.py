@@ -1,4 +1,4 @@
-"""`python -m train.pretokenize` inputs and output folder: JSONL, JSONL.gz/.zst and Parquet (whole
+"""`python -m train.data.pretokenize` inputs and output folder: JSONL, JSONL.gz/.zst and Parquet (whole
 rows, a text column, a messages column) given as files, folders or globs pack into the same rows
 as the same records in plain JSONL; bad records are named `file:line` / `file:row N` or skipped;
 the rows do not depend on the number of worker processes; a rerun keeps the finished units; a
@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.synthetic import train_data as fixtures
-from train import data as data_lib
-from train import pretokenize as pt
+from train.data import pipeline as data_lib
+from train.data import pretokenize as pt
 
 SEQ = 32
 

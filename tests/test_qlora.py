@@ -16,11 +16,12 @@ from train import checkpoint as ckpt
 from train import lora as lora_train
 from train import main as main_lib
 from train.config import TrainConfigError, config_from_dict, model_config
-from wedlm_jax import lora as lora_lib
+from wedlm_jax.lora import apply as lora_lib
 from wedlm_jax import model as model_lib
-from wedlm_jax import peft, quantize
+from wedlm_jax.lora import peft
+from wedlm_jax import quantize
 from wedlm_jax.config import ModelConfig
-from wedlm_jax.lora_spec import LoraSpec
+from wedlm_jax.lora.spec import LoraSpec
 
 QLORA = {"lora.rank": 4, "lora.alpha": 8.0, "lora.targets": ["q", "v", "o", "down"],
          "lora.base_quantize": "int4", "lora.base_quantize_group": 8}

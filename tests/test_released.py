@@ -139,7 +139,7 @@ def test_training_reads_the_same_conventions(folders, tmp_path):
     """`model.from_hf` on a released-style folder: qk_norm from the tensors, [MASK] 151665 (the rule
     decoding shares), an explicit objective.mask_token_id over it."""
     from train.config import load_config, model_config
-    from train.data import load_tokenizer, resolve_mask_token_id
+    from train.data.pipeline import load_tokenizer, resolve_mask_token_id
     path = shutil.copytree(folders["8b"], tmp_path / "8b")
     set_config(path, qk_norm=None)
     data = tmp_path / "d.jsonl"
@@ -156,7 +156,7 @@ def test_one_mask_rule_for_training_and_decoding():
     null, the tokenizer's mask token inside the vocabulary, else none; training and the decoding
     door read it through the same function."""
     from decode.config import mask_id_for as decode_mask
-    from train.data import DataError, resolve_mask_token_id as train_mask
+    from train.data.pipeline import DataError, resolve_mask_token_id as train_mask
     from wedlm_jax.tokenizer import load_tokenizer as load_tok, mask_token_rule
     demo = os.path.join(os.path.dirname(__file__), "..", "demo", "model")
     tok = load_tok(demo)

@@ -31,7 +31,7 @@ def _decoder(ckpt, **kw):
 
 
 def test_request_bounds_are_refused_before_any_device_work(ckpt):
-    from decode.engine.state import Request
+    from decode.engine.step.state import Request
     dec = _decoder(ckpt)
     for field, value in (("top_k", 2**40), ("seed", 2**33), ("max_new_tokens", 2**31),
                          ("temperature", float("inf"))):
@@ -45,8 +45,8 @@ def test_a_request_that_fails_in_the_engine_fails_alone(ckpt):
     """The prefill of one request raises: that request finishes 'error' with the reason, the
     others give the tokens they give alone, and the Batcher serves new requests afterwards. A
     failing generate call ends the requests in flight with 'error' and the state is rebuilt."""
-    from decode.engine.batcher import Batcher
-    from decode.engine.state import Request
+    from decode.engine.runtime.batcher import Batcher
+    from decode.engine.step.state import Request
     dec = _decoder(ckpt)
     alone = {}
     for p in ((5, 6, 7), (9, 8)):
@@ -93,7 +93,7 @@ def test_a_bad_byte_costs_exactly_its_line(tmp_path, ckpt):
     """Bad lines at the start, in the middle, at a read-buffer boundary and at the end: with
     skip_bad_lines every good line is used and each bad one is named file:line; without it the
     error names the first bad line."""
-    from train.data import DataError, iter_documents, load_tokenizer
+    from train.data.pipeline import DataError, iter_documents, load_tokenizer
     folder, config, _ = ckpt
     tok, vocab = load_tokenizer(folder), config.vocab_size
     path = tmp_path / "data.jsonl"
@@ -206,7 +206,7 @@ def test_too_little_room_for_a_checkpoint_stops_in_one_line(tmp_path, capsys, mo
     naming the sizes, and the checkpoint already written stays complete and resumable."""
     from train import main as main_lib
     from train.checkpoint import complete_steps
-    from wedlm_jax import failures
+    from wedlm_jax.runtime import failures
     cfg = _tiny_run(tmp_path)
     real, calls = failures.free_bytes, []
 

@@ -23,7 +23,7 @@ TYPES = {"name": "string", "city": "string", "color": "string", "age": "integer"
 
 @pytest.fixture(scope="module")
 def server():
-    from decode.engine.batcher import Batcher
+    from decode.engine.runtime.batcher import Batcher
     args = serve._parser().parse_args(["--checkpoint", DEMO_MODEL, "--slots", "2", "--window", "8",
                                        "--capacity", "384", "--model-name", "demo"])
     decoder, tokenizer, cfg = serve.load_decoder(args)

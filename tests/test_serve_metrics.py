@@ -184,8 +184,8 @@ def test_one_log_line_per_request_without_the_prompt(server, caplog):
 
 def test_gauges_read_the_batcher(server):
     """Running, waiting and KV-cache usage follow a Batcher's slots, queue and page pool."""
-    from decode.engine.state import Request
-    from decode.engine.batcher import Batcher
+    from decode.engine.step.state import Request
+    from decode.engine.runtime.batcher import Batcher
     batcher = Batcher(server["engine"].batcher.decoder)      # the server's Decoder, idle meanwhile
     values = ServerMetrics(batcher, "tiny", "streaming").snapshot
     for i in range(3):

@@ -19,10 +19,10 @@ def run(script: str) -> str:
 def test_one_import_gives_the_surface_and_loads_the_engine_only_when_used():
     script = (
         "import sys, decode\n"
-        "assert 'decode.engine.decoder' not in sys.modules and 'jax' not in sys.modules\n"
+        "assert 'decode.engine.runtime.decoder' not in sys.modules and 'jax' not in sys.modules\n"
         "from decode import (OpenCheckpoint, Placement, EngineOptions, Sampling, DecodeConfig,\n"
         "                    Request, make_plan, Decoder, Batcher, generate)\n"
-        "import decode.engine.decoder as d, decode.engine.batcher as b\n"
+        "import decode.engine.runtime.decoder as d, decode.engine.runtime.batcher as b\n"
         "assert Decoder is d.Decoder and Batcher is b.Batcher and decode.generate is generate\n"
         "assert set(decode.__all__) >= {'OpenCheckpoint', 'Request', 'make_plan', 'generate'}\n"
         "try:\n"
@@ -61,7 +61,7 @@ def test_nothing_imports_upward_in_decode():
 
     def imported(folder: str) -> set:
         names = set()
-        for path in (root / folder).glob("*.py"):
+        for path in (root / folder).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
                 if isinstance(node, ast.ImportFrom) and node.module:
                     names.add(node.module)

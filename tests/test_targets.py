@@ -1,4 +1,4 @@
-"""Accelerators named for compiles without the hardware (wedlm_jax.targets): TPU
+"""Accelerators named for compiles without the hardware (wedlm_jax.runtime.targets): TPU
 topologies and GPUs by name; an unknown name lists the accepted forms, a target whose compiler is
 not installed names the install command, at every door that takes one, in one line."""
 
@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tests import tpu_compiler
-from wedlm_jax import targets
+from wedlm_jax.runtime import targets
 from wedlm_jax.config import ModelConfig
 
 
@@ -31,8 +31,8 @@ def test_a_gpu_target_without_its_compiler_names_the_install_command(monkeypatch
 
 
 def test_a_tpu_topology_is_described_with_its_chip():
-    code = ("import json; from wedlm_jax.targets import describe_target as d\n"
-            "from wedlm_jax.targets import tpu_generation as g\n"
+    code = ("import json; from wedlm_jax.runtime.targets import describe_target as d\n"
+            "from wedlm_jax.runtime.targets import tpu_generation as g\n"
             "devs, chip = d('tpu:v5p:2x2x2'); one, c1 = d('v5e:1x1')\n"
             "print(json.dumps([len(devs), devs[0].platform, chip.hbm, len(one), c1.bandwidth,\n"
             "                  g(devs[0]), g(one[0]), g(d('v6e:2x4')[0][0])]))")

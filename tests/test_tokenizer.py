@@ -1,5 +1,5 @@
 """One tokenizer module for training and decoding: the same messages through the
-training path (`train.data.tokenize_record`) and the decoding path (`wedlm-decode`'s prompt reader)
+training path (`train.data.pipeline.tokenize_record`) and the decoding path (`wedlm-decode`'s prompt reader)
 give the ids transformers' `apply_chat_template` gives, for a Qwen-style template with a system
 message, tools, tool calls, `{% break %}` and `{% continue %}`; the Jinja environment behaves like
 transformers'; a template that fails names its own error and the message index, before anything
@@ -16,7 +16,7 @@ import pytest
 from decode import cli
 from decode import text as decode_text
 from tests.released import MESSAGES, TOOLS, qwen_style_tokenizer
-from train import data as data_lib
+from train.data import pipeline as data_lib
 from wedlm_jax import tokenizer as tokenizer_lib
 
 

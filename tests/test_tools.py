@@ -64,7 +64,7 @@ def tool_model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(tool_model):
-    from decode.engine.batcher import Batcher
+    from decode.engine.runtime.batcher import Batcher
     args = serve._parser().parse_args([
         "--checkpoint", tool_model, "--slots", "2", "--window", "8", "--capacity", "1024",
         "--model-name", "demo", "--tool-call-parser", "hermes", "--enable-auto-tool-choice",

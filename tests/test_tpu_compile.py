@@ -135,7 +135,7 @@ COPY_PAGES = textwrap.dedent("""
     import json
     import jax, jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec as P
-    from wedlm_jax.targets import describe_target
+    from wedlm_jax.runtime.targets import describe_target
     from wedlm_jax.sharding import make_mesh
     from wedlm_jax.attention import paged as pa
     mesh = make_mesh(data=4, fsdp=1, tensor=2, devices=list(describe_target("v5p:2x2x2")[0]))
@@ -211,8 +211,8 @@ COSTED_TRAIN = textwrap.dedent("""
     import json, re, sys
     from train import dry_run
     from train.config import config_from_dict
-    from wedlm_jax.compiled import cost, estimate_options
-    from wedlm_jax.targets import describe_target
+    from wedlm_jax.runtime.compiled import cost, estimate_options
+    from wedlm_jax.runtime.targets import describe_target
     devices, _ = describe_target("v5p:1x1x1")
     cfg = config_from_dict(json.loads(sys.argv[1]), "the test config")
     mc = dry_run.model_config_for(cfg)
@@ -245,7 +245,7 @@ COSTED_DECODE = textwrap.dedent("""
     from jax.experimental import topologies
     from decode.compile.aot import compile_generate
     from decode.config import EngineOptions, Placement
-    from wedlm_jax.compiled import estimate_options
+    from wedlm_jax.runtime.compiled import estimate_options
     from wedlm_jax.config import ModelConfig
     dev = topologies.get_topology_desc(platform="tpu", topology_name="v5p:1x1x1",
                                        chips_per_host_bounds=(1, 1, 1)).devices[0]
@@ -263,14 +263,14 @@ COSTED_DECODE = textwrap.dedent("""
 def test_a_decode_step_compiles_for_tpu_with_the_estimate_options():
     """The decode step's costed compile takes `estimate_options` (libtpu knows each option; the
     weights' layouts chosen under them too): a time and the plain program's FLOPs."""
-    from wedlm_jax.compiled import estimate_options
+    from wedlm_jax.runtime.compiled import estimate_options
     rc, out, err = _run([sys.executable, "-c", COSTED_DECODE, json.dumps(TPU_MODEL)])
     assert rc == 0, err[-4000:]
     r = json.loads(out.strip().splitlines()[-1])
     assert r["plain"]["layout"] == r["costed"]["layout"] == "compiler"
     assert r["costed"]["optimal_seconds"] > 0
     assert r["costed"]["flops"] == pytest.approx(r["plain"]["flops"], rel=0.01)
-    # both under v5p's step options (decode.engine.layouts.STEP_OPTIONS), the estimate's over them
+    # both under v5p's step options (decode.engine.planning.layouts.STEP_OPTIONS), the estimate's over them
     vmem = {"xla_tpu_scoped_vmem_limit_kib": 65536}
     assert r["plain"]["options"] == vmem, r
     assert r["costed"]["options"] == dict(vmem, **estimate_options("tpu")), r
@@ -291,7 +291,7 @@ def test_serve_dry_run_compiles_the_server_programs_for_a_topology(tmp_path):
     assert rc == 0, out + err[-3000:]
     assert "wedlm-serve dry run for v5p:2x2x2: 2 of its 8 chips" in out
     assert "; paged cache, pages of 64 rows" in out    # slots over data: a pool per shard
-    # v5p: the step under its generation's libtpu options (decode.engine.layouts.STEP_OPTIONS)
+    # v5p: the step under its generation's libtpu options (decode.engine.planning.layouts.STEP_OPTIONS)
     assert "; step compiled with xla_tpu_scoped_vmem_limit_kib=65536" in out
     # a paged door admits into pages: its admission program (prefill + first fill) is compiled
     assert "decode step" in out and "admission of a 1024-token prompt" in out

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from train import data as data_lib
+from train.data import pipeline as data_lib
 from tests.synthetic import train_data as fixtures
 from train import main as main_lib
 from train.config import TrainConfigError, load_config, mesh_shape

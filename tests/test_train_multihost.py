@@ -80,7 +80,7 @@ def test_two_processes_read_a_mixture_and_resume_exactly(tmp_path):
     losses of one process running the 4 steps uninterrupted."""
     import yaml
 
-    from train import pretokenize as pt
+    from train.data import pretokenize as pt
     paths = fixtures.make_tiny_setup(str(tmp_path), num_docs=40)
     for name, src in (("web", paths["train"]), ("chat", paths["sft"])):
         pt.pretokenize([src], paths["tokenizer"], str(tmp_path / name), 32, shard_rows=7)

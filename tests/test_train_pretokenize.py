@@ -1,4 +1,4 @@
-"""The at-scale data path: `python -m train.pretokenize` (JSONL -> packed ArrayRecord shards) and
+"""The at-scale data path: `python -m train.data.pretokenize` (JSONL -> packed ArrayRecord shards) and
 `data.packed_dir` (those rows read into the same Grain pipeline). The packed rows equal the
 in-memory packing of the same files (file order), the pipeline yields the same global batches, bad
 lines report file:line, the writer holds one shard at a time, a bad folder stops the run before
@@ -10,10 +10,10 @@ import os
 import numpy as np
 import pytest
 
-from train import data as data_lib
+from train.data import pipeline as data_lib
 from tests.synthetic import train_data as fixtures
 from train import main as main_lib
-from train import pretokenize as pt
+from train.data import pretokenize as pt
 from train.config import TrainConfigError, load_config
 
 from tests.compiles import COMPILES  # noqa: E402 - every compile (or cache load) here
@@ -114,7 +114,7 @@ def test_malformed_line_reports_file_line_or_skips(setup, tmp_path, capsys):
 def test_writer_holds_one_shard(setup, tmp_path, monkeypatch):
     """With --shard-rows 2 every shard is written as soon as it is full: the writer never holds
     more than 2 rows, and shards are on disk while later rows are still being packed."""
-    from train import arrayrecord
+    from train.data import arrayrecord
     seen = []
     write = arrayrecord.write_shard
 

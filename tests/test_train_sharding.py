@@ -22,7 +22,7 @@ def _worker(root: str, out: str) -> None:
     import jax
 
     from train import checkpoint as ckpt
-    from train import data as data_lib
+    from train.data import pipeline as data_lib
     from tests.synthetic import train_data as fixtures
     from train import main as main_lib
     from train import step as step_lib

@@ -1,4 +1,4 @@
-"""Verified streaming decoding (decode/engine/verified.py): greedy output equal to the engine's AR
+"""Verified streaming decoding (decode/engine/step/verified.py): greedy output equal to the engine's AR
 output token for token; the jitted step equal to the no-cache step-by-step reference
 (tests/verified_reference.py) in tokens, steps and draft counts; committed K/V rows equal to a
 one-shot prefill of the final sequence; sampled output distributed as AR sampling (chi-square); the
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from decode.config import DecodeConfig, DecodeConfigError, Placement
-from decode.engine.programs import compiled_count
+from decode.engine.step.programs import compiled_count
 from decode.static.static_batch import generate, trace_steps
 from tests.decode_cases import CAP, CONFIG, PROMPTS, TILE
 from tests.verified_reference import reference_verified

@@ -1,6 +1,6 @@
 """One vocabulary for every door: the dtype names (wedlm_jax.dtypes) the train config, the
 decoding options and wedlm-convert read, and the one byte formatter of the messages
-(wedlm_jax.failures.format_bytes)."""
+(wedlm_jax.runtime.failures.format_bytes)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from train.config import TrainConfigError, load_config
 from wedlm_jax.checkpoints import tensors
 from wedlm_jax.dtypes import DtypeError, allowed, canonical, dtype_name, jnp_dtype
-from wedlm_jax.failures import format_bytes
+from wedlm_jax.runtime.failures import format_bytes
 from wedlm_jax.safetensors_io import CheckpointError
 
 

@@ -1,4 +1,4 @@
-"""The weights in the layouts the compiled decode step picks (decode/engine/layouts.py): the
+"""The weights in the layouts the compiled decode step picks (decode/engine/planning/layouts.py): the
 same tokens as row-major weights under random arrival (every method) and in a static batch, the
 weights really placed in the compiled program's formats, one `generate` program, and the choice
 checked where it is made (Decoder, Placement, the doors' flag)."""
@@ -13,10 +13,10 @@ import jax
 import pytest
 
 from tests import plans
-from decode.engine import layouts
-from decode.engine.batcher import Batcher
+from decode.engine.planning import layouts
+from decode.engine.runtime.batcher import Batcher
 from decode.config import DecodeConfigError, Placement
-from decode.engine.state import Request
+from decode.engine.step.state import Request
 from tests.synthetic import random_params
 from wedlm_jax.config import ModelConfig
 

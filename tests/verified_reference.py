@@ -1,6 +1,6 @@
 """A plain, step-by-step version of verified streaming decoding (method 'verified') with NO
 KV cache: every step runs one full causal forward of [committed tokens ; reordered window] and all
-bookkeeping is ordinary Python on one sequence at a time. It exists to check `decode.engine.verified`
+bookkeeping is ordinary Python on one sequence at a time. It exists to check `decode.engine.step.verified`
 against; greedy only (the jitted engine's random streams cannot be replayed here).
 
 Per sequence: `seq` = the committed tokens (positions 0..n-1), `win` = the window, a list of

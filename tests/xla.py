@@ -59,5 +59,5 @@ def share_compiled_programs(environ) -> str | None:
     environ["JAX_COMPILATION_CACHE_DIR"] = path
     environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = CACHE_MIN_COMPILE_SECONDS
     environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = CACHE_MAX_BYTES
-    environ["WEDLM_COMPILE_CACHE"] = path          # the doors' default (wedlm_jax/compile_cache.py)
+    environ["WEDLM_COMPILE_CACHE"] = path          # the doors' default (wedlm_jax/runtime/compile_cache.py)
     return made

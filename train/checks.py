@@ -85,7 +85,7 @@ def check_data(cfg, bad) -> None:
                                       f"optimizer.grad_accum ({o.grad_accum})")
     if d.packed_dir is not None and d.train_files:
         bad("data.packed_dir", "and data.train_files are exclusive; set one (packed_dir: a folder "
-                               "written by `python -m train.pretokenize`)")
+                               "written by `python -m train.data.pretokenize`)")
     if d.packed_dir is None and not d.train_files:
         bad("data.train_files", "is empty; list one or more JSONL files (or set data.packed_dir to "
                                 "a pretokenized folder)")
@@ -124,10 +124,10 @@ def check_run(cfg, bad) -> None:
 
 
 def check_lora(cfg, bad) -> None:
-    """lora.rank 0 (off) or a LoraSpec's ranges and targets (wedlm_jax.lora_spec), and the frozen
+    """lora.rank 0 (off) or a LoraSpec's ranges and targets (wedlm_jax.lora.spec), and the frozen
     base's quantization: decoding's schemes and group sizes (wedlm_jax.quantize_scheme; whether
     the group tiles the model is checked with the model config, train.config.check_base_quantize)."""
-    from wedlm_jax.lora_spec import LoraError, LoraSpec
+    from wedlm_jax.lora.spec import LoraError, LoraSpec
     from wedlm_jax.quantize_scheme import QuantizeError, resolve_group
     lo = cfg.lora
     if lo.rank == 0:

@@ -46,7 +46,7 @@ class ModelSection:
 @dataclasses.dataclass(frozen=True)
 class DataSection:
     train_files: tuple = ()
-    packed_dir: str | None = None  # a folder of `python -m train.pretokenize` (instead of train_files)
+    packed_dir: str | None = None  # a folder of `python -m train.data.pretokenize` (instead of train_files)
     tokenizer: str | None = None  # folder with tokenizer.json (default: model.from_hf / from_orbax)
     seq_len: int = 1024  # packed row length (the memory stream; the network sees 2x for dual_stream)
     global_batch_size: int = 8  # rows per optimizer step, over all hosts and microbatches

@@ -13,7 +13,7 @@ when it fits, 1 when it does not (with the numbers), 2 on bad input (named befor
 Devices: by default N CPU devices are forced (`--xla_force_host_platform_device_count`, set before
 JAX starts), N = --devices or, by default, data x fsdp x tensor of the mesh (data=-1 counts 1).
 `--topology NAME` (a TPU topology such as `v5e:4x4` or `tpu:v5p:2x2x2`, or GPUs: `h100`, `h100:8`;
-wedlm_jax.targets) compiles for that accelerator described without the hardware (TPU needs libtpu,
+wedlm_jax.runtime.targets) compiles for that accelerator described without the hardware (TPU needs libtpu,
 GPUs jax's CUDA plugin); an unknown name is refused with the accepted forms, a target whose
 compiler is not installed with the install command.
 """
@@ -26,8 +26,8 @@ import re
 import sys
 import time
 
-from wedlm_jax import compiled as compiled_lib
-from wedlm_jax.failures import GIB, format_bytes, out_of_memory  # the verdict's one-line reason
+from wedlm_jax.runtime import compiled as compiled_lib
+from wedlm_jax.runtime.failures import GIB, format_bytes, out_of_memory  # the verdict's one-line reason
 
 FORCE_FLAG = "--xla_force_host_platform_device_count"
 
@@ -106,10 +106,10 @@ def _backends_started() -> bool:
 
 def describe_topology(name: str):
     """The devices of a named accelerator ('tpu:v5e:4x4', 'v5p:2x2x2', 'h100:8', 'cuda:h100'),
-    described without the hardware (wedlm_jax.targets); a TrainConfigError naming the accepted
+    described without the hardware (wedlm_jax.runtime.targets); a TrainConfigError naming the accepted
     forms or the compiler to install otherwise."""
     from train.config import TrainConfigError
-    from wedlm_jax.targets import TargetError, describe_target
+    from wedlm_jax.runtime.targets import TargetError, describe_target
     try:
         return describe_target(name)[0]
     except TargetError as e:
@@ -139,7 +139,7 @@ def compile_step(cfg, mc, devices, scan_unroll: int = 1, compiler_options: dict 
     """(compiled, lower_s, compile_s, mesh shape) of the train step over `devices`, from abstract
     state and batch (ShapeDtypeStructs carrying their shardings); `scan_unroll` layers per
     iteration of the layer scan (cost analysis counts a loop body once); `compiler_options` passed
-    to the compiler (`wedlm_jax.compiled.estimate_options` for a program compiled to be costed)."""
+    to the compiler (`wedlm_jax.runtime.compiled.estimate_options` for a program compiled to be costed)."""
     import jax
     import jax.numpy as jnp
 
@@ -263,7 +263,7 @@ def format_report(r: dict, device_memory_gib: float, source: str) -> tuple[str, 
 def mixture_shares(cfg) -> str | None:
     """The token shares of `data.packed_dir` when it is a mixture file (meta.json and shard
     indexes only), with the epochs of each folder the configured steps read; None otherwise."""
-    from train import mixture, packed
+    from train.data import mixture, packed
     d = cfg.data
     if not d.packed_dir or not packed.is_mixture(d.packed_dir):
         return None

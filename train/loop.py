@@ -167,7 +167,7 @@ def check_finite(loop: Loop, rec: dict) -> None:
 
 def save(loop: Loop, step: int) -> None:
     from train import checkpoint as ckpt
-    from wedlm_jax.failures import check_space
+    from wedlm_jax.runtime.failures import check_space
     import jax
     cfg = loop.cfg
     if jax.process_index() == 0 and "://" not in cfg.checkpoint.dir:

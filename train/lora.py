@@ -1,4 +1,4 @@
-"""LoRA training: the frozen base beside the trained adapters (wedlm_jax/lora.py).
+"""LoRA training: the frozen base beside the trained adapters (wedlm_jax/lora/apply.py).
 
 With `lora.rank` > 0 the train state's `params` are the adapters alone (float32 master weights),
 so the optimizer keeps moments for them only; the base is loaded once, cast to the compute dtype,
@@ -15,7 +15,7 @@ refused by name before anything is restored (`check_base`). A config may also se
 QLoRA: with `lora.base_quantize` int8 or int4 the base, once cast to the compute dtype, is
 quantized by `wedlm_jax.quantize.quantize_params` (decoding's function and schemes, each float
 kernel freed once quantized) and placed in the shardings of its quantized shapes; the projections
-read it as decoding does, the adapters' term added beside (wedlm_jax/lora.py `Provider`). The
+read it as decoding does, the adapters' term added beside (wedlm_jax/lora/apply.py `Provider`). The
 fingerprint is the quantized base's (its integer values' and scales' bits), so a checkpoint
 trained on one quantization refuses to resume on another, or on the float base.
 """
@@ -31,11 +31,11 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
 from train.config import compute_dtype
-from wedlm_jax import lora as lora_lib
+from wedlm_jax.lora import apply as lora_lib
 from wedlm_jax import model as model_lib
 from wedlm_jax import quantize
 from wedlm_jax.axis_rules import DEFAULT_RULES
-from wedlm_jax.lora_spec import LoraSpec
+from wedlm_jax.lora.spec import LoraSpec
 from wedlm_jax.quantize_scheme import resolve_group
 from wedlm_jax.sharding import tree_shardings
 
@@ -187,8 +187,8 @@ def sharding_tree(tree):
 
 
 def export_peft(cfg, model_cfg, adapters, out_dir, force: bool = False) -> str:
-    """A LoRA run's adapters as a PEFT folder (wedlm_jax/peft.py) naming its base."""
-    from wedlm_jax.peft import save_peft
+    """A LoRA run's adapters as a PEFT folder (wedlm_jax/lora/peft.py) naming its base."""
+    from wedlm_jax.lora.peft import save_peft
     host = jax.tree.map(lambda x: jax.device_get(x), adapters)
     out = save_peft(model_cfg, host, spec_of(cfg), out_dir, base=cfg.model.folder, force=force)
     log.info("exported the LoRA adapters (PEFT) to %s", out)

@@ -30,11 +30,11 @@ import os
 import signal
 import sys
 
-from wedlm_jax import interrupts
+from wedlm_jax.runtime import interrupts
 interrupts.early("wedlm-train", __name__)   # Ctrl-C during the imports below: one line, 130
 
 from train import dry_run  # noqa: E402 (jax-free: the dry run forces devices before JAX starts)
-from wedlm_jax import distributed  # noqa: E402
+from wedlm_jax.runtime import distributed  # noqa: E402
 
 log = logging.getLogger("wedlm-train")
 
@@ -61,7 +61,7 @@ def dry_run_main(args) -> int:
     """`--dry-run`: everything checkable is checked before JAX starts (config, remat, device
     memory, device count), then the devices are forced and the step compiled."""
     from train.config import TrainConfigError
-    from train.data import DataError
+    from train.data.pipeline import DataError
     from wedlm_jax.config import ConfigError
     try:
         if args.device_memory is None or args.device_memory <= 0:
@@ -93,7 +93,7 @@ def prepare(cfg):
     """Everything that can fail on bad input, before any device work: the model config, the
     tokenizer and [MASK] id, the packed data rows, the mesh shape and this process's rows."""
     import jax
-    from train import data as data_lib
+    from train.data import pipeline as data_lib
     from train.config import TrainConfigError, mesh_shape, model_config
 
     mc = model_config(cfg)
@@ -121,7 +121,7 @@ def prepare(cfg):
     shape = mesh_shape(cfg, jax.device_count())
     if packed_meta is not None:
         # pretokenized rows, memory-mapped shard by shard (checked here: meta.json, shard files,
-        # seq_len, tokenizer, vocabulary); malformed lines were reported by train.pretokenize
+        # seq_len, tokenizer, vocabulary); malformed lines were reported by train.data.pretokenize
         data_lib.check_packed_tokenizer(packed_meta, cfg.data.packed_dir, info, mc.vocab_size)
         if bool(packed_meta.get("append_eos", True)) != cfg.data.append_eos:
             raise data_lib.DataError(
@@ -192,7 +192,7 @@ def check_outputs(cfg) -> None:
     c = cfg.checkpoint
     if c.dir and "://" not in c.dir and os.path.lexists(c.dir) and not os.path.isdir(c.dir):
         raise TrainConfigError(f"checkpoint.dir {c.dir}: exists and is not a folder")
-    from wedlm_jax.failures import check_writable
+    from wedlm_jax.runtime.failures import check_writable
     for key, path in (("checkpoint.dir", c.dir), ("checkpoint.export_hf", c.export_hf)):
         if path and "://" not in path:
             try:
@@ -275,7 +275,7 @@ def setup(cfg, prep: dict, progress: bool):
     the data iterator at its saved position, the jitted step and the metrics outputs: a Loop."""
     import jax
 
-    from train import data as data_lib
+    from train.data import pipeline as data_lib
     from train import lora as lora_train
     from train import step as step_lib
     from train.loop import Loop
@@ -415,14 +415,14 @@ STARTING = ("wedlm-train: interrupted (Ctrl-C) before the first step; no checkpo
 
 
 def main(argv=None) -> int:
-    """The command; Ctrl-C ends it with 130 and one line at any moment (wedlm_jax.interrupts):
+    """The command; Ctrl-C ends it with 130 and one line at any moment (wedlm_jax.runtime.interrupts):
     during the steps, after saving the step in flight (train/loop.py); before them, at once."""
     with interrupts.guard("wedlm-train", STARTING):
         return _main(argv)
 
 
 def _main(argv=None) -> int:
-    from wedlm_jax import platforms
+    from wedlm_jax.runtime import platforms
     platforms.choose()      # no backend whose hardware is absent (a libtpu lock, a CUDA error)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     args = parse_args(argv)
@@ -436,11 +436,11 @@ def _main(argv=None) -> int:
         return dry_run_main(args)
     from train.checkpoint import ResumeError
     from train.config import TrainConfigError
-    from train.data import DataError
+    from train.data.pipeline import DataError
     from train.loop import NonFiniteError
     from wedlm_jax.config import ConfigError
     from wedlm_jax.checkpoints import CheckpointError
-    from wedlm_jax.failures import disk_full, out_of_memory
+    from wedlm_jax.runtime.failures import disk_full, out_of_memory
     cfg = None
     try:
         cfg = config_from_args(args)

@@ -37,7 +37,7 @@ from train import lora as lora_train
 from train.config import TrainConfig, compute_dtype
 from wedlm_jax.dtypes import dtype_name
 from wedlm_jax.attention import backends as attn_backends
-from wedlm_jax import lora as lora_lib
+from wedlm_jax.lora import apply as lora_lib
 from wedlm_jax import losses, masking
 from wedlm_jax import model as model_lib
 from wedlm_jax.config import ModelConfig

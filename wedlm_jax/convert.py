@@ -5,7 +5,7 @@
     wedlm-convert orbax-to-hf --orbax DIR --out DIR [--dtype bf16|f32] [--max-shard-size 5GB] [--force]
     (both: [--allow-nonfinite] to convert weights holding NaN/Inf)
     wedlm-convert lora-merge --hf BASE --lora PEFT_DIR --out DIR [--dtype bf16|f32] [--force]
-                  (a PEFT LoRA adapter merged into its base: a Hugging Face folder; wedlm_jax.peft)
+                  (a PEFT LoRA adapter merged into its base: a Hugging Face folder; wedlm_jax.lora.peft)
 
 The reading and writing is `wedlm_jax.checkpoints`'s; the command checks the output folder, its
 free space and the tokenizer before reading any weights, cleans up and exits with one line on
@@ -35,7 +35,7 @@ from wedlm_jax.checkpoints.folders import check_out_dir, remove_dead_partials
 from wedlm_jax.checkpoints.tensors import check_tokenizer, params_nbytes, parse_size
 from wedlm_jax.config import ConfigError
 from wedlm_jax.dtypes import DTYPE_ALIASES, allowed
-from wedlm_jax.failures import (DiskFullError, Interrupted, check_space, check_writable, disk_full,
+from wedlm_jax.runtime.failures import (DiskFullError, Interrupted, check_space, check_writable, disk_full,
                                 format_bytes, mount_point, raise_interrupted)
 
 __all__ = ["main", "load_checkpoint", "load_hf_checkpoint", "save_hf_checkpoint", "load_orbax",
@@ -80,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     """The command: `_convert` with SIGINT/SIGTERM and a full disk turned into one line each, the
     partial output removed first; exit 130 / 143 (signals) or 2 (errors)."""
-    from wedlm_jax import platforms
+    from wedlm_jax.runtime import platforms
     platforms.choose()      # no backend whose hardware is absent (a libtpu lock, a CUDA error)
     import threading
     args = _parser().parse_args(argv)
@@ -117,7 +117,7 @@ def _cleanup_line(out: str, message: str) -> None:
 
 def _merge(args, needed: list) -> str:
     """`lora-merge`: the adapter checked against the base's config before the weights load."""
-    from wedlm_jax import lora, peft
+    from wedlm_jax.lora import apply as lora, peft
     from wedlm_jax.config import ModelConfig
     peft.load_peft(args.lora, ModelConfig.from_hf(args.hf))
     config, params = load_hf_checkpoint(args.hf, dtype="f32", progress=not args.no_progress,
@@ -132,7 +132,7 @@ def _merge(args, needed: list) -> str:
 
 
 def _convert(args, needed: list) -> int:
-    from wedlm_jax.lora_spec import LoraError
+    from wedlm_jax.lora.spec import LoraError
     src = args.hf if args.command in ("hf-to-orbax", "lora-merge") else args.orbax
     try:
         if os.path.realpath(src) == os.path.realpath(args.out):

@@ -43,7 +43,7 @@ from wedlm_jax.attention import core as attn_lib
 from wedlm_jax.attention import backends as attn_backends
 from wedlm_jax import masking
 from wedlm_jax.attention import kv_quant
-from wedlm_jax import lora_table
+from wedlm_jax.lora import table as lora_table
 from wedlm_jax.attention import paged
 from wedlm_jax import quantize
 from wedlm_jax.attention import tiled as tiled_lib

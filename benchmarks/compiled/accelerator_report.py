@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 
-from wedlm_jax.failures import format_bytes
+from wedlm_jax.runtime.failures import format_bytes
 
 TARGETS = {"ar_roofline_pct_b1": 80.0, "w16_over_ar": 1.3, "train_mfu_l4096": 0.40}
 

@@ -6,12 +6,12 @@ row-major ones, the layer scan unrolled so the whole step is counted.
         [--topology v5p:1x1x1] [--methods ar,streaming] [--page-size 64] [--out FILE.json] \
         [--compiler-option KEY=VALUE ...] [--layers N]
 
-`--compiler-option` sets a libtpu option over the Decoder's own (`decode.engine.layouts.step_options`;
+`--compiler-option` sets a libtpu option over the Decoder's own (`decode.engine.planning.layouts.step_options`;
 VALUE "default" leaves the option to libtpu), e.g. `xla_tpu_scoped_vmem_limit_kib=default`.
 
 The default layouts make XLA copy weights into its tile order inside every step (the "relayout
 copies" of BENCHMARKS.md); with AUTO the copies go. The Decoder does this on TPU by default
-(`weight_layout` "compiler", decode/engine/layouts.py): the "auto" rows are the Decoder's own program. Shapes: 8B (configs/arch/qwen3-8b),
+(`weight_layout` "compiler", decode/engine/planning/layouts.py): the "auto" rows are the Decoder's own program. Shapes: 8B (configs/arch/qwen3-8b),
 bf16, 8 slots (`--slots`), capacity 4096, 2048 live rows, W 16 (`--window`) refill before. Bytes: libtpu's cost analysis
 plus the live K/V its tile loop does not count (`decode.compile.aot.kv_not_counted`), or, with a paged
 cache, the ragged kernel's operands (`benchmarks.compiled.step_bytes.kernel_not_counted`).
@@ -33,7 +33,7 @@ def measure(config, dev, chip, method: str, page_size: int | None, layout: str,
     from benchmarks.compiled.step_bytes import kernel_not_counted
     from decode.compile import aot
     from decode.config import EngineOptions, Placement
-    from wedlm_jax.compiled import figures
+    from wedlm_jax.runtime.compiled import figures
     t0 = time.time()
     dec, compiled = aot.generate_program(
         config, [dev], EngineOptions(method=method, window=window, refill=refill, slots=slots,

@@ -50,7 +50,7 @@ import time
 
 from benchmarks.compiled.compile_for_report import markdown, plot
 from benchmarks.compiled.step_bytes import grouped_kernel_bytes, hbm_traffic, kernel_not_counted
-from wedlm_jax.targets import FORMS, GIB, TargetError, describe_target
+from wedlm_jax.runtime.targets import FORMS, GIB, TargetError, describe_target
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +67,7 @@ class Target:
 
 
 def describe(name: str) -> Target:
-    """The compile-only devices of a target name and its chip's figures (wedlm_jax.targets); a
+    """The compile-only devices of a target name and its chip's figures (wedlm_jax.runtime.targets); a
     TargetError naming the accepted forms (and the install command when its compiler is missing)."""
     try:
         devices, chip = describe_target(name)
@@ -78,7 +78,7 @@ def describe(name: str) -> Target:
 
 def _verdict_or_raise(fn, *a, **kw) -> dict:
     """fn(*a, **kw), or {'oom': the compiler's reason} when it refuses for want of memory."""
-    from wedlm_jax.failures import out_of_memory
+    from wedlm_jax.runtime.failures import out_of_memory
     try:
         return fn(*a, **kw)
     except Exception as e:  # noqa: BLE001 - only an out-of-memory compile is a verdict
@@ -221,14 +221,14 @@ def train_row(t: Target, seq_len: int = 4096, shape: dict | None = None,
     """The train step of `shape` (default benchmarks.shapes.TRAIN_SHAPE, the 1B class), one
     `seq_len` row per chip, fsdp over the chips: memory from the real (scanned, chunked-loss)
     program, cost and MFU estimates from the unrolled one compiled to be costed
-    (`wedlm_jax.compiled.estimate_options`: no SparseCore offload, whose ops libtpu does not cost).
+    (`wedlm_jax.runtime.compiled.estimate_options`: no SparseCore offload, whose ops libtpu does not cost).
     `lora_rank` > 0: the LoRA step (adapters of that rank, alpha 2 x rank, on all seven
     projections; the base frozen in bf16), its MFU left out (its model FLOPs are not the full
     step's 6N a token)."""
     from benchmarks.shapes import TRAIN_SHAPE
     from train import dry_run, step as step_lib
     from train.config import config_from_dict
-    from wedlm_jax.compiled import estimate_options, figures
+    from wedlm_jax.runtime.compiled import estimate_options, figures
     shape = dict(shape or TRAIN_SHAPE)
     block = 32
     cfg = config_from_dict({

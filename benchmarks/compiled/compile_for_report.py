@@ -3,7 +3,7 @@ report's rows."""
 
 from __future__ import annotations
 
-from wedlm_jax.targets import GIB
+from wedlm_jax.runtime.targets import GIB
 
 
 def ms_text(x) -> str:
@@ -61,12 +61,12 @@ def plot(report: dict, path: str) -> str | None:
 
 def step_options_line(target: dict) -> list:
     """The compiler options the target's decode steps were compiled with (the Decoder's own,
-    `decode.engine.layouts.STEP_OPTIONS`), as a line and a blank one; none when there were none."""
+    `decode.engine.planning.layouts.STEP_OPTIONS`), as a line and a blank one; none when there were none."""
     seen = {", ".join(f"{k}={v}" for k, v in sorted(r["compiler_options"].items()))
             for r in target["rows"] if r.get("kind") == "decode" and r.get("compiler_options")}
     if not seen:
         return []
-    return ["Decode steps compiled with the Decoder's libtpu options (decode.engine.layouts.STEP_OPTIONS): "
+    return ["Decode steps compiled with the Decoder's libtpu options (decode.engine.planning.layouts.STEP_OPTIONS): "
             + "; ".join(sorted(seen)) + ".", ""]
 
 
@@ -84,7 +84,7 @@ def markdown(report: dict) -> str:
                 "queries and output added), flops analytic (2 x weights x rows).", ""]
     if any(r.get("cost", {}).get("optimal_from") for t in report["targets"] for r in t["rows"]):
         out += ["\\* libtpu gave the program as compiled no time (optimal_seconds <= 0); the time "
-                "is that of the same program compiled with `wedlm_jax.compiled.estimate_options` "
+                "is that of the same program compiled with `wedlm_jax.runtime.compiled.estimate_options` "
                 "(no SparseCore offloads, no sliced prefetches); its bytes and flops are the "
                 "program's as compiled.", ""]
     for t in report["targets"]:

@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     sys.path.insert(0, os.path.abspath(args.tree))
     _intercept_compile(os.path.abspath(args.tree), args.dump)
     from benchmarks.shapes import DECODE_SHAPES, model_config
-    from wedlm_jax.targets import describe_target
+    from wedlm_jax.runtime.targets import describe_target
     devices, _ = describe_target(args.compile_for)
     wanted = args.programs.split(",")
     hashes = {}

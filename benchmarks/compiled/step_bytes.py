@@ -9,7 +9,7 @@ program ranked by the bytes they read and write, with the source op each comes f
 The 8B shape (configs/arch/qwen3-8b) with `--layers` layers (unrolled, so each layer's
 instructions are in the program once), bf16, `--slots` slots (heads over `--tensor` chips; the
 figures per chip), capacity 4096, the weights in the layouts the
-Decoder gives them on the target (decode/engine/layouts.py). libtpu's cost analysis gives the step's total;
+Decoder gives them on the target (decode/engine/planning/layouts.py). libtpu's cost analysis gives the step's total;
 this splits it: per instruction, the sizes of its operands and result as the HLO text states them
 (an estimate of its HBM traffic: a fusion reads its operands once and writes its result once; an
 in-place update of a donated buffer is counted as its update only). Each shape's memory space is
@@ -256,7 +256,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from decode.compile import aot
     from decode.config import EngineOptions, Placement
-    from wedlm_jax.compiled import figures
+    from wedlm_jax.runtime.compiled import figures
     from wedlm_jax.checkpoints import read_config
     config = read_config(ROOT_ARCH).replace(num_layers=args.layers)
     devs = aot.describe_target(args.topology)[0][:args.tensor]     # a TPU topology, or h100

@@ -6,7 +6,7 @@ The same requests (held-out demo prompts of mixed lengths, max_new_tokens drawn 
 ids so every request runs its whole budget) through the same number of slots, two ways:
   static      groups of `slots` requests in arrival order, each group run by `generate()` on one
               Decoder until its slowest row ends (the rows that finished early idle);
-  continuous  `decode.engine.batcher.Batcher` on one Decoder: a request takes a slot the moment one
+  continuous  `decode.engine.runtime.batcher.Batcher` on one Decoder: a request takes a slot the moment one
               frees;
   paged       the same continuous batching on a Decoder with the paged KV cache (`--page-size`
               rows a page, pages mapped as each sequence grows): every admission a
@@ -34,7 +34,7 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks
 
 
 def make_requests(tokenizer, n: int, seed: int = 0, model: str = DEMO_MODEL):
-    from decode.engine.state import Request
+    from decode.engine.step.state import Request
     rng = random.Random(seed)
     prompts = []
     for kind in ("counting", "arith", "code"):
@@ -60,7 +60,7 @@ def run_static(decoder, requests):
 
 
 def run_continuous(decoder, requests):
-    from decode.engine.batcher import Batcher
+    from decode.engine.runtime.batcher import Batcher
     b = Batcher(decoder)
     count = [0]
     for r in requests:

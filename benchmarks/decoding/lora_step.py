@@ -28,9 +28,9 @@ def random_peft(config, rank: int, seed: int, folder: str) -> str:
     import jax
     import numpy as np
 
-    from wedlm_jax import lora as lora_lib
-    from wedlm_jax.lora_spec import LoraSpec
-    from wedlm_jax.peft import save_peft
+    from wedlm_jax.lora import apply as lora_lib
+    from wedlm_jax.lora.spec import LoraSpec
+    from wedlm_jax.lora.peft import save_peft
     spec = LoraSpec(rank=rank, alpha=float(rank), targets=("all-linear",))
     rng = np.random.default_rng(seed)
     tree = jax.tree.map(lambda s: (0.05 * rng.standard_normal(s.shape)).astype(np.float32),
@@ -39,7 +39,7 @@ def random_peft(config, rank: int, seed: int, folder: str) -> str:
 
 
 def fill(dec, tok, rows):
-    from decode.engine.state import Request
+    from decode.engine.step.state import Request
     st = dec.init_state()
     for b, row in enumerate(rows):
         prompt = tuple(tok.encode(f"Count by {b + 2} from {100 * b + 7} to 9000:\n"))

@@ -30,8 +30,8 @@ import time
 import jax
 
 from benchmarks.decoders import decoder
-from decode.engine.batcher import Batcher
-from decode.engine.state import Request
+from decode.engine.runtime.batcher import Batcher
+from decode.engine.step.state import Request
 from demo.eval import DEMO_MODEL, eval_items, load_model
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/

@@ -28,7 +28,7 @@ def main(argv=None) -> dict:
     a = ap.parse_args(argv)
     import jax
     from benchmarks.decoders import decoder
-    from decode.engine.state import Request
+    from decode.engine.step.state import Request
     from demo.eval import DEMO_MODEL, load_model
     config, params, tok = load_model(a.model or DEMO_MODEL)
     out = {}

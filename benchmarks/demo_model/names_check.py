@@ -66,7 +66,7 @@ def train_records(run: str, recipe: int, mb: float, steps: int, items: int) -> s
              mix=dd.parse_mix("records=1"),
              eval_sizes=dict(counting=1, arith=1, lists=1, records=items, code=1),
              log=lambda *a: None)
-    pipeline.command("pack", [sys.executable, "-m", "train.pretokenize",
+    pipeline.command("pack", [sys.executable, "-m", "train.data.pretokenize",
                               os.path.join(data, "train.jsonl"), "--tokenizer",
                               os.path.join(data, "tokenizer"), "--out",
                               os.path.join(data, "packed"), "--seq-len", "256", "--workers", "2"])

@@ -149,8 +149,8 @@ def tokens(smoke: bool) -> list[dict]:
     import jax
 
     from decode.config import DecodeConfig, EngineOptions, Placement
-    from decode.engine.decoder import Decoder
-    from decode.engine.plan import make_plan
+    from decode.engine.runtime.decoder import Decoder
+    from decode.engine.planning.plan import make_plan
     from decode.static.static_batch import generate
     from demo.eval import eval_items, load_model
     config, params, tok = load_model()
@@ -243,7 +243,7 @@ def _compile_setting(setting, params, config, live: int, smoke: bool, info: dict
 
     from benchmarks.gpu.on_gpu_admit import capacity_for, resolved_attention, served_decoder
     from decode.compile.aot import step_floor
-    from decode.engine.state import Request
+    from decode.engine.step.state import Request
     name, method, window, refill, slots, page_size, attention = setting[:7]
     extra = dict(setting[7]) if len(setting) > 7 else {}
     options = extra.pop("compiler_options", None)

@@ -49,8 +49,8 @@ def served_decoder(params, config, *, method: str, window: int, refill: str, slo
     Decoder under `quantize`. Equal arguments give equal static
     settings: the compiled programs are shared."""
     from decode.config import EngineOptions, Placement
-    from decode.engine.decoder import Decoder
-    from decode.engine.plan import make_plan
+    from decode.engine.runtime.decoder import Decoder
+    from decode.engine.planning.plan import make_plan
     engine = EngineOptions(method=method, window=window, refill=refill, slots=slots,
                            capacity=capacity, steps_per_call=8, allow_long=True)
     placement = Placement(dtype="bfloat16", page_size=page_size, attention=attention,
@@ -61,7 +61,7 @@ def served_decoder(params, config, *, method: str, window: int, refill: str, slo
 
 def rows_prefilled(method: str, prompt_len: int) -> int:
     """The prompt rows a prefill computes: AR and verified hold the last prompt token back as
-    the pending one (decode.engine.state.request_row)."""
+    the pending one (decode.engine.step.state.request_row)."""
     return prompt_len - 1 if method in ("ar", "verified") else prompt_len
 
 
@@ -131,7 +131,7 @@ def release(dec, state, n: int):
 
 
 def _requests(config, n: int, live: int, seed: int) -> list:
-    from decode.engine.state import Request
+    from decode.engine.step.state import Request
     rng = np.random.default_rng(seed)
     return [Request(prompt=tuple(int(x) for x in rng.integers(0, config.vocab_size - 1, live)),
                     max_new_tokens=64, tau=0.4) for _ in range(n)]

@@ -47,9 +47,9 @@ def step_ms(config, params, prompts, dtype: str, quantize: str, slots: int, chun
     cache's, Placement's)."""
     import jax
     from decode.config import EngineOptions, Placement
-    from decode.engine.decoder import Decoder
-    from decode.engine.state import Request
-    from decode.engine.plan import make_plan
+    from decode.engine.runtime.decoder import Decoder
+    from decode.engine.step.state import Request
+    from decode.engine.planning.plan import make_plan
     from wedlm_jax.quantize import weight_bytes
     plan = make_plan(config, EngineOptions(method="ar", slots=slots, capacity=1024,
                                            steps_per_call=8),

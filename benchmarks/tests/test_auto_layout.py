@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from benchmarks.compiled.auto_layout import option
-from decode.engine import layouts
+from decode.engine.planning import layouts
 from tests import tpu_compiler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

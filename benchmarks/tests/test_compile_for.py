@@ -35,7 +35,7 @@ def test_quick_report_for_one_v5p_chip(tmp_path):
     assert "## v5p:1x1x1 (1 chips" in md and "| streaming W16 before | 8 |" in md
     # the Decoder's v5p step options, in each row and said once in the markdown
     assert ar["compiler_options"] == st["compiler_options"] == {"xla_tpu_scoped_vmem_limit_kib": 65536}
-    assert "compiled with the Decoder's libtpu options (decode.engine.layouts.STEP_OPTIONS): " \
+    assert "compiled with the Decoder's libtpu options (decode.engine.planning.layouts.STEP_OPTIONS): " \
            "xla_tpu_scoped_vmem_limit_kib=65536." in md
     png = out / "compile_for.png"          # bytes / floor and step time per program
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
@@ -76,7 +76,7 @@ def test_unrolled_cost_takes_the_time_of_the_estimate_compile_where_libtpu_gives
     estimate_options; only the time comes from that compile. A positive time, or a platform
     without estimate options, compiles once."""
     from decode.compile import aot
-    from wedlm_jax.compiled import estimate_options
+    from wedlm_jax.runtime.compiled import estimate_options
     calls = []
 
     def fake(optimal, platform):

@@ -1,7 +1,7 @@
 """Quantized weights in the decode step compiled for an H100 by XLA's GPU compiler (no GPU
 needed): per-channel int8 and int4 kernels are read as they are stored (the cast fused into each
 projection's gemm: the step moves about their bytes, not a dequantized float copy's), with the
-weights in the compiler's layouts and the q / k / v dots left unmerged (decode/engine/layouts.py);
+weights in the compiler's layouts and the q / k / v dots left unmerged (decode/engine/planning/layouts.py);
 grouped int4 kernels through the Pallas kernel (wedlm_jax/grouped_matmul.py).
 The 8B figures: BENCHMARKS.md section 11. Needs .venv/gpu-compiler (`make setup`)."""
 
@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent("""
     from decode.compile import aot
     from decode.config import EngineOptions, Placement
     from wedlm_jax.config import ModelConfig
-    from wedlm_jax.targets import describe_target
+    from wedlm_jax.runtime.targets import describe_target
     config = ModelConfig(model_type="qwen3", vocab_size=512, hidden_size=1024,
                          intermediate_size=4096, num_layers=2, num_heads=8, num_kv_heads=2,
                          head_dim=128, qk_norm=True)

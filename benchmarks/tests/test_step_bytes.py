@@ -138,9 +138,9 @@ GPU_LAYERS = textwrap.dedent("""
     from benchmarks.compiled.step_bytes import hbm_traffic
     from decode.compile import aot
     from decode.config import EngineOptions, Placement
-    from decode.engine import layouts
+    from decode.engine.planning import layouts
     from wedlm_jax.config import ModelConfig
-    from wedlm_jax.targets import describe_target
+    from wedlm_jax.runtime.targets import describe_target
     config = ModelConfig(model_type="qwen3", vocab_size=512, hidden_size=1024, intermediate_size=4096,
                          num_layers=2, num_heads=8, num_kv_heads=2, head_dim=128, qk_norm=True)
     dev = describe_target("h100")[0][0]
@@ -159,7 +159,7 @@ GPU_LAYERS = textwrap.dedent("""
 
 def test_per_layer_weights_halve_the_gpu_decode_steps_bytes():
     """The decode step compiled for an H100: with its weights as one buffer per layer
-    (decode/engine/layouts.py) it moves about half the bytes it moves with them stacked, where XLA:GPU
+    (decode/engine/planning/layouts.py) it moves about half the bytes it moves with them stacked, where XLA:GPU
     copies each layer's weights out of the stack at every step."""
     out = run_for_the_gpu(GPU_LAYERS)
     stacked, flat = out["True"], out["False"]

@@ -24,13 +24,13 @@ import jax
 import jax.numpy as jnp
 
 from decode.config import DecodeConfigError
-from decode.engine import layouts
+from decode.engine.planning import layouts
 from wedlm_jax import model as model_lib
 from wedlm_jax.buckets import pow2_at_least
-from wedlm_jax.compiled import figures  # noqa: F401 (memory, cost and kernels of a program)
-from wedlm_jax.failures import format_bytes
+from wedlm_jax.runtime.compiled import figures  # noqa: F401 (memory, cost and kernels of a program)
+from wedlm_jax.runtime.failures import format_bytes
 
-from wedlm_jax.targets import GIB, TargetError, describe_target, describe_tpu  # noqa: F401
+from wedlm_jax.runtime.targets import GIB, TargetError, describe_target, describe_tpu  # noqa: F401
 
 DRY_RUN_CAPACITY = 2048   # a door without --capacity (wedlm-decode sizes it from its prompts)
 
@@ -73,8 +73,8 @@ def make_decoder(config, devices, engine, placement, *, scan_unroll: int = 1,
     weights' layouts left to the compiler, under `compiler_options`); `scan_unroll` layers per
     iteration of the layer scan; `continuous`: a continuous-batching door's plan (its "auto"
     cache); `lora`: LoraOptions (the adapter table beside the weights)."""
-    from decode.engine.decoder import Decoder
-    from decode.engine.plan import make_plan
+    from decode.engine.runtime.decoder import Decoder
+    from decode.engine.planning.plan import make_plan
     from wedlm_jax.sharding import make_mesh
     devs = _device_list(devices)
     mesh = None
@@ -118,7 +118,7 @@ def generate_program(config, devices, engine, placement, *, scan_unroll: int = 1
 def generate_figures(dec, compiled, live_rows: int | None = None) -> dict:
     """The figures of `generate_program`'s program (see the module docstring); `live_rows`
     (committed rows per slot) adds the step's floor per device."""
-    from decode.engine.memory import estimate_memory
+    from decode.engine.planning.memory import estimate_memory
     tensor, batch_shards = _shards(dec)
     platform = dec.mesh.devices.flat[0].platform if dec.mesh is not None else jax.default_backend()
     out = dict(platform=platform, method=dec.method, window=dec.window, refill=dec.refill, slots=dec.slots, capacity=dec.capacity, rows=dec.static.rows,
@@ -188,10 +188,10 @@ def unrolled_cost(compile_fn, config, *args, **kwargs) -> dict:
     with a runtime trip count stay counted once: the cache attention's tile loop counts one KV
     tile per row (`kv_not_counted`). Where libtpu gives no time (optimal_seconds <= 0: ops it
     does not cost, in deep multi-chip programs memory-space assignment's sliced prefetches) the
-    program is compiled again with `wedlm_jax.compiled.estimate_options` and its time taken
+    program is compiled again with `wedlm_jax.runtime.compiled.estimate_options` and its time taken
     (flops and bytes stay the real program's), marked {"optimal_from": "estimate_options"}.
     {} when the compiler reports no cost (XLA:GPU)."""
-    from wedlm_jax.compiled import estimate_options
+    from wedlm_jax.runtime.compiled import estimate_options
     out = compile_fn(config, *args, scan_unroll=config.num_layers, **kwargs)
     cost = out.get("cost") or {}
     options = estimate_options(out.get("platform", ""))
@@ -218,7 +218,7 @@ def dry_run(config, target: str, engine, placement, *, device_memory_gib: float 
             who: str = "wedlm-serve", continuous: bool = True, lora=None) -> tuple[str, bool]:
     """The programs a decoding door runs (one decode step of `generate`, one prompt's prefill at
     the largest bucket: with a paged cache its admission into pages, `compile_admission`)
-    compiled for an accelerator (a TPU topology, or GPUs: wedlm_jax.targets) from config.json
+    compiled for an accelerator (a TPU topology, or GPUs: wedlm_jax.runtime.targets) from config.json
     alone, laid out as `placement` says; (report text, fits). `continuous`: the door batches
     continuously (the server, the batch job), whose default cache may differ from a static
     batch's. `lora`: the door's LoraOptions (with --enable-lora the adapter table is among the
@@ -281,7 +281,7 @@ def dry_run(config, target: str, engine, placement, *, device_memory_gib: float 
 
 def verdict(compile_fn):
     """A program's figures, or the compiler's out-of-memory message (a verdict, not an error)."""
-    from wedlm_jax.failures import out_of_memory
+    from wedlm_jax.runtime.failures import out_of_memory
     try:
         return compile_fn()
     except Exception as e:  # noqa: BLE001 - only an out-of-memory compile is a verdict

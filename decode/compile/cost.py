@@ -26,7 +26,7 @@ def ceiling(window: int, refill: str, seconds: dict) -> float:
 
 def forward_slots(window: int, refill: str) -> int:
     """Slots one forward holds at window W (what `ceiling` needs timed besides 1)."""
-    from decode.engine.steps import StepSpec
+    from decode.engine.step.steps import StepSpec
     return StepSpec(method="streaming", window=window, refill=refill).span
 
 

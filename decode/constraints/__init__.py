@@ -5,7 +5,7 @@ docs/structured-outputs.md).
 
 The words: a *structured output* is what the user asks for (response_format, structured_outputs,
 guided_*); a *constraint* is its checked form (spec.Constraint); an *automaton* is its compiled
-tables (automaton.Automaton); a *guide* is its state on the device (decode/engine/guide.py, Guide).
+tables (automaton.Automaton); a *guide* is its state on the device (decode/engine/step/guide.py, Guide).
 
     spec.py       Constraint: what a request asks for, checked and hashed; the request fields of
                   every door (OpenAI response_format, vLLM structured_outputs / guided_*)

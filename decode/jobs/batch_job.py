@@ -52,7 +52,7 @@ import time
 
 from decode.config import DecodeConfigError, DoorOptions, Sampling, useful_window
 from decode.jobs.lines import id_key, read_input
-from wedlm_jax import interrupts
+from wedlm_jax.runtime import interrupts
 
 # ----------------------------------------------------------------------------------- output
 
@@ -173,7 +173,7 @@ def run_job(args) -> int:
     """The `--input/--output` path of wedlm-decode. Returns the exit code."""
     from decode.checkpoint import OpenCheckpoint
     from decode.text import split_stop_strings
-    from wedlm_jax import distributed
+    from wedlm_jax.runtime import distributed
 
     if args.output is None:
         raise DecodeConfigError("--input needs --output (the results file; rerunning resumes it)")
@@ -221,7 +221,7 @@ def run_job(args) -> int:
                            max(it.sampling.max_new_tokens for it in items))
     opts = dataclasses.replace(opts, engine=opts.engine.replace(window=window))
 
-    from decode.engine.batcher import Batcher
+    from decode.engine.runtime.batcher import Batcher
     decoder = build_decoder(ckpt, opts, capacity)
     if decoder.adapters is not None:
         opts.lora.load_into(decoder.adapters)
@@ -253,8 +253,8 @@ def run_job(args) -> int:
 
 def build_decoder(ckpt, opts: DoorOptions, capacity: int):
     """The job's Decoder: the checkpoint's weights (read now) under the door's plan."""
-    from decode.engine.decoder import Decoder
-    from decode.engine.plan import door_plan
+    from decode.engine.runtime.decoder import Decoder
+    from decode.engine.planning.plan import door_plan
     from wedlm_jax.model import layers_stacked
     config, params, mesh = ckpt.load()
     return Decoder(params, door_plan(opts, config, capacity=capacity, mesh=mesh,
@@ -265,7 +265,7 @@ def build_decoder(ckpt, opts: DoorOptions, capacity: int):
 def engine_requests(decoder, items: list, source: str) -> list:
     """The engine's Request of each Item, checked against the decoder (a refusal names
     `source:line`)."""
-    from decode.engine.state import Request
+    from decode.engine.step.state import Request
     requests = []
     for it in items:
         try:

@@ -119,7 +119,7 @@ class Resources:
 # ----------------------------------------------------------------------------------- checks
 
 def check_arguments(args) -> None:
-    from wedlm_jax import distributed
+    from wedlm_jax.runtime import distributed
     if args.input is None:
         raise DecodeConfigError("--ray runs the batch job: give --input and --output")
     if args.output is None:
@@ -334,11 +334,11 @@ class Replica:
     """A Ray Data actor: the checkpoint opened once, one Decoder and Batcher for every block."""
 
     def __init__(self, args, capacity: int, url: str):
-        from wedlm_jax import compile_cache, platforms
+        from wedlm_jax.runtime import compile_cache, platforms
         platforms.choose()
         compile_cache.enable(args.compile_cache)
         from decode.checkpoint import OpenCheckpoint
-        from decode.engine.batcher import Batcher
+        from decode.engine.runtime.batcher import Batcher
         from decode.jobs.batch_job import build_decoder
         from decode.jobs.part_folder import PartFolder
         opts = DoorOptions.from_args(args)

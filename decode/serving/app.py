@@ -44,7 +44,7 @@ class ServerConfig:
     constraint_backend: str = "auto"  # structured outputs: auto, device or host (--constraint-backend)
     tool_parser: str | None = None    # the tool-call format (--tool-call-parser), None: no tools
     auto_tool_choice: bool = False    # tool_choice 'auto' allowed (--enable-auto-tool-choice)
-    adapters: Any = None              # decode.engine.adapters.Adapters (--enable-lora), or None
+    adapters: Any = None              # decode.engine.runtime.adapters.Adapters (--enable-lora), or None
 
 
 def check_auth(http, cfg: ServerConfig) -> None:

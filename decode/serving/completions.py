@@ -16,8 +16,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from decode.config import MAX_LOGPROBS, MAX_STOP_IDS, DecodeConfigError, Sampling
 from decode.constraints.backends import allowed_alternatives, compile_for
-from decode.engine.state import Request
-from decode.engine.adapters import AdapterNotFound
+from decode.engine.step.state import Request
+from decode.engine.runtime.adapters import AdapterNotFound
 from decode.serving.lora_routes import model_of, not_found
 from decode.serving.worker import Busy
 from decode.serving.protocol import (MAX_BATCH, APIError, RequestSettings, bad,

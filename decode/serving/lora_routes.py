@@ -7,14 +7,14 @@ lists the adapters beside the base (`parent`: the base's id), and POST /v1/load_
 A folder is read and checked off the event loop before any device work (a rank above
 --max-lora-rank, an adapter for another base named by its tensor and both shapes, a PEFT option
 this server does not apply: 400 naming it); its table row is written on the engine thread between
-steps (decode.engine.adapters), so nothing in flight sees it change. An adapter in use by a
+steps (decode.engine.runtime.adapters), so nothing in flight sees it change. An adapter in use by a
 request is not unloaded (400 saying how many hold it).
 """
 
 import asyncio
 
 from decode.config import DecodeConfigError
-from decode.engine.adapters import AdapterNotFound
+from decode.engine.runtime.adapters import AdapterNotFound
 from decode.serving.protocol import APIError, bad
 
 

@@ -47,7 +47,7 @@ import sys
 import threading
 import time
 
-from wedlm_jax import interrupts
+from wedlm_jax.runtime import interrupts
 interrupts.early("wedlm-serve", __name__)   # Ctrl-C during the imports below: one line, 130
 
 from decode.serving.app import ServerConfig, build_app  # noqa: E402,F401 (the app; re-exported)
@@ -62,7 +62,7 @@ from decode.serving.protocol import (APIError, parse_messages, parse_prompt,  # 
 from decode.text import TextStream  # noqa: E402,F401 (the one stop handler; re-exported)
 from decode.tools.formats import FORMATS  # noqa: E402
 from decode.tools.request import renders_tools  # noqa: E402
-from wedlm_jax import compile_cache  # noqa: E402
+from wedlm_jax.runtime import compile_cache  # noqa: E402
 
 API_KEY_ENV = "WEDLM_API_KEY"
 log = logging.getLogger("wedlm-serve")
@@ -159,8 +159,8 @@ def load_decoder(args, opts: DoorOptions | None = None):
     """(Decoder, tokenizer, ServerConfig) from parsed arguments (and their options, when checked
     already); reads the checkpoint."""
     from decode.checkpoint import OpenCheckpoint
-    from decode.engine.decoder import Decoder
-    from decode.engine.plan import door_plan
+    from decode.engine.runtime.decoder import Decoder
+    from decode.engine.planning.plan import door_plan
     from wedlm_jax.model import layers_stacked
 
     opts = opts or DoorOptions.from_args(args)
@@ -204,7 +204,7 @@ def scorer_for(decoder):
 def build_server(args, opts: DoorOptions | None = None, startup: Startup | None = None):
     """(engine, app, ServerConfig): load, compile, start the engine thread; `startup` (the
     server's Startup, answering meanwhile) is told each phase and each program compiled."""
-    from decode.engine.batcher import Batcher
+    from decode.engine.runtime.batcher import Batcher
     from decode.metrics import ServerMetrics
     from decode.constraints.backends import warm
     phase = startup.phase if startup is not None else log.info
@@ -243,7 +243,7 @@ LOADING = "wedlm-serve: interrupted (Ctrl-C) while loading or compiling; not ser
 def _load(args, opts: DoorOptions, startup: Startup, server, failure: list) -> None:
     """The loading thread: build the server behind `startup`; a failure is put in `failure`
     as (exit code, one line) and the HTTP server told to stop."""
-    from wedlm_jax.failures import out_of_memory
+    from wedlm_jax.runtime.failures import out_of_memory
     while not server.started and not server.should_exit:    # the port first: /health at once
         time.sleep(0.01)
     try:
@@ -322,13 +322,13 @@ def _drain_later(engine, timeout: float) -> None:
 
 
 def main(argv=None) -> int:
-    """The command; Ctrl-C at any moment ends it with 130 and one line (wedlm_jax.interrupts)."""
+    """The command; Ctrl-C at any moment ends it with 130 and one line (wedlm_jax.runtime.interrupts)."""
     with interrupts.guard("wedlm-serve", LOADING):
         return _main(argv)
 
 
 def _main(argv=None) -> int:
-    from wedlm_jax import platforms
+    from wedlm_jax.runtime import platforms
     platforms.choose()      # no backend whose hardware is absent (a libtpu lock, a CUDA error)
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")

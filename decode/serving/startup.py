@@ -38,7 +38,7 @@ class Startup:
         self.done = 0
         self.total = total_programs
         self.bar = None
-        self.parser_programs = None      # decode.engine.parser_programs.ParserPrograms, or None
+        self.parser_programs = None      # decode.engine.runtime.parser_programs.ParserPrograms, or None
 
     @property
     def is_ready(self) -> bool:

@@ -2,7 +2,7 @@
 
     result = generate(params, model_config, [[1, 2, 3], [4, 5]], DecodeConfig(method="streaming"))
 
-Methods (docs/algorithm.md §3, the paper's Algorithm 1; the steps live in `decode/engine/steps.py`):
+Methods (docs/algorithm.md §3, the paper's Algorithm 1; the steps live in `decode/engine/step/steps.py`):
 
 streaming  Each step, per row, with committed length `n` (cache rows 0..n-1 final) and a window of
            up to W slots at logical positions n, n+1, ... (each *filled* or [MASK]):
@@ -20,13 +20,13 @@ streaming  Each step, per row, with committed length `n` (cache rows 0..n-1 fina
                 capacity).
 block      The same step with commit restricted to "all slots of the block filled".
 ar         Cached next-token decoding (AR reading of the same network).
-verified   Streaming drafts with AR-verified commits (`decode/engine/verified.py`): output equal to `ar`.
+verified   Streaming drafts with AR-verified commits (`decode/engine/step/verified.py`): output equal to `ar`.
 
-`generate` is a client of `decode.engine.decoder.Decoder`: one slot per prompt (slots and capacity rounded
+`generate` is a client of `decode.engine.runtime.decoder.Decoder`: one slot per prompt (slots and capacity rounded
 up to buckets, so a program compiles once per bucket), every prompt inserted, then chunks of steps
 until every row is done; `on_commit` receives each row's new ids between chunks, and Ctrl-C stops
 within one chunk with what was decoded. Continuous batching (requests joining and leaving slots)
-is `decode.engine.batcher.Batcher` over the same Decoder.
+is `decode.engine.runtime.batcher.Batcher` over the same Decoder.
 
 Metrics: per row, `steps` = forwards while the row was live, `n_gen` = tokens emitted,
 `token_slots` = token slots those forwards processed for the row (AR: 1 per step),
@@ -48,11 +48,11 @@ import numpy as np
 
 from decode.config import (DecodeConfig, DecodeConfigError, EngineOptions, Method, Placement,
                            Sampling, check_prompts, useful_window)
-from decode.engine.decoder import Decoder
-from decode.engine.state import Request
-from decode.engine.programs import compiled_count
-from decode.engine.plan import make_plan
-from wedlm_jax import interrupts
+from decode.engine.runtime.decoder import Decoder
+from decode.engine.step.state import Request
+from decode.engine.step.programs import compiled_count
+from decode.engine.planning.plan import make_plan
+from wedlm_jax.runtime import interrupts
 from wedlm_jax import model as model_lib
 from wedlm_jax import quantize as quantize_lib
 from wedlm_jax.buckets import pow2_at_least

@@ -1,4 +1,4 @@
-"""Attention over a paged KV cache: the device side. `decode/engine/pages.py` decides which
+"""Attention over a paged KV cache: the device side. `decode/engine/runtime/pages.py` decides which
 pages each sequence holds; here they are read and written.
 
 Layout (the one jax's TPU ragged paged attention kernel reads, so no copy stands between them):

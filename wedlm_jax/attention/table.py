@@ -1,5 +1,5 @@
 """The attention backends, named once: what each is, where it runs and what it reads. The model's
-dispatch (`attention.backends`, `attention.cache`), the decoding plan (decode/engine/plan.py) and
+dispatch (`attention.backends`, `attention.cache`), the decoding plan (decode/engine/planning/plan.py) and
 the doors' `--attention` choices (decode/config.py) all read this table; adding a backend is a
 row here and its function where the dispatch calls it.
 

@@ -16,7 +16,7 @@ from wedlm_jax.checkpoints.tensors import (check_params, copy_tokenizer, nonfini
                                            parse_dtype, read_config, release_host_memory, settle,
                                            target_shardings)
 from wedlm_jax.config import ModelConfig
-from wedlm_jax.failures import Interrupted
+from wedlm_jax.runtime.failures import Interrupted
 from wedlm_jax.safetensors_io import CheckpointError
 
 

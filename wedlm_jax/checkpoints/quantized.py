@@ -179,7 +179,7 @@ def convert_folder(hf_dir, out_dir, scheme: str, group: int | None = None, *, dt
     """`wedlm-convert hf-to-orbax --quantize`: the quantized folder of `hf_dir` at `out_dir`
     (free space checked against its size before any tensor is read). QuantizeError from the
     scheme as a CheckpointError naming the setting."""
-    from wedlm_jax.failures import check_space
+    from wedlm_jax.runtime.failures import check_space
     try:
         config = tensors.read_config(hf_dir)
         group = scheme_rules.check_model(config, scheme, group)

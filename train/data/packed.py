@@ -1,17 +1,17 @@
 """`data.packed_dir`: the checks and readers of pretokenized data, behind one interface.
 
 `data.packed_dir` names one of:
-  - an ArrayRecord folder written by `python -m train.pretokenize` (train/arrayrecord.py), local
+  - an ArrayRecord folder written by `python -m train.data.pretokenize` (train/data/arrayrecord.py), local
     or on any filesystem pyarrow and ArrayRecord open (gs://);
   - a folder of the earlier .npy layout (`wedlm-packed-v1`: `<shard>.tokens.npy`,
     `.segment_ids.npy`, `.maskable.npy` per shard), still read memory-mapped so folders packed
     before keep training; nothing writes it any more;
-  - a mixture file (.yaml/.yml/.json) listing packed folders with weights (train/mixture.py).
+  - a mixture file (.yaml/.yml/.json) listing packed folders with weights (train/data/mixture.py).
 
 `read_packed_meta` checks the meta.json and every shard before anything compiles (an unfinished
 pretokenize run, a missing or unreadable shard, a seq_len other than the config's: one DataError
 naming the file); `check_packed_tokenizer` compares the rows' tokenizer with the run's;
-`open_packed` returns the rows for `train.data.make_pipeline`, whose row shuffle, global index
+`open_packed` returns the rows for `train.data.pipeline.make_pipeline`, whose row shuffle, global index
 mapping, per-process rows and resume state are the same for every kind.
 """
 
@@ -22,8 +22,8 @@ import os
 
 import numpy as np
 
-from train import arrayrecord
-from train.data import PACKED_ARRAYS, PACKED_META, DataError, tokenizer_sha256
+from train.data import arrayrecord
+from train.data.pipeline import PACKED_ARRAYS, PACKED_META, DataError, tokenizer_sha256
 
 NPY_FORMAT = "wedlm-packed-v1"
 MIXTURE_SUFFIXES = (".yaml", ".yml", ".json")
@@ -40,7 +40,7 @@ def npy_shard_path(folder: str, name: str, key: str) -> str:
 
 def load_meta(folder: str) -> dict:
     """meta.json of `folder` (local or a URI) with its required keys; DataError naming it."""
-    from train.sources import InputError, filesystem, join
+    from train.data.sources import InputError, filesystem, join
     path = join(folder, PACKED_META)
     try:
         fs, p = filesystem(folder)
@@ -51,9 +51,9 @@ def load_meta(folder: str) -> dict:
         if fs.get_file_info(p + "/" + PACKED_META).type != pafs.FileType.File:
             unfinished = fs.get_file_info(p + "/" + PLAN_FILE).type == pafs.FileType.File
             raise DataError(f"{path}: missing " + (
-                "(an unfinished `python -m train.pretokenize` run: rerun the same command to "
+                "(an unfinished `python -m train.data.pretokenize` run: rerun the same command to "
                 "finish it)" if unfinished else
-                "(data.packed_dir must be a folder written by `python -m train.pretokenize`)"))
+                "(data.packed_dir must be a folder written by `python -m train.data.pretokenize`)"))
         with fs.open_input_stream(p + "/" + PACKED_META) as f:
             meta = json.loads(f.read())
     except InputError as e:
@@ -74,9 +74,9 @@ def load_meta(folder: str) -> dict:
 def read_packed_meta(folder: str, *, seq_len: int | None = None) -> dict:
     """The checked meta of a packed folder or a mixture file (see the module docstring)."""
     if is_mixture(folder):
-        from train import mixture
+        from train.data import mixture
         return mixture.read_mixture_meta(folder, seq_len=seq_len)
-    from train.sources import join
+    from train.data.sources import join
     meta = load_meta(folder)
     path = join(folder, PACKED_META)
     L = int(meta["seq_len"])
@@ -126,7 +126,7 @@ def check_packed_tokenizer(meta: dict, folder: str, info, vocab_size: int) -> No
         for part in meta["mixture"]:
             check_packed_tokenizer(part["meta"], part["dir"], info, vocab_size)
         return
-    from train.sources import join
+    from train.data.sources import join
     path = join(folder, PACKED_META)
     want = meta["tokenizer"].get("sha256")
     have = tokenizer_sha256(info.folder)
@@ -140,10 +140,10 @@ def check_packed_tokenizer(meta: dict, folder: str, info, vocab_size: int) -> No
 
 
 def open_packed(folder: str, meta: dict | None = None):
-    """The rows of a packed folder or mixture for `train.data.make_pipeline`."""
+    """The rows of a packed folder or mixture for `train.data.pipeline.make_pipeline`."""
     meta = read_packed_meta(folder) if meta is None else meta
     if "mixture" in meta:
-        from train import mixture
+        from train.data import mixture
         return mixture.MixtureRows(meta)
     if meta["format"] == NPY_FORMAT:
         return {k: NpyRows(folder, k, meta) for k in PACKED_ARRAYS}

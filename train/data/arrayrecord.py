@@ -1,4 +1,4 @@
-"""The packed-row format written by `python -m train.pretokenize` and read by `data.packed_dir`:
+"""The packed-row format written by `python -m train.data.pretokenize` and read by `data.packed_dir`:
 ArrayRecord shards (the `array-record` package, group size 1 for random access) plus a meta.json.
 
 One record is one packed row of L tokens, raw little-endian: int32 tokens[L], int32
@@ -49,14 +49,14 @@ def decode_row(record: bytes, seq_len: int) -> dict:
 
 
 def shard_file(folder: str, name: str) -> str:
-    from train.sources import join
+    from train.data.sources import join
     return join(folder, name + SUFFIX)
 
 
 def write_shard(folder: str, name: str, records: list[bytes]) -> None:
     """Write `records` as the shard `name` of `folder` (temporary name, then renamed)."""
     from array_record.python.array_record_module import ArrayRecordWriter
-    from train.sources import filesystem
+    from train.data.sources import filesystem
     final = shard_file(folder, name)
     tag = f".tmp-{os.getpid()}-{threading.get_ident()}"
     local = "://" not in folder
@@ -108,7 +108,7 @@ def check_shards(folder: str, meta: dict, meta_path: str) -> None:
 
 
 class ArrayRecordRows(dict):
-    """A packed ArrayRecord folder as the `rows` of `train.data.make_pipeline`: keys tokens,
+    """A packed ArrayRecord folder as the `rows` of `train.data.pipeline.make_pipeline`: keys tokens,
     segment_ids, maskable, each a sequence (`len`, `[i]`) over the same records; the three reads
     of one row decode its record once."""
 

@@ -11,7 +11,7 @@
   advance          the state update shared by every method (done rows stop changing).
 
 `streaming` and `block` use `window_step`, `ar` uses `ar_step`; `verified` (drafts whose commits
-the AR reading of the same forward verifies, output equal to `ar`) is `decode.engine.verified` on the
+the AR reading of the same forward verifies, output equal to `ar`) is `decode.engine.step.verified` on the
 same pieces.
 
 Each step returns (new state, emitted [B, E] tokens, their TokenLogProbs [B, E, ..], k_emit [B]
@@ -35,10 +35,10 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from decode.engine import guide as guides
-from decode.engine.sampling import (choose_tokens, logit_stats, row_keys, seen_counts,
+from decode.engine.step import guide as guides
+from decode.engine.step.sampling import (choose_tokens, logit_stats, row_keys, seen_counts,
                                     token_logprobs)
-from decode.engine.state import DecodeState, TokenLogProbs, keep_if_done
+from decode.engine.step.state import DecodeState, TokenLogProbs, keep_if_done
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The inputs of `python -m train.pretokenize`: JSONL (plain, .gz, .zst) and Parquet files, given as
+"""The inputs of `python -m train.data.pretokenize`: JSONL (plain, .gz, .zst) and Parquet files, given as
 files, folders or globs on any filesystem pyarrow opens (local paths, gs://, s3://, hdfs://).
 
 `list_inputs` expands the arguments into files with their sizes, in a fixed order (the arguments in
@@ -7,7 +7,7 @@ pieces, the smallest units of work: a whole JSONL file (a compressed stream cann
 the middle, and `file:line` needs every earlier line) or one Parquet row group. `read_piece`
 yields a piece's records as (where, record): `file:line` and the raw line's bytes for JSONL,
 `file:row` and a dict for Parquet (the whole row, or {"text": ...} / {"messages": ..., "tools":
-...} when a column is named), which `train.data.iter_records` parses and tokenizes.
+...} when a column is named), which `train.data.pipeline.iter_records` parses and tokenizes.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The host parser's programs, apart from the others: a guided Batcher (a server's) steps with the
 Guide's static `parsers` False (device tables only: no host call in the programs, which JAX's
 persistent compile cache keeps) while no live slot holds a host-parser constraint, and with it
-True (the programs holding `io_callback`, decode.engine.host_guide) while one does. The state's
+True (the programs holding `io_callback`, decode.engine.step.host_guide) while one does. The state's
 arrays are the same either way; only the programs differ, and a slot without a host parser
 gets the same tokens from both.
 
@@ -28,9 +28,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from decode.engine import guide as guides
-from decode.engine import programs
-from decode.engine.state import Request, request_row
+from decode.engine.step import guide as guides
+from decode.engine.step import programs
+from decode.engine.step.state import Request, request_row
 from wedlm_jax.attention import paged
 from wedlm_jax.axis_rules import DEFAULT_RULES
 

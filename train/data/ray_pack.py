@@ -1,6 +1,6 @@
-"""`python -m train.pretokenize --ray [ADDRESS|local]`: the plan's units packed as Ray tasks.
+"""`python -m train.data.pretokenize --ray [ADDRESS|local]`: the plan's units packed as Ray tasks.
 
-Each unit is one task (`train.pretokenize.pack_unit`, one CPU): it reads its pieces from the input
+Each unit is one task (`train.data.pretokenize.pack_unit`, one CPU): it reads its pieces from the input
 filesystem, tokenizes and packs them, and writes its shards and marker into the output folder,
 which every node must reach (gs://, s3://, or a shared file system; a local path on a one-node
 cluster). The driver only lists the inputs, submits the tasks and writes meta.json, so it moves
@@ -14,7 +14,7 @@ the one this Python process already started.
 
 from __future__ import annotations
 
-from train import data as data_lib
+from train.data import pipeline as data_lib
 
 
 def connect(address: str, workers: int) -> None:
@@ -38,7 +38,7 @@ def run(jobs: list, address: str, workers: int) -> dict:
     of a task stops the run and is raised here as a DataError (the other tasks are cancelled)."""
     import ray
 
-    from train.pretokenize import pack_unit
+    from train.data.pretokenize import pack_unit
     connect(address, workers)
     task = ray.remote(num_cpus=1, max_retries=2)(pack_unit)
     limit = workers if workers > 1 else int(ray.cluster_resources().get("CPU", 1))

@@ -18,7 +18,7 @@ from flax import struct
 from decode.config import Sampling
 from decode.options import OnDevice, device_fields
 
-# a token a constraint forbids has its logit at half the dtype's lowest value (decode.engine.guide):
+# a token a constraint forbids has its logit at half the dtype's lowest value (decode.engine.step.guide):
 # its log-probability lies far below this, and it is never listed among the top alternatives
 FORBIDDEN_LOGPROB = -1e30
 
@@ -34,7 +34,7 @@ class Request(Sampling):
     automaton: Any = None           # a compiled constraint (decode.constraints.automaton), or None
     automaton_state: int = 0        # its state after the tokens already emitted (a readmission)
     adapter: int = 0                # its row of the LoRA adapter table (0: the base model;
-                                    # decode.engine.adapters names the rows)
+                                    # decode.engine.runtime.adapters names the rows)
 
     def bias_warning(self, who: str) -> str | None:
         """A constraint and a negative logit_bias together: the constraint wins (a token it
@@ -154,12 +154,12 @@ class DecodeState:
               verified read them from the step's own forward and leave these as they are).
     q:        [B, S, V] f32 or None: verified sampling's draft distributions (logical order).
     seen:     [B, V] i32 how often the row generated each token (emitted; its logit bias and
-              penalties read it, decode.engine.sampling.adjust_logits).
+              penalties read it, decode.engine.step.sampling.adjust_logits).
     settings: SlotSettings.
-    guide:    decode.engine.guide.Guide or None: the slots' constraint automata (docs/algorithm.md
+    guide:    decode.engine.step.guide.Guide or None: the slots' constraint automata (docs/algorithm.md
               §7); None when no request of the state has had one (no constraint code compiled).
     lora:     [B] i32 each slot's row of the LoRA adapter table (0: the base), or None when the
-              Decoder serves no adapters (no adapter code compiled; wedlm_jax.lora_table).
+              Decoder serves no adapters (no adapter code compiled; wedlm_jax.lora.table).
     """
     cache: KVCache
     tok: jax.Array

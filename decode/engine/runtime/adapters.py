@@ -1,4 +1,4 @@
-"""The LoRA adapters a Decoder serves: the adapter table in its weights (wedlm_jax.lora_table)
+"""The LoRA adapters a Decoder serves: the adapter table in its weights (wedlm_jax.lora.table)
 and the names of its rows.
 
     plan = make_plan(config, engine, lora=LoraOptions(enable_lora=True, max_loras=4))
@@ -27,11 +27,11 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from decode.config import DecodeConfigError
-from decode.engine.pages import ROOT
+from decode.engine.runtime.pages import ROOT
 from decode.lora_options import check_name
-from wedlm_jax import lora_table
+from wedlm_jax.lora import table as lora_table
 from wedlm_jax import model as model_lib
-from wedlm_jax.lora_spec import LoraError, LoraSpec
+from wedlm_jax.lora.spec import LoraError, LoraSpec
 
 
 class AdapterNotFound(DecodeConfigError):
@@ -110,7 +110,7 @@ class Adapters:
     def read(self, path):
         """(LoraSpec, table rows) of a PEFT folder for this Decoder's model: a DecodeConfigError
         naming the option, the tensor or the rank that does not fit, before any device work."""
-        from wedlm_jax.peft import load_peft
+        from wedlm_jax.lora.peft import load_peft
         config = self.decoder.model_config
         try:
             spec, adapters = load_peft(path, config, self.max_rank)
@@ -160,7 +160,7 @@ class Adapters:
 
     def prefix_root(self, row: int):
         """The root a prefix's pages computed under adapter `row` are cached under
-        (decode.engine.pages): one per load, so a row loaded again with another adapter shares
+        (decode.engine.runtime.pages): one per load, so a row loaded again with another adapter shares
         none of the pages its former adapter wrote; the base's (row 0) is pages.ROOT."""
         if not row:
             return ROOT

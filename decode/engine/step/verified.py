@@ -58,11 +58,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from decode.engine import guide as guides
-from decode.engine.sampling import (adjust_logits, adjusted_greedy, filter_logits, logit_stats,
+from decode.engine.step import guide as guides
+from decode.engine.step.sampling import (adjust_logits, adjusted_greedy, filter_logits, logit_stats,
                                     row_keys, seen_counts, token_logprobs)
-from decode.engine.state import DecodeState, TokenLogProbs
-from decode.engine.steps import (StepSpec, add_seen, advance, emit_until_stop, fill_select,
+from decode.engine.step.state import DecodeState, TokenLogProbs
+from decode.engine.step.steps import (StepSpec, add_seen, advance, emit_until_stop, fill_select,
                                  forward_window, reads_before, slide, window_span)
 
 
@@ -102,7 +102,7 @@ def _verify_sampled(probs, tok, q, c, idx, k_acc, k_res):
 
 
 def verified_step(forward, params, st: DecodeState, spec: StepSpec, mask_id):
-    """Streaming drafts with AR-verified commits (decode/engine/verified.py documents the rule): the
+    """Streaming drafts with AR-verified commits (decode/engine/step/verified.py documents the rule): the
     output equals AR decoding of the same weights (token for token greedy, in distribution when
     sampling). Slot 0 always holds the pending token."""
     s = st.settings

@@ -79,7 +79,7 @@ def _per_row(value, like: jnp.ndarray) -> jnp.ndarray:
 
 def filter_logits(logits: jnp.ndarray, settings) -> jnp.ndarray:
     """The sampling distribution's logits: removed tokens get -inf. `logits` [B, ..., V];
-    `settings` the decode state's SlotSettings (decode.engine.state: one value per row [B]; top_k 0
+    `settings` the decode state's SlotSettings (decode.engine.step.state: one value per row [B]; top_k 0
     and top_p 1 are off; `temper_first` picks the order, see the module docstring)."""
     x = logits.astype(jnp.float32)
     v = x.shape[-1]

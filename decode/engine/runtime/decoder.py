@@ -1,7 +1,7 @@
 """The Decoder: compiled decoding over a fixed set of slots (continuous batching, JetStream's shape).
 
     plan = make_plan(model_config, EngineOptions(method="streaming", window=16, slots=8,
-                                                 capacity=1024))      # decode/engine/plan.py
+                                                 capacity=1024))      # decode/engine/planning/plan.py
     decoder = Decoder(params, plan)
     state = decoder.init_state()                        # every slot free
     prefix = decoder.prefill(Request(prompt=(1, 2, 3), max_new_tokens=64, tau=0.4))
@@ -14,17 +14,17 @@ Ahead of time (no weights, no device of the target: decode/compile/aot.py): `abs
 
 `generate` runs up to `steps_per_call` steps of every slot as one `lax.while_loop` over the donated
 state (no host round trip inside; it stops early when every slot is done). Between calls the host
-hands out the new ids, frees finished slots and inserts waiting requests (`decode.engine.batcher`).
+hands out the new ids, frees finished slots and inserts waiting requests (`decode.engine.runtime.batcher`).
 prefill + insert are the dense cache's admission; a paged cache (the plan's page size: the
 default on TPU, and on CPU at the serving doors) admits with `prefill_into_slot` into pages the
-host hands out (`decode.engine.batcher` does both), and for streaming / block runs the request's
+host hands out (`decode.engine.runtime.batcher` does both), and for streaming / block runs the request's
 first step there too (its window's first fill, committing nothing: `programs.fills_at_prefill`).
 
-Compiled programs (decode/engine/programs.py): one prefill and one insert per prompt bucket (powers of
+Compiled programs (decode/engine/step/programs.py): one prefill and one insert per prompt bucket (powers of
 two), one generate, one free; all keyed by the plan's `Static`, so Decoders with equal plans share
 them (jax's own cache) and nothing compiled reads module state. A request's settings (the runtime
 options of `Sampling`, decode/config.py) are values in the state, one per slot
-(`decode.engine.state.SlotSettings`). A request's random draws depend only on its seed and its own
+(`decode.engine.step.state.SlotSettings`). A request's random draws depend only on its seed and its own
 step count, so its output does not depend on its slot or its neighbours.
 
 Prefill conventions: streaming / block write the prompt's rows 0..P-1 and start with a window of
@@ -43,15 +43,15 @@ import numpy as np
 from jax.experimental.layout import Format, Layout
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from decode.engine import adapters
-from decode.engine import guide as guides
-from decode.engine import layouts
-from decode.engine import programs
+from decode.engine.runtime import adapters
+from decode.engine.step import guide as guides
+from decode.engine.planning import layouts
+from decode.engine.step import programs
 from decode.config import DecodeConfigError, is_int
-from decode.engine.pages import static_batch_table
-from decode.engine.plan import Plan
-from decode.engine.programs import cache_axes
-from decode.engine.state import (DecodeState, Prefix, Request, ResultTokens, free_rows,
+from decode.engine.runtime.pages import static_batch_table
+from decode.engine.planning.plan import Plan
+from decode.engine.step.programs import cache_axes
+from decode.engine.step.state import (DecodeState, Prefix, Request, ResultTokens, free_rows,
                                  request_row)
 from wedlm_jax import model as model_lib
 from wedlm_jax.attention import paged
@@ -67,15 +67,15 @@ PROGRAMS = ("generate", "prefill", "admit")      # what `abstract_args` / `lower
 
 class Decoder:
     """Compiled WeDLM decoding over the plan's slots of a preallocated, donated KV cache
-    (decode/engine/plan.py says what a plan decides). The weights are placed once: on the plan's mesh
+    (decode/engine/planning/plan.py says what a plan decides). The weights are placed once: on the plan's mesh
     (slots over data x fsdp, heads over tensor), one tree per layer where the plan's programs
     take them so (GPU), and with weight_layout "compiler" in the layouts the compiled `generate`
-    picks (decode/engine/layouts.py)."""
+    picks (decode/engine/planning/layouts.py)."""
 
     def __init__(self, params, plan: Plan):
         if not isinstance(plan, Plan):
             raise DecodeConfigError(f"a Decoder takes (params, plan) with a Plan from "
-                                    f"decode.engine.plan.make_plan, got {type(plan).__name__}")
+                                    f"decode.engine.planning.plan.make_plan, got {type(plan).__name__}")
         self.plan = plan
         config = plan.model_config
         try:   # float weights quantized as the plan says; quantized ones must match it
@@ -86,13 +86,13 @@ class Decoder:
             raise DecodeConfigError("the plan takes stacked layer weights and these are one tree "
                                     "per layer: make the plan with stacked_params=False")
         if not plan.static.stacked_layers and model_lib.layers_stacked(params):
-            # one tree per layer (decode/engine/layouts.py); a checkpoint opened for this platform is
+            # one tree per layer (decode/engine/planning/layouts.py); a checkpoint opened for this platform is
             # loaded so already (decode.checkpoint), with no stacked copy beside it
             params = model_lib.unstack_layers(params, config.num_layers)
         if plan.mesh is not None:
             self._param_shardings = self._make_shardings(params)
             params = self._place(params, self._param_shardings)
-        if plan.static.max_loras:     # an empty LoRA adapter table (decode.engine.adapters)
+        if plan.static.max_loras:     # an empty LoRA adapter table (decode.engine.runtime.adapters)
             params = (adapters.with_table_shapes(params, plan.static) if layouts.is_abstract(params)
                       else adapters.with_table(params, plan.static, plan.mesh))
         self.params = params
@@ -121,7 +121,7 @@ class Decoder:
 
     def use_compiler_layouts(self, compiler_options: dict | None = None) -> None:
         """Compile `generate` with the weights' layouts left to the compiler, keep that program for
-        `generate` calls and put the weights into the layouts it chose (decode/engine/layouts.py)."""
+        `generate` calls and put the weights into the layouts it chose (decode/engine/planning/layouts.py)."""
         self._generate_compiled, formats, self.compiler_options = layouts.choose(self, compiler_options)
         self.params = layouts.place(self.params, formats)
         self.weight_layout = "compiler"
@@ -248,7 +248,7 @@ class Decoder:
             for dst, src in zip(jax.tree.leaves(host), jax.tree.leaves(row)):
                 dst[i] = src[0]
         layers = self._empty_layers()
-        if self.paged:   # the static batch: fixed pages (decode.engine.pages.static_batch_table)
+        if self.paged:   # the static batch: fixed pages (decode.engine.runtime.pages.static_batch_table)
             st = self.static
             per_seq = st.pages_per_seq
             if st.pages_per_shard < st.slots // st.page_shards * per_seq:
@@ -434,7 +434,7 @@ class Decoder:
         """One step (not donated) with its aux dict: for traces and checks."""
         return self._call(programs.one_step, self.static, self.params, state, jnp.int32(self.mask_id))
 
-    # -- ahead of time: the programs from abstract shapes (decode/compile/aot.py, decode/engine/layouts.py)
+    # -- ahead of time: the programs from abstract shapes (decode/compile/aot.py, decode/engine/planning/layouts.py)
     def abstract_args(self, program: str = "generate", *, prompt_len: int | None = None):
         """The arguments of one of PROGRAMS as ShapeDtypeStructs, laid out as this Decoder lays
         them out (on its mesh, or on its device): "generate" (params, state, mask_id, run),
@@ -473,7 +473,7 @@ class Decoder:
         """One of PROGRAMS lowered for this Decoder's target from `abstract_args` (`params`: the
         weights' abstract shapes in place of those, e.g. in given formats). "generate" runs k =
         steps_per_call steps; with `auto_weight_layouts` its weights' layouts are left to the
-        compiler (decode/engine/layouts.py)."""
+        compiler (decode/engine/planning/layouts.py)."""
         if program == "admit" and not self.paged:
             raise DecodeConfigError("the admit program is the paged cache's (a plan with a page size)")
         args = list(self.abstract_args(program, prompt_len=prompt_len))

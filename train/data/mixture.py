@@ -14,7 +14,7 @@ index. Global example index g is element g of the mixed stream, so the order is 
 seed, each process reads its rows of each global batch as with one folder, and the Grain state
 saved in a checkpoint resumes it exactly.
 
-`python -m train.mixture FILE [--steps N --global-batch B]` prints each folder's row and token
+`python -m train.data.mixture FILE [--steps N --global-batch B]` prints each folder's row and token
 shares (a row of folder i holds on average tokens_i / rows_i non-padding tokens, so the token
 shares differ from the weights when the folders pack differently) and how many epochs of each
 folder N steps of B rows read. Relative `dir`s are taken from the working directory, like the
@@ -29,7 +29,7 @@ import sys
 
 import numpy as np
 
-from train.data import DataError
+from train.data.pipeline import DataError
 
 
 def load_mixture_file(path: str) -> list[tuple[str, float]]:
@@ -57,7 +57,7 @@ def load_mixture_file(path: str) -> list[tuple[str, float]]:
 def read_mixture_meta(path: str, *, seq_len: int | None = None) -> dict:
     """The combined meta of a mixture: {'mixture': [{dir, weight, meta}], seq_len, tokenizer,
     max_token_id, append_eos, lines, total_rows, tokens}; every folder checked."""
-    from train import packed
+    from train.data import packed
     parts = []
     for d, w in load_mixture_file(path):
         if packed.is_mixture(d):
@@ -84,12 +84,12 @@ def read_mixture_meta(path: str, *, seq_len: int | None = None) -> dict:
 
 
 class MixtureRows(dict):
-    """The rows of a mixture for `train.data.make_pipeline`: `row_stream(seed)` is the mixed
+    """The rows of a mixture for `train.data.pipeline.make_pipeline`: `row_stream(seed)` is the mixed
     stream; the keys tokens/segment_ids/maskable are the folders' rows one after the other (their
     length is the mixture's row count)."""
 
     def __init__(self, meta: dict):
-        from train import packed
+        from train.data import packed
         self.parts = [packed.open_packed(p["dir"], p["meta"]) for p in meta["mixture"]]
         self.weights = [p["weight"] for p in meta["mixture"]]
         super().__init__({k: Concat([p[k] for p in self.parts])
@@ -154,7 +154,7 @@ def format_shares(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m train.mixture",
+    p = argparse.ArgumentParser(prog="python -m train.data.mixture",
                                 description="Check a mixture file and print its row and token "
                                             "shares (reads meta.json and shard indexes only)")
     p.add_argument("mixture", help="the mixture file (data.packed_dir)")

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from decode.config import WEIGHT_LAYOUTS
-from decode.engine import adapters
+from decode.engine.runtime import adapters
 from wedlm_jax import model as model_lib
 from wedlm_jax import quantize
 
@@ -88,7 +88,7 @@ def step_options(device, given: dict | None = None, quantized: bool = False) -> 
     """Compiler options of the decode step on `device`: STEP_OPTIONS of its TPU generation (or
     QUANTIZED_GPU_OPTIONS for `quantized` weights on a GPU) with `given` over them; a key given as
     None is dropped (the compiler's default). None when empty."""
-    from wedlm_jax.targets import tpu_generation
+    from wedlm_jax.runtime.targets import tpu_generation
     gpu = quantized and getattr(device, "platform", "") in ("gpu", "cuda", "rocm")
     base = QUANTIZED_GPU_OPTIONS if gpu else STEP_OPTIONS.get(tpu_generation(device), {})
     merged = dict(base, **(given or {}))
@@ -105,7 +105,7 @@ def _abstract(x, fallback):
 def choose(decoder, compiler_options: dict | None = None):
     """`generate` of `decoder` (k = its steps_per_call) compiled with the weights' layouts left to
     the compiler, under `step_options` (with `compiler_options` over them, e.g.
-    `wedlm_jax.compiled.estimate_options` for a program compiled to be costed); returns (compiled
+    `wedlm_jax.runtime.compiled.estimate_options` for a program compiled to be costed); returns (compiled
     program, the weights' formats as a pytree of Format, the options it was compiled with)."""
     dev = decoder.plan.device
     home = jax.sharding.SingleDeviceSharding(dev)

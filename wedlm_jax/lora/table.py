@@ -9,7 +9,7 @@ table row per sequence.
 
 The table: under every projection of the stacked layers (`layers/attn/q_proj`, ...), beside its
 `kernel`, `lora_a` [L, N, in, R] and `lora_b` [L, N, R, out] (`in` / `out` the kernel's input /
-output axes flattened, as in wedlm_jax/lora.py), N = max_loras + 1 rows, row 0 all zeros (the base
+output axes flattened, as in wedlm_jax/lora/apply.py), N = max_loras + 1 rows, row 0 all zeros (the base
 model). R is the rank bound: an adapter of rank r < R fills the first r columns of A and rows of
 B, zeros past them; its scale alpha / r is folded into its B at load, so a row adds
 `(x @ A[row]) @ B[row]` = `(alpha / r) * x @ A @ B`. Every projection has a table (an adapter
@@ -21,7 +21,7 @@ fixed by (max_loras, R): any adapter in any row runs the same compiled program, 
 by one program for every row (`write_row`, the table donated), and nothing is swapped between
 steps. Without `lora_index` (or without a table) the forward is the plain model's, op for op.
 
-Why not qwix's LoRA provider (the training path, wedlm_jax/lora.py): it gives a module one A / B
+Why not qwix's LoRA provider (the training path, wedlm_jax/lora/apply.py): it gives a module one A / B
 pair and adds its product to every row of the batch; selecting a different pair per row would
 take a table parameter and an index input it has no place for, so the serving path writes the
 same product out: a gather and two einsums.
@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from wedlm_jax.lora_spec import PROJECTIONS, LoraError, LoraSpec, group_of, projection_sizes
+from wedlm_jax.lora.spec import PROJECTIONS, LoraError, LoraSpec, group_of, projection_sizes
 
 TABLE_LEAVES = ("lora_a", "lora_b")
 
@@ -77,7 +77,7 @@ def zero_rows(config, max_rank: int):
 
 
 def adapter_rows(config, adapters, spec: LoraSpec, max_rank: int):
-    """An adapter tree (wedlm_jax.lora / peft.load_peft: float32, layers stacked) as one row of
+    """An adapter tree (wedlm_jax.lora.apply / peft.load_peft: float32, layers stacked) as one row of
     every projection's table: rank padded to `max_rank`, B scaled by alpha / rank. A LoraError
     naming the rank when it is above the bound."""
     if spec.rank > max_rank:

@@ -1,12 +1,12 @@
-"""`python -m train.pretokenize --tokenizer DIR --out DIR --seq-len L FILES...`: JSONL and Parquet ->
+"""`python -m train.data.pretokenize --tokenizer DIR --out DIR --seq-len L FILES...`: JSONL and Parquet ->
 ArrayRecord shards of packed rows plus a meta.json, the folder `data.packed_dir` reads.
 
 FILES are files, folders or globs, local or on any filesystem pyarrow opens (gs://, s3://):
-`.jsonl`, `.jsonl.gz`, `.jsonl.zst` and `.parquet` (train/sources.py). Records go through the same
-parsing, validation and tokenization as the in-memory path (`train.data.iter_records`: the formats
+`.jsonl`, `.jsonl.gz`, `.jsonl.zst` and `.parquet` (train/data/sources.py). Records go through the same
+parsing, validation and tokenization as the in-memory path (`train.data.pipeline.iter_records`: the formats
 `text`, `prompt`/`response`, `messages` with optional `tools`; `file:line` or `file:row N` errors;
 bad records skipped and counted with --skip-bad-lines) and the same greedy packer
-(`train.data.pack_rows`) into rows of L tokens with segment ids and maskable flags.
+(`train.data.pipeline.pack_rows`) into rows of L tokens with segment ids and maskable flags.
 
 The plan: the inputs are cut into pieces (a JSONL file, a Parquet row group) and the pieces, in
 input order, into units of at least --unit-bytes input bytes. Each unit is packed on its own (its
@@ -32,9 +32,9 @@ import json
 import os
 import sys
 
-from train import arrayrecord, sources
-from train import data as data_lib
-from train.packed import PLAN_FILE
+from train.data import arrayrecord, sources
+from train.data import pipeline as data_lib
+from train.data.packed import PLAN_FILE
 
 DEFAULT_SHARD_ROWS = 16384
 DEFAULT_UNIT_BYTES = 256 << 20
@@ -137,10 +137,10 @@ def pack_unit_args(args) -> dict:
 
 def run_units(job: Job, units: list, todo: list[int], workers: int, ray: str | None) -> dict:
     """{unit: record} of the units in `todo`, packed by this process, `workers` local processes
-    or Ray tasks (train/ray_pack.py)."""
+    or Ray tasks (train/data/ray_pack.py)."""
     jobs = [(job, k, units[k]) for k in todo]
     if ray is not None:
-        from train import ray_pack
+        from train.data import ray_pack
         return ray_pack.run(jobs, ray, workers)
     if workers > 1 and len(jobs) > 1:
         import multiprocessing
@@ -294,7 +294,7 @@ def parse_bytes(text: str) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m train.pretokenize",
+    p = argparse.ArgumentParser(prog="python -m train.data.pretokenize",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("files", nargs="+", help="JSONL(.gz/.zst) or Parquet files, folders or globs "
                                             "(local, gs://, s3://)")

@@ -1,4 +1,4 @@
-"""The Decoder's compiled programs (decode/engine/decoder.py drives them): each a jitted pure function
+"""The Decoder's compiled programs (decode/engine/runtime/decoder.py drives them): each a jitted pure function
 of the static settings (`Static`, hashable: Decoders with equal settings share the programs) and
 of donated state.
 
@@ -31,9 +31,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from decode.engine.state import DecodeState, Prefix, TokenLogProbs
-from decode.engine.steps import StepSpec, ar_step, window_step
-from decode.engine.verified import verified_step
+from decode.engine.step.state import DecodeState, Prefix, TokenLogProbs
+from decode.engine.step.steps import StepSpec, ar_step, window_step
+from decode.engine.step.verified import verified_step
 from wedlm_jax import model as model_lib
 from wedlm_jax.attention import kv_quant, paged
 from wedlm_jax.attention.table import TILED
@@ -66,7 +66,7 @@ class Static:
     kv_dtype: str = "auto"     # the KV cache's: auto (dtype) | int8 (wedlm_jax.attention.kv_quant)
     grouped_matmul: str = "xla"  # a grouped kernel's matmul: xla | pallas (wedlm_jax.grouped_matmul)
     max_loras: int = 0         # LoRA adapter table rows besides the base (0: no table, no code)
-    max_lora_rank: int = 0     # the table's rank (wedlm_jax.lora_table)
+    max_lora_rank: int = 0     # the table's rank (wedlm_jax.lora.table)
 
     @property
     def cache_dtype(self):
@@ -359,7 +359,7 @@ def unmap(static: Static, state: DecodeState, slots):
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(1,))
 def set_rows(static: Static, state: DecodeState, which, table):
     """Paged cache: the page rows of the slots where `which` [B] is True set to `table`'s rows
-    ([B, pages_per_seq]): pages mapped as sequences grow (decode.engine.batcher)."""
+    ([B, pages_per_seq]): pages mapped as sequences grow (decode.engine.runtime.batcher)."""
     old = state.cache.layers["table"]
     new = jnp.where(which[:, None], table, old)
     return state.replace(cache=state.cache.replace(layers=dict(state.cache.layers, table=new)))

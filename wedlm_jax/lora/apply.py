@@ -1,6 +1,6 @@
 """Low-rank adapters (LoRA) of the decoder's projections, through qwix's LoRA provider.
 
-    spec = LoraSpec(rank=8, alpha=16, targets=("q", "v"))          # wedlm_jax.lora_spec
+    spec = LoraSpec(rank=8, alpha=16, targets=("q", "v"))          # wedlm_jax.lora.spec
     model = lora_model(Transformer(config, dtype=jnp.bfloat16), spec)
     adapters = init_adapters(config, spec, seed=0)                   # A random, B zero
     logits = model.apply({"params": combine(params, adapters, jnp.bfloat16)}, tokens, positions)
@@ -11,7 +11,7 @@
 the same tree: `kernel_lora_a` [L, in, rank] and `kernel_lora_b` [L, rank, out] under
 `layers/attn/q_proj` and so on (stacked like every layer parameter; `in` / `out` are the kernel's
 input / output axes flattened: q_proj's A is [L, embed, r], its B [L, r, heads * head_dim]).
-That is PEFT's lora_A / lora_B of the layer, transposed (wedlm_jax/peft.py).
+That is PEFT's lora_A / lora_B of the layer, transposed (wedlm_jax/lora/peft.py).
 
 The projections call `jnp.einsum`; qwix's LoRA einsum records a debugging attribute on the module,
 which a linen module refuses outside setup, so `Provider` routes a projection's contraction
@@ -41,7 +41,7 @@ import qwix
 
 from wedlm_jax import quantize
 from wedlm_jax.config import ModelConfig
-from wedlm_jax.lora_spec import LoraError, LoraSpec
+from wedlm_jax.lora.spec import LoraError, LoraSpec
 
 SUFFIXES = ("kernel_lora_a", "kernel_lora_b")
 

@@ -26,7 +26,7 @@ with the usual layout process `p` of `P` reads rows `p*B/P .. (p+1)*B/P - 1`, th
 `jax.make_array_from_process_local_data`. The
 iterator's Grain state (`get_state` / `set_state`) is saved with each checkpoint for exact resume.
 
-At scale (`data.packed_dir`): `python -m train.pretokenize` streams JSONL and Parquet through the
+At scale (`data.packed_dir`): `python -m train.data.pretokenize` streams JSONL and Parquet through the
 same record parser (`iter_records`) and packer (`pack_rows`, documents in input order, no document
 shuffle) into ArrayRecord shards plus a meta.json; `open_packed` serves those rows (or a weighted
 mixture of several folders) to the same `make_pipeline` (same row shuffle, global index mapping,
@@ -369,7 +369,7 @@ def rows_of_process(sharding, global_batch: int, seq_len: int) -> tuple[int, int
 def row_stream(rows, seed: int) -> grain.MapDataset:
     """Global example index g -> the row dict {tokens, segment_ids, maskable} it reads: the rows
     shuffled with `seed` and repeated (reshuffled each epoch). `rows` may define its own stream
-    (`rows.row_stream(seed)`: a weighted mixture of packed folders, train/mixture.py)."""
+    (`rows.row_stream(seed)`: a weighted mixture of packed folders, train/data/mixture.py)."""
     if hasattr(rows, "row_stream"):
         return rows.row_stream(seed)
     order = grain.MapDataset.range(len(rows["tokens"])).shuffle(seed=seed).repeat()
@@ -408,10 +408,10 @@ def to_global(local: dict, shardings: dict, global_batch: int) -> dict:
 
 # ------------------------------------------------------------------------------- packed folders
 #
-# `python -m train.pretokenize` writes the packed rows of a corpus once (ArrayRecord shards plus a
-# meta.json, train/arrayrecord.py); `data.packed_dir` serves them through the same pipeline. The
-# readers, their checks and the older .npy layout are in train/packed.py; mixtures of several
-# packed folders in train/mixture.py. The functions below are their entry points.
+# `python -m train.data.pretokenize` writes the packed rows of a corpus once (ArrayRecord shards plus a
+# meta.json, train/data/arrayrecord.py); `data.packed_dir` serves them through the same pipeline. The
+# readers, their checks and the older .npy layout are in train/data/packed.py; mixtures of several
+# packed folders in train/data/mixture.py. The functions below are their entry points.
 
 PACKED_META = "meta.json"
 PACKED_ARRAYS = {"tokens": np.int32, "segment_ids": np.int32, "maskable": np.bool_}
@@ -426,18 +426,18 @@ def tokenizer_sha256(folder: str) -> str:
 def read_packed_meta(folder: str, *, seq_len: int | None = None) -> dict:
     """meta.json of a packed folder (or the combined meta of a mixture file), checked against its
     shards and, when given, `seq_len`; DataError naming the file otherwise."""
-    from train import packed
+    from train.data import packed
     return packed.read_packed_meta(folder, seq_len=seq_len)
 
 
 def check_packed_tokenizer(meta: dict, folder: str, info: TokenizerInfo, vocab_size: int) -> None:
     """The packed rows were tokenized with this tokenizer, and fit the model's vocabulary."""
-    from train import packed
+    from train.data import packed
     packed.check_packed_tokenizer(meta, folder, info, vocab_size)
 
 
 def open_packed(folder: str, meta: dict | None = None):
     """A packed folder (or mixture) as the `rows` of `make_pipeline`: {'tokens', 'segment_ids',
     'maskable'}, each a lazily read sequence of rows."""
-    from train import packed
+    from train.data import packed
     return packed.open_packed(folder, meta)

@@ -1,4 +1,4 @@
-"""PEFT LoRA folders <-> this project's adapter trees (wedlm_jax/lora.py).
+"""PEFT LoRA folders <-> this project's adapter trees (wedlm_jax/lora/apply.py).
 
     save_peft(config, adapters, spec, "out/adapter", base="path/or/hub-id")
     spec, adapters = load_peft("out/adapter", config)
@@ -26,7 +26,7 @@ import re
 import numpy as np
 
 from wedlm_jax.config import ModelConfig
-from wedlm_jax.lora_spec import (MAX_RANK, PROJECTIONS, LoraError, LoraSpec, group_of,
+from wedlm_jax.lora.spec import (MAX_RANK, PROJECTIONS, LoraError, LoraSpec, group_of,
                                  projection_sizes)
 
 CONFIG_FILE = "adapter_config.json"

@@ -25,16 +25,16 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from decode.engine import layouts
+from decode.engine.planning import layouts
 from decode.config import (MAX_LOGPROBS, DecodeConfigError, DoorOptions, EngineOptions, Placement,
                            check_int, check_slots, is_int, mask_id_for, prompt_problem)
-from decode.engine.memory import available_memory, estimate_memory
+from decode.engine.planning.memory import available_memory, estimate_memory
 from decode.lora_options import LoraOptions
-from decode.engine.pages import pool_size
-from decode.engine.programs import Static
-from decode.engine.state import Request
-from decode.engine.steps import StepSpec
-from wedlm_jax.failures import format_bytes
+from decode.engine.runtime.pages import pool_size
+from decode.engine.step.programs import Static
+from decode.engine.step.state import Request
+from decode.engine.step.steps import StepSpec
+from wedlm_jax.runtime.failures import format_bytes
 from wedlm_jax.attention import backends as attn_backends
 from wedlm_jax.attention import table as attn_table
 from wedlm_jax.attention import cache as ca

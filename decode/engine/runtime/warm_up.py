@@ -1,12 +1,12 @@
 """Compiling before serving (`Batcher.warm_up`): one short request per prompt bucket, then the
 step programs, so no client waits on a compile; a guided Batcher's host-parser programs
-(decode.engine.parser_programs) after them, inline or in the background."""
+(decode.engine.runtime.parser_programs) after them, inline or in the background."""
 
 from __future__ import annotations
 
 import time
 
-from decode.engine.state import Request
+from decode.engine.step.state import Request
 
 
 def prompt_lengths(capacity: int, every_bucket: bool = True) -> list[int]:

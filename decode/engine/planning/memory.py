@@ -6,9 +6,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from decode.engine.programs import Static
+from decode.engine.step.programs import Static
 from wedlm_jax.attention.kv_quant import row_bytes
-from wedlm_jax.lora_spec import projection_sizes
+from wedlm_jax.lora.spec import projection_sizes
 
 
 def estimate_memory(static: Static) -> dict:

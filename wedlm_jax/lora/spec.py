@@ -1,7 +1,7 @@
 """The rules of a LoRA adapter's settings, without jax (the train config's checks and the PEFT
 reader use them before anything loads): the projections an adapter may target and their short
 names, the bound on the rank, and `LoraSpec`, the checked settings (rank, alpha, dropout,
-targets). The adapters themselves are wedlm_jax/lora.py's.
+targets). The adapters themselves are wedlm_jax/lora/apply.py's.
 
 Scale: a target's output gains `(alpha / rank) * x @ A @ B`, PEFT's `lora_alpha / r` (not
 rsLoRA's `lora_alpha / sqrt(r)`).

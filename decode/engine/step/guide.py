@@ -30,8 +30,8 @@ import numpy as np
 from flax import struct
 
 from decode.config import DEVICE_TABLE as TABLE
-from decode.engine.host_guide import TICKETS, host_read, unpack_bits
-from decode.engine.state import keep_if_done
+from decode.engine.step.host_guide import TICKETS, host_read, unpack_bits
+from decode.engine.step.state import keep_if_done
 
 
 
@@ -39,7 +39,7 @@ from decode.engine.state import keep_if_done
 class Guide:
     """Per slot: state [B] i32, on [B] bool, klass [B, V] i32, trans [B, N, C] i32 (N, C:
     DEVICE_TABLE): the device tables. host [B] bool, ticket [B] i32: the slot's
-    parser on the host (decode.engine.host_guide), told the tokens committed in the step before
+    parser on the host (decode.engine.step.host_guide), told the tokens committed in the step before
     (recent [B, S], recent_k [B]); the step asks the host only when a live slot uses it.
     parsers (static): whether the programs hold the host call at all (False: device tables only,
     and no host callback, so the programs can be kept in JAX's persistent compile cache)."""

@@ -10,7 +10,7 @@ and leave it the moment they finish, so no slot idles while a slower neighbour r
 the device) and the callbacks run on it: on_tokens(request_id, new_ids) after every chunk that
 gave the request ids, on_finish(Finished) once.
 
-With a paged Decoder (`page_size`), pages come from the pool (`decode.engine.pages.PagePool`, one per
+With a paged Decoder (`page_size`), pages come from the pool (`decode.engine.runtime.pages.PagePool`, one per
 slot shard) as a sequence grows: at admission what its prompt and first generate call can write
 (`Decoder.pages_for_call`), before every later call what that call can write, all back at its end;
 a prompt prefix's full pages an earlier request computed (under the same LoRA adapter, or both on
@@ -27,7 +27,7 @@ request goes to a free slot of the shard holding the longest cached prefix of it
 the most free pages), and a shard short of pages preempts only its own newest request.
 
 A guided Batcher with host parsers (a server's) steps with the programs holding the host parser's
-call only while a live request needs one (decode.engine.parser_programs); while they compile in
+call only while a live request needs one (decode.engine.runtime.parser_programs); while they compile in
 the background (`warm_up(background=True)`) such requests wait and the others go past them.
 """
 
@@ -43,11 +43,11 @@ from typing import Callable
 import jax
 
 from decode.config import DecodeConfigError
-from decode.engine import warm_up
-from decode.engine.decoder import Decoder
-from decode.engine.parser_programs import ParserPrograms, needs_parser, with_parsers
-from decode.engine.state import Request
-from decode.engine.pages import ROOT, ShardedPool
+from decode.engine.runtime import warm_up
+from decode.engine.runtime.decoder import Decoder
+from decode.engine.runtime.parser_programs import ParserPrograms, needs_parser, with_parsers
+from decode.engine.step.state import Request
+from decode.engine.runtime.pages import ROOT, ShardedPool
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class _Live:
     before: tuple = (0, 0, 0, 0)   # (steps, n_fwd, accepted, rejected) of its preempted runs
     base: int = 0              # tokens emitted before this admission (a preempted request's)
     preempted: int = 0
-    held: int = 0              # the LoRA adapter row it holds (0: none; decode.engine.adapters)
+    held: int = 0              # the LoRA adapter row it holds (0: none; decode.engine.runtime.adapters)
 
 
 class Batcher:
@@ -134,7 +134,7 @@ class Batcher:
         return self.decoder.init_state(self.guided, self.parsers and self.parser_programs is None)
 
     def _parsers(self, state, on: bool):
-        """`state` calling the host parser's programs or not (decode.engine.parser_programs)."""
+        """`state` calling the host parser's programs or not (decode.engine.runtime.parser_programs)."""
         return state if self.parser_programs is None else with_parsers(state, on)
 
     def _new_pool(self):
@@ -484,12 +484,12 @@ class Batcher:
 
     def warm_up_programs(self, capacity: int, every_bucket: bool = True,
                          background: bool = False) -> list[str]:
-        """The names `warm_up` reports its programs by, in its order (decode.engine.warm_up)."""
+        """The names `warm_up` reports its programs by, in its order (decode.engine.runtime.warm_up)."""
         return warm_up.program_names(self, capacity, every_bucket, background)
 
     def warm_up(self, capacity: int, every_bucket: bool = True, progress=None,
                 background: bool = False) -> float:
-        """Compile before serving (decode.engine.warm_up): one short request per prompt bucket
+        """Compile before serving (decode.engine.runtime.warm_up): one short request per prompt bucket
         (the Decoder compiles prefill and insert once per power-of-two prompt bucket), then the
         step programs (`Decoder.compile_steps`: generate for every live-slot bucket, the page
         table's updates), then a guided Batcher's host-parser programs (`background`: on a
