@@ -165,7 +165,7 @@ def run(args) -> dict:
 
     opts = DoorOptions.from_args(args)   # every setting checked before the checkpoint is read
     base, placement = opts.decode_config, opts.placement
-    batching_only = [f"--{n.replace('_', '-')}" for n in ("slots", "steps_per_call")
+    batching_only = [f"--{n.replace('_', '-')}" for n in ("slots", "steps_per_call", "window_policy")
                      if getattr(opts.engine, n) != getattr(EngineOptions(), n)]
     if placement.page_size:
         batching_only.append("--page-size")

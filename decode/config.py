@@ -195,6 +195,18 @@ class EngineOptions(Method):
                                      "tables in the decode loop), host (llguidance's parser, "
                                      "asked once a step) or auto (device where its tables are "
                                      "exact and ready in time)", choices=CONSTRAINT_BACKENDS)
+    window_policy: str = option("fixed", str, "the window each device call steps with: fixed (the "
+                                "method's window) or load (a rung of the window ladder W, W/2, ... "
+                                "chosen per call from the live requests and the step times "
+                                "measured; verified's output is AR's on every rung, streaming's "
+                                "depends on the rungs it ran)", choices=("fixed", "load"))
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.window_policy == "load" and self.method in ("ar", "block"):
+            raise DecodeConfigError(f"--window-policy load needs a window ladder: method "
+                                    f"{self.method!r} has one window (use streaming or "
+                                    f"verified)", "window_policy")
 
 
 def useful_window(window: int, method: str, longest_budget: int) -> int:
@@ -456,7 +468,7 @@ def add_decoding_arguments(parser, door: str) -> None:
     only_input = "" if serve else " (--input)"
     add_option_arguments(g, EngineOptions, ENGINE_FLAGS,
                          defaults={"capacity": SERVE_CAPACITY} if serve else None,
-                         notes={"slots": only_input, "steps_per_call": only_input,
+                         notes={"slots": only_input, "steps_per_call": only_input, "window_policy": only_input,
                                 "capacity": "" if serve else "; default: the longest prompt + its "
                                                              "new tokens"})
     g.add_argument("--mask-token-id", type=int, default=None,

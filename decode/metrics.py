@@ -23,6 +23,8 @@ and WeDLM's own (labelled `method`):
     wedlm:p_cache                 histogram per request: generated tokens / token slots processed
     wedlm:forwards_per_request    histogram per request: forwards while it was live
     wedlm:verified_drafted_tokens_total, wedlm:verified_accepted_tokens_total   (method verified)
+    wedlm:window_calls{window}    device calls run at each rung of the window ladder (with
+                                  --window-policy load)
     wedlm:constrained_requests_total   requests decoded under a structured-output constraint,
                                   labelled `backend` too (device: the automaton's tables in the
                                   decode loop; host: llguidance's parser)
@@ -127,6 +129,13 @@ class ServerMetrics:
                              "constraint, by backend (device tables or the host parser)",
                              list(w) + ["backend"])
         self.method = method
+        policy = getattr(batcher, "window_policy", None)
+        if policy is not None:      # --window-policy load: the device calls run at each rung
+            calls = Gauge("wedlm:window_calls", "Device calls at each window of the ladder "
+                          "(--window-policy load)", ["method", "window"], registry=r)
+            for rung in batcher.decoder.rungs():
+                calls.labels(method, str(rung)).set_function(
+                    lambda rung=rung: getattr(policy, "chosen", {}).get(rung, 0))
 
     # --------------------------------------------------------------------------- recording
 

@@ -18,9 +18,9 @@ from decode.config import (ENGINE_FLAGS, SAMPLING_FLAGS, DecodeConfigError, Engi
 from decode.engine.runtime.decoder import Decoder
 
 # a value other than the default for every option a door takes
-ENGINE = dict(method="block", window=4, refill="after", capacity=64, prefill_chunk=8, allow_long=True,
+ENGINE = dict(method="verified", window=4, refill="after", capacity=64, prefill_chunk=8, allow_long=True,
               constraint_backend="host")
-BATCHING = dict(slots=2, steps_per_call=3)                  # --input and wedlm-serve only
+BATCHING = dict(slots=2, steps_per_call=3, window_policy="load")   # --input and wedlm-serve only
 SAMPLING = dict(tau=0.7, lam=0.05, sampling_order="temper_first", max_new_tokens=5,
                 temperature=0.5, top_k=3, top_p=0.9, seed=7, min_p=0.05, presence_penalty=0.5,
                 frequency_penalty=-0.25, repetition_penalty=1.1)
@@ -104,7 +104,7 @@ def test_prompt_door_takes_every_option(ckpt, seen, capsys):
     for k, v in PLACEMENT.items():                  # the door's placement, passed whole
         assert getattr(kw["placement"], k) == v, (k, getattr(kw["placement"], k), v)
     dec = seen["decoders"][-1]
-    assert (dec["method"], dec["refill"], dec["prefill_chunk"], dec["kv_tile"]) == ("block", "after", 8, 16)
+    assert (dec["method"], dec["refill"], dec["prefill_chunk"], dec["kv_tile"]) == ("verified", "after", 8, 16)
     _check_sampling(seen["requests"], {k: v for k, v in SAMPLING.items() if k != "max_new_tokens"})
 
 

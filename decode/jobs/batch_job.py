@@ -226,7 +226,7 @@ def run_job(args) -> int:
     if decoder.adapters is not None:
         opts.lora.load_into(decoder.adapters)
     requests = engine_requests(decoder, todo, args.input)
-    batcher = Batcher(decoder)
+    batcher = Batcher(decoder, window_policy=opts.engine.window_policy)
     metrics = None
     if counting:
         from decode.metrics import ServerMetrics
@@ -379,6 +379,8 @@ def decode_all(batcher, todo, requests, tokenizer, write, progress: bool = True,
     finally:
         bar.close()
     stats["wall_s"] = time.perf_counter() - t0
+    if batcher.window_policy is not None:      # --window-policy load: the calls per window
+        stats["windows"] = dict(sorted(getattr(batcher.window_policy, "chosen", {}).items(), reverse=True))
     if live:
         raise RuntimeError(f"the batcher went idle with {len(live)} requests unfinished")
     return stats
@@ -392,6 +394,10 @@ def _summary(stats: dict, args, skipped: int, output: str) -> None:
     print(f"[{args.method}] {n} requests ({skipped} skipped), {tok} tokens in {wall:.1f} s (compile "
           f"included): {tok / max(wall, 1e-9):.1f} tokens/s, {tpf:.2f} tokens/forward, p_cache {pc:.3f} "
           f"-> {output}", file=sys.stderr)
+    if stats.get("windows"):
+        calls = ", ".join(f"W {w}: {n}" for w, n in stats["windows"].items())
+        print(f"[{args.method}] device calls per window (--window-policy load): {calls}",
+              file=sys.stderr)
 
 
 def main(argv=None) -> int:

@@ -347,7 +347,7 @@ class Replica:
         self.decoder = build_decoder(ckpt, opts, capacity)
         if self.decoder.adapters is not None:           # --enable-lora: the job's adapters, by name
             opts.lora.load_into(self.decoder.adapters)
-        self.batcher = Batcher(self.decoder)
+        self.batcher = Batcher(self.decoder, window_policy=opts.engine.window_policy)
         self.batcher.warm_up(capacity, every_bucket=not args.lazy_compile)   # not in the blocks' time
         self.out = PartFolder.at(url)
 

@@ -216,7 +216,8 @@ def build_server(args, opts: DoorOptions | None = None, startup: Startup | None 
     # structured outputs compiled with the rest, without the host parser's call (JAX's persistent
     # cache keeps those programs for a restart); unless --constraint-backend device, the programs
     # with it compile after ready, in the background, and the requests that need them wait
-    batcher = Batcher(decoder, guided=True, parsers=opts.engine.constraint_backend != "device")
+    batcher = Batcher(decoder, guided=True, parsers=opts.engine.constraint_backend != "device",
+                      window_policy=opts.engine.window_policy)
     t0 = time.perf_counter()
     warm(tokenizer, cfg.vocab_size)
     log.info("read the vocabularies of structured outputs in %.1f s", time.perf_counter() - t0)

@@ -48,6 +48,7 @@ from decode.engine.runtime.decoder import Decoder
 from decode.engine.runtime.parser_programs import ParserPrograms, needs_parser, with_parsers
 from decode.engine.step.state import Request
 from decode.engine.runtime.pages import ROOT, ShardedPool
+from decode.engine.runtime.window_policy import WindowPolicy
 
 log = logging.getLogger(__name__)
 
@@ -97,11 +98,13 @@ class Batcher:
     """Slot-based continuous batching over one Decoder."""
 
     def __init__(self, decoder: Decoder, prefix_reuse: bool = True, guided: bool = False,
-                 parsers: bool = True):
+                 parsers: bool = True, window_policy: str | WindowPolicy = "fixed"):
         """`guided`: the state holds constraint rows from the start, so `warm_up` compiles the
         programs a constrained request runs (a server: none compiles on a request's clock);
         `parsers` False: device tables only (no host call in the programs, which JAX's persistent
-        compile cache keeps); True: with it only while a live request needs it (`parser_programs`)."""
+        compile cache keeps); True: with it only while a live request needs it (`parser_programs`).
+        `window_policy`: "fixed" (the plan's window), "load" (a rung of the window ladder per
+        call, decode/engine/runtime/window_policy.py) or a policy object (choose / record)."""
         self.decoder = decoder
         self.prefix_reuse = prefix_reuse
         self.guided, self.parsers = guided, parsers
@@ -119,6 +122,8 @@ class Batcher:
         self._admissions = 0
         # the LoRA adapters' names (a Decoder with an adapter table): `submit(adapter=NAME)`
         self.adapters = decoder.adapters
+        self.window_policy = (WindowPolicy(decoder.rungs()) if window_policy == "load" else
+                              None if window_policy == "fixed" else window_policy)
 
     @property
     def num_waiting(self) -> int:
@@ -344,9 +349,16 @@ class Batcher:
         when it failed (its requests ended, the state rebuilt)."""
         live = [s for s, x in enumerate(self._slots) if x is not None]
         host = any(needs_parser(self._slots[s].request) for s in live)
+        policy = self.window_policy
+        window = policy.choose(len(live)) if policy is not None else None
         try:
-            state, result = self.decoder.generate(self._parsers(self.state, host), live=live)
+            t0 = time.perf_counter()
+            state, result = self.decoder.generate(self._parsers(self.state, host), live=live,
+                                                  window=window)
             self.state = self._parsers(state, False)
+            if policy is not None:
+                policy.record(window, len(live), result.steps, int(result.counts.sum()),
+                              time.perf_counter() - t0)
         except Exception as e:  # noqa: BLE001 - the device call failed: its requests end, we go on
             self._reset(f"the decoding step failed ({_failure(e)})")
             return None

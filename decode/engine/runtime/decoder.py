@@ -44,6 +44,7 @@ from jax.experimental.layout import Format, Layout
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from decode.engine.runtime import adapters
+from decode.engine.runtime import window_policy
 from decode.engine.step import guide as guides
 from decode.engine.planning import layouts
 from decode.engine.step import programs
@@ -367,7 +368,15 @@ class Decoder:
             return []
         return [b for b in (1 << i for i in range(st.slots.bit_length())) if b < st.slots]
 
-    def generate(self, state: DecodeState, k: int | None = None, live=None):
+    def rungs(self) -> list[int]:
+        """The windows `generate(window=...)` steps with, largest first (the window ladder,
+        decode/engine/runtime/window_policy.py); the plan's window alone with the compiler's
+        weight layouts (that program is compiled for the plan's window only)."""
+        if self._generate_compiled is not None:
+            return [self.window]
+        return window_policy.ladder(self.method, self.window)
+
+    def generate(self, state: DecodeState, k: int | None = None, live=None, window=None):
         """Run up to k (default and at most steps_per_call; 0 compiles and runs nothing) steps of
         every live slot in one jitted call, fewer when slots that had emitted nothing (just
         inserted) all have their first tokens. Returns (state, ResultTokens).
@@ -375,41 +384,50 @@ class Decoder:
         live: the slots holding requests, when the caller knows them (the Batcher does): with a
         paged cache the call then steps only the smallest `live_buckets` bucket holding them
         (padded with free slots), one compiled program per bucket; slots left out do not move.
-        The tokens are the same as a call over every slot."""
+        The tokens are the same as a call over every slot.
+
+        window: a rung of `rungs()` to step with (default: the plan's window)."""
         k = self.steps_per_call if k is None else k
         if not is_int(k) or not 0 <= k <= self.steps_per_call:
             raise DecodeConfigError(f"k must be an int in [0, {self.steps_per_call}], got {k!r}")
         mask_id, run = jnp.int32(self.mask_id), jnp.int32(k)
         idx = self._bucket(live) if live is not None else None
-        if self._generate_compiled is not None:     # the weights in the compiler's layouts
+        static = self.static if window is None else programs.at_rung(self.static, window)
+        if window is not None and window not in self.rungs():
+            raise DecodeConfigError(f"window {window!r} is not a rung of {self.rungs()}")
+        if self._generate_compiled is not None and not static.rung:   # the compiler's layouts
             state, toks, lps, counts, steps = self._generate_compiled(self.params, state, mask_id, run)
         elif idx is not None:
             state, toks, lps, counts, steps = self._call(
-                programs.generate_live, self.static, self.steps_per_call, self.params, state,
+                programs.generate_live, static, self.steps_per_call, self.params, state,
                 jnp.asarray(idx), mask_id, run)
         else:
-            state, toks, lps, counts, steps = self._call(programs.generate, self.static, self.steps_per_call,
+            state, toks, lps, counts, steps = self._call(programs.generate, static, self.steps_per_call,
                                                          self.params, state, mask_id, run)
         toks, lps, counts, steps, done = jax.device_get((toks, lps, counts, steps, state.done))
         return state, ResultTokens(tokens=toks, counts=counts, steps=int(steps), done=done,
                                    logprobs=lps)
 
-    def step_programs(self) -> list[str]:
+    def step_programs(self, windows=(None,)) -> list[str]:
         """The names `compile_steps` reports its programs by, in its order."""
-        names = [f"generate, {size} live slot(s)" for size in self.live_buckets() + [self.slots]]
+        at = lambda w: "" if w in (None, self.window) else f", window {w}"   # noqa: E731
+        names = [f"generate, {size} live slot(s){at(w)}" for w in windows
+                 for size in self.live_buckets() + [self.slots]]
         return names + (["page table updates"] if self.paged else [])
 
-    def compile_steps(self, state: DecodeState, progress=None) -> DecodeState:
+    def compile_steps(self, state: DecodeState, progress=None, windows=(None,)) -> DecodeState:
         """Compile, by running them as no-ops, the programs a serving loop calls after admission:
         `generate` for every live-slot bucket and for every slot, and with a paged cache the page
         table's updates (`set_page_rows`, `unmap`, `copy_pages` across slot shards). The state
         is donated and comes back unchanged. progress(name, seconds): after each (names as
-        `step_programs`)."""
+        `step_programs`). `windows`: the rungs compiled (default: the plan's window)."""
         report = progress or (lambda name, seconds: None)
-        for size in self.live_buckets() + [self.slots]:
-            t0 = time.perf_counter()
-            state, _ = self.generate(state, 0, live=range(size))     # runs no step
-            report(f"generate, {size} live slot(s)", time.perf_counter() - t0)
+        names = iter(self.step_programs(windows))
+        for w in windows:
+            for size in self.live_buckets() + [self.slots]:
+                t0 = time.perf_counter()
+                state, _ = self.generate(state, 0, live=range(size), window=w)   # runs no step
+                report(next(names), time.perf_counter() - t0)
         if self.paged:
             t0 = time.perf_counter()
             state = self.unmap(self.set_page_rows(state, {}), [])

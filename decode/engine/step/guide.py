@@ -173,7 +173,10 @@ def mask_run(logits, st, c):
 
 def _recorded(guide, st, recent, k):
     """`guide` with the host slots told the tokens committed this step: recent [B, S], the
-    first k [B] (none for a slot already done)."""
+    first k [B] (none for a slot already done). `recent` keeps the Guide's width (a smaller rung
+    of the window ladder steps with fewer slots: the rest is padding)."""
+    width = guide.recent.shape[1]
+    recent = jnp.pad(recent[:, :width], ((0, 0), (0, max(width - recent.shape[1], 0))))
     return guide.replace(recent=recent.astype(jnp.int32),
                          recent_k=jnp.where(st.done, 0, k).astype(jnp.int32))
 

@@ -67,6 +67,7 @@ class Static:
     grouped_matmul: str = "xla"  # a grouped kernel's matmul: xla | pallas (wedlm_jax.grouped_matmul)
     max_loras: int = 0         # LoRA adapter table rows besides the base (0: no table, no code)
     max_lora_rank: int = 0     # the table's rank (wedlm_jax.lora.table)
+    rung: int = 0              # generate at a smaller window over the same state (0: the plan's)
 
     @property
     def cache_dtype(self):
@@ -195,6 +196,45 @@ def free(static: Static, state: DecodeState, slot):
     return state.replace(done=state.done.at[slot].set(True))
 
 
+def at_rung(static: Static, window: int) -> Static:
+    """The programs that step `static`'s state with a window of `window` slots (a rung of the
+    window ladder, decode/engine/runtime/window_policy.py); the plan's own window: `static`."""
+    return dataclasses.replace(static, rung=0 if window == static.spec.window else window)
+
+
+def narrow(state: DecodeState, span: int) -> DecodeState:
+    """The state's window cut to its first `span` slots (a smaller rung). The slots cut hold only
+    guesses nothing has committed (streaming's filled masks, verified's drafts): they go, and
+    each method's next step fills again what it needs. The Guide's `recent` keeps its width: the
+    tokens committed in the call before may be more than the rung's span."""
+    cut = lambda a: None if a is None else a[:, :span]
+    return state.replace(tok=state.tok[:, :span], filled=state.filled[:, :span],
+                         lps=state.lps.head(span), q=cut(state.q))
+
+
+def widen(state: DecodeState, span: int, mask_id) -> DecodeState:
+    """A rung's state back at the plan's window of `span` slots: the slots added are [MASK]s."""
+    pad = lambda a, value: jnp.concatenate(
+        [a, jnp.full((a.shape[0], span - a.shape[1]) + a.shape[2:], value, a.dtype)], axis=1)
+    lps = jax.tree.map(lambda a: pad(a, 0), state.lps)
+    return state.replace(tok=pad(state.tok, mask_id), filled=pad(state.filled, False), lps=lps,
+                         q=None if state.q is None else pad(state.q, 0))
+
+
+def _rung_loop(static: Static, k: int, params, state: DecodeState, mask_id, run):
+    """`generate_loop` at `static.rung`: the state narrowed to the rung's span, stepped by the
+    rung's programs, widened back. Outputs [B, k, E] with E the rung's emit width. Verified's
+    rung of one slot is AR's step itself (the same state: the pending token in slot 0, no
+    drafts), not verified's with nothing to verify."""
+    ar = static.rung == 1 and static.spec.method == "verified"
+    spec = dataclasses.replace(static.spec, window=static.rung, method="ar" if ar else
+                               static.spec.method)
+    inner = dataclasses.replace(static, spec=spec, rung=0)
+    sub, toks, lps, counts, i = generate_loop(inner, k, params, narrow(state, spec.span), mask_id,
+                                              run)
+    return widen(sub, static.spec.span, mask_id), toks, lps, counts, i
+
+
 def generate_loop(static: Static, k: int, params, state: DecodeState, mask_id, run):
     """Up to `run` (a runtime value <= k) steps of every slot. Returns (state, tokens [B, k, E],
     their TokenLogProbs [B, k, E, ..], counts [B, k], steps run).
@@ -203,6 +243,8 @@ def generate_loop(static: Static, k: int, params, state: DecodeState, mask_id, r
     just admitted) has emitted its first tokens or finished: those tokens go back to the host
     then, not after the rest of the k steps (a request's time to first token is its prefill
     plus the steps that make its first commit)."""
+    if static.rung:
+        return _rung_loop(static, k, params, state, mask_id, run)
     step = STEPS[static.spec.method]
     forward = network(static, state.lora)     # a slot's adapter stays through the call
     b, e = static.slots, static.spec.emit_width
