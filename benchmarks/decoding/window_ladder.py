@@ -8,9 +8,10 @@ One Decoder per method with `max(--live)` slots (the paged cache, as the serving
 each concurrency c, c closed-loop clients (a client submits its next request once its last one
 finished, checked between device calls) send `--per-client` held-out prompts each (counting,
 arithmetic, lists, code in turn), `--tokens` new tokens, eos as a stop. Every rung and the policy
-run on the same Decoder; AR on its own. The policy is one object for the whole run (as a server
-holds one): what it measured at one concurrency it keeps at the next. Everything is compiled by a first round that is not
-counted; the rounds interleave the runs; medians are kept. Prints a table and writes --json.
+run on the same Decoder; AR on its own. Every program is compiled first (`Batcher.warm_up`, every
+rung at every live-slot bucket); the policy is one object for the whole run (as a server
+holds one): what it measured at one concurrency it keeps at the next. A first round is not counted (the policy learns
+in it); the rounds interleave the runs; medians are kept. Prints a table and writes --json.
 """
 
 from __future__ import annotations
@@ -93,6 +94,9 @@ def main(argv=None) -> int:
               page_size=args.page_size)
     dec = decoder(params, config, method=args.method, window=args.window, **kw)
     ar = decoder(params, config, method="ar", window=1, **kw)
+    from decode.engine.runtime.batcher import Batcher
+    Batcher(dec, window_policy="load").warm_up(capacity)    # every rung, every live-slot bucket
+    Batcher(ar).warm_up(capacity)
     runs = {"ar": (ar, lambda: None)}
     runs.update({f"W {w}": (dec, lambda w=w: Fixed(w)) for w in dec.rungs()})
     policy = WindowPolicy(dec.rungs())          # one for the whole run, as a server's
@@ -111,7 +115,7 @@ def main(argv=None) -> int:
         med = {name: statistics.median(v) for name, v in rates.items()}
         fixed = {k: v for k, v in med.items() if k.startswith("W ")}
         best = max(fixed, key=fixed.get)
-        out["results"][c] = dict(tokens_per_s=med, best_fixed=best,
+        out["results"][c] = dict(tokens_per_s=med, best_fixed=best, policy_calls=dict(policy.chosen),
                                  load_over_best=med["load"] / fixed[best],
                                  load_over_ar=med["load"] / med["ar"],
                                  best_over_ar=fixed[best] / med["ar"])
