@@ -55,11 +55,12 @@ class WindowPolicy:
     rungs: list
     explore_every: int = 16
     margin: float = 0.05
-    decay: float = 0.3          # weight of the newest call in the averages
+    decay: float = 0.3          # the share of the averages' past a new call lets go
     step_s: dict = dataclasses.field(default_factory=dict)     # (bucket, rung) -> s a step
     yield_: dict = dataclasses.field(default_factory=dict)     # rung -> tokens / forward / slot
     seen_at: dict = dataclasses.field(default_factory=dict)    # (bucket, rung) -> call number
     samples: dict = dataclasses.field(default_factory=dict)    # (bucket, rung) -> calls measured
+    sums: dict = dataclasses.field(default_factory=dict)       # the averages' decayed sums
     current: dict = dataclasses.field(default_factory=dict)    # bucket -> the rung it runs
     calls: int = 0
     chosen: dict = dataclasses.field(default_factory=dict)     # rung -> calls run there
@@ -106,11 +107,15 @@ class WindowPolicy:
         # a rung's first call at a bucket may have compiled its program: the second replaces it
         first = self.samples.get(key, 0) == 1
         self.samples[key] = self.samples.get(key, 0) + 1
-        self.step_s[key] = _average(None if first else self.step_s.get(key), seconds / steps,
-                                    self.decay)
-        self.yield_[rung] = _average(self.yield_.get(rung), tokens / (steps * live), self.decay)
+        # ratios of decayed sums: a call weighs by its steps (a call cut short after a step or
+        # two, at a new request's first tokens, carries its fixed cost over few steps)
+        self.step_s[key] = self._ratio(("s",) + key, seconds, steps, reset=first)
+        self.yield_[rung] = self._ratio(("y", rung), tokens, steps * live)
         self.seen_at[key] = self.calls
 
-
-def _average(old: float | None, new: float, decay: float) -> float:
-    return new if old is None else (1 - decay) * old + decay * new
+    def _ratio(self, key, num: float, den: float, reset: bool = False) -> float:
+        old = None if reset else self.sums.get(key)
+        keep = 1.0 - self.decay
+        n, d = (num, den) if old is None else (keep * old[0] + num, keep * old[1] + den)
+        self.sums[key] = (n, d)
+        return n / d
