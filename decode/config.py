@@ -35,6 +35,7 @@ from wedlm_jax.config import ConfigError, ModelConfig
 
 METHODS = ("streaming", "block", "ar", "verified")
 CONSTRAINT_BACKENDS = ("auto", "device", "host")   # decode.constraints.backends
+WINDOW_POLICIES = ("fixed", "load")              # decode.engine.runtime.window_policy
 # the device tables' one shape (states, token classes): every constrained request's automaton is
 # padded to it, so one set of programs serves every constraint; a larger one takes the host
 DEVICE_TABLE = (512, 512)
@@ -199,7 +200,7 @@ class EngineOptions(Method):
                                 "method's window) or load (a rung of the window ladder W, W/2, ... "
                                 "chosen per call from the live requests and the step times "
                                 "measured; verified's output is AR's on every rung, streaming's "
-                                "depends on the rungs it ran)", choices=("fixed", "load"))
+                                "depends on the rungs it ran)", choices=WINDOW_POLICIES)
 
     def __post_init__(self):
         super().__post_init__()

@@ -392,9 +392,9 @@ class Decoder:
             raise DecodeConfigError(f"k must be an int in [0, {self.steps_per_call}], got {k!r}")
         mask_id, run = jnp.int32(self.mask_id), jnp.int32(k)
         idx = self._bucket(live) if live is not None else None
-        static = self.static if window is None else programs.at_rung(self.static, window)
         if window is not None and window not in self.rungs():
             raise DecodeConfigError(f"window {window!r} is not a rung of {self.rungs()}")
+        static = self.static if window is None else programs.at_rung(self.static, window)
         if self._generate_compiled is not None and not static.rung:   # the compiler's layouts
             state, toks, lps, counts, steps = self._generate_compiled(self.params, state, mask_id, run)
         elif idx is not None:

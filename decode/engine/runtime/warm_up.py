@@ -42,21 +42,21 @@ def warm_up(batcher, capacity: int, every_bucket: bool = True, progress=None,
     seconds it took (without a background compile's)."""
     report = progress or (lambda name, seconds: None)
     t0 = time.perf_counter()
+    windows = rungs(batcher)
     policy, batcher.window_policy = batcher.window_policy, None    # the warm-up's calls teach it nothing
     try:
-        return _warm_up(batcher, capacity, every_bucket, report, background, t0, rungs_of=policy)
+        return _warm_up(batcher, capacity, every_bucket, report, background, t0, windows)
     finally:
         batcher.window_policy = policy
 
 
-def rungs(batcher, policy=None) -> tuple:
+def rungs(batcher) -> tuple:
     """The windows whose step programs warm-up compiles: every rung of the ladder under a window
     policy (`--window-policy load`), else the plan's window."""
-    policy = policy or batcher.window_policy
-    return tuple(batcher.decoder.rungs()) if policy is not None else (None,)
+    return tuple(batcher.decoder.rungs()) if batcher.window_policy is not None else (None,)
 
 
-def _warm_up(batcher, capacity, every_bucket, report, background, t0, rungs_of) -> float:
+def _warm_up(batcher, capacity, every_bucket, report, background, t0, windows) -> float:
     vocab = batcher.decoder.model_config.vocab_size
     lengths = prompt_lengths(capacity, every_bucket)
     for i, length in enumerate(lengths):
@@ -66,7 +66,7 @@ def _warm_up(batcher, capacity, every_bucket, report, background, t0, rungs_of) 
         report(f"prompt bucket {length}", time.perf_counter() - t1)
     if not every_bucket:
         return time.perf_counter() - t0
-    batcher.state = batcher.decoder.compile_steps(batcher.state, report, rungs(batcher, rungs_of))
+    batcher.state = batcher.decoder.compile_steps(batcher.state, report, windows)
     parsers = batcher.parser_programs
     if parsers is not None and background:
         parsers.start(batcher.state, lengths)

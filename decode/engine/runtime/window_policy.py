@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 
-POLICIES = ("fixed", "load")
+from wedlm_jax.buckets import pow2_at_least
 
 
 def ladder(method: str, window: int) -> list[int]:
@@ -46,7 +46,7 @@ def ladder(method: str, window: int) -> list[int]:
 
 def bucket_of(live: int) -> int:
     """The live-slot bucket a call of `live` slots runs in (a power of two)."""
-    return 1 << max(live - 1, 0).bit_length()
+    return pow2_at_least(live)
 
 
 @dataclasses.dataclass

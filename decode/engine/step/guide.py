@@ -176,7 +176,8 @@ def _recorded(guide, st, recent, k):
     first k [B] (none for a slot already done). `recent` keeps the Guide's width (a smaller rung
     of the window ladder steps with fewer slots: the rest is padding)."""
     width = guide.recent.shape[1]
-    recent = jnp.pad(recent[:, :width], ((0, 0), (0, max(width - recent.shape[1], 0))))
+    if recent.shape[1] < width:
+        recent = jnp.pad(recent, ((0, 0), (0, width - recent.shape[1])))
     return guide.replace(recent=recent.astype(jnp.int32),
                          recent_k=jnp.where(st.done, 0, k).astype(jnp.int32))
 
